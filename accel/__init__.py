@@ -1,0 +1,29 @@
+"""accel: an Accelerate-compatible Accelerator and a backend qualification harness for PyTorch.
+
+Importing accel stays cheap: submodules load on first attribute access.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it (resolved lazily, PEP 562)
+_LAZY = {
+    "get_backend": "accel.backends",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'accel' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_LAZY))

@@ -1,0 +1,417 @@
+"""The Backend contract: everything the rest of accel may ask about a device.
+
+Only modules under ``accel/backends/`` touch device modules (``torch.cuda``, ``torch.xpu``, ...).
+Everything else holds a :class:`Backend` and asks it questions. A feature a backend (or the
+installed torch) lacks raises :class:`UnsupportedFeatureError` with the reason, so callers and
+reports can say *why* instead of getting a silent ``None`` or ``0``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import torch
+from packaging.version import Version
+
+__all__ = [
+    "Availability",
+    "Backend",
+    "BackendError",
+    "BackendUnavailableError",
+    "Capability",
+    "DeviceProperties",
+    "Timer",
+    "UnsupportedFeatureError",
+    "torch_version",
+]
+
+
+class BackendError(RuntimeError):
+    """Base class of the errors the backend layer raises."""
+
+
+class BackendUnavailableError(BackendError):
+    """A backend was asked for but cannot be used on this machine (the message says why)."""
+
+
+class UnsupportedFeatureError(BackendError, NotImplementedError):
+    """A backend, or the installed torch, does not provide a feature."""
+
+    def __init__(self, backend: str, feature: str, reason: str):
+        self.backend = backend
+        self.feature = feature
+        self.reason = reason
+        super().__init__(f"{backend}: {feature} is not supported ({reason})")
+
+
+@functools.lru_cache(maxsize=None)
+def torch_version() -> Version:
+    """The installed torch release, without local build tags (``2.13.0+cpu`` -> ``2.13.0``)."""
+    return Version(Version(torch.__version__).base_version)
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether a backend can be used here and, either way, why."""
+
+    available: bool
+    reason: str
+
+    def __bool__(self) -> bool:
+        return self.available
+
+
+@dataclass(frozen=True)
+class Capability:
+    """One capability answer: supported or not, and the reason."""
+
+    supported: bool
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.supported
+
+
+@dataclass
+class DeviceProperties:
+    """What reports need to know about one device."""
+
+    index: int
+    name: str
+    total_memory: int | None = None
+    driver_version: str | None = None
+    runtime_version: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Timer:
+    """Times a region on a backend; synchronizes before reading any clock.
+
+    Device events are used when the backend supports them (the time then excludes host launch
+    overhead of the region's surroundings); otherwise host ``perf_counter`` after a synchronize.
+    ``elapsed`` is in seconds.
+    """
+
+    def __init__(self, backend: "Backend"):
+        self.backend = backend
+        self.elapsed: float | None = None
+        self._use_events = not backend.use_host_timers
+        self._start: Any = None
+        self._end: Any = None
+
+    def __enter__(self) -> "Timer":
+        self.elapsed = None
+        if self._use_events:
+            self._start = self.backend.event(enable_timing=True)
+            self._end = self.backend.event(enable_timing=True)
+            self._start.record()
+        else:
+            self.backend.synchronize()
+            self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._use_events:
+            self._end.record()
+            self._end.synchronize()
+            self.elapsed = self._start.elapsed_time(self._end) / 1000.0
+        else:
+            self.backend.synchronize()
+            self.elapsed = time.perf_counter() - self._start
+
+
+class Backend:
+    """A hardware backend. Subclasses set the class attributes and override the probes.
+
+    Instances are cheap; probing (``availability``) runs once and is cached. ``torch_version``
+    can be passed to ask what the backend would support under another torch release, which is how
+    version-dependent capabilities are tested.
+    """
+
+    #: registry name, also the pytest marker and the ``ACCEL_DEVICE`` value
+    name: str = ""
+    #: torch device type used in ``torch.device(...)``
+    device_type: str = ""
+    #: environment variable that restricts the visible devices (None: no such thing)
+    visible_devices_env: str | None = None
+    #: multiprocessing start method for worker processes
+    start_method: str = "spawn"
+    #: probe order: lower is tried first (cpu is last)
+    priority: int = 100
+    #: True when device events are unreliable/absent and host timers must be used
+    use_host_timers: bool = False
+    #: the torch.compile backend that fits this device
+    compile_backend: str = "inductor"
+    #: substrings of an out-of-memory error message on this backend
+    oom_messages: tuple[str, ...] = ()
+
+    def __init__(self, torch_version: Version | str | None = None):
+        self._torch_version = Version(str(torch_version)) if torch_version else None
+
+    # ------------------------------------------------------------------ identity and probing
+    @property
+    def torch_version(self) -> Version:
+        return self._torch_version or torch_version()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+    @functools.cached_property
+    def availability(self) -> Availability:
+        try:
+            return self._probe()
+        except Exception as exc:  # a broken driver must not break detection of the others
+            return Availability(False, f"probe failed: {type(exc).__name__}: {exc}")
+
+    def is_available(self) -> bool:
+        return self.availability.available
+
+    def _probe(self) -> Availability:
+        raise NotImplementedError
+
+    def require_available(self) -> None:
+        if not self.is_available():
+            raise BackendUnavailableError(f"backend {self.name!r} is not available: {self.availability.reason}")
+
+    def unsupported(self, feature: str, reason: str) -> UnsupportedFeatureError:
+        return UnsupportedFeatureError(self.name, feature, reason)
+
+    # ------------------------------------------------------------------ devices
+    def device_count(self) -> int:
+        raise NotImplementedError
+
+    def device(self, index: int | None = None) -> torch.device:
+        """The torch device for ``index`` (default: the current device)."""
+        if index is None:
+            index = self.current_device()
+        count = self.device_count()
+        if not 0 <= index < max(count, 1):
+            raise ValueError(f"{self.name}: device index {index} out of range (this process sees {count} device(s))")
+        return torch.device(self.device_type, index)
+
+    def devices(self) -> list[torch.device]:
+        return [torch.device(self.device_type, i) for i in range(self.device_count())]
+
+    def set_device(self, index: int) -> None:
+        raise NotImplementedError
+
+    def current_device(self) -> int:
+        raise NotImplementedError
+
+    def synchronize(self, index: int | None = None) -> None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ collectives and processes
+    @property
+    def comm_backend(self) -> str | None:
+        """Name of the torch.distributed backend for this device, or None (single process only)."""
+        raise NotImplementedError
+
+    def comm_backend_reason(self) -> str:
+        return ""
+
+    def supports_multiprocess(self) -> bool:
+        return self.comm_backend is not None
+
+    # ------------------------------------------------------------------ RNG
+    def manual_seed(self, seed: int) -> None:
+        """Seed every device of this backend (the host generator is seeded by ``set_seed``)."""
+        raise NotImplementedError
+
+    def get_rng_state(self, index: int | None = None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def set_rng_state(self, state: torch.Tensor, index: int | None = None) -> None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ memory
+    @property
+    def memory_stats_capability(self) -> Capability:
+        return Capability(False, "no memory statistics on this backend")
+
+    @property
+    def has_memory_stats(self) -> bool:
+        return self.memory_stats_capability.supported
+
+    def _require_memory_stats(self, feature: str) -> None:
+        cap = self.memory_stats_capability
+        if not cap:
+            raise self.unsupported(feature, cap.reason)
+
+    def memory_allocated(self, index: int | None = None) -> int:
+        raise self.unsupported("memory_allocated", self.memory_stats_capability.reason)
+
+    def memory_reserved(self, index: int | None = None) -> int:
+        raise self.unsupported("memory_reserved", self.memory_stats_capability.reason)
+
+    def max_memory_allocated(self, index: int | None = None) -> int:
+        raise self.unsupported("max_memory_allocated", self.memory_stats_capability.reason)
+
+    def reset_peak_memory_stats(self, index: int | None = None) -> None:
+        raise self.unsupported("reset_peak_memory_stats", self.memory_stats_capability.reason)
+
+    def mem_get_info(self, index: int | None = None) -> tuple[int, int]:
+        """(free, total) bytes."""
+        raise self.unsupported("mem_get_info", self.memory_stats_capability.reason)
+
+    def empty_cache(self) -> None:
+        """Release cached blocks to the driver. A no-op where there is no cache."""
+
+    # ------------------------------------------------------------------ streams, events, timing
+    def stream(self) -> Any:
+        """A new stream on the current device."""
+        raise self.unsupported("streams", "this backend has no streams")
+
+    def current_stream(self) -> Any:
+        raise self.unsupported("streams", "this backend has no streams")
+
+    def stream_context(self, stream: Any) -> contextlib.AbstractContextManager:
+        raise self.unsupported("streams", "this backend has no streams")
+
+    def event(self, enable_timing: bool = False) -> Any:
+        raise self.unsupported("events", "this backend has no events")
+
+    def timer(self) -> Timer:
+        return Timer(self)
+
+    def pin_memory(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Page-locked copy of ``tensor`` for fast host->device copies (unchanged where pointless)."""
+        return tensor
+
+    # ------------------------------------------------------------------ dtypes and AMP
+    def dtype_capability(self, dtype: torch.dtype) -> Capability:
+        """Whether tensors of ``dtype`` can be computed with (matmul and add) on this backend."""
+        return self._dtype_capability_cached(dtype)
+
+    @functools.lru_cache(maxsize=None)  # noqa: B019 - backends live for the process
+    def _dtype_capability_cached(self, dtype: torch.dtype) -> Capability:
+        if not self.is_available():
+            return Capability(False, f"backend unavailable: {self.availability.reason}")
+        return _probe_dtype(self.device(0 if self.device_count() else None), dtype)
+
+    @property
+    def supports_fp16(self) -> Capability:
+        return self.dtype_capability(torch.float16)
+
+    @property
+    def supports_bf16(self) -> Capability:
+        return self.dtype_capability(torch.bfloat16)
+
+    @property
+    def supports_fp8(self) -> Capability:
+        dtype = getattr(torch, "float8_e4m3fn", None)
+        if dtype is None:
+            return Capability(False, f"torch {self.torch_version} has no float8 dtypes")
+        return self._fp8_capability()
+
+    def _fp8_capability(self) -> Capability:
+        return Capability(False, f"{self.name}: no fp8 matmul kernels")
+
+    @property
+    def autocast_device_type(self) -> str:
+        return self.device_type
+
+    def amp_capability(self, dtype: torch.dtype) -> Capability:
+        """Whether ``torch.autocast(device_type, dtype)`` really runs in ``dtype`` here."""
+        raise NotImplementedError
+
+    @property
+    def supports_fp16_amp(self) -> Capability:
+        return self.amp_capability(torch.float16)
+
+    @property
+    def supports_bf16_amp(self) -> Capability:
+        return self.amp_capability(torch.bfloat16)
+
+    @property
+    def grad_scaler_capability(self) -> Capability:
+        raise NotImplementedError
+
+    def grad_scaler(self, **kwargs: Any) -> "torch.amp.GradScaler":
+        cap = self.grad_scaler_capability
+        if not cap:
+            raise self.unsupported("GradScaler", cap.reason)
+        return torch.amp.GradScaler(self.autocast_device_type, **kwargs)
+
+    def autocast(self, dtype: torch.dtype, enabled: bool = True, **kwargs: Any) -> contextlib.AbstractContextManager:
+        return torch.autocast(self.autocast_device_type, dtype=dtype, enabled=enabled, **kwargs)
+
+    # ------------------------------------------------------------------ errors
+    def is_oom_error(self, exc: BaseException) -> bool:
+        """True if ``exc`` is this backend's out-of-memory error."""
+        if isinstance(exc, torch.OutOfMemoryError):
+            return True
+        if not isinstance(exc, RuntimeError) or not exc.args:
+            return False
+        text = str(exc.args[0])
+        return any(m in text for m in self.oom_messages)
+
+    # ------------------------------------------------------------------ description
+    def device_properties(self, index: int = 0) -> DeviceProperties:
+        raise NotImplementedError
+
+    def capabilities(self) -> dict[str, Capability]:
+        """Every capability with its answer; what `accel env` and reports show."""
+        caps: dict[str, Capability] = {"memory_stats": self.memory_stats_capability}
+        comm = self.comm_backend
+        caps["multiprocess"] = Capability(comm is not None, comm or self.comm_backend_reason())
+        probes: dict[str, Callable[[], Capability]] = {
+            "fp16": lambda: self.supports_fp16,
+            "bf16": lambda: self.supports_bf16,
+            "fp8": lambda: self.supports_fp8,
+            "fp16_amp": lambda: self.supports_fp16_amp,
+            "bf16_amp": lambda: self.supports_bf16_amp,
+            "grad_scaler": lambda: self.grad_scaler_capability,
+        }
+        for key, probe in probes.items():
+            try:
+                caps[key] = probe()
+            except Exception as exc:  # a capability probe must not take the report down
+                caps[key] = Capability(False, f"probe failed: {type(exc).__name__}: {exc}")
+        return caps
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-ready description for environment reports."""
+        info: dict[str, Any] = {
+            "name": self.name,
+            "device_type": self.device_type,
+            "available": self.availability.available,
+            "reason": self.availability.reason,
+            "priority": self.priority,
+        }
+        if not self.is_available():
+            return info
+        info["device_count"] = self.device_count()
+        info["comm_backend"] = self.comm_backend
+        info["visible_devices_env"] = self.visible_devices_env
+        info["start_method"] = self.start_method
+        info["timing"] = "host timers" if self.use_host_timers else "device events"
+        info["compile_backend"] = self.compile_backend
+        info["devices"] = []
+        for i in range(self.device_count()):
+            try:
+                info["devices"].append(self.device_properties(i).as_dict())
+            except Exception as exc:
+                info["devices"].append({"index": i, "error": f"{type(exc).__name__}: {exc}"})
+        info["capabilities"] = {k: {"supported": c.supported, "reason": c.reason} for k, c in self.capabilities().items()}
+        return info
+
+
+def _probe_dtype(device: torch.device, dtype: torch.dtype) -> Capability:
+    """Try a tiny matmul and add in ``dtype`` on ``device``."""
+    try:
+        a = torch.ones(4, 4, dtype=dtype, device=device)
+        b = (a @ a) + a
+        value = float(b[0, 0].float().item())
+    except Exception as exc:
+        return Capability(False, f"{dtype} matmul failed on {device}: {type(exc).__name__}: {exc}".strip())
+    if value != 5.0:
+        return Capability(False, f"{dtype} matmul on {device} gave {value}, expected 5.0")
+    return Capability(True, f"{dtype} matmul runs on {device}")
