@@ -149,11 +149,13 @@ class Backend:
     use_host_timers: bool = False
     #: the torch.compile backend that fits this device
     compile_backend: str = "inductor"
+    #: Accelerate's DistributedType member used when this backend runs several processes
+    distributed_type: str = "MULTI_GPU"
     #: substrings of an out-of-memory error message on this backend
     oom_messages: tuple[str, ...] = ()
 
     def __init__(self, torch_version: Version | str | None = None):
-        self._torch_version = Version(str(torch_version)) if torch_version else None
+        self._torch_version = Version(Version(str(torch_version)).base_version) if torch_version else None
 
     # ------------------------------------------------------------------ identity and probing
     @property
@@ -312,7 +314,17 @@ class Backend:
         return self._fp8_capability()
 
     def _fp8_capability(self) -> Capability:
-        return Capability(False, f"{self.name}: no fp8 matmul kernels")
+        if not self.is_available():
+            return Capability(False, f"backend unavailable: {self.availability.reason}")
+        device = self.device(0)
+        try:
+            a = torch.ones(16, 16, device=device).to(torch.float8_e4m3fn)
+            value = float((a @ a)[0, 0].float().item())
+        except Exception as exc:
+            return Capability(False, f"float8_e4m3fn matmul failed on {device}: {type(exc).__name__}: {exc}")
+        if value != 16.0:
+            return Capability(False, f"float8_e4m3fn matmul on {device} gave {value}, expected 16.0")
+        return Capability(True, f"float8_e4m3fn matmul runs on {device}")
 
     @property
     def autocast_device_type(self) -> str:
@@ -359,10 +371,14 @@ class Backend:
 
     def capabilities(self) -> dict[str, Capability]:
         """Every capability with its answer; what `accel env` and reports show."""
-        caps: dict[str, Capability] = {"memory_stats": self.memory_stats_capability}
-        comm = self.comm_backend
-        caps["multiprocess"] = Capability(comm is not None, comm or self.comm_backend_reason())
+        def multiprocess() -> Capability:
+            comm = self.comm_backend
+            return Capability(comm is not None, comm or self.comm_backend_reason())
+
+        caps: dict[str, Capability] = {}
         probes: dict[str, Callable[[], Capability]] = {
+            "memory_stats": lambda: self.memory_stats_capability,
+            "multiprocess": multiprocess,
             "fp16": lambda: self.supports_fp16,
             "bf16": lambda: self.supports_bf16,
             "fp8": lambda: self.supports_fp8,
@@ -388,8 +404,12 @@ class Backend:
         }
         if not self.is_available():
             return info
-        info["device_count"] = self.device_count()
-        info["comm_backend"] = self.comm_backend
+        try:
+            info["device_count"] = self.device_count()
+            info["comm_backend"] = self.comm_backend
+        except Exception as exc:
+            info["error"] = f"{type(exc).__name__}: {exc}"
+            return info
         info["visible_devices_env"] = self.visible_devices_env
         info["start_method"] = self.start_method
         info["timing"] = "host timers" if self.use_host_timers else "device events"

@@ -7,6 +7,7 @@ no statistics. The peak is the kernel's high-water mark (VmHWM), which Linux let
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import platform
 import sys
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 from packaging.version import Version
 
-from .base import Availability, Backend, Capability, DeviceProperties
+from .base import Availability, Backend, BackendUnavailableError, Capability, DeviceProperties
 
 _PROC_STATUS = "/proc/self/status"
 _PROC_CLEAR_REFS = "/proc/self/clear_refs"
@@ -29,6 +30,7 @@ class CPUBackend(Backend):
     name = "cpu"
     device_type = "cpu"
     start_method = "fork"
+    distributed_type = "MULTI_CPU"
     priority = 1000  # always last: the fallback
     use_host_timers = True
     oom_messages = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
@@ -64,7 +66,12 @@ class CPUBackend(Backend):
 
         if not dist.is_available():
             return None
-        return os.environ.get("ACCEL_CPU_COMM_BACKEND", "gloo")
+        wanted = os.environ.get("ACCEL_CPU_COMM_BACKEND", "gloo").strip().lower() or "gloo"
+        if wanted == "ccl" and importlib.util.find_spec("oneccl_bindings_for_pytorch") is None:
+            raise BackendUnavailableError("ACCEL_CPU_COMM_BACKEND=ccl needs the oneccl_bindings_for_pytorch package, which is not installed")
+        if wanted not in ("gloo", "ccl", "mpi"):
+            raise ValueError(f"ACCEL_CPU_COMM_BACKEND must be gloo, ccl or mpi, got {wanted!r}")
+        return wanted
 
     def comm_backend_reason(self) -> str:
         return "torch.distributed is not available in this build"

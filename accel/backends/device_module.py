@@ -80,7 +80,7 @@ class DeviceModuleBackend(Backend):
             return Availability(False, self._why_not_available())
         count = module.device_count()
         if count < 1:
-            return Availability(False, self._why_not_available())
+            return Availability(False, f"torch.{self.device_type}.is_available() is True but device_count() is {count}")
         return Availability(True, f"{count} device(s) visible")
 
     def _why_no_module(self) -> str:

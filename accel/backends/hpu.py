@@ -15,6 +15,7 @@ class HPUBackend(DeviceModuleBackend):
     device_type = "hpu"
     visible_devices_env = "HABANA_VISIBLE_MODULES"
     start_method = "spawn"
+    distributed_type = "MULTI_HPU"
     priority = 30
     compile_backend = "hpu_backend"
     oom_messages = ("Device out of memory", "HPU out of memory", "synStatus=10")
@@ -35,7 +36,12 @@ class HPUBackend(DeviceModuleBackend):
 
     @property
     def comm_backend(self) -> str | None:
-        return "hccl"
+        import torch.distributed as dist
+
+        return "hccl" if dist.is_available() else None
+
+    def comm_backend_reason(self) -> str:
+        return "torch.distributed is not available in this build"
 
     def empty_cache(self) -> None:
         """The HPU allocator has no cache to release (torch.hpu.empty_cache is a no-op)."""

@@ -16,6 +16,7 @@ class MPSBackend(DeviceModuleBackend):
     name = "mps"
     device_type = "mps"
     start_method = "spawn"
+    distributed_type = "NO"  # single process only
     priority = 40
     use_host_timers = True  # MPS events are unreliable for timing
     amp_min_torch = {"float16": "2.8", "bfloat16": "2.6"}

@@ -65,6 +65,8 @@ class BackendRegistry:
             raise TypeError(f"{factory!r} did not produce an accel Backend (got {type(backend).__name__})")
         if not backend.name or not backend.device_type:
             raise ValueError(f"backend {type(backend).__name__} must set both `name` and `device_type`")
+        if backend.name != backend.name.strip().lower():
+            raise ValueError(f"backend names are lower-case without spaces (they are pytest markers): got {backend.name!r}")
         if backend.name in self._backends and not replace:
             raise ValueError(f"a backend named {backend.name!r} is already registered ({self._backends[backend.name]!r})")
         self._backends[backend.name] = backend
@@ -101,7 +103,7 @@ class BackendRegistry:
         """The backend to use: ``name`` if given, else ``$ACCEL_DEVICE``, else the first available."""
         source = "requested"
         if name is None:
-            name = os.environ.get(OVERRIDE_ENV) or None
+            name = os.environ.get(OVERRIDE_ENV, "").strip() or None
             source = OVERRIDE_ENV
         if name is not None:
             backend = self.get(name)

@@ -16,6 +16,7 @@ class XPUBackend(DeviceModuleBackend):
     device_type = "xpu"
     visible_devices_env = "ZE_AFFINITY_MASK"
     start_method = "spawn"
+    distributed_type = "MULTI_XPU"
     priority = 20
     memory_stats_min_torch = "2.5"  # torch 2.4's torch.xpu had no allocator statistics
     oom_messages = ("XPU out of memory", "UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY", "PI_ERROR_OUT_OF_RESOURCES")

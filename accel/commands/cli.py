@@ -1,0 +1,97 @@
+"""`accel` entry point: a table of subcommands, each loaded only when it is the one being run.
+
+Keeping the other commands unimported keeps `accel --help` fast (no torch import) and means one
+command's missing optional dependency cannot break the rest. A command module provides
+``add_arguments(parser)`` and ``run(args) -> int``; adding a command is one line in ``COMMANDS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from typing import NoReturn, Sequence
+
+from accel import __version__
+from accel.commands import UsageError
+
+__all__ = ["COMMANDS", "build_parser", "main"]
+
+# name -> (module providing add_arguments/run, one-line summary for `accel --help`)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "env": ("accel.commands.env", "show versions, hardware and backends (paste into bug and qualification reports)"),
+}
+
+
+class _ParseError(Exception):
+    """Raised instead of argparse's print-usage-and-exit, so ``main`` can return the code."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _ParseError(f"{self.prog}: error: {message} (see '{self.prog} --help')")
+
+
+def _requested_command(argv: Sequence[str]) -> str | None:
+    """The first word that is not an option: top-level options take no values."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word
+    return None
+
+
+def build_parser(load: str | None = None) -> argparse.ArgumentParser:
+    """The full parser; only the command named ``load`` has its module imported and options added."""
+    parser = _Parser(prog="accel", description="accel: one training loop on any PyTorch backend, and the tools to qualify them.")
+    parser.add_argument("--version", action="version", version=f"accel {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="<command>", title="commands")
+    for name, (module_path, summary) in COMMANDS.items():
+        sub = subparsers.add_parser(name, help=summary, description=summary)
+        if name == load:
+            module = importlib.import_module(module_path)
+            module.add_arguments(sub)
+            sub.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``accel`` with ``argv`` (default: the process arguments) and return the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    requested = _requested_command(argv)
+    parser = build_parser(load=requested if requested in COMMANDS else None)
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # name the command the stray words were given to, not just `accel`
+            prog = f"accel {args.command}" if args.command else "accel"
+            _Parser(prog=prog).error(f"unrecognized arguments: {' '.join(extra)}")
+    except _ParseError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    except SystemExit as exc:  # --help and --version
+        return exc.code if isinstance(exc.code, int) else 0
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args._run(args))
+    except UsageError as exc:
+        print(f"accel {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `accel env | head`: the reader left; say nothing more
+        _silence_stdout()
+        return 1
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())

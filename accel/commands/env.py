@@ -1,0 +1,521 @@
+"""`accel env`: the facts a bug report or a qualification report needs, gathered in one place.
+
+`collect_environment()` returns plain JSON-ready data so the results recorder and the reports can
+reuse it; rendering is separate. Device facts come from the backend objects (this module never
+touches a device module). Every probe is guarded: one that fails leaves ``{"error": "..."}`` in its
+field and the rest of the report still prints, because a half-broken machine is when this runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import subprocess
+import sys
+from typing import Any, Callable
+
+__all__ = ["SCHEMA_VERSION", "add_arguments", "collect_environment", "render_text", "run"]
+
+#: bumped when a key is renamed or removed (adding keys keeps the version)
+SCHEMA_VERSION = 1
+
+#: variables that change what accel or torch.distributed does, reported when set
+ENV_VARS = (
+    "ACCEL_DEVICE",
+    "ACCEL_CONFIG_FILE",
+    "ACCEL_CPU_COMM_BACKEND",
+    "CUDA_VISIBLE_DEVICES",
+    "ZE_AFFINITY_MASK",
+    "HABANA_VISIBLE_MODULES",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "OMP_NUM_THREADS",
+    "GLOO_SOCKET_IFNAME",
+    "DS_ACCELERATOR",
+)
+
+#: distributions whose versions are reported (looked up in metadata, never imported)
+PACKAGES = ("numpy", "deepspeed", "safetensors", "psutil", "PyYAML")
+
+#: torch.distributed collective backends, each probed with ``is_<name>_available``
+COLLECTIVES = ("gloo", "nccl", "mpi", "ucc", "xccl")
+
+ONECCL_MODULE = "oneccl_bindings_for_pytorch"
+
+
+# ---------------------------------------------------------------------------- command
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+
+def run(args: argparse.Namespace) -> int:
+    env = collect_environment()
+    if args.json:
+        print(json.dumps(env, indent=2))
+    else:
+        print(render_text(env), end="")
+    return 0
+
+
+# ---------------------------------------------------------------------------- collection
+def collect_environment() -> dict[str, Any]:
+    """Everything `accel env` reports, as JSON-serialisable data with stable top-level keys.
+
+    Any value may instead be ``{"error": "<ExceptionType>: <message>"}`` when its probe failed.
+    """
+    registry = _guard(_load_registry)
+    env = {
+        "schema_version": SCHEMA_VERSION,
+        "accel": _guard(_accel_info),
+        "torch": _guard(_torch_info),
+        "python": _guard(_python_info),
+        "platform": _guard(_platform_info),
+        "cpu": _guard(_cpu_info),
+        "packages": _guard(_package_versions),
+        "backends": _guard(lambda: _backends(_usable(registry))),
+        "selected_backend": _guard(lambda: _selected_backend(_usable(registry))),
+        "distributed": _guard(_distributed_info),
+        "plugins": _guard(lambda: _plugins(_usable(registry))),
+        "environment_variables": _guard(lambda: _environment_variables(registry)),
+        "config_file": _guard(_config_file),
+    }
+    return _jsonable(env)
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _guard(probe: Callable[[], Any]) -> Any:
+    try:
+        return probe()
+    except Exception as exc:
+        return {"error": _error_text(exc)}
+
+
+def _is_error(value: Any) -> bool:
+    return isinstance(value, dict) and set(value) == {"error"}
+
+
+def _load_registry() -> Any:
+    from accel.backends import get_registry
+
+    return get_registry()
+
+
+def _usable(registry: Any) -> Any:
+    if _is_error(registry):
+        raise RuntimeError(f"the backend registry could not be built ({registry['error']})")
+    return registry
+
+
+def _accel_info() -> dict[str, Any]:
+    import accel
+
+    return {"version": accel.__version__, "location": os.path.dirname(os.path.abspath(accel.__file__))}
+
+
+def _torch_info() -> dict[str, Any]:
+    import torch
+
+    versions = torch.version
+    return {
+        "version": torch.__version__,
+        "build": _torch_build(versions),
+        "cuda": getattr(versions, "cuda", None),
+        "hip": getattr(versions, "hip", None),
+        "xpu": getattr(versions, "xpu", None),
+        "git_version": getattr(versions, "git_version", None),
+        "debug": bool(getattr(versions, "debug", False)),
+        "location": os.path.dirname(os.path.abspath(torch.__file__)),
+    }
+
+
+def _torch_build(versions: Any) -> str:
+    """What the torch wheel was compiled for: ``cpu``, ``CUDA 12.4``, ``ROCm 6.2``, ``XPU ...``."""
+    rocm = getattr(versions, "rocm", None) or getattr(versions, "hip", None)
+    if rocm:
+        return f"ROCm {rocm}"
+    if getattr(versions, "cuda", None):
+        return f"CUDA {versions.cuda}"
+    if getattr(versions, "xpu", None):
+        return f"XPU {versions.xpu}"
+    return "cpu"
+
+
+def _python_info() -> dict[str, Any]:
+    return {
+        "version": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "executable": sys.executable,
+    }
+
+
+def _platform_info() -> dict[str, Any]:
+    return {
+        "platform": platform.platform(),
+        "system": platform.system(),
+        "release": platform.release(),
+        "machine": platform.machine(),
+        "host": platform.node(),
+    }
+
+
+def _cpu_info() -> dict[str, Any]:
+    def physical_cores() -> int | None:
+        import psutil
+
+        return psutil.cpu_count(logical=False)
+
+    def usable_cores() -> int | None:
+        affinity = getattr(os, "sched_getaffinity", None)
+        return len(affinity(0)) if affinity else os.cpu_count()
+
+    def torch_threads() -> int:
+        import torch
+
+        return torch.get_num_threads()
+
+    def memory_total() -> int:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+
+    return {
+        "model": _guard(_cpu_model),
+        "architecture": platform.machine(),
+        "logical_cores": os.cpu_count(),
+        "physical_cores": _guard(physical_cores),
+        "usable_cores": _guard(usable_cores),
+        "torch_threads": _guard(torch_threads),
+        "memory_total": _guard(memory_total),
+    }
+
+
+def _cpu_model() -> str:
+    """The processor's marketing name, read from the OS (``platform.processor()`` is often empty)."""
+    if sys.platform.startswith("linux"):
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    key, _, value = line.partition(":")
+                    if key.strip() in ("model name", "Model", "cpu model") and value.strip():
+                        return value.strip()
+        except OSError:
+            pass
+    elif sys.platform == "darwin":
+        try:
+            out = subprocess.run(
+                ["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=5, check=False
+            )
+            if out.returncode == 0 and out.stdout.strip():
+                return out.stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def _distribution_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _package_versions() -> dict[str, Any]:
+    return {name: _guard(lambda name=name: _distribution_version(name)) for name in PACKAGES}
+
+
+def _backends(registry: Any) -> list[dict[str, Any]]:
+    out = []
+    for backend in registry.probe_order():
+        try:
+            out.append(backend.describe())
+        except Exception as exc:  # one broken backend must not hide the others
+            availability = backend.availability
+            out.append(
+                {
+                    "name": backend.name,
+                    "device_type": backend.device_type,
+                    "available": availability.available,
+                    "reason": availability.reason,
+                    "error": _error_text(exc),
+                }
+            )
+    return out
+
+
+def _selected_backend(registry: Any) -> dict[str, Any]:
+    from accel.backends import OVERRIDE_ENV, BackendUnavailableError, UnknownBackendError
+
+    requested = os.environ.get(OVERRIDE_ENV) or None
+    info: dict[str, Any] = {"name": None, "source": OVERRIDE_ENV if requested else "detected", "error": None}
+    try:
+        info["name"] = registry.select().name
+    except (BackendUnavailableError, UnknownBackendError) as exc:
+        info["error"] = str(exc)
+    return info
+
+
+def _distributed_info() -> dict[str, Any]:
+    import torch.distributed as dist
+
+    available = bool(dist.is_available())
+    collectives: dict[str, Any] = {}
+    for name in COLLECTIVES:
+        probe = getattr(dist, f"is_{name}_available", None)
+        if not available:
+            collectives[name] = False
+        elif probe is None:
+            collectives[name] = None  # this torch release cannot tell
+        else:
+            collectives[name] = _guard(lambda probe=probe: bool(probe()))
+
+    def default_map() -> dict[str, str] | None:
+        mapping = getattr(getattr(dist, "Backend", None), "default_device_backend_map", None)
+        return dict(mapping) if mapping is not None else None
+
+    return {
+        "available": available,
+        "backends": collectives,
+        ONECCL_MODULE: _guard(lambda: importlib.util.find_spec(ONECCL_MODULE) is not None),
+        "default_device_backend_map": _guard(default_map) if available else None,
+    }
+
+
+def _plugins(registry: Any) -> dict[str, Any]:
+    from accel.backends import ENTRY_POINT_GROUP
+
+    entry_points = [f"{ep.name} = {ep.value}" for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)]
+    errors = [{"entry_point": e.entry_point, "error": e.error} for e in registry.plugin_errors]
+    return {"entry_points": entry_points, "errors": errors}
+
+
+def _environment_variables(registry: Any) -> dict[str, str]:
+    names = list(ENV_VARS)
+    if not _is_error(registry):  # plug-in backends may bring their own visible-devices variable
+        for backend in registry.probe_order():
+            if backend.visible_devices_env and backend.visible_devices_env not in names:
+                names.append(backend.visible_devices_env)
+    return {name: os.environ[name] for name in names if name in os.environ}
+
+
+def _config_file() -> dict[str, Any]:
+    from accel.commands.config_file import config_file_in_use
+
+    path, exists = config_file_in_use()
+    return {"path": str(path), "exists": exists}
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` with everything JSON cannot hold turned into strings (keys included)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((_jsonable(v) for v in value), key=str)
+    return str(value)
+
+
+# ---------------------------------------------------------------------------- text rendering
+Rows = list[tuple[str, str]]
+
+
+def render_text(env: dict[str, Any]) -> str:
+    """Sections of aligned ``key  value`` lines, for people."""
+    sections: list[tuple[str, Rows]] = [
+        ("accel", _rows(env.get("accel"), [("version", "version"), ("location", "location")])),
+        ("torch", _torch_rows(env.get("torch"))),
+        ("python", _rows(env.get("python"), [("version", "version"), ("implementation", "implementation"), ("executable", "executable")])),
+        ("platform", _rows(env.get("platform"), [("os", "platform"), ("machine", "machine"), ("host", "host")])),
+        ("cpu", _cpu_rows(env.get("cpu"))),
+        ("packages", _package_rows(env.get("packages"))),
+        ("backends (probe order)", _backend_rows(env.get("backends"), env.get("selected_backend"))),
+    ]
+    backends = env.get("backends")
+    if isinstance(backends, list):
+        for info in backends:
+            if info.get("available") and not info.get("error"):
+                sections.append((f"backend {info.get('name')}", _backend_detail_rows(info)))
+    sections += [
+        ("distributed", _distributed_rows(env.get("distributed"))),
+        ("plug-ins", _plugin_rows(env.get("plugins"))),
+        ("environment variables", _env_var_rows(env.get("environment_variables"))),
+        ("config file", _config_rows(env.get("config_file"))),
+    ]
+    width = min(max((len(key) for _, rows in sections for key, _ in rows), default=0), 28)
+    lines = []
+    for title, rows in sections:
+        lines.append(title)
+        for key, value in rows:
+            lines.append(f"  {key:<{width}}  {value}".rstrip())
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _fmt(value: Any) -> str:
+    if _is_error(value):
+        return f"error: {value['error']}"
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_fmt(v) for v in value) or "-"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_fmt(v)}" for k, v in value.items()) or "-"
+    return str(value)
+
+
+def _bytes(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return _fmt(value)
+    return f"{value / 2**30:.1f} GiB"
+
+
+def _section_error(section: Any) -> Rows | None:
+    if _is_error(section) or not isinstance(section, (dict, list)):
+        return [("error", _fmt(section) if _is_error(section) else f"unexpected value {section!r}")]
+    return None
+
+
+def _rows(section: Any, fields: list[tuple[str, str]]) -> Rows:
+    return _section_error(section) or [(label, _fmt(section.get(key))) for label, key in fields]
+
+
+def _torch_rows(section: Any) -> Rows:
+    error = _section_error(section)
+    if error:
+        return error
+    git = section.get("git_version")
+    return [
+        ("version", _fmt(section.get("version"))),
+        ("build", _fmt(section.get("build"))),
+        ("git version", git[:12] if isinstance(git, str) else _fmt(git)),
+        ("debug build", _fmt(section.get("debug"))),
+        ("location", _fmt(section.get("location"))),
+    ]
+
+
+def _cpu_rows(section: Any) -> Rows:
+    error = _section_error(section)
+    if error:
+        return error
+    return [
+        ("model", _fmt(section.get("model"))),
+        ("architecture", _fmt(section.get("architecture"))),
+        ("logical cores", _fmt(section.get("logical_cores"))),
+        ("physical cores", _fmt(section.get("physical_cores"))),
+        ("usable cores", _fmt(section.get("usable_cores"))),
+        ("torch threads", _fmt(section.get("torch_threads"))),
+        ("memory", _bytes(section.get("memory_total"))),
+    ]
+
+
+def _package_rows(section: Any) -> Rows:
+    error = _section_error(section)
+    if error:
+        return error
+    return [(name, "not installed" if version is None else _fmt(version)) for name, version in section.items()]
+
+
+def _backend_rows(backends: Any, selected: Any) -> Rows:
+    rows = _section_error(backends)
+    if rows is None:
+        rows = []
+        for info in backends:
+            state = "available" if info.get("available") else "not available"
+            text = f"{state}: {info.get('reason') or '(no reason given)'}"
+            if info.get("error"):
+                text += f" (describe failed: {info['error']})"
+            rows.append((str(info.get("name")), text))
+    if _is_error(selected) or not isinstance(selected, dict):
+        rows.append(("selected", _fmt(selected)))
+    elif selected.get("error"):
+        rows.append(("selected", f"error: {selected['error']}"))
+    else:
+        how = "from ACCEL_DEVICE" if selected.get("source") != "detected" else "first available in probe order"
+        rows.append(("selected", f"{selected.get('name')} ({how})"))
+    return rows
+
+
+_DETAIL_SKIP = {"name", "device_type", "available", "reason", "priority", "devices", "capabilities"}
+_DEVICE_SKIP = {"index", "name", "total_memory", "driver_version", "runtime_version", "extra", "error"}
+
+
+def _backend_detail_rows(info: dict[str, Any]) -> Rows:
+    rows: Rows = [(key.replace("_", " "), _fmt(value)) for key, value in info.items() if key not in _DETAIL_SKIP]
+    for device in info.get("devices") or []:
+        label = f"device {device.get('index', '?')}"
+        if device.get("error"):
+            rows.append((label, f"error: {device['error']}"))
+            continue
+        summary = [_fmt(device.get("name")), _bytes(device.get("total_memory"))]
+        for key in ("driver_version", "runtime_version"):
+            if device.get(key):
+                summary.append(f"{key.split('_')[0]} {device[key]}")
+        rows.append((label, ", ".join(summary)))
+        extra = dict(device.get("extra") or {})
+        extra.update({k: v for k, v in device.items() if k not in _DEVICE_SKIP})  # plug-in additions
+        rows += [(f"  {key.replace('_', ' ')}", _fmt(value)) for key, value in extra.items()]
+    capabilities = info.get("capabilities")
+    if isinstance(capabilities, dict):
+        rows.append(("capabilities", ""))
+        for key, cap in capabilities.items():
+            if isinstance(cap, dict) and "supported" in cap:
+                text = f"{'yes' if cap['supported'] else 'no ':<3}  {cap.get('reason') or ''}"
+            else:
+                text = _fmt(cap)
+            rows.append((f"  {key}", text))
+    return rows
+
+
+def _distributed_rows(section: Any) -> Rows:
+    error = _section_error(section)
+    if error:
+        return error
+    rows = [("torch.distributed", "available" if section.get("available") else "not available in this torch build")]
+    collectives = section.get("backends")
+    if isinstance(collectives, dict):
+        for name, ok in collectives.items():
+            rows.append((name, "unknown (this torch has no probe)" if ok is None else _fmt(ok)))
+    else:
+        rows.append(("backends", _fmt(collectives)))
+    oneccl = section.get(ONECCL_MODULE)
+    rows.append(("oneCCL bindings", _fmt(oneccl) if _is_error(oneccl) else ("installed" if oneccl else "not installed")))
+    rows.append(("default per device", _fmt(section.get("default_device_backend_map"))))
+    return rows
+
+
+def _plugin_rows(section: Any) -> Rows:
+    error = _section_error(section)
+    if error:
+        return error
+    rows = [("entry points", _fmt(section.get("entry_points")) if section.get("entry_points") else "none installed")]
+    for item in section.get("errors") or []:
+        rows.append(("load error", f"{item.get('entry_point')}: {item.get('error')}"))
+    return rows
+
+
+def _env_var_rows(section: Any) -> Rows:
+    error = _section_error(section)
+    if error:
+        return error
+    return [(name, value) for name, value in section.items()] or [("(none set)", "")]
+
+
+def _config_rows(section: Any) -> Rows:
+    error = _section_error(section)
+    if error:
+        return error
+    return [("path", _fmt(section.get("path"))), ("exists", _fmt(section.get("exists")))]

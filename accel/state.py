@@ -1,0 +1,516 @@
+"""Process state shared by everything in a run: ranks, device, process group, precision, gradients.
+
+``PartialState``, ``AcceleratorState`` and ``GradientState`` behave like Accelerate's: every
+instance of a class shares one state (so any module can call ``PartialState()`` and see the same
+ranks), and ``_reset_state()`` forgets it (tests). The process group is set up from whatever
+launcher started the process (``accel launch``/torchrun, SLURM, Open MPI, MPICH/Intel MPI), on the
+collective backend the active hardware backend names; single-node CPU groups bind gloo to the
+loopback interface.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable, Iterator
+
+import torch
+
+from .backends import Backend, get_backend
+from .utils.dataclasses import DistributedType, GradientAccumulationPlugin, PrecisionType
+
+__all__ = ["AcceleratorState", "DistributedType", "GradientState", "PartialState", "ProcessLayout", "is_initialized"]
+
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def _env(*names: str, default: str | None = None) -> str | None:
+    """First set variable among ``names`` (accel's own names first, Accelerate's for compatibility)."""
+    for name in names:
+        value = os.environ.get(name)
+        if value not in (None, ""):
+            return value
+    return default
+
+
+def _env_flag(*names: str) -> bool:
+    value = _env(*names)
+    return value is not None and value.strip().lower() in _TRUE
+
+
+@dataclass(frozen=True)
+class ProcessLayout:
+    """Rank numbers of this process as a launcher described them."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    source: str = "single process"
+
+    @classmethod
+    def from_environment(cls, environ: dict[str, str] | None = None) -> "ProcessLayout":
+        """Read the layout set by torchrun/``accel launch``, SLURM, Open MPI or MPICH/Intel MPI."""
+        env = os.environ if environ is None else environ
+        schemes = (
+            ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+            ("Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+            ("MPICH/Intel MPI", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+            ("SLURM", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),
+        )
+        for source, rank_var, size_var, local_var, local_size_var in schemes:
+            if rank_var in env and size_var in env:
+                try:
+                    rank, world = int(env[rank_var]), int(env[size_var])
+                    local = int(env.get(local_var, rank))
+                    local_size_text = env.get(local_size_var, "").split("(")[0]  # SLURM writes "2(x3)"
+                    local_size = int(local_size_text) if local_size_text else world
+                except ValueError as exc:
+                    raise ValueError(f"{source} environment has a non-integer rank variable: {exc}") from None
+                if not 0 <= rank < world:
+                    raise ValueError(f"{source} environment is inconsistent: {rank_var}={rank} with {size_var}={world}")
+                return cls(rank, world, local, local_size, source)
+        return cls()
+
+    @property
+    def single_node(self) -> bool:
+        return self.local_world_size >= self.world_size
+
+
+def _loopback_interface() -> str | None:
+    """Name of the interface carrying 127.0.0.1 (``lo`` on Linux, ``lo0`` on macOS)."""
+    try:
+        import psutil
+
+        for name, addrs in psutil.net_if_addrs().items():
+            if any(a.family == socket.AF_INET and a.address.startswith("127.") for a in addrs):
+                return name
+    except Exception:
+        return None
+    return None
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return socket.gethostbyname(host).startswith("127.")
+    except OSError:
+        return False
+
+
+class SharedDict(dict):
+    """Marker type for the class-level dict every instance of a state class shares."""
+
+
+class PartialState:
+    """Ranks, device and process group of this process; no precision or plug-in knowledge.
+
+    ``cpu=True`` forces the CPU backend. Extra keyword arguments go to
+    ``torch.distributed.init_process_group`` (``backend``, ``timeout``, ``init_method``).
+    """
+
+    _shared_state: dict[str, Any] = SharedDict()
+
+    def __init__(self, cpu: bool = False, **kwargs: Any):
+        self.__dict__ = self._shared_state
+        if self.initialized:
+            return
+        cpu = cpu or _env_flag("ACCEL_USE_CPU", "ACCELERATE_USE_CPU")
+        backend: Backend = get_backend("cpu") if cpu else get_backend()
+        self.hardware_backend = backend
+        self.debug = _env_flag("ACCEL_DEBUG_MODE", "ACCELERATE_DEBUG_MODE")
+        self.fork_launched = _env_flag("FORK_LAUNCHED")
+
+        import torch.distributed as dist
+
+        layout = ProcessLayout.from_environment()
+        if dist.is_available() and dist.is_initialized():
+            # adopt a group someone else created (a test harness, a notebook launcher)
+            layout = ProcessLayout(dist.get_rank(), dist.get_world_size(), layout.local_rank, layout.local_world_size, "existing process group")
+        self.layout = layout
+        self.num_processes = layout.world_size
+        self.process_index = layout.rank
+        self.local_process_index = layout.local_rank
+
+        self.backend: str | None = None
+        if layout.world_size > 1:
+            self.backend = kwargs.pop("backend", None) or backend.comm_backend
+            if self.backend is None:
+                raise RuntimeError(
+                    f"{layout.world_size} processes were launched on backend {backend.name!r}, "
+                    f"which cannot run several processes: {backend.comm_backend_reason()}"
+                )
+            self.distributed_type = DistributedType(backend.distributed_type)
+        else:
+            kwargs.pop("backend", None)
+            self.distributed_type = DistributedType.NO
+
+        count = backend.device_count()
+        self.device = backend.device(self.local_process_index % count if count else None)
+        if backend.device_type != "cpu":
+            backend.set_device(self.device.index or 0)
+
+        unknown = set(kwargs) - {"timeout", "init_method"}
+        if unknown:
+            raise TypeError(f"PartialState got unexpected process-group argument(s): {', '.join(sorted(unknown))}")
+        if layout.world_size > 1 and not dist.is_initialized():
+            self._init_process_group(**kwargs)
+        self._shared_state["_initialized"] = True
+
+    def _init_process_group(self, timeout: timedelta | None = None, init_method: str | None = None) -> None:
+        import torch.distributed as dist
+
+        layout = self.layout
+        if not os.environ.get("MASTER_ADDR"):
+            if not layout.single_node:
+                raise RuntimeError(f"MASTER_ADDR must be set for a multi-node run started by {layout.source}")
+            os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ.setdefault("MASTER_PORT", "29500")
+        if self.backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
+            if layout.single_node or _is_loopback(os.environ["MASTER_ADDR"]):
+                iface = _loopback_interface()
+                if iface:
+                    os.environ["GLOO_SOCKET_IFNAME"] = iface  # full-mesh connects flake on other NICs
+        options: dict[str, Any] = {
+            "backend": self.backend,
+            "rank": layout.rank,
+            "world_size": layout.world_size,
+            "init_method": init_method or "env://",
+        }
+        if timeout is not None:
+            options["timeout"] = timeout
+        dist.init_process_group(**options)
+
+    # ------------------------------------------------------------------ identity
+    def __repr__(self) -> str:
+        return (
+            f"Distributed environment: {self.distributed_type}{'  Backend: ' + self.backend if self.backend else ''}\n"
+            f"Num processes: {self.num_processes}\n"
+            f"Process index: {self.process_index}\n"
+            f"Local process index: {self.local_process_index}\n"
+            f"Device: {self.device}\n"
+        )
+
+    @staticmethod
+    def _reset_state() -> None:
+        PartialState._shared_state.clear()
+
+    @property
+    def initialized(self) -> bool:
+        return self._shared_state.get("_initialized", False)
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.distributed_type != DistributedType.NO and self.num_processes > 1
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.process_index == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.local_process_index == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.process_index == self.num_processes - 1
+
+    @property
+    def default_device(self) -> torch.device:
+        return self.hardware_backend.device(0) if self.hardware_backend.device_count() else torch.device("cpu")
+
+    # ------------------------------------------------------------------ synchronisation
+    def wait_for_everyone(self) -> None:
+        if self.use_distributed:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    @contextlib.contextmanager
+    def _goes_first(self, is_main: bool) -> Iterator[None]:
+        if not is_main:
+            self.wait_for_everyone()
+        yield
+        if is_main:
+            self.wait_for_everyone()
+
+    def main_process_first(self) -> contextlib.AbstractContextManager:
+        """The main process runs the block first, then the others (e.g. download or preprocess once)."""
+        return self._goes_first(self.is_main_process)
+
+    def local_main_process_first(self) -> contextlib.AbstractContextManager:
+        return self._goes_first(self.is_local_main_process)
+
+    # ------------------------------------------------------------------ splitting work
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """Yield this process's contiguous share of ``inputs`` (list, tuple, tensor or dict of them).
+
+        Shares differ by at most one item; the first ``len % num_processes`` processes get the extra.
+        With ``apply_padding`` every share is padded with the last item to the longest share, so a
+        later ``gather`` sees equal shapes (drop the padding afterwards).
+        """
+        if self.num_processes == 1:
+            yield inputs
+            return
+        yield _split(inputs, self.num_processes, self.process_index, apply_padding)
+
+    # ------------------------------------------------------------------ running on some processes
+    def on_main_process(self, function: Callable[..., Any] | None = None):
+        return self._only_where(lambda: self.is_main_process, function, "on_main_process")
+
+    def on_local_main_process(self, function: Callable[..., Any] | None = None):
+        return self._only_where(lambda: self.is_local_main_process, function, "on_local_main_process")
+
+    def on_last_process(self, function: Callable[..., Any]):
+        return self._only_where(lambda: self.is_last_process, function, "on_last_process")
+
+    def on_process(self, function: Callable[..., Any] | None = None, process_index: int | None = None):
+        if process_index is None:
+            raise ValueError("on_process needs a process_index")
+        return self._only_where(lambda: self.process_index == process_index, function, "on_process")
+
+    def on_local_process(self, function: Callable[..., Any] | None = None, local_process_index: int | None = None):
+        if local_process_index is None:
+            raise ValueError("on_local_process needs a local_process_index")
+        return self._only_where(lambda: self.local_process_index == local_process_index, function, "on_local_process")
+
+    @staticmethod
+    def _only_where(condition: Callable[[], bool], function: Callable[..., Any] | None, name: str):
+        def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+            if not callable(fn):
+                raise TypeError(f"{name} decorates a function, got {type(fn).__name__}")
+
+            @functools.wraps(fn)
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                return fn(*args, **kwargs) if condition() else None
+
+            return wrapper
+
+        return decorate if function is None else decorate(function)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the local main process only."""
+        if self.is_local_main_process:
+            print(*args, **kwargs)
+
+    # ------------------------------------------------------------------ teardown
+    def set_device(self) -> None:
+        if self.device.type != "cpu":
+            self.hardware_backend.set_device(self.device.index or 0)
+
+    def destroy_process_group(self, group: Any = None) -> None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group(group)
+
+
+def _split(inputs: Any, parts: int, index: int, pad: bool) -> Any:
+    if isinstance(inputs, dict):
+        lengths = {k: len(v) for k, v in inputs.items()}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"split_between_processes needs dict values of one length, got {lengths}")
+        return {k: _split(v, parts, index, pad) for k, v in inputs.items()}
+    if not isinstance(inputs, (list, tuple, torch.Tensor)):
+        raise TypeError(f"split_between_processes splits lists, tuples, tensors or dicts of them, not {type(inputs).__name__}")
+    total = len(inputs)
+    base, extra = divmod(total, parts)
+    start = index * base + min(index, extra)
+    end = start + base + (1 if index < extra else 0)
+    share = inputs[start:end]
+    longest = base + (1 if extra else 0)
+    if not pad or len(share) >= longest or total == 0:
+        return share
+    missing = longest - len(share)
+    if isinstance(share, torch.Tensor):
+        filler = (share[-1:] if len(share) else inputs[-1:]).expand(missing, *inputs.shape[1:])
+        return torch.cat([share, filler])
+    last = share[-1] if len(share) else inputs[-1]
+    return share + type(share)([last] * missing)
+
+
+class AcceleratorState:
+    """PartialState plus precision and plug-ins; shares PartialState's ranks and device."""
+
+    _shared_state: dict[str, Any] = SharedDict()
+
+    def __init__(
+        self,
+        mixed_precision: str | None = None,
+        cpu: bool = False,
+        dynamo_plugin: Any = None,
+        deepspeed_plugin: Any = None,
+        fsdp_plugin: Any = None,
+        torch_tp_plugin: Any = None,
+        megatron_lm_plugin: Any = None,
+        parallelism_config: Any = None,
+        _from_accelerator: bool = False,
+        **kwargs: Any,
+    ):
+        self.__dict__ = self._shared_state
+        if mixed_precision is None:
+            mixed_precision = _env("ACCEL_MIXED_PRECISION", "ACCELERATE_MIXED_PRECISION", default="no")
+        mixed_precision = str(mixed_precision).lower()
+        if mixed_precision not in PrecisionType.list():
+            raise ValueError(f"mixed_precision must be one of {PrecisionType.list()}, got {mixed_precision!r}")
+        if self.initialized:
+            if mixed_precision != self._mixed_precision and _from_accelerator:
+                raise ValueError(
+                    f"AcceleratorState was already initialised with mixed_precision={self._mixed_precision!r}; "
+                    f"it cannot change to {mixed_precision!r} in the same process (reset the state first)"
+                )
+            return
+        self._partial = PartialState(cpu, **kwargs)
+        self._mixed_precision = mixed_precision
+        self.dynamo_plugin = dynamo_plugin
+        self.deepspeed_plugin = deepspeed_plugin
+        self.fsdp_plugin = fsdp_plugin
+        self.torch_tp_plugin = torch_tp_plugin
+        self.megatron_lm_plugin = megatron_lm_plugin
+        self.parallelism_config = parallelism_config
+        for unsupported, value in (("deepspeed_plugin", deepspeed_plugin), ("fsdp_plugin", fsdp_plugin),
+                                   ("megatron_lm_plugin", megatron_lm_plugin), ("torch_tp_plugin", torch_tp_plugin)):
+            if value is not None:
+                raise NotImplementedError(f"{unsupported} is not supported by accel yet")
+        self._shared_state["_initialized"] = True
+
+    def __getattr__(self, name: str) -> Any:
+        # ranks, device and process control come from the shared PartialState
+        if name.startswith("__") or name in ("_partial", "_shared_state"):
+            raise AttributeError(name)
+        partial = self.__dict__.get("_partial")
+        if partial is None:
+            raise AttributeError(f"AcceleratorState has no attribute {name!r} (it is not initialised)")
+        return getattr(partial, name)
+
+    def __repr__(self) -> str:
+        return repr(self._partial) + f"Mixed precision type: {self.mixed_precision}\n"
+
+    @property
+    def initialized(self) -> bool:
+        return self._shared_state.get("_initialized", False)
+
+    @property
+    def mixed_precision(self) -> str:
+        return self._mixed_precision
+
+    @staticmethod
+    def _reset_state(reset_partial_state: bool = False) -> None:
+        AcceleratorState._shared_state.clear()
+        if reset_partial_state:
+            PartialState._reset_state()
+
+    # explicit so `AcceleratorState.is_main_process` etc. are discoverable, as in Accelerate
+    use_distributed = property(lambda self: self._partial.use_distributed)
+    is_main_process = property(lambda self: self._partial.is_main_process)
+    is_local_main_process = property(lambda self: self._partial.is_local_main_process)
+    is_last_process = property(lambda self: self._partial.is_last_process)
+
+    def wait_for_everyone(self) -> None:
+        self._partial.wait_for_everyone()
+
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False):
+        return self._partial.split_between_processes(inputs, apply_padding=apply_padding)
+
+    def main_process_first(self):
+        return self._partial.main_process_first()
+
+    def local_main_process_first(self):
+        return self._partial.local_main_process_first()
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        self._partial.print(*args, **kwargs)
+
+    def destroy_process_group(self, group: Any = None) -> None:
+        self._partial.destroy_process_group(group)
+
+
+class GradientState:
+    """Whether gradients synchronise this step, and where the active data loader stands."""
+
+    _shared_state: dict[str, Any] = SharedDict()
+
+    def __init__(self, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None):
+        self.__dict__ = self._shared_state
+        if not self.initialized:
+            self.sync_gradients = True
+            self._dataloader_references: list[Any] = [None]
+            self.plugin_kwargs = (gradient_accumulation_plugin or GradientAccumulationPlugin()).to_dict()
+            self._shared_state["_initialized"] = True
+        elif gradient_accumulation_plugin is not None:
+            self.plugin_kwargs = gradient_accumulation_plugin.to_dict()
+
+    @property
+    def initialized(self) -> bool:
+        return self._shared_state.get("_initialized", False)
+
+    @property
+    def num_steps(self) -> int:
+        return self.plugin_kwargs.get("num_steps") or 1
+
+    @property
+    def adjust_scheduler(self) -> bool:
+        return self.plugin_kwargs.get("adjust_scheduler", True)
+
+    @property
+    def sync_with_dataloader(self) -> bool:
+        return self.plugin_kwargs.get("sync_with_dataloader", True)
+
+    @property
+    def sync_each_batch(self) -> bool:
+        return self.plugin_kwargs.get("sync_each_batch", False)
+
+    @property
+    def active_dataloader(self) -> Any:
+        return self._dataloader_references[-1]
+
+    @property
+    def dataloader_references(self) -> list[Any]:
+        return self._dataloader_references
+
+    @property
+    def in_dataloader(self) -> bool:
+        return self.active_dataloader is not None
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        loader = self.active_dataloader
+        return bool(getattr(loader, "end_of_dataloader", False)) if loader is not None else False
+
+    @property
+    def remainder(self) -> int:
+        loader = self.active_dataloader
+        return getattr(loader, "remainder", -1) if loader is not None else -1
+
+    def __repr__(self) -> str:
+        return (
+            f"Sync Gradients: {self.sync_gradients}\n"
+            f"At end of current dataloader: {self.end_of_dataloader}\n"
+            f"Extra samples added: {self.remainder}\n"
+            f"Gradient accumulation plugin: {self.plugin_kwargs}\n"
+        )
+
+    def _set_sync_gradients(self, sync_gradients: bool) -> None:
+        self.sync_gradients = bool(sync_gradients)
+
+    def _add_dataloader(self, dataloader: Any) -> None:
+        self._dataloader_references.append(dataloader)
+
+    def _remove_dataloader(self, dataloader: Any) -> None:
+        if dataloader in self._dataloader_references[1:]:
+            # remove the most recent reference (nested iteration of the same loader)
+            idx = len(self._dataloader_references) - 1 - self._dataloader_references[::-1].index(dataloader)
+            del self._dataloader_references[idx]
+
+    @staticmethod
+    def _reset_state() -> None:
+        GradientState._shared_state.clear()
+
+
+def is_initialized() -> bool:
+    """Whether a PartialState exists in this process."""
+    return PartialState._shared_state.get("_initialized", False)

@@ -1,0 +1,73 @@
+"""Run a function in N real CPU ranks (gloo) for the project's own tests.
+
+Each call forks fresh ranks with a file-based rendezvous unique to the call, so parallel pytest
+workers never share a store. Ranks see the environment a launcher would set (RANK, WORLD_SIZE,
+LOCAL_RANK, ...), build ``PartialState()`` themselves, and return picklable results. The first
+failing rank fails the call with its traceback; a hang ends at ``timeout``.
+(The harness's pooled runner for the suites is a separate, faster mechanism.)
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import tempfile
+import traceback
+from typing import Any, Callable
+
+
+def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, store: str, args: tuple, queue: Any) -> None:
+    try:
+        os.environ.update(
+            RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1",
+        )
+        os.environ.pop("ACCEL_DEVICE", None)
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        from accel.backends import reset_registry
+        from accel.state import AcceleratorState, GradientState, PartialState
+
+        reset_registry()
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)
+        try:
+            result = fn(*args)
+        finally:
+            dist.destroy_process_group()
+        queue.put((rank, "ok", pickle.dumps(result)))
+    except BaseException:
+        queue.put((rank, "error", traceback.format_exc()))
+
+
+def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 60.0) -> list[Any]:
+    """Run ``fn(*args)`` on ``world_size`` forked ranks; return the per-rank results in rank order."""
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = os.path.join(tmp, "store")
+        procs = [ctx.Process(target=_rank_main, args=(fn, r, world_size, store, args, queue), daemon=True) for r in range(world_size)]
+        for p in procs:
+            p.start()
+        results: dict[int, Any] = {}
+        try:
+            for _ in range(world_size):
+                try:
+                    rank, status, payload = queue.get(timeout=timeout)
+                except Exception:
+                    alive = [r for r, p in enumerate(procs) if p.is_alive()]
+                    raise TimeoutError(f"ranks {alive} did not finish within {timeout}s") from None
+                if status == "error":
+                    raise AssertionError(f"rank {rank} failed:\n{payload}")
+                results[rank] = pickle.loads(payload)
+        finally:
+            for p in procs:
+                p.join(timeout=5)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+    return [results[r] for r in range(world_size)]

@@ -1,0 +1,207 @@
+"""Out-of-tree backends found through the ``accel.backends`` entry-point group.
+
+Each test builds a real (tiny) installed distribution in ``tmp_path``: a package plus a
+``*.dist-info`` folder with ``METADATA`` and ``entry_points.txt``. With ``tmp_path`` on
+``sys.path``, ``importlib.metadata`` finds it exactly like a pip-installed plug-in.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import textwrap
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from accel.backends import (
+    ENTRY_POINT_GROUP,
+    OVERRIDE_ENV,
+    BackendRegistry,
+    BackendUnavailableError,
+    get_backend,
+    get_registry,
+    reset_registry,
+)
+from accel.backends.registry import _builtin_factories
+
+PLUGIN_PACKAGE = "fakedev_plugin"
+
+PLUGIN_INIT = '''
+"""A plug-in backend package as a vendor would ship it."""
+
+from accel.backends import Availability, DeviceModuleBackend
+from accel.backends.cpu import CPUBackend
+
+
+class FakeDevBackend(CPUBackend):
+    """Runs on the host CPU under the hood; probes before every built-in backend."""
+
+    name = "fakedev"
+    priority = 5
+
+    def _probe(self):
+        return Availability(True, "fake device (host CPU underneath)")
+
+
+class _GpuModule:
+    """Just enough of a device module for the shared device-module logic."""
+
+    def is_available(self):
+        return True
+
+    def device_count(self):
+        return 4
+
+    def current_device(self):
+        return 0
+
+
+class FakeGpuBackend(DeviceModuleBackend):
+    name = "fakegpu"
+    device_type = "cpu"
+    priority = 6
+
+    @property
+    def comm_backend(self):
+        return "gloo"
+
+
+def make_fakegpu():
+    return FakeGpuBackend(module=_GpuModule(), accelerator=None)
+
+
+class SwitchedOff(CPUBackend):
+    name = "fakeoff"
+    priority = 1
+
+    def _probe(self):
+        return Availability(False, "fakeoff hardware not plugged in")
+
+
+class DuplicateCPU(CPUBackend):
+    """Clashes with the built-in cpu backend."""
+
+
+def not_a_backend():
+    return {"name": "oops"}
+'''
+
+BROKEN_MODULE = '''
+raise ImportError("fakedev broken plug-in fails on import on purpose")
+'''
+
+ENTRY_POINTS = f"""
+[{ENTRY_POINT_GROUP}]
+fakedev = {PLUGIN_PACKAGE}:FakeDevBackend
+fakegpu = {PLUGIN_PACKAGE}:make_fakegpu
+fakeoff = {PLUGIN_PACKAGE}:SwitchedOff
+broken = {PLUGIN_PACKAGE}.broken:Backend
+dupcpu = {PLUGIN_PACKAGE}:DuplicateCPU
+notabackend = {PLUGIN_PACKAGE}:not_a_backend
+missing = {PLUGIN_PACKAGE}:NoSuchAttribute
+"""
+
+METADATA = """\
+Metadata-Version: 2.1
+Name: fakedev-plugin
+Version: 0.1
+Summary: accel test plug-in
+"""
+
+
+def _forget_plugin_modules() -> None:
+    for name in list(sys.modules):
+        if name == PLUGIN_PACKAGE or name.startswith(PLUGIN_PACKAGE + "."):
+            del sys.modules[name]
+
+
+@pytest.fixture
+def plugin_dist(tmp_path: Path, monkeypatch) -> Path:
+    package = tmp_path / PLUGIN_PACKAGE
+    package.mkdir()
+    (package / "__init__.py").write_text(textwrap.dedent(PLUGIN_INIT))
+    (package / "broken.py").write_text(BROKEN_MODULE)
+    dist_info = tmp_path / f"{PLUGIN_PACKAGE}-0.1.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text(METADATA)
+    (dist_info / "entry_points.txt").write_text(ENTRY_POINTS)
+    monkeypatch.delenv(OVERRIDE_ENV, raising=False)
+    _forget_plugin_modules()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    reset_registry()
+    yield tmp_path
+    reset_registry()
+    _forget_plugin_modules()
+
+
+def _errors_by_name(registry: BackendRegistry) -> dict[str, str]:
+    return {e.entry_point.split(" = ")[0]: e.error for e in registry.plugin_errors}
+
+
+def test_distribution_is_visible_to_importlib_metadata(plugin_dist):
+    names = {ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    assert {"fakedev", "fakegpu", "broken"} <= names
+    assert metadata.version("fakedev-plugin") == "0.1"
+
+
+def test_fresh_registry_loads_plugins_into_probe_order(plugin_dist):
+    reg = BackendRegistry(_builtin_factories())
+    names = reg.names()
+    assert names[:3] == ["fakeoff", "fakedev", "fakegpu"]
+    assert names[3:] == ["cuda", "xpu", "hpu", "mps", "cpu"]
+    assert reg.select().name == "fakedev"  # fakeoff probes first but is unavailable
+    assert [b.name for b in reg.available()][:2] == ["fakedev", "fakegpu"]
+    assert type(reg.get("fakedev")).__module__ == PLUGIN_PACKAGE
+
+
+def test_global_registry_includes_plugin_and_selects_it(plugin_dist, monkeypatch):
+    reg = get_registry()
+    assert "fakedev" in reg.names()
+    backend = get_backend()
+    assert backend.name == "fakedev"
+    assert backend.device().type == "cpu"
+    monkeypatch.setenv(OVERRIDE_ENV, "fakegpu")
+    chosen = get_backend()
+    assert chosen.name == "fakegpu"
+    assert chosen.device_count() == 4 and chosen.availability.reason == "4 device(s) visible"
+    monkeypatch.setenv(OVERRIDE_ENV, "fakeoff")
+    with pytest.raises(BackendUnavailableError, match="fakeoff hardware not plugged in"):
+        get_backend()
+
+
+def test_broken_entry_points_are_recorded_not_raised(plugin_dist):
+    reg = BackendRegistry(_builtin_factories())  # must not raise
+    errors = _errors_by_name(reg)
+    assert set(errors) == {"broken", "dupcpu", "notabackend", "missing"}
+    assert "ImportError" in errors["broken"] and "fails on import on purpose" in errors["broken"]
+    assert "ValueError" in errors["dupcpu"] and "already registered" in errors["dupcpu"]
+    assert "TypeError" in errors["notabackend"]
+    assert "AttributeError" in errors["missing"]
+    labels = [e.entry_point for e in reg.plugin_errors]
+    assert f"broken = {PLUGIN_PACKAGE}.broken:Backend" in labels
+    # the built-in cpu survived the clash
+    assert type(reg.get("cpu")).__module__ == "accel.backends.cpu"
+    # the good plug-ins were still loaded
+    assert {"fakedev", "fakegpu", "fakeoff"} <= set(reg.names())
+
+
+def test_global_registry_records_plugin_errors(plugin_dist):
+    assert "broken" in _errors_by_name(get_registry())
+
+
+def test_load_plugins_false_ignores_entry_points(plugin_dist):
+    reg = BackendRegistry(_builtin_factories(), load_plugins=False)
+    assert reg.names() == ["cuda", "xpu", "hpu", "mps", "cpu"]
+    assert reg.plugin_errors == []
+
+
+def test_plugins_disappear_when_uninstalled(plugin_dist):
+    assert "fakedev" in get_registry().names()
+    sys.path.remove(str(plugin_dist))
+    importlib.invalidate_caches()
+    reset_registry()
+    assert "fakedev" not in get_registry().names()
+    assert get_backend().name != "fakedev"
