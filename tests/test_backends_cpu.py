@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from accel.backends import Availability, Capability, DeviceProperties, Timer, UnsupportedFeatureError
+from accel.backends import Availability, BackendUnavailableError, Capability, DeviceProperties, Timer, UnsupportedFeatureError
 from accel.backends.cpu import CPUBackend
 
 CAPABILITY_KEYS = {"memory_stats", "multiprocess", "fp16", "bf16", "fp8", "fp16_amp", "bf16_amp", "grad_scaler"}
@@ -24,6 +24,7 @@ def cpu(monkeypatch) -> CPUBackend:
 def test_identity(cpu):
     assert (cpu.name, cpu.device_type) == ("cpu", "cpu")
     assert cpu.start_method == "fork"
+    assert cpu.distributed_type == "MULTI_CPU"
     assert cpu.use_host_timers is True
     assert cpu.visible_devices_env is None
     assert cpu.priority > 100  # after every accelerator
@@ -156,7 +157,10 @@ def test_dtype_capabilities(cpu):
 def test_fp8_probe_answers_with_reason(cpu):
     cap = cpu.supports_fp8
     assert isinstance(cap, Capability)
-    assert cap.reason and "float8" in cap.reason
+    assert cap.reason
+    if cap.supported:  # then an fp8 matmul really runs here
+        a = torch.ones(16, 16).to(torch.float8_e4m3fn)
+        assert float((a @ a)[0, 0].float()) == 16.0
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
@@ -229,5 +233,27 @@ def test_describe_is_json_serialisable(cpu):
 def test_comm_backend(cpu, monkeypatch):
     assert cpu.comm_backend == "gloo"
     assert cpu.supports_multiprocess()
+    monkeypatch.setenv("ACCEL_CPU_COMM_BACKEND", " MPI ")
+    assert cpu.comm_backend == "mpi"
+    monkeypatch.setenv("ACCEL_CPU_COMM_BACKEND", "nccl")
+    with pytest.raises(ValueError, match="'nccl'"):
+        cpu.comm_backend
+    # reports survive the misconfiguration and name it
+    info = json.loads(json.dumps(cpu.describe()))
+    assert info["available"] is True and "nccl" in info["error"]
+    assert "nccl" in cpu.capabilities()["multiprocess"].reason
+
+
+def test_ccl_comm_backend_needs_oneccl_bindings(cpu, monkeypatch):
+    import importlib.util
+
     monkeypatch.setenv("ACCEL_CPU_COMM_BACKEND", "ccl")
-    assert cpu.comm_backend == "ccl"
+    if importlib.util.find_spec("oneccl_bindings_for_pytorch") is not None:
+        assert cpu.comm_backend == "ccl"
+        return
+    with pytest.raises(BackendUnavailableError, match="oneccl_bindings_for_pytorch"):
+        cpu.comm_backend
+    # a capability report must survive the misconfiguration and say what is wrong
+    caps = cpu.capabilities()
+    assert not caps["multiprocess"] and "oneccl_bindings_for_pytorch" in caps["multiprocess"].reason
+    assert caps["fp16"].supported

@@ -58,6 +58,8 @@ def test_static_facts():
     assert MPSBackend.use_host_timers and not CUDABackend.use_host_timers
     assert not XPUBackend.use_host_timers and not HPUBackend.use_host_timers
     assert HPUBackend.compile_backend == "hpu_backend" and CUDABackend.compile_backend == "inductor"
+    distributed_types = {cls.name: cls.distributed_type for cls in (CUDABackend, XPUBackend, HPUBackend, MPSBackend)}
+    assert distributed_types == {"cuda": "MULTI_GPU", "xpu": "MULTI_XPU", "hpu": "MULTI_HPU", "mps": "NO"}
 
 
 def test_comm_backends():
@@ -118,6 +120,7 @@ def test_unavailable_gives_reason(cls):
 def test_zero_devices_means_unavailable(cls):
     backend, _ = make(cls, count=0)
     assert not backend.is_available()
+    assert "device_count() is 0" in backend.availability.reason
     assert backend.device_count() == 0
 
 

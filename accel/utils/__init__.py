@@ -22,6 +22,46 @@ _export(
     "InitProcessGroupKwargs", "KwargsHandler", "PrecisionType", "RNGType",
 )
 
+_export("accel.utils.random", "set_seed", "synchronize_rng_state", "synchronize_rng_states")
+_export(
+    "accel.utils.imports",
+    "compare_versions",
+    "is_torch_version",
+    "is_cuda_available",
+    "is_xpu_available",
+    "is_mps_available",
+    "is_hpu_available",
+    "is_npu_available",
+    "is_mlu_available",
+    "is_musa_available",
+    "is_torch_xla_available",
+    "is_fp16_available",
+    "is_bf16_available",
+    "is_fp8_available",
+    "is_torch_distributed_available",
+    "is_xccl_available",
+    "is_ccl_available",
+    "is_deepspeed_available",
+    "is_tensorboard_available",
+    "is_wandb_available",
+    "is_comet_ml_available",
+    "is_mlflow_available",
+    "is_rich_available",
+    "is_tqdm_available",
+    "is_pandas_available",
+    "is_numpy_available",
+    "is_datasets_available",
+    "is_transformers_available",
+    "is_peft_available",
+    "is_timm_available",
+    "is_torchvision_available",
+    "is_pytest_available",
+    "is_safetensors_available",
+    "is_psutil_available",
+    "is_bnb_available",
+    "is_weights_only_available",
+)
+
 
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)

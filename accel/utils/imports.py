@@ -1,0 +1,185 @@
+"""``is_*_available`` helpers with Accelerate's names; device answers come from the backend registry."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import operator
+
+from packaging.version import Version
+
+_OPS = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne, ">=": operator.ge, ">": operator.gt}
+
+
+@functools.lru_cache(maxsize=None)
+def _package(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+def _backend_available(name: str) -> bool:
+    from ..backends import UnknownBackendError, get_registry
+
+    try:
+        return get_registry().get(name).is_available()
+    except UnknownBackendError:
+        return False
+
+
+def _active():
+    from ..backends import get_backend
+
+    return get_backend()
+
+
+def compare_versions(library_or_version: str | Version, operation: str, requirement_version: str) -> bool:
+    """``compare_versions("torch", ">=", "2.5")``: compare an installed package (or a version) to a requirement."""
+    if operation not in _OPS:
+        raise ValueError(f"operation must be one of {list(_OPS)}, got {operation!r}")
+    if isinstance(library_or_version, str) and not library_or_version[:1].isdigit():
+        from importlib.metadata import version
+
+        library_or_version = version(library_or_version)
+    return _OPS[operation](Version(Version(str(library_or_version)).base_version), Version(requirement_version))
+
+
+def is_torch_version(operation: str, version: str) -> bool:
+    from ..backends import torch_version
+
+    return compare_versions(torch_version(), operation, version)
+
+
+def is_cuda_available() -> bool:
+    return _backend_available("cuda")
+
+
+def is_xpu_available(check_device: bool = False) -> bool:
+    return _backend_available("xpu")
+
+
+def is_mps_available(min_version: str = "1.12") -> bool:
+    return _backend_available("mps")
+
+
+def is_hpu_available(init_hccl: bool = False) -> bool:
+    return _backend_available("hpu")
+
+
+def is_npu_available(check_device: bool = False) -> bool:
+    return _backend_available("npu")
+
+
+def is_mlu_available(check_device: bool = False) -> bool:
+    return _backend_available("mlu")
+
+
+def is_musa_available(check_device: bool = False) -> bool:
+    return _backend_available("musa")
+
+
+def is_torch_xla_available(check_is_tpu: bool = False, check_is_gpu: bool = False) -> bool:
+    return False  # accel has no XLA backend
+
+
+def is_fp16_available() -> bool:
+    return bool(_active().supports_fp16)
+
+
+def is_bf16_available(ignore_tpu: bool = False) -> bool:
+    return bool(_active().supports_bf16)
+
+
+def is_fp8_available() -> bool:
+    return bool(_active().supports_fp8)
+
+
+def is_torch_distributed_available() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available()
+
+
+def is_xccl_available() -> bool:
+    import torch.distributed as dist
+
+    probe = getattr(dist, "is_xccl_available", None)
+    return bool(dist.is_available() and probe is not None and probe())
+
+
+def is_ccl_available() -> bool:
+    return _package("oneccl_bindings_for_pytorch")
+
+
+def is_deepspeed_available() -> bool:
+    return _package("deepspeed")
+
+
+def is_tensorboard_available() -> bool:
+    return _package("tensorboard") or _package("tensorboardX")
+
+
+def is_wandb_available() -> bool:
+    return _package("wandb")
+
+
+def is_comet_ml_available() -> bool:
+    return _package("comet_ml")
+
+
+def is_mlflow_available() -> bool:
+    return _package("mlflow")
+
+
+def is_rich_available() -> bool:
+    return _package("rich")
+
+
+def is_tqdm_available() -> bool:
+    return _package("tqdm")
+
+
+def is_pandas_available() -> bool:
+    return _package("pandas")
+
+
+def is_numpy_available() -> bool:
+    return _package("numpy")
+
+
+def is_datasets_available() -> bool:
+    return _package("datasets")
+
+
+def is_transformers_available() -> bool:
+    return _package("transformers")
+
+
+def is_peft_available() -> bool:
+    return _package("peft")
+
+
+def is_timm_available() -> bool:
+    return _package("timm")
+
+
+def is_torchvision_available() -> bool:
+    return _package("torchvision")
+
+
+def is_pytest_available() -> bool:
+    return _package("pytest")
+
+
+def is_safetensors_available() -> bool:
+    return _package("safetensors")
+
+
+def is_psutil_available() -> bool:
+    return _package("psutil")
+
+
+def is_bnb_available() -> bool:
+    return _package("bitsandbytes")
+
+
+def is_weights_only_available() -> bool:
+    return is_torch_version(">=", "2.4.0")
