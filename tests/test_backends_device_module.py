@@ -18,6 +18,7 @@ import torch.distributed as dist
 from accel.backends import (
     Availability,
     Backend,
+    BackendUnavailableError,
     Capability,
     DeviceModuleBackend,
     DeviceProperties,
@@ -108,7 +109,7 @@ def test_unavailable_gives_reason(cls):
     assert _expected_unavailable_fragment(cls) in avail.reason
     assert backend.device_count() == 0
     assert backend.devices() == []
-    with pytest.raises(Exception, match="not available") as info:
+    with pytest.raises(BackendUnavailableError, match="not available") as info:
         backend.require_available()
     assert avail.reason in str(info.value)
     describe = backend.describe()

@@ -8,6 +8,9 @@ Each test builds a real (tiny) installed distribution in ``tmp_path``: a package
 from __future__ import annotations
 
 import importlib
+import json
+import os
+import subprocess
 import sys
 import textwrap
 from importlib import metadata
@@ -205,3 +208,63 @@ def test_plugins_disappear_when_uninstalled(plugin_dist):
     reset_registry()
     assert "fakedev" not in get_registry().names()
     assert get_backend().name != "fakedev"
+
+
+SELF_REGISTERING_INIT = '''
+"""A plug-in that also registers itself in-process when imported (both paths at once)."""
+
+from accel.backends import Availability, register_backend
+from accel.backends.cpu import CPUBackend
+
+
+class SelfRegBackend(CPUBackend):
+    name = "selfreg"
+    priority = 7
+
+    def _probe(self):
+        return Availability(True, "registers itself on import")
+
+
+register_backend(SelfRegBackend)
+'''
+
+CHILD_SCRIPT = '''
+import faulthandler, json, sys
+import accel.backends as backends  # torch is imported here, outside the watchdog
+faulthandler.dump_traceback_later({watchdog}, exit=True)
+registry = backends.get_registry()
+faulthandler.cancel_dump_traceback_later()
+print(json.dumps({{"names": registry.names(), "errors": [e.error for e in registry.plugin_errors]}}))
+'''
+
+
+def test_plugin_that_registers_itself_on_import_does_not_deadlock(tmp_path):
+    """An entry point whose module calls ``register_backend()`` while being loaded.
+
+    ``get_registry()`` loads entry points while holding the registry lock; the plug-in's
+    ``register_backend()`` then calls ``get_registry()`` again on the same thread. That must
+    not hang. Run in a child process so a hang cannot take this test session down with it.
+    """
+    package = tmp_path / "selfreg_plugin"
+    package.mkdir()
+    (package / "__init__.py").write_text(SELF_REGISTERING_INIT)
+    dist_info = tmp_path / "selfreg_plugin-0.1.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: selfreg-plugin\nVersion: 0.1\n")
+    (dist_info / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\nselfreg = selfreg_plugin:SelfRegBackend\n")
+
+    env = dict(os.environ)
+    env.pop(OVERRIDE_ENV, None)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path)] + [p for p in [env.get("PYTHONPATH")] if p])
+    watchdog = 5
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD_SCRIPT.format(watchdog=watchdog)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, (
+        f"get_registry() did not return within {watchdog} s (deadlock on the registry lock?) "
+        f"or failed; child stderr:\n{proc.stderr[-3000:]}"
+    )
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "selfreg" in result["names"], result
+    assert result["names"][-1] == "cpu"

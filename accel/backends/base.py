@@ -194,7 +194,9 @@ class Backend:
         if index is None:
             index = self.current_device()
         count = self.device_count()
-        if not 0 <= index < max(count, 1):
+        if count == 0:
+            self.require_available()
+        if not 0 <= index < count:
             raise ValueError(f"{self.name}: device index {index} out of range (this process sees {count} device(s))")
         return torch.device(self.device_type, index)
 

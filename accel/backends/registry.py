@@ -76,7 +76,11 @@ class BackendRegistry:
         for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
             label = f"{ep.name} = {ep.value}"
             try:
-                self.register(ep.load())
+                factory = ep.load()
+                existing = self._backends.get(getattr(factory, "name", None) or "")
+                if isinstance(factory, type) and type(existing) is factory:
+                    continue  # the plug-in registered itself while being imported
+                self.register(factory)
             except Exception as exc:
                 self.plugin_errors.append(PluginError(label, f"{type(exc).__name__}: {exc}"))
 
@@ -119,7 +123,7 @@ class BackendRegistry:
 
 
 _registry: BackendRegistry | None = None
-_lock = threading.Lock()
+_lock = threading.RLock()  # a plug-in may call register_backend() while being loaded
 
 
 def get_registry() -> BackendRegistry:
@@ -127,7 +131,9 @@ def get_registry() -> BackendRegistry:
     global _registry
     with _lock:
         if _registry is None:
-            _registry = BackendRegistry(_builtin_factories())
+            # publish before loading plug-ins, so a plug-in that registers itself on import sees it
+            _registry = BackendRegistry(_builtin_factories(), load_plugins=False)
+            _registry._load_entry_points()
         return _registry
 
 

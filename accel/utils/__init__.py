@@ -19,7 +19,9 @@ def _export(module: str, *names: str) -> None:
 _export(
     "accel.utils.dataclasses",
     "ComputeEnvironment", "DataLoaderConfiguration", "DistributedType", "GradientAccumulationPlugin",
-    "InitProcessGroupKwargs", "KwargsHandler", "PrecisionType", "RNGType",
+    "InitProcessGroupKwargs", "KwargsHandler", "PrecisionType", "RNGType", "AutocastKwargs",
+    "DDPCommunicationHookType", "DistributedDataParallelKwargs", "GradScalerKwargs", "LoggerType",
+    "ProjectConfiguration",
 )
 
 _export("accel.utils.random", "set_seed", "synchronize_rng_state", "synchronize_rng_states")

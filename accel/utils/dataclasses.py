@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -122,7 +122,107 @@ class DataLoaderConfiguration:
             raise NotImplementedError("use_stateful_dataloader=True is not supported by accel yet (needs torchdata)")
 
 
+class DDPCommunicationHookType(_StrEnum):
+    NO = "no"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    POWER_SGD = "power_sgd"
+    BATCHED_POWER_SGD = "batched_power_sgd"
+
+
+class LoggerType(_StrEnum):
+    """Trackers ``log_with`` accepts. accel implements "json", "csv" and "tensorboard"."""
+
+    ALL = "all"
+    JSON = "json"
+    CSV = "csv"
+    TENSORBOARD = "tensorboard"
+    WANDB = "wandb"
+    COMETML = "comet_ml"
+    MLFLOW = "mlflow"
+    AIM = "aim"
+    CLEARML = "clearml"
+    DVCLIVE = "dvclive"
+    SWANLAB = "swanlab"
+    TRACKIO = "trackio"
+
+
+@dataclass
+class DistributedDataParallelKwargs(KwargsHandler):
+    """Arguments for ``torch.nn.parallel.DistributedDataParallel``."""
+
+    dim: int = 0
+    broadcast_buffers: bool = True
+    bucket_cap_mb: int = 25
+    find_unused_parameters: bool = False
+    check_reduction: bool = False
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+    comm_hook: DDPCommunicationHookType = DDPCommunicationHookType.NO
+    comm_wrapper: DDPCommunicationHookType = DDPCommunicationHookType.NO
+    comm_state_option: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.comm_hook = DDPCommunicationHookType(self.comm_hook)
+        self.comm_wrapper = DDPCommunicationHookType(self.comm_wrapper)
+
+    def ddp_arguments(self) -> dict[str, Any]:
+        """The subset that DistributedDataParallel's constructor takes."""
+        return {
+            "dim": self.dim,
+            "broadcast_buffers": self.broadcast_buffers,
+            "bucket_cap_mb": self.bucket_cap_mb,
+            "find_unused_parameters": self.find_unused_parameters,
+            "check_reduction": self.check_reduction,
+            "gradient_as_bucket_view": self.gradient_as_bucket_view,
+            "static_graph": self.static_graph,
+        }
+
+
+@dataclass
+class GradScalerKwargs(KwargsHandler):
+    init_scale: float = 65536.0
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    enabled: bool = True
+
+
+@dataclass
+class AutocastKwargs(KwargsHandler):
+    enabled: bool = True
+    cache_enabled: bool | None = None
+
+
+@dataclass
+class ProjectConfiguration:
+    """Where checkpoints and logs go, and how checkpoints are named and rotated."""
+
+    project_dir: str | None = None
+    logging_dir: str | None = None
+    automatic_checkpoint_naming: bool = False
+    total_limit: int | None = None
+    iteration: int = 0
+    save_on_each_node: bool = False
+
+    def set_directories(self, project_dir: str | None = None) -> None:
+        self.project_dir = project_dir
+        if self.logging_dir is None:
+            self.logging_dir = project_dir
+
+    def __post_init__(self) -> None:
+        self.set_directories(self.project_dir)
+        if self.total_limit is not None and (not isinstance(self.total_limit, int) or self.total_limit < 1):
+            raise ValueError(f"ProjectConfiguration.total_limit must be a positive integer, got {self.total_limit!r}")
+
+
 __all__ = [
+    "AutocastKwargs",
+    "DDPCommunicationHookType",
+    "DistributedDataParallelKwargs",
+    "GradScalerKwargs",
+    "LoggerType",
+    "ProjectConfiguration",
     "ComputeEnvironment",
     "DataLoaderConfiguration",
     "DistributedType",

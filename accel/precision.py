@@ -1,0 +1,137 @@
+"""Mixed precision: decide what really runs on this backend, and provide autocast and the scaler.
+
+The requested precision is checked against the backend's capabilities. Where the installed torch
+supports it (torch 2.13 runs fp16 autocast and GradScaler on CPU) it really runs; where it does not,
+accel warns loudly and records the precision actually used, so nothing trains fp32 under an "fp16"
+label. fp8 training is refused with a clear message (not implemented yet).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from .backends import Backend
+from .utils.dataclasses import AutocastKwargs, GradScalerKwargs, PrecisionType
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class MixedPrecisionFallbackWarning(UserWarning):
+    """The requested mixed precision cannot run on this backend; training uses fp32 instead."""
+
+
+@dataclass
+class PrecisionPlan:
+    """What was asked, what runs, and why."""
+
+    requested: str
+    used: str
+    reason: str = ""
+    autocast_kwargs: dict[str, Any] = field(default_factory=dict)
+    scaler: torch.amp.GradScaler | None = None
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        return _DTYPES.get(self.used)
+
+    @property
+    def autocast_enabled(self) -> bool:
+        return self.dtype is not None and self.autocast_kwargs.get("enabled", True)
+
+    @property
+    def fell_back(self) -> bool:
+        return self.used != self.requested
+
+
+def plan_precision(
+    requested: str | PrecisionType | None,
+    backend: Backend,
+    autocast_handler: AutocastKwargs | None = None,
+    scaler_handler: GradScalerKwargs | None = None,
+) -> PrecisionPlan:
+    """Resolve ``requested`` against ``backend``; warn (never silently) on fallback."""
+    requested = str(requested or "no").lower()
+    if requested not in PrecisionType.list():
+        raise ValueError(f"mixed_precision must be one of {PrecisionType.list()}, got {requested!r}")
+    if requested == "fp8":
+        raise NotImplementedError(
+            "mixed_precision='fp8' is not supported by accel yet (no fp8 training path); use 'bf16' or 'fp16'"
+        )
+    if requested == "no":
+        return PrecisionPlan("no", "no", "full precision requested")
+
+    capability = backend.amp_capability(_DTYPES[requested])
+    if not capability:
+        message = (
+            f"mixed_precision={requested!r} cannot run on backend {backend.name!r}: {capability.reason}. "
+            f"Training runs in fp32 and is recorded as mixed_precision='no'."
+        )
+        warnings.warn(message, MixedPrecisionFallbackWarning, stacklevel=3)
+        logger.warning(message)
+        return PrecisionPlan(requested, "no", capability.reason)
+
+    autocast_kwargs = {"enabled": True}
+    if autocast_handler is not None:
+        autocast_kwargs.update(autocast_handler.to_kwargs())
+    plan = PrecisionPlan(requested, requested, capability.reason, autocast_kwargs)
+    if requested == "fp16":
+        scaler_kwargs = scaler_handler.to_kwargs() if scaler_handler is not None else {}
+        plan.scaler = backend.grad_scaler(**scaler_kwargs)
+    return plan
+
+
+def autocast_context(plan: PrecisionPlan, backend: Backend, handler: AutocastKwargs | None = None) -> contextlib.AbstractContextManager:
+    """Autocast for the planned dtype (a null context in full precision)."""
+    if plan.dtype is None:
+        return contextlib.nullcontext()
+    kwargs = dict(plan.autocast_kwargs)
+    if handler is not None:
+        kwargs.update(handler.to_kwargs())
+    enabled = kwargs.pop("enabled", True)
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    return backend.autocast(plan.dtype, enabled=enabled, **kwargs)
+
+
+def _to_fp32(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.float() if value.dtype in (torch.float16, torch.bfloat16) else value
+    if isinstance(value, dict):
+        return type(value)((k, _to_fp32(v)) for k, v in value.items()) if type(value) is dict else _map_mapping(value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(_to_fp32(v) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_fp32(v) for v in value)
+    return value
+
+
+def _map_mapping(value: Any) -> Any:
+    for key in list(value.keys()):
+        value[key] = _to_fp32(value[key])
+    return value
+
+
+class AutocastForward:
+    """Replaces ``model.forward``: runs the original under autocast and returns fp32 outputs.
+
+    A class (not a closure) so ``unwrap_model(keep_fp32_wrapper=False)`` can find and restore the
+    original, and so the wrapped model still pickles.
+    """
+
+    def __init__(self, forward: Callable[..., Any], make_context: Callable[[], contextlib.AbstractContextManager]):
+        self.original = forward
+        self.make_context = make_context
+        functools.update_wrapper(self, forward)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with self.make_context():
+            out = self.original(*args, **kwargs)
+        return _to_fp32(out)

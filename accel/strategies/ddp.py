@@ -1,0 +1,58 @@
+"""torch DistributedDataParallel on the process group the state set up."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from ..utils.dataclasses import DDPCommunicationHookType, DistributedDataParallelKwargs
+from .base import Strategy
+
+
+class DDPStrategy(Strategy):
+    name = "ddp"
+
+    def __init__(self, state: Any, ddp_kwargs: DistributedDataParallelKwargs | None = None):
+        super().__init__(state)
+        self.ddp_kwargs = ddp_kwargs or DistributedDataParallelKwargs()
+
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        if isinstance(model, DistributedDataParallel):
+            return model
+        if not any(p.requires_grad for p in model.parameters()):
+            return model  # nothing to synchronise (frozen or evaluation model)
+        device = self.state.device
+        device_ids = [device.index] if device.type != "cpu" and device.index is not None else None
+        wrapped = DistributedDataParallel(model, device_ids=device_ids, output_device=device_ids[0] if device_ids else None,
+                                          **self.ddp_kwargs.ddp_arguments())
+        self._register_comm_hook(wrapped)
+        return wrapped
+
+    def _register_comm_hook(self, model: DistributedDataParallel) -> None:
+        hook = self.ddp_kwargs.comm_hook
+        if hook == DDPCommunicationHookType.NO:
+            return
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+        if hook == DDPCommunicationHookType.FP16:
+            model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        elif hook == DDPCommunicationHookType.BF16:
+            model.register_comm_hook(None, default_hooks.bf16_compress_hook)
+        else:
+            state = powerSGD_hook.PowerSGDState(process_group=None, **self.ddp_kwargs.comm_state_option)
+            fn = powerSGD_hook.powerSGD_hook if hook == DDPCommunicationHookType.POWER_SGD else powerSGD_hook.batched_powerSGD_hook
+            model.register_comm_hook(state, fn)
+
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        if isinstance(model, DistributedDataParallel):
+            return model.no_sync()
+        return contextlib.nullcontext()
+
+    def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model.module if isinstance(model, DistributedDataParallel) else model
+
+    def is_wrapped(self, model: torch.nn.Module) -> bool:
+        return isinstance(model, DistributedDataParallel)
