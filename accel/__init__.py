@@ -12,6 +12,25 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it (resolved lazily, PEP 562)
 _LAZY = {
+    "Accelerator": "accel.accelerator",
+    "PartialState": "accel.state",
+    "AcceleratorState": "accel.state",
+    "GradientState": "accel.state",
+    "DistributedType": "accel.utils.dataclasses",
+    "AutocastKwargs": "accel.utils.dataclasses",
+    "DDPCommunicationHookType": "accel.utils.dataclasses",
+    "DataLoaderConfiguration": "accel.utils.dataclasses",
+    "DistributedDataParallelKwargs": "accel.utils.dataclasses",
+    "GradScalerKwargs": "accel.utils.dataclasses",
+    "InitProcessGroupKwargs": "accel.utils.dataclasses",
+    "ProjectConfiguration": "accel.utils.dataclasses",
+    "GradientAccumulationPlugin": "accel.utils.dataclasses",
+    "skip_first_batches": "accel.data_loader",
+    "synchronize_rng_states": "accel.utils.random",
+    "is_rich_available": "accel.utils.imports",
+    "find_executable_batch_size": "accel.utils.memory",
+    "notebook_launcher": "accel.launchers",
+    "debug_launcher": "accel.launchers",
     "get_backend": "accel.backends",
 }
 

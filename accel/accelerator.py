@@ -1,0 +1,607 @@
+"""The Accelerator facade: Accelerate's training API over accel's state, strategies and precision.
+
+This module only wires parts together. Distribution lives in ``accel.strategies``, precision in
+``accel.precision``, data sharding in ``accel.data_loader``, collectives in
+``accel.utils.operations``, checkpoints in ``accel.checkpointing``, trackers in ``accel.tracking``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import warnings
+from typing import Any, Callable, Iterable
+
+import torch
+
+from .optimizer import AcceleratedOptimizer
+from .precision import AutocastForward, autocast_context, plan_precision
+from .scheduler import AcceleratedScheduler
+from .state import AcceleratorState, GradientState, PartialState, _env
+from .strategies import select_strategy
+from .utils.dataclasses import (
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    DistributedDataParallelKwargs,
+    DistributedType,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    KwargsHandler,
+    ProjectConfiguration,
+    RNGType,
+)
+
+_UNSET: Any = object()
+
+
+class Accelerator:
+    """Prepare a model, optimizer, data loaders and schedulers for any backend and process count."""
+
+    def __init__(
+        self,
+        device_placement: bool = True,
+        split_batches: bool = _UNSET,
+        mixed_precision: str | None = None,
+        gradient_accumulation_steps: int = 1,
+        cpu: bool = False,
+        dataloader_config: DataLoaderConfiguration | None = None,
+        deepspeed_plugin: Any = None,
+        fsdp_plugin: Any = None,
+        torch_tp_plugin: Any = None,
+        megatron_lm_plugin: Any = None,
+        rng_types: list[str | RNGType] | None = None,
+        log_with: Any = None,
+        project_dir: str | os.PathLike | None = None,
+        project_config: ProjectConfiguration | None = None,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+        step_scheduler_with_optimizer: bool = True,
+        kwargs_handlers: list[KwargsHandler] | None = None,
+        dynamo_backend: Any = None,
+        dynamo_plugin: Any = None,
+        deepspeed_plugins: Any = None,
+        parallelism_config: Any = None,
+    ):
+        for name, value in (("deepspeed_plugin", deepspeed_plugin), ("deepspeed_plugins", deepspeed_plugins),
+                            ("fsdp_plugin", fsdp_plugin), ("torch_tp_plugin", torch_tp_plugin),
+                            ("megatron_lm_plugin", megatron_lm_plugin), ("parallelism_config", parallelism_config)):
+            if value is not None:
+                raise NotImplementedError(f"Accelerator({name}=...) is not supported by accel yet")
+        if dynamo_backend not in (None, "no", "NO") or dynamo_plugin is not None:
+            raise NotImplementedError("torch.compile through Accelerator(dynamo_backend=...) is not supported by accel yet; call torch.compile yourself")
+
+        self.project_configuration = project_config or ProjectConfiguration()
+        if project_dir is not None:
+            self.project_configuration.set_directories(os.fspath(project_dir))
+
+        handlers = self._sort_handlers(kwargs_handlers or [])
+        self.ddp_handler: DistributedDataParallelKwargs | None = handlers.get(DistributedDataParallelKwargs)
+        self.scaler_handler: GradScalerKwargs | None = handlers.get(GradScalerKwargs)
+        self.autocast_handler: AutocastKwargs | None = handlers.get(AutocastKwargs)
+        self.init_handler: InitProcessGroupKwargs | None = handlers.get(InitProcessGroupKwargs)
+
+        init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
+        self.state = AcceleratorState(mixed_precision=mixed_precision, cpu=cpu, _from_accelerator=True, **init_kwargs)
+        self.backend = self.state.hardware_backend
+
+        # what runs, not just what was asked: a fallback is warned about and recorded
+        self.precision = plan_precision(self.state.mixed_precision, self.backend, self.autocast_handler, self.scaler_handler)
+        self.state._mixed_precision = self.precision.used
+        self.scaler = self.precision.scaler
+        self.native_amp = self.precision.dtype is not None
+
+        self.gradient_state = GradientState(self._accumulation_plugin(gradient_accumulation_steps, gradient_accumulation_plugin))
+
+        self.dataloader_config = dataloader_config or DataLoaderConfiguration()
+        if split_batches is not _UNSET:
+            warnings.warn("Accelerator(split_batches=...) is deprecated; pass DataLoaderConfiguration(split_batches=...)",
+                          FutureWarning, stacklevel=2)
+            self.dataloader_config.split_batches = bool(split_batches)
+
+        self.device_placement = device_placement
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.rng_types = [RNGType(r) for r in rng_types] if rng_types is not None else [RNGType.GENERATOR]
+        self.strategy = select_strategy(self.state, self.ddp_handler)
+
+        self.step = 0
+        self.flag_tensor: torch.Tensor | None = None
+        self._models: list[torch.nn.Module] = []
+        self._optimizers: list[AcceleratedOptimizer] = []
+        self._schedulers: list[AcceleratedScheduler] = []
+        self._dataloaders: list[Any] = []
+        self._custom_objects: list[Any] = []
+        self._save_model_state_pre_hook: dict[int, Callable[..., None]] = {}
+        self._load_model_state_pre_hook: dict[int, Callable[..., None]] = {}
+
+        self.log_with = log_with
+        self.trackers: list[Any] = []
+
+    @staticmethod
+    def _sort_handlers(handlers: Iterable[KwargsHandler]) -> dict[type, KwargsHandler]:
+        found: dict[type, KwargsHandler] = {}
+        known = (DistributedDataParallelKwargs, GradScalerKwargs, AutocastKwargs, InitProcessGroupKwargs)
+        for handler in handlers:
+            kind = next((k for k in known if isinstance(handler, k)), None)
+            if kind is None:
+                raise TypeError(f"unsupported kwargs handler {type(handler).__name__}; accel takes {', '.join(k.__name__ for k in known)}")
+            if kind in found:
+                raise ValueError(f"only one {kind.__name__} may be passed in kwargs_handlers")
+            found[kind] = handler
+        return found
+
+    @staticmethod
+    def _accumulation_plugin(steps: int, plugin: GradientAccumulationPlugin | None) -> GradientAccumulationPlugin:
+        if plugin is not None:
+            if steps != 1:
+                raise ValueError("pass either gradient_accumulation_steps or gradient_accumulation_plugin, not both")
+            return plugin
+        env_steps = _env("ACCEL_GRADIENT_ACCUMULATION_STEPS", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS")
+        if steps == 1 and env_steps is not None:
+            steps = int(env_steps)
+        if not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"gradient_accumulation_steps must be a positive integer, got {steps!r}")
+        return GradientAccumulationPlugin(num_steps=steps)
+
+    # ------------------------------------------------------------------ state passthrough
+    @property
+    def device(self) -> torch.device:
+        return self.state.device
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        return self.state.distributed_type
+
+    @property
+    def num_processes(self) -> int:
+        return self.state.num_processes
+
+    @property
+    def process_index(self) -> int:
+        return self.state.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        return self.state.local_process_index
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.state.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.state.is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.state.is_last_process
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.state.use_distributed
+
+    @property
+    def multi_device(self) -> bool:
+        return self.use_distributed and self.device.type != "cpu"
+
+    @property
+    def mixed_precision(self) -> str:
+        """The precision really used (after any fallback); see ``precision.requested``."""
+        return self.precision.used
+
+    @property
+    def split_batches(self) -> bool:
+        return self.dataloader_config.split_batches
+
+    @property
+    def dispatch_batches(self) -> bool | None:
+        return self.dataloader_config.dispatch_batches
+
+    @property
+    def even_batches(self) -> bool:
+        return self.dataloader_config.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.dataloader_config.even_batches = value
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        return self.dataloader_config.use_seedable_sampler
+
+    @property
+    def non_blocking(self) -> bool:
+        return self.dataloader_config.non_blocking
+
+    @property
+    def use_stateful_dataloader(self) -> bool:
+        return self.dataloader_config.use_stateful_dataloader
+
+    @property
+    def project_dir(self) -> str | None:
+        return self.project_configuration.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        return self.project_configuration.logging_dir
+
+    @property
+    def save_iteration(self) -> int:
+        return self.project_configuration.iteration
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.gradient_state.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, steps: int) -> None:
+        self.gradient_state.plugin_kwargs.update({"num_steps": steps})
+
+    @property
+    def sync_gradients(self) -> bool:
+        return self.gradient_state.sync_gradients
+
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        self.gradient_state.sync_gradients = value
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        return any(opt.step_was_skipped for opt in self._optimizers)
+
+    # process control, as in PartialState
+    def wait_for_everyone(self) -> None:
+        self.state.wait_for_everyone()
+
+    def main_process_first(self):
+        return self.state.main_process_first()
+
+    def local_main_process_first(self):
+        return self.state.local_main_process_first()
+
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False):
+        return self.state.split_between_processes(inputs, apply_padding=apply_padding)
+
+    def on_main_process(self, function: Callable[..., Any] | None = None):
+        return PartialState().on_main_process(function)
+
+    def on_local_main_process(self, function: Callable[..., Any] | None = None):
+        return PartialState().on_local_main_process(function)
+
+    def on_last_process(self, function: Callable[..., Any]):
+        return PartialState().on_last_process(function)
+
+    def on_process(self, function: Callable[..., Any] | None = None, process_index: int | None = None):
+        return PartialState().on_process(function, process_index=process_index)
+
+    def on_local_process(self, function: Callable[..., Any] | None = None, local_process_index: int | None = None):
+        return PartialState().on_local_process(function, local_process_index=local_process_index)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        self.state.print(*args, **kwargs)
+
+    # ------------------------------------------------------------------ prepare
+    def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
+        """Prepare models, optimizers, data loaders and schedulers (in any order); others pass through."""
+        if device_placement is None:
+            device_placement = [None] * len(args)
+        elif len(device_placement) != len(args):
+            raise ValueError(f"device_placement has {len(device_placement)} entries for {len(args)} objects")
+        scheduler_type = torch.optim.lr_scheduler.LRScheduler
+        # schedulers last: they attach to the prepared optimizers
+        result = list(args)
+        for i, (obj, placement) in enumerate(zip(args, device_placement)):
+            if not isinstance(obj, scheduler_type):
+                result[i] = self._prepare_one(obj, placement)
+        for i, obj in enumerate(args):
+            if isinstance(obj, scheduler_type):
+                result[i] = self.prepare_scheduler(obj)
+        return result[0] if len(result) == 1 else tuple(result)
+
+    def _prepare_one(self, obj: Any, device_placement: bool | None) -> Any:
+        if isinstance(obj, torch.nn.Module):
+            return self.prepare_model(obj, device_placement=device_placement)
+        if isinstance(obj, torch.optim.Optimizer):
+            return self.prepare_optimizer(obj, device_placement=device_placement)
+        if isinstance(obj, torch.utils.data.DataLoader):
+            return self.prepare_data_loader(obj, device_placement=device_placement)
+        return obj
+
+    def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> torch.nn.Module:
+        if device_placement is None:
+            device_placement = self.device_placement
+        if any(model is m or self.unwrap_model(m) is model for m in self._models):
+            raise ValueError("this model was already prepared by this Accelerator")
+        if device_placement:
+            model = model.to(self.device)
+        if self.precision.autocast_enabled and not isinstance(model.forward, AutocastForward):
+            model.forward = AutocastForward(model.forward, lambda: autocast_context(self.precision, self.backend))
+        if not evaluation_mode:
+            model = self.strategy.wrap_model(model)
+        self._models.append(model)
+        return model
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> AcceleratedOptimizer:
+        if isinstance(optimizer, AcceleratedOptimizer):
+            if optimizer in self._optimizers:
+                return optimizer
+            optimizer = optimizer.optimizer
+        if device_placement is None:
+            device_placement = self.device_placement
+        wrapped = AcceleratedOptimizer(optimizer, device_placement=device_placement, scaler=self.scaler)
+        self._optimizers.append(wrapped)
+        return wrapped
+
+    def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
+        owner = [opt for opt in self._optimizers if opt.optimizer is getattr(scheduler, "optimizer", None)]
+        wrapped = AcceleratedScheduler(
+            scheduler,
+            owner or self._optimizers,
+            step_with_optimizer=self.step_scheduler_with_optimizer,
+            split_batches=self.split_batches,
+        )
+        self._schedulers.append(wrapped)
+        return wrapped
+
+    def prepare_data_loader(self, data_loader: torch.utils.data.DataLoader, device_placement: bool | None = None,
+                            slice_fn_for_dispatch: Callable[..., Any] | None = None) -> Any:
+        from .data_loader import prepare_data_loader
+
+        if device_placement is None:
+            device_placement = self.device_placement
+        cfg = self.dataloader_config
+        prepared = prepare_data_loader(
+            data_loader,
+            self.device,
+            num_processes=self.num_processes,
+            process_index=self.process_index,
+            split_batches=cfg.split_batches,
+            put_on_device=device_placement,
+            rng_types=list(self.rng_types),
+            dispatch_batches=cfg.dispatch_batches,
+            even_batches=cfg.even_batches,
+            slice_fn_for_dispatch=slice_fn_for_dispatch,
+            use_seedable_sampler=cfg.use_seedable_sampler,
+            data_seed=cfg.data_seed,
+            non_blocking=cfg.non_blocking,
+        )
+        self._dataloaders.append(prepared)
+        return prepared
+
+    # ------------------------------------------------------------------ training step
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``loss.backward()`` scaled for gradient accumulation and the fp16 grad scaler."""
+        steps = self.gradient_accumulation_steps
+        if steps > 1:
+            loss = loss / steps
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward(**kwargs)
+        else:
+            loss.backward(**kwargs)
+
+    def _do_sync(self) -> None:
+        gs = self.gradient_state
+        if gs.sync_with_dataloader and gs.end_of_dataloader:
+            self.step = 0
+            gs._set_sync_gradients(True)
+        else:
+            self.step += 1
+            gs._set_sync_gradients(self.step % gs.num_steps == 0)
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: torch.nn.Module):
+        """Accumulate gradients over ``gradient_accumulation_steps`` batches; sync on the last one."""
+        self._do_sync()
+        with contextlib.ExitStack() as stack:
+            if not self.sync_gradients and not self.gradient_state.sync_each_batch:
+                for model in models:
+                    stack.enter_context(self.no_sync(model))
+            yield
+
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """Skip the gradient all-reduce for this block (a no-op on one process)."""
+        return self.strategy.no_sync(model)
+
+    @staticmethod
+    def trigger_sync_in_backward(model: torch.nn.Module) -> None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        if isinstance(model, DistributedDataParallel):
+            model.require_backward_grad_sync = True
+            model.require_forward_param_sync = True
+            model.reducer.prepare_for_backward([])
+
+    def unscale_gradients(self, optimizer: Any = None) -> None:
+        if self.scaler is None:
+            return
+        optimizers = self._optimizers if optimizer is None else (optimizer if isinstance(optimizer, (list, tuple)) else [optimizer])
+        for opt in optimizers:
+            while isinstance(opt, AcceleratedOptimizer):
+                opt = opt.optimizer
+            self.scaler.unscale_(opt)
+
+    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2) -> torch.Tensor:
+        self.unscale_gradients()
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:
+        self.unscale_gradients()
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+    def autocast(self, autocast_handler: AutocastKwargs | None = None) -> contextlib.AbstractContextManager:
+        """Autocast for the precision really in use (a null context in full precision)."""
+        return autocast_context(self.precision, self.backend, autocast_handler or self.autocast_handler)
+
+    # ------------------------------------------------------------------ collectives
+    def gather(self, tensor: Any) -> Any:
+        from .utils.operations import gather
+
+        return gather(tensor)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """Gather across processes and drop the samples duplicated to even out the last batch."""
+        from .utils.operations import gather, gather_object, recursively_apply
+
+        if not use_gather_object:
+            leaves: list[bool] = []
+            recursively_apply(lambda t: leaves.append(True) or t, input_data)
+            use_gather_object = not leaves
+        data = gather_object(input_data) if use_gather_object else gather(input_data)
+        gs = self.gradient_state
+        if not gs.end_of_dataloader or gs.remainder <= 0:
+            return data
+        keep = gs.remainder
+        if use_gather_object:
+            return data[:keep]
+        return recursively_apply(lambda t: t[:keep], data)
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        from .utils.operations import reduce
+
+        return reduce(tensor, reduction=reduction, scale=scale)
+
+    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+        from .utils.operations import pad_across_processes
+
+        return pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+
+    def set_trigger(self) -> None:
+        """Raise a flag on this process that ``check_trigger`` sees on every process."""
+        self.flag_tensor = torch.tensor(1, device=self.device)
+
+    def check_trigger(self) -> bool:
+        from .utils.operations import reduce
+
+        if self.flag_tensor is None:
+            self.flag_tensor = torch.tensor(0, device=self.device)
+        flag = reduce(self.flag_tensor, reduction="sum")
+        if int(flag.item()) >= 1:
+            self.flag_tensor = torch.tensor(0, device=self.device)
+            return True
+        return False
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None):
+        """Let DDP processes with fewer batches join early instead of hanging (``torch.distributed.algorithms.Join``)."""
+        if not self.use_distributed:
+            yield
+            return
+        from torch.distributed.algorithms.join import Join
+
+        previous = []
+        if even_batches is not None:
+            for loader in self._dataloaders:
+                sampler = getattr(loader, "batch_sampler", None)
+                if sampler is not None and hasattr(sampler, "even_batches"):
+                    previous.append((sampler, sampler.even_batches))
+                    sampler.even_batches = even_batches
+        try:
+            with Join(joinables):
+                yield
+        finally:
+            for sampler, value in previous:
+                sampler.even_batches = value
+
+    # ------------------------------------------------------------------ models and memory
+    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> torch.nn.Module:
+        inner = self.strategy.unwrap_model(model)
+        if not keep_torch_compile and hasattr(inner, "_orig_mod"):
+            inner = inner._orig_mod
+        if not keep_fp32_wrapper and isinstance(getattr(inner, "forward", None), AutocastForward):
+            original = inner.forward.original
+            if getattr(original, "__self__", None) is inner:
+                del inner.forward  # the class's forward is the original
+            else:
+                inner.forward = original
+        return inner
+
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        return (self.unwrap_model(model) if unwrap else model).state_dict()
+
+    def free_memory(self, *objects: Any) -> list[Any]:
+        """Drop references to prepared objects, collect garbage and empty the device cache."""
+        self._models.clear()
+        self._optimizers.clear()
+        self._schedulers.clear()
+        self._dataloaders.clear()
+        self.step = 0
+        released = [None] * len(objects)
+        del objects
+        gc.collect()
+        self.backend.empty_cache()
+        return released
+
+    def clear(self, *objects: Any) -> list[Any]:
+        return self.free_memory(*objects)
+
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+        from .data_loader import skip_first_batches
+
+        return skip_first_batches(dataloader, num_batches=num_batches)
+
+    # ------------------------------------------------------------------ trackers
+    def init_trackers(self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None) -> None:
+        from .tracking import init_trackers
+
+        init_trackers(self, project_name, config=config, init_kwargs=init_kwargs or {})
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        from .tracking import get_tracker
+
+        return get_tracker(self, name, unwrap=unwrap)
+
+    def log(self, values: dict, step: int | None = None, log_kwargs: dict | None = None) -> None:
+        if not self.is_main_process:
+            return
+        for tracker in self.trackers:
+            tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
+
+    def end_training(self) -> None:
+        for tracker in self.trackers:
+            tracker.finish()
+        self.wait_for_everyone()
+
+    # ------------------------------------------------------------------ saving and checkpoints
+    def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
+        from .checkpointing import save
+
+        save(self, obj, f, safe_serialization=safe_serialization)
+
+    def save_model(self, model: torch.nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB",
+                   safe_serialization: bool = True) -> None:
+        from .checkpointing import save_model
+
+        save_model(self, model, save_directory, max_shard_size=max_shard_size, safe_serialization=safe_serialization)
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        invalid = [obj for obj in objects if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"))]
+        if invalid:
+            raise ValueError(
+                "register_for_checkpointing needs objects with state_dict() and load_state_dict(); got "
+                + ", ".join(type(o).__name__ for o in invalid)
+            )
+        self._custom_objects.extend(objects)
+
+    def register_save_state_pre_hook(self, hook: Callable[..., None]):
+        from .checkpointing import register_hook
+
+        return register_hook(self._save_model_state_pre_hook, hook)
+
+    def register_load_state_pre_hook(self, hook: Callable[..., None]):
+        from .checkpointing import register_hook
+
+        return register_hook(self._load_model_state_pre_hook, hook)
+
+    def save_state(self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True, **save_model_func_kwargs: Any) -> str:
+        from .checkpointing import save_state
+
+        return save_state(self, output_dir, safe_serialization=safe_serialization, **save_model_func_kwargs)
+
+    def load_state(self, input_dir: str | os.PathLike | None = None, load_kwargs: dict | None = None, **load_model_func_kwargs: Any) -> None:
+        from .checkpointing import load_state
+
+        load_state(self, input_dir, load_kwargs=load_kwargs, **load_model_func_kwargs)
+
+    def __repr__(self) -> str:
+        return (f"Accelerator(backend={self.backend.name!r}, distributed_type={self.distributed_type}, "
+                f"num_processes={self.num_processes}, mixed_precision={self.mixed_precision!r})")
