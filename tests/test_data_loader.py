@@ -1,0 +1,522 @@
+"""accel.data_loader: index selection compared with Accelerate, and real gloo runs at world sizes 2 and 4."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, SequentialSampler
+
+from accel import data_loader as A
+from accel.state import AcceleratorState, GradientState, PartialState
+from tests.dist_utils import run_distributed
+
+
+@pytest.fixture(autouse=True)
+def fresh_state():
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+@pytest.fixture(scope="module")
+def ref():
+    """Hugging Face Accelerate's data_loader: the behaviour reference."""
+    return pytest.importorskip("accelerate.data_loader", reason="Hugging Face accelerate (the reference) is not installed")
+
+
+# ------------------------------------------------------------------------------------------- datasets
+class MapData(Dataset):
+    """Sample i is {"idx": i, "x": [i, i]}, so a batch shows which samples it holds."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        return {"idx": torch.tensor(i), "x": torch.full((2,), float(i))}
+
+
+class StreamData(IterableDataset):
+    def __init__(self, n: int, sized: bool = True):
+        self.n, self.sized = n, sized
+
+    def __iter__(self):
+        for i in range(self.n):
+            yield {"idx": torch.tensor(i), "x": torch.full((2,), float(i))}
+
+    def __len__(self) -> int:
+        if not self.sized:
+            raise TypeError("unsized stream")
+        return self.n
+
+
+class IntStream(IterableDataset):
+    def __init__(self, n: int):
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class VariableBatches:
+    """A batch sampler without a batch_size (dynamic batch lengths)."""
+
+    def __init__(self, sizes: list[int]):
+        self.sizes = sizes
+
+    def __iter__(self):
+        start = 0
+        for size in self.sizes:
+            yield list(range(start, start + size))
+            start += size
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+
+def _idx(batch) -> list[int]:
+    if isinstance(batch, dict):
+        assert torch.equal(batch["x"][:, 0], batch["idx"].float()), "sample fields got out of step"
+        return batch["idx"].tolist()
+    return batch.tolist() if isinstance(batch, torch.Tensor) else list(batch)
+
+
+# ------------------------------------------------------------------------------- (a) vs the reference
+def test_public_names_and_signatures_match_reference(ref):
+    names = [
+        "prepare_data_loader", "DataLoaderShard", "DataLoaderDispatcher", "BatchSamplerShard",
+        "IterableDatasetShard", "SeedableRandomSampler", "skip_first_batches", "SkipBatchSampler",
+        "SkipDataLoader", "DataLoaderStateMixin", "DataLoaderAdapter", "get_sampler",
+    ]
+    for name in names:
+        mine, theirs = inspect.signature(getattr(A, name)), inspect.signature(getattr(ref, name))
+        assert [(p.name, p.kind, p.default) for p in mine.parameters.values()] == [
+            (p.name, p.kind, p.default) for p in theirs.parameters.values()
+        ], name
+    assert issubclass(A.SeedableRandomSampler, torch.utils.data.RandomSampler)
+    assert issubclass(A.DataLoaderShard, DataLoader) and issubclass(A.DataLoaderDispatcher, DataLoader)
+
+
+def test_batch_sampler_shard_matches_reference_grid(ref):
+    checked = 0
+    for n in range(0, 23):
+        for batch_size in (1, 2, 3, 4, 6):
+            for drop_last in (False, True):
+                inner = BatchSampler(SequentialSampler(range(n)), batch_size, drop_last)
+                for num_processes in (2, 3, 4):
+                    for split in (False, True):
+                        if split and batch_size % num_processes:
+                            continue
+                        for even in (True, False):
+                            for rank in range(num_processes):
+                                args = (inner, num_processes, rank, split, even)
+                                mine, theirs = A.BatchSamplerShard(*args), ref.BatchSamplerShard(*args)
+                                got, want = list(mine), list(theirs)
+                                assert got == want, (n, batch_size, drop_last, num_processes, split, even, rank)
+                                assert len(mine) == len(theirs)
+                                checked += 1
+    assert checked > 2000
+
+
+def test_batch_sampler_shard_without_batch_size_matches_reference(ref):
+    for sizes in ([3, 1, 2], [2, 2, 2, 1, 4], [5], [1, 1, 1, 1, 1, 1, 1]):
+        for num_processes in (2, 3, 4):
+            for even in (True, False):
+                for rank in range(num_processes):
+                    args = (VariableBatches(sizes), num_processes, rank, False, even)
+                    assert list(A.BatchSamplerShard(*args)) == list(ref.BatchSamplerShard(*args)), (sizes, num_processes, even, rank)
+
+
+def test_iterable_dataset_shard_matches_reference_grid(ref):
+    checked = 0
+    for n in range(0, 23):
+        for batch_size in (1, 2, 3, 4):
+            for drop_last in (False, True):
+                for num_processes in (2, 3, 4):
+                    for split in (False, True):
+                        if split and batch_size > 1 and batch_size % num_processes:
+                            continue
+                        for rank in range(num_processes):
+                            args = (IntStream(n), batch_size, drop_last, num_processes, rank, split)
+                            mine = A.IterableDatasetShard(*args)
+                            got = list(mine)
+                            assert got == list(ref.IterableDatasetShard(*args)), (n, batch_size, drop_last, num_processes, split, rank)
+                            assert len(mine) == len(got)  # accel's __len__ is exact, also with split_batches
+                            checked += 1
+    assert checked > 1000
+
+
+def test_split_batches_needs_divisible_batch_size(ref):
+    inner = BatchSampler(SequentialSampler(range(10)), 3, False)
+    for module in (A, ref):
+        with pytest.raises(ValueError, match="multiple of"):
+            module.BatchSamplerShard(inner, 2, 0, split_batches=True)
+        with pytest.raises(ValueError, match="multiple of"):
+            module.IterableDatasetShard(IntStream(10), batch_size=3, num_processes=2, split_batches=True)
+        with pytest.raises(ValueError, match="multiple of"):
+            module.prepare_data_loader(DataLoader(MapData(10), batch_size=3), num_processes=2, process_index=0, split_batches=True)
+    with pytest.raises(ValueError, match="put_on_device"):
+        A.prepare_data_loader(DataLoader(MapData(10), batch_size=2), dispatch_batches=True)
+
+
+@pytest.mark.parametrize("kind", ["map", "iterable"])
+def test_prepare_data_loader_matches_reference_per_process(ref, kind):
+    """Explicit num_processes/process_index in one process: same batches, lengths and remainder."""
+    for n, batch_size, num_processes, split, even, drop_last in [
+        (13, 3, 2, False, True, False), (13, 4, 2, True, True, False), (13, 3, 3, False, False, False),
+        (13, 3, 2, False, True, True), (5, 2, 4, False, True, False), (16, 4, 4, True, True, False),
+    ]:
+        for rank in range(num_processes):
+            results = []
+            for module in (A, ref):
+                data = MapData(n) if kind == "map" else StreamData(n)
+                loader = DataLoader(data, batch_size=batch_size, drop_last=drop_last)
+                dl = module.prepare_data_loader(
+                    loader, num_processes=num_processes, process_index=rank, split_batches=split, even_batches=even
+                )
+                batches = [_idx(b) for b in dl]
+                if kind == "map":
+                    results.append((batches, len(dl), dl.total_dataset_length, dl.remainder, dl.total_batch_size))
+                else:
+                    results.append(batches)
+                    if module is A:
+                        mine = dl
+            assert results[0] == results[1], (kind, n, batch_size, num_processes, split, even, drop_last, rank)
+            if kind == "iterable":
+                # deliberate fixes: Accelerate reports the per-process batch size and padded per-process length
+                # here (remainder 0 or wrong, so gather_for_metrics would keep the repeated samples)
+                total = batch_size if split else batch_size * num_processes
+                assert mine.total_batch_size == total and mine.total_dataset_length == n
+                assert mine.remainder == (-1 if drop_last else n % total)
+                assert len(mine) == len(results[0])
+
+
+def test_shuffled_loader_matches_reference_and_workers(ref):
+    """Same global seed -> same shuffle as Accelerate (the sampler generator is drawn the same way)."""
+    outputs = []
+    for module in (A, ref):
+        torch.manual_seed(1234)
+        loader = DataLoader(MapData(17), batch_size=3, shuffle=True, num_workers=2)
+        dl = module.prepare_data_loader(loader, num_processes=2, process_index=1)
+        outputs.append([[_idx(b) for b in dl] for _ in range(2)])
+    assert outputs[0] == outputs[1]
+    assert outputs[0][0] != outputs[0][1]  # the generator moves on between epochs
+
+
+def test_seedable_sampler_matches_reference(ref):
+    for seed in (0, 7):
+        mine = A.SeedableRandomSampler(range(20), data_seed=seed)
+        theirs = ref.SeedableRandomSampler(range(20), data_seed=seed)
+        first = list(mine)
+        assert first == list(theirs) and sorted(first) == list(range(20))
+        assert mine.epoch == 1  # a full pass moves to the next epoch
+        second = list(mine)
+        assert second == list(theirs) and second != first
+        mine.set_epoch(0)
+        assert list(mine) == first
+    torch.manual_seed(99)
+    assert A.SeedableRandomSampler(range(5)).initial_seed == 99
+
+
+def test_skip_first_batches_plain_loaders_match_reference(ref):
+    for loader_args in ({"dataset": MapData(11), "batch_size": 3}, {"dataset": StreamData(11), "batch_size": 3}):
+        full = [_idx(b) for b in DataLoader(**loader_args)]
+        for k in (0, 1, 3, 4):
+            mine = A.skip_first_batches(DataLoader(**loader_args), k)
+            theirs = ref.skip_first_batches(DataLoader(**loader_args), k)
+            got = [_idx(b) for b in mine]
+            assert got == full[k:] == [_idx(b) for b in theirs]
+            assert isinstance(mine, DataLoader)
+            assert len(mine) == len(full) - k
+    # a prepared shard resumes at the same place, keeping sharding, drop_last and total_batch_size
+    dl = A.prepare_data_loader(DataLoader(MapData(13), batch_size=2), num_processes=2, process_index=1)
+    full = [_idx(b) for b in dl]
+    resumed = A.skip_first_batches(dl, 2)
+    assert isinstance(resumed, A.DataLoaderShard)
+    assert [_idx(b) for b in resumed] == full[2:]
+    assert resumed.total_batch_size == 4 and len(resumed) == len(full) - 2
+    assert resumed.end_of_dataloader and resumed.remainder == 13 % 4
+
+
+# -------------------------------------------------------------------------------- single-process state
+def test_end_of_dataloader_remainder_and_gradient_state():
+    dl = A.prepare_data_loader(DataLoader(MapData(10), batch_size=4))
+    gs = GradientState()
+    seen = []
+    for batch in dl:
+        seen.append((dl.end_of_dataloader, gs.end_of_dataloader, gs.remainder, gs.active_dataloader is dl))
+    assert seen == [(False, False, 2, True), (False, False, 2, True), (True, True, 2, True)]
+    assert not gs.in_dataloader and dl.iteration == 1
+    # leaving early still unregisters the loader (Accelerate leaves it registered)
+    for _ in dl:
+        break
+    assert not gs.in_dataloader
+    # nested iteration of two loaders: the inner one is active while it runs
+    inner = A.prepare_data_loader(DataLoader(MapData(3), batch_size=2))
+    for _ in dl:
+        for _ in inner:
+            assert gs.active_dataloader is inner
+        assert gs.active_dataloader is dl
+    empty = A.prepare_data_loader(DataLoader(MapData(0), batch_size=2))
+    assert list(empty) == [] and not gs.in_dataloader
+
+
+def test_device_placement_and_set_epoch(monkeypatch):
+    import accel.utils.operations as ops
+
+    calls = []
+    real = ops.send_to_device
+
+    def spy(batch, device, non_blocking=False, skip_keys=None):
+        if isinstance(batch, dict):  # the loader's call (send_to_device recurses into the dict itself)
+            calls.append((str(device), non_blocking))
+        return real(batch, device, non_blocking=non_blocking, skip_keys=skip_keys)
+
+    monkeypatch.setattr(ops, "send_to_device", spy)
+    dl = A.prepare_data_loader(DataLoader(MapData(6), batch_size=2), device=torch.device("cpu"), put_on_device=True, non_blocking=True)
+    assert [_idx(b) for b in dl] == [[0, 1], [2, 3], [4, 5]]
+    assert calls == [("cpu", True)] * 3
+    calls.clear()
+    unplaced = A.prepare_data_loader(DataLoader(MapData(6), batch_size=2), device=torch.device("cpu"))
+    list(unplaced)
+    assert calls == []  # put_on_device=False leaves batches where they are
+
+    class EpochData(MapData):
+        epochs: list
+
+        def set_epoch(self, epoch):
+            self.epochs.append(epoch)
+
+    class EpochSampler(SequentialSampler):
+        def set_epoch(self, epoch):
+            self.epoch = epoch
+
+    data = EpochData(8)
+    data.epochs = []
+    sampler = EpochSampler(data)
+    dl = A.prepare_data_loader(DataLoader(data, batch_size=2, sampler=sampler), num_processes=2, process_index=0)
+    list(dl)
+    list(dl)
+    assert data.epochs == [0, 1] and sampler.epoch == 1
+    dl.set_epoch(5)
+    assert sampler.epoch == 5 and data.epochs[-1] == 5 and dl.iteration == 5
+    stream = StreamData(4)
+    stream.epochs = []
+    stream.set_epoch = stream.epochs.append
+    shard = A.IterableDatasetShard(stream, batch_size=2, num_processes=2)
+    shard.set_epoch(3)
+    assert stream.epochs == [3] and shard.epoch == 3
+
+
+def test_get_sampler_sees_through_shards_and_skips():
+    loader = DataLoader(MapData(10), batch_size=2, shuffle=True)
+    dl = A.prepare_data_loader(loader, num_processes=2, process_index=0, use_seedable_sampler=True, data_seed=3)
+    sampler = A.get_sampler(dl)
+    assert isinstance(sampler, A.SeedableRandomSampler) and sampler.initial_seed == 3
+    assert dl.get_sampler() is sampler
+    resumed = A.skip_first_batches(dl, 1)
+    assert A.get_sampler(resumed) is sampler
+
+
+# ----------------------------------------------------------------------------- (b) real process groups
+def _iterate(dl) -> dict:
+    gs = GradientState()
+    batches, flags = [], []
+    for batch in dl:
+        batches.append(_idx(batch))
+        flags.append((dl.end_of_dataloader, gs.end_of_dataloader))
+        assert gs.active_dataloader is dl
+    return {"batches": batches, "flags": flags, "remainder": dl.remainder, "after": gs.in_dataloader}
+
+
+def _rank_loaders(cases: list[dict]) -> list[dict]:
+    """Each rank prepares every case, runs it fully, then resumes it with skip_first_batches."""
+    out = []
+    for case in cases:
+        data = MapData(case["n"]) if case["kind"] == "map" else StreamData(case["n"], case.get("sized", True))
+        loader = DataLoader(data, batch_size=case["bs"], drop_last=case.get("drop_last", False))
+        dl = A.prepare_data_loader(
+            loader, device=PartialState().device, put_on_device=True, split_batches=case.get("split", False),
+            dispatch_batches=case["dispatch"], even_batches=case.get("even", True),
+        )
+        assert isinstance(dl, A.DataLoaderDispatcher if case["dispatch"] else A.DataLoaderShard)
+        run = _iterate(dl)
+        run["len"] = len(dl) if case.get("sized", True) else None
+        run["total_batch_size"] = dl.total_batch_size
+        k = case.get("skip", 1)
+        run["resumed"] = _iterate(A.skip_first_batches(dl, k))
+        run["skip"] = k
+        out.append(run)
+    return out
+
+
+def _union(runs: list[dict], truncate_to: int | None) -> list[int]:
+    """What gather_for_metrics sees: per step, rank 0's batch, then rank 1's, ...; the last step cut."""
+    steps = max(len(r["batches"]) for r in runs)
+    flat = []
+    for step in range(steps):
+        gathered = [i for r in runs if step < len(r["batches"]) for i in r["batches"][step]]
+        if step == steps - 1 and truncate_to:
+            gathered = gathered[:truncate_to]
+        flat.extend(gathered)
+    return flat
+
+
+def _check_cases(cases: list[dict], world: int, ref) -> None:
+    results = run_distributed(_rank_loaders, world, cases)
+    for c, case in enumerate(cases):
+        runs = [results[r][c] for r in range(world)]
+        n, bs = case["n"], case["bs"]
+        total = bs if case.get("split") else bs * world
+        assert {r["total_batch_size"] for r in runs} == {total}, case
+        for r in runs:
+            assert r["after"] is False, case
+            if r["batches"]:
+                assert r["flags"] == [(False, False)] * (len(r["batches"]) - 1) + [(True, True)], case
+            assert r["resumed"]["batches"] == r["batches"][r["skip"]:], case
+            if r["resumed"]["batches"]:
+                assert r["resumed"]["flags"][-1] == (True, True), case
+            if r["len"] is not None:
+                assert r["len"] == len(r["batches"]), case
+        if case.get("drop_last"):
+            assert _union(runs, None) == list(range(n // total * total)), case
+        elif not case.get("even", True):
+            assert _union(runs, None) == list(range(n)), case
+        else:
+            remainders = {r["remainder"] for r in runs}
+            assert len(remainders) == 1 and next(iter(remainders)) > 0 if n % total else True, case
+            assert _union(runs, runs[0]["remainder"]) == list(range(n)), case
+            assert len({len(r["batches"]) for r in runs}) == 1, case  # every rank ran the same number of steps
+            assert len({len(b) for r in runs for b in r["batches"]}) == 1 or case.get("dispatch"), case
+        if not case["dispatch"] and ref is not None:
+            # the reference gives each rank the same indices (shard mode can be run with explicit ranks)
+            for rank in range(world):
+                data = MapData(n) if case["kind"] == "map" else StreamData(n)
+                theirs = ref.prepare_data_loader(
+                    DataLoader(data, batch_size=bs, drop_last=case.get("drop_last", False)), num_processes=world,
+                    process_index=rank, split_batches=case.get("split", False), even_batches=case.get("even", True),
+                )
+                assert runs[rank]["batches"] == [_idx(b) for b in theirs], (case, rank)
+
+
+def test_two_processes_shard_and_dispatch(ref):
+    cases = [
+        {"kind": "map", "n": 13, "bs": 3, "dispatch": False},
+        {"kind": "map", "n": 13, "bs": 4, "dispatch": False, "split": True, "skip": 2},
+        {"kind": "map", "n": 13, "bs": 3, "dispatch": False, "even": False},
+        {"kind": "map", "n": 13, "bs": 3, "dispatch": False, "drop_last": True},
+        {"kind": "map", "n": 4, "bs": 3, "dispatch": False, "skip": 0},
+        {"kind": "map", "n": 13, "bs": 3, "dispatch": True},
+        {"kind": "map", "n": 13, "bs": 4, "dispatch": True, "split": True, "skip": 3},
+        {"kind": "iter", "n": 13, "bs": 3, "dispatch": False},
+        {"kind": "iter", "n": 11, "bs": 4, "dispatch": False, "split": True},
+        {"kind": "iter", "n": 13, "bs": 3, "dispatch": True},
+        {"kind": "iter", "n": 11, "bs": 4, "dispatch": True, "split": True, "sized": False},
+        {"kind": "iter", "n": 13, "bs": 3, "dispatch": True, "drop_last": True},
+        {"kind": "iter", "n": 12, "bs": 3, "dispatch": True, "skip": 2},
+    ]
+    _check_cases(cases, 2, ref)
+
+
+def test_four_processes_shard_and_dispatch(ref):
+    cases = [
+        {"kind": "map", "n": 13, "bs": 2, "dispatch": False},
+        {"kind": "map", "n": 13, "bs": 8, "dispatch": False, "split": True},
+        {"kind": "map", "n": 13, "bs": 2, "dispatch": False, "even": False},
+        {"kind": "map", "n": 13, "bs": 2, "dispatch": True, "skip": 1},
+        {"kind": "iter", "n": 13, "bs": 2, "dispatch": False},
+        {"kind": "iter", "n": 13, "bs": 2, "dispatch": True},
+        {"kind": "iter", "n": 13, "bs": 4, "dispatch": True, "split": True},
+        {"kind": "iter", "n": 19, "bs": 3, "dispatch": True, "drop_last": True},
+    ]
+    _check_cases(cases, 4, ref)
+
+
+def _rank_shuffling() -> dict:
+    rank = PartialState().process_index
+    out = {}
+    # seedable sampler: same permutation everywhere without communication, new one per epoch
+    dl = A.prepare_data_loader(DataLoader(MapData(12), batch_size=3, shuffle=True), use_seedable_sampler=True, data_seed=7)
+    out["seedable"] = [[_idx(b) for b in dl] for _ in range(2)]
+    sampler = A.SeedableRandomSampler(range(12), data_seed=7)
+    sampler.set_epoch(1)
+    out["sampler_epoch1"] = list(sampler)
+    out["resumed"] = [_idx(b) for b in A.skip_first_batches(dl, 1)]  # iteration 2 (third epoch), from batch 1
+    out["epoch2"] = [_idx(b) for b in dl]
+    # plain shuffle: each rank seeds differently; the sampler generator is copied from rank 0 each epoch
+    torch.manual_seed(100 + rank)
+    dl = A.prepare_data_loader(DataLoader(MapData(12), batch_size=3, shuffle=True), rng_types=["generator"])
+    out["synced"] = [[_idx(b) for b in dl] for _ in range(2)]
+    torch.manual_seed(100 + rank)
+    dl = A.prepare_data_loader(DataLoader(MapData(12), batch_size=3, shuffle=True))
+    out["unsynced"] = [_idx(b) for b in dl]
+    # rng_types=["torch"]: the global torch RNG is copied from rank 0 when an iteration starts
+    torch.manual_seed(rank)
+    dl = A.prepare_data_loader(DataLoader(MapData(4), batch_size=2), rng_types=["torch"])
+    iter_draws = []
+    for _ in dl:
+        iter_draws.append(torch.rand(1).item())
+    out["torch_draws"] = iter_draws
+    return out
+
+
+def test_shuffling_is_consistent_across_processes(ref):
+    results = run_distributed(_rank_shuffling, 2)
+    for epoch in range(2):
+        union = _union([{"batches": r["seedable"][epoch]} for r in results], None)
+        assert sorted(union) == list(range(12)), f"epoch {epoch}: ranks shuffled differently"
+        expected = ref.SeedableRandomSampler(range(12), data_seed=7)
+        expected.set_epoch(epoch)
+        assert union == list(expected)  # the same permutation as Accelerate's sampler
+    assert results[0]["seedable"][0] != results[0]["seedable"][1]
+    assert results[0]["sampler_epoch1"] == results[1]["sampler_epoch1"]
+    for r in results:
+        assert r["resumed"] == r["epoch2"][1:]
+    for epoch in range(2):
+        assert sorted(_union([{"batches": r["synced"][epoch]} for r in results], None)) == list(range(12))
+    assert results[0]["synced"][0] != results[0]["synced"][1]
+    # without synchronisation differently seeded ranks overlap: the check above can fail
+    assert sorted(_union([{"batches": r["unsynced"]} for r in results], None)) != list(range(12))
+    assert results[0]["torch_draws"] == results[1]["torch_draws"]
+
+
+def test_dispatch_default_pickling_and_edge_cases():
+    cpu = torch.device("cpu")
+    # Accelerate's default: dispatch iterable datasets when batches are put on the device
+    assert isinstance(A.prepare_data_loader(DataLoader(StreamData(7), batch_size=3), device=cpu, put_on_device=True), A.DataLoaderDispatcher)
+    assert isinstance(A.prepare_data_loader(DataLoader(StreamData(7), batch_size=3)), A.DataLoaderShard)
+    assert isinstance(A.prepare_data_loader(DataLoader(MapData(7), batch_size=3), device=cpu, put_on_device=True), A.DataLoaderShard)
+    dl = A.prepare_data_loader(DataLoader(StreamData(7), batch_size=3), device=cpu, put_on_device=True)
+    assert [_idx(b) for b in dl] == [[0, 1, 2], [3, 4, 5], [6]] and dl.remainder == 1 and dl.end_of_dataloader
+    assert [_idx(b) for b in A.skip_first_batches(dl, 2)] == [[6]]
+    # an empty dispatched loader ends cleanly (Accelerate raises "Batch does not contain any data")
+    empty = A.prepare_data_loader(DataLoader(MapData(0), batch_size=3), device=cpu, put_on_device=True, dispatch_batches=True)
+    assert list(empty) == [] and not GradientState().in_dataloader
+    # pickling keeps the loader attached to the shared GradientState
+    import pickle
+
+    shard = A.prepare_data_loader(DataLoader(MapData(10), batch_size=3), num_processes=2, process_index=1)
+    clone = pickle.loads(pickle.dumps(shard))
+    assert [_idx(b) for b in clone] == [_idx(b) for b in shard] == [[3, 4, 5], [9, 0, 1]]
+    assert clone.gradient_state.__dict__ is GradientState().__dict__
+    # the caller's rng_types list is not edited (Accelerate removes "generator" from it in place)
+    rng_types = ["generator"]
+    A.prepare_data_loader(DataLoader(MapData(4), batch_size=2), rng_types=rng_types)
+    assert rng_types == ["generator"]
+
+    class Mesh:
+        mesh_dim_names = ("dp", "tp")
+
+    with pytest.raises(ValueError, match="tensor parallelism"):
+        A.DataLoaderDispatcher(MapData(4), batch_size=2, torch_device_mesh=Mesh())
+    with pytest.raises(NotImplementedError, match="stateful"):
+        A.prepare_data_loader(DataLoader(MapData(4), batch_size=2), use_stateful_dataloader=True)
