@@ -114,6 +114,10 @@ class Accelerator:
         self._save_model_state_pre_hook: dict[int, Callable[..., None]] = {}
         self._load_model_state_pre_hook: dict[int, Callable[..., None]] = {}
 
+        if log_with is not None:  # fail at construction on every rank, like Accelerate
+            from .tracking import filter_trackers
+
+            log_with = filter_trackers(log_with, self.logging_dir)
         self.log_with = log_with
         self.trackers: list[Any] = []
 

@@ -18,7 +18,7 @@ class HPUBackend(DeviceModuleBackend):
     distributed_type = "MULTI_HPU"
     priority = 30
     compile_backend = "hpu_backend"
-    oom_messages = ("Device out of memory", "HPU out of memory", "synStatus=10")
+    oom_messages = ("Device out of memory", "HPU out of memory", "PT_DEVMEM Allocation failed", "synStatus=10")
 
     def _probe(self) -> Availability:
         if self._module is None and importlib.util.find_spec("habana_frameworks") is None:

@@ -64,6 +64,19 @@ _export(
     "is_weights_only_available",
 )
 
+_export(
+    "accel.utils.operations",
+    "CannotPadNestedTensorWarning", "ConvertOutputsToFp32", "DistributedOperationException", "TensorInformation",
+    "broadcast", "broadcast_object_list", "chained_operation", "concatenate", "convert_outputs_to_fp32",
+    "convert_to_fp32", "copy_tensor_to_devices", "find_batch_size", "find_device", "gather", "gather_object",
+    "get_data_structure", "get_shape", "honor_type", "ignorant_find_batch_size", "initialize_tensors",
+    "is_namedtuple", "is_tensor_information", "is_torch_tensor", "listify", "pad_across_processes",
+    "recursively_apply", "reduce", "send_to_device", "slice_tensors", "verify_operation",
+)
+
+
+_export("accel.utils.memory", "find_executable_batch_size", "release_memory")
+
 
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
