@@ -146,25 +146,21 @@ def test_csv_refuses_keys_that_clash_with_its_own_columns(tmp_path):
 
 # ---------------------------------------------------------------------- selection
 def test_unknown_tracker_name_lists_the_supported_ones(tmp_path):
-    acc = Accelerator(log_with="bogus", project_dir=tmp_path)
-    with pytest.raises(ValueError, match="bogus") as info:
-        acc.init_trackers("run")
+    with pytest.raises(ValueError, match="bogus") as info:  # at construction, on every rank
+        Accelerator(log_with="bogus", project_dir=tmp_path)
     for name in ("all", "json", "csv", "tensorboard"):
         assert name in str(info.value)
 
 
 @pytest.mark.parametrize("name", ["wandb", LoggerType.MLFLOW, "comet_ml", "aim", "clearml", "dvclive"])
 def test_trackers_accel_does_not_implement_are_an_error(tmp_path, name):
-    acc = Accelerator(log_with=["json", name], project_dir=tmp_path)
     with pytest.raises(NotImplementedError, match=f"{name}.*json, csv, tensorboard"):
-        acc.init_trackers("run")
-    assert acc.trackers == []  # checked before anything was built
+        Accelerator(log_with=["json", name], project_dir=tmp_path)  # checked before anything is built
 
 
 def test_file_trackers_need_a_logging_directory():
-    acc = Accelerator(log_with="json")
     with pytest.raises(ValueError, match="'json' tracker.*project_dir"):
-        acc.init_trackers("run")
+        Accelerator(log_with="json")
 
 
 def test_all_selects_every_available_tracker(tmp_path):
@@ -179,9 +175,8 @@ def test_all_selects_every_available_tracker(tmp_path):
 def test_tensorboard_without_the_package_raises_a_clear_import_error(tmp_path):
     if is_tensorboard_available():
         pytest.skip("tensorboard is installed here; the missing-package error cannot happen")
-    acc = Accelerator(log_with="tensorboard", project_dir=tmp_path)
     with pytest.raises(ImportError, match="pip install tensorboard"):
-        acc.init_trackers("run")
+        Accelerator(log_with="tensorboard", project_dir=tmp_path)
 
 
 # ---------------------------------------------------------------------- custom trackers
