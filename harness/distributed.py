@@ -1,0 +1,396 @@
+"""A pool of ranks per (backend, world size) that runs test bodies inside a live process group.
+
+Starting a process group costs about a second; a trivial collective costs a few milliseconds. So
+ranks are started once per (backend, world size), join a process group on the backend's collective
+backend, and then run test after test. The controller (the pytest process) sends each rank the
+test function and its arguments and waits on all ranks' pipes and process sentinels at once, so:
+
+- the first failing rank ends the test at once with that rank's traceback;
+- a crashed rank (segfault, ``os._exit``) is reported with its exit code;
+- a hang ends at the timeout with every rank's Python stack (faulthandler on SIGUSR1);
+- after any of these the pool is torn down and rebuilt for the next test;
+- ranks die with the controller (PR_SET_PDEATHSIG on Linux, EOF on their pipe otherwise).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import pickle
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+# kwargs the rank resolves itself instead of receiving them from the controller
+RANK_LOCAL_ARGS = ("backend", "device", "rank", "world_size")
+
+STACK_GRACE_S = 1.0  # time ranks get to write their stacks after SIGUSR1
+PEER_DEATH_GRACE_S = 0.2  # a collective error right after a peer died is reported as that death
+
+
+@dataclass
+class Task:
+    """What a rank runs: a test function named by module and qualified name, with pickled kwargs."""
+
+    module: str
+    module_file: str | None
+    qualname: str
+    kwargs: bytes
+
+
+@dataclass
+class RankOutcome:
+    rank: int
+    status: str  # passed | failed | skipped | xfailed
+    message: str = ""
+    traceback: str = ""
+    duration: float = 0.0
+
+
+@dataclass
+class PoolResult:
+    """The outcome of one test over all ranks."""
+
+    status: str  # passed | failed | skipped | xfailed | crashed | timeout
+    message: str = ""
+    rank: int | None = None
+    outcomes: list[RankOutcome] = field(default_factory=list)
+    stacks: dict[int, str] = field(default_factory=dict)
+    exitcode: int | None = None
+
+
+class PoolStartError(RuntimeError):
+    """The ranks could not form a process group."""
+
+
+class RankPool:
+    """``world_size`` ranks of ``backend_name`` in one process group, reused across tests."""
+
+    def __init__(self, backend_name: str, world_size: int, start_method: str, timeout: float,
+                 env: dict[str, str] | None = None, start_timeout: float = 60.0):
+        self.backend_name = backend_name
+        self.world_size = world_size
+        self.start_method = start_method
+        self.timeout = timeout
+        self.start_timeout = start_timeout
+        self.env = dict(env or {})
+        self.procs: list[Any] = []
+        self.conns: list[Connection] = []
+        self.tmpdir: str | None = None
+        self.healthy = False
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        import multiprocessing as mp
+
+        ctx = mp.get_context(self.start_method)
+        self.tmpdir = tempfile.mkdtemp(prefix=f"accel-pool-{self.backend_name}-{self.world_size}-")
+        store = os.path.join(self.tmpdir, "store")
+        for rank in range(self.world_size):
+            parent, child = ctx.Pipe()
+            stack_file = os.path.join(self.tmpdir, f"stack-{rank}.txt")
+            proc = ctx.Process(
+                target=_rank_main,
+                args=(rank, self.world_size, self.backend_name, store, child, stack_file, self.env, list(sys.path)),
+                daemon=True,
+                name=f"accel-rank-{self.backend_name}-{rank}/{self.world_size}",
+            )
+            proc.start()
+            child.close()
+            self.procs.append(proc)
+            self.conns.append(parent)
+        deadline = time.monotonic() + self.start_timeout
+        ready: set[int] = set()
+        while len(ready) < self.world_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.close(kill=True)
+                raise PoolStartError(f"{self.world_size} {self.backend_name} ranks did not form a process group within {self.start_timeout:.0f}s")
+            for obj in wait(self._waitables(), timeout=remaining):
+                rank = self._rank_of(obj)
+                if obj is self.procs[rank].sentinel:
+                    code = self.procs[rank].exitcode
+                    self.close(kill=True)
+                    raise PoolStartError(f"rank {rank} of {self.backend_name} x{self.world_size} exited with code {code} while starting")
+                message = self.conns[rank].recv()
+                if message[0] == "ready":
+                    ready.add(rank)
+                else:
+                    self.close(kill=True)
+                    raise PoolStartError(f"rank {rank} failed to join the process group:\n{message[1]}")
+        self.healthy = True
+
+    def close(self, kill: bool = False) -> None:
+        """Stop the ranks (politely unless ``kill``) and remove the rendezvous folder."""
+        self.healthy = False
+        if not kill:
+            for conn in self.conns:
+                try:
+                    conn.send(("stop",))
+                except (OSError, ValueError):
+                    pass
+            for proc in self.procs:
+                proc.join(timeout=2)
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.kill()
+        for proc in self.procs:
+            proc.join(timeout=5)
+        for conn in self.conns:
+            conn.close()
+        self.procs, self.conns = [], []
+        if self.tmpdir:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+            self.tmpdir = None
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs if p.pid is not None]
+
+    def _waitables(self) -> list[Any]:
+        return [*self.conns, *(p.sentinel for p in self.procs)]
+
+    def _rank_of(self, obj: Any) -> int:
+        for rank, (conn, proc) in enumerate(zip(self.conns, self.procs)):
+            if obj is conn or obj is proc.sentinel:
+                return rank
+        raise KeyError(obj)
+
+    # ------------------------------------------------------------------ running one test
+    def run(self, task: Task, timeout: float | None = None) -> PoolResult:
+        """Run ``task`` on every rank; return as soon as the outcome is known."""
+        timeout = self.timeout if timeout is None else timeout
+        for conn in self.conns:
+            conn.send(("run", task))
+        deadline = time.monotonic() + timeout
+        outcomes: dict[int, RankOutcome] = {}
+        while len(outcomes) < self.world_size:
+            remaining = deadline - time.monotonic()
+            ready = wait(self._waitables(), timeout=max(remaining, 0)) if remaining > 0 else []
+            if not ready:
+                return self._hang(outcomes, timeout)
+            for obj in ready:
+                rank = self._rank_of(obj)
+                if rank in outcomes:
+                    continue
+                if obj is self.procs[rank].sentinel:
+                    if self.conns[rank].poll():  # it sent its outcome, then died: read that first
+                        continue
+                    self.procs[rank].join(timeout=1)  # the sentinel fires before exitcode is known
+                    code = self.procs[rank].exitcode
+                    self.close(kill=True)
+                    return PoolResult("crashed", f"rank {rank} died with exit code {code}{_signal_name(code)}",
+                                      rank=rank, outcomes=list(outcomes.values()), exitcode=code)
+                try:
+                    outcome: RankOutcome = self.conns[rank].recv()
+                except EOFError:
+                    continue  # the sentinel reports the death
+                outcomes[rank] = outcome
+                if outcome.status == "failed":
+                    # fail fast: other ranks may be blocked in a collective that will never complete
+                    if len(outcomes) < self.world_size:
+                        crashed = self._crashed_peer(outcomes)
+                        self.close(kill=True)
+                        if crashed is not None:  # this failure is the echo of a peer's death
+                            peer, code = crashed
+                            return PoolResult("crashed", f"rank {peer} died with exit code {code}{_signal_name(code)}",
+                                              rank=peer, outcomes=list(outcomes.values()), exitcode=code)
+                    return PoolResult("failed", outcome.message, rank=rank, outcomes=list(outcomes.values()))
+        ordered = [outcomes[r] for r in range(self.world_size)]
+        for status in ("xfailed", "skipped"):
+            hit = next((o for o in ordered if o.status == status), None)
+            if hit is not None:
+                return PoolResult(status, hit.message, rank=hit.rank, outcomes=ordered)
+        return PoolResult("passed", outcomes=ordered)
+
+    def _crashed_peer(self, outcomes: dict[int, RankOutcome]) -> tuple[int, int | None] | None:
+        """A rank without an outcome that has died (or dies within a moment), with its exit code."""
+        pending = [r for r in range(self.world_size) if r not in outcomes]
+        wait([self.procs[r].sentinel for r in pending], timeout=PEER_DEATH_GRACE_S)
+        for r in pending:
+            if not self.procs[r].is_alive():
+                self.procs[r].join(timeout=1)
+                return r, self.procs[r].exitcode
+        return None
+
+    def _hang(self, outcomes: dict[int, RankOutcome], timeout: float) -> PoolResult:
+        stuck = [r for r in range(self.world_size) if r not in outcomes]
+        stacks: dict[int, str] = {}
+        if self.tmpdir and hasattr(signal, "SIGUSR1"):
+            for rank, proc in enumerate(self.procs):
+                if proc.is_alive():
+                    try:
+                        os.kill(proc.pid, signal.SIGUSR1)
+                    except OSError:
+                        pass
+            time.sleep(STACK_GRACE_S)
+            for rank in range(self.world_size):
+                path = os.path.join(self.tmpdir, f"stack-{rank}.txt")
+                try:
+                    with open(path) as fh:
+                        stacks[rank] = _last_dump(fh.read())
+                except OSError:
+                    stacks[rank] = "(no stack written)"
+        self.close(kill=True)
+        return PoolResult("timeout", f"ranks {stuck} did not finish within {timeout:g}s", outcomes=list(outcomes.values()), stacks=stacks)
+
+
+def _signal_name(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f" ({signal.Signals(-code).name})"
+        except ValueError:
+            return ""
+    return ""
+
+
+def _last_dump(text: str) -> str:
+    """faulthandler appends; keep only the most recent dump."""
+    marker = "Thread 0x" if "Thread 0x" in text else "Current thread"
+    head = text.find(marker)
+    return text[head:] if head >= 0 else text
+
+
+# ---------------------------------------------------------------------- rank side
+def _die_with_parent() -> None:
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except Exception:
+            pass
+
+
+def _rank_main(rank: int, world_size: int, backend_name: str, store: str, conn: Connection, stack_file: str,
+               env: dict[str, str], parent_path: list[str]) -> None:
+    _die_with_parent()
+    os.environ.update(env)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world_size), ACCEL_DEVICE=backend_name)
+    for entry in parent_path:
+        if entry not in sys.path:
+            sys.path.append(entry)
+    import faulthandler
+
+    stack_fh = open(stack_file, "w")
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, file=stack_fh, all_threads=True)
+    try:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1") or 1))
+        from accel.backends import get_backend, reset_registry
+
+        reset_registry()
+        backend = get_backend(backend_name)
+        count = backend.device_count()
+        if backend.device_type != "cpu" and count:
+            backend.set_device(rank % count)
+        if backend.comm_backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
+            from accel.state import _loopback_interface
+
+            iface = _loopback_interface()
+            if iface:
+                os.environ["GLOO_SOCKET_IFNAME"] = iface
+        dist.init_process_group(backend.comm_backend, init_method=f"file://{store}", rank=rank, world_size=world_size)
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+        return
+    conn.send(("ready",))
+    try:
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                break
+            if message[0] == "stop":
+                break
+            conn.send(_run_task(message[1], rank, world_size, backend))
+    finally:
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass
+
+
+def _resolve(task: Task) -> Any:
+    module = sys.modules.get(task.module)
+    if module is None:
+        try:
+            module = importlib.import_module(task.module)
+        except ImportError:
+            if not task.module_file:
+                raise
+            spec = importlib.util.spec_from_file_location(task.module, task.module_file)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[task.module] = module
+            spec.loader.exec_module(module)
+    target: Any = module
+    parts = task.qualname.split(".")
+    for i, part in enumerate(parts):
+        target = getattr(target, part)
+        if isinstance(target, type) and i < len(parts) - 1:
+            target = target()  # test classes: call the method on a fresh instance
+    return target
+
+
+def _run_task(task: Task, rank: int, world_size: int, backend: Any) -> RankOutcome:
+    import pytest
+
+    start = time.perf_counter()
+    try:
+        from accel.state import AcceleratorState, GradientState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+        fn = _resolve(task)
+        kwargs = pickle.loads(task.kwargs)
+        from accel.state import PartialState
+
+        local = {"backend": backend, "device": PartialState().device, "rank": rank, "world_size": world_size}
+        for name in RANK_LOCAL_ARGS:
+            if name in kwargs:
+                kwargs[name] = local[name]
+        fn(**kwargs)
+    except pytest.skip.Exception as exc:
+        return RankOutcome(rank, "skipped", str(exc.msg), duration=time.perf_counter() - start)
+    except pytest.xfail.Exception as exc:
+        return RankOutcome(rank, "xfailed", str(exc.msg), duration=time.perf_counter() - start)
+    except BaseException as exc:
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        message = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
+        return RankOutcome(rank, "failed", message, tb, time.perf_counter() - start)
+    return RankOutcome(rank, "passed", duration=time.perf_counter() - start)
+
+
+class PoolManager:
+    """Pools keyed by (backend, world size), rebuilt after a failure, closed at session end."""
+
+    def __init__(self, timeout: float, env: dict[str, str] | None = None):
+        self.timeout = timeout
+        self.env = env or {}
+        self.pools: dict[tuple[str, int], RankPool] = {}
+        self.starts = 0
+
+    def get(self, backend_name: str, world_size: int, start_method: str, env: dict[str, str] | None = None) -> RankPool:
+        key = (backend_name, world_size)
+        pool = self.pools.get(key)
+        if pool is None or not pool.healthy:
+            pool = RankPool(backend_name, world_size, start_method, self.timeout, env={**self.env, **(env or {})})
+            self.pools[key] = pool
+            pool.start()
+            self.starts += 1
+        return pool
+
+    def close(self) -> None:
+        for pool in self.pools.values():
+            pool.close()
+        self.pools.clear()

@@ -1,0 +1,331 @@
+"""Known issues as data: a YAML file that links failures to upstream bugs.
+
+The file is a list of entries, or a mapping with one key ``issues`` holding that list::
+
+    issues:
+      - id: pytorch-135550                 # required, unique
+        url: https://github.com/pytorch/pytorch/issues/135550
+        title: all_gather_into_tensor hangs with xccl
+        backends: [xpu]                    # optional; default: every backend
+        torch: ">=2.5,<2.8"                # optional version specifier (quote it in YAML)
+        tests: ["suites/test_collectives.py::test_all_gather*"]   # optional patterns
+        error: "UR_RESULT_ERROR_\\w+"      # optional regex searched in the failure text
+        xfail: true                        # optional; default false
+
+An entry needs ``tests`` or ``error`` (or both: then both must match). Every condition given
+must hold: backend in ``backends``, installed torch in ``torch``, a ``tests`` pattern matching
+the test, and ``error`` found (``re.search``) in the failure message/traceback.
+
+Test patterns are matched against the device-neutral test id and the nodeid. Only ``*`` (any
+text, ``::`` and ``/`` included) and ``?`` (one character) are wildcards; ``[`` and ``]`` are
+literal because test ids carry parameters in brackets. A pattern without ``[`` also matches a test
+whose id has a ``[...]`` parameter part (``t.py::test_x`` matches ``t.py::test_x[ws2]``).
+
+``xfail: true`` lets the plugin report a matching failure as xfailed when asked
+(``--known-issues-xfail``); otherwise a match only records the issue id.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+__all__ = ["FIELDS", "KnownIssue", "KnownIssues", "KnownIssuesError", "load_known_issues"]
+
+#: the keys an entry may have
+FIELDS = ("id", "url", "title", "backends", "torch", "tests", "error", "xfail")
+
+
+class KnownIssuesError(ValueError):
+    """A known-issues file that cannot be loaded; the message names file, entry and field."""
+
+
+# ---------------------------------------------------------------------------- patterns
+def _pattern_regex(pattern: str) -> re.Pattern[str]:
+    parts = []
+    for char in pattern:
+        if char == "*":
+            parts.append(".*")
+        elif char == "?":
+            parts.append(".")
+        else:
+            parts.append(re.escape(char))
+    return re.compile("".join(parts) + r"\Z", re.DOTALL)
+
+
+_PARAMS = re.compile(r"\A(?P<base>.*?::[^:\[\]]+)\[.*\]\Z", re.DOTALL)
+
+
+def _without_params(test_id: str) -> str:
+    match = _PARAMS.match(test_id)
+    return match.group("base") if match else test_id
+
+
+def _version(value: Any) -> Version | None:
+    if value is None:
+        return None
+    try:
+        return Version(Version(str(value)).base_version)
+    except InvalidVersion:
+        raise ValueError(f"not a torch version: {value!r}") from None
+
+
+# ---------------------------------------------------------------------------- one issue
+@dataclass(frozen=True)
+class KnownIssue:
+    """One entry of a known-issues file (build it with :meth:`KnownIssues.from_data`)."""
+
+    id: str
+    title: str | None = None
+    url: str | None = None
+    #: lower-case backend names, or None for every backend
+    backends: tuple[str, ...] | None = None
+    #: torch version specifier text, or None for every version
+    torch: str | None = None
+    tests: tuple[str, ...] = ()
+    #: regular expression searched in the failure text
+    error: str | None = None
+    xfail: bool = False
+    #: where the entry came from: ``"path, entry #3"``
+    source: str = ""
+    _specifier: SpecifierSet | None = field(default=None, repr=False, compare=False)
+    _error_regex: re.Pattern[str] | None = field(default=None, repr=False, compare=False)
+    _test_regexes: tuple[tuple[re.Pattern[str], bool], ...] = field(default=(), repr=False, compare=False)
+
+    def applies_to(self, backend: str | None, torch_version: Any = None) -> bool:
+        """Backend and torch filters: does the issue concern this backend and torch release?
+
+        An issue restricted to some backends never applies to ``backend=None``; an unknown
+        ``torch_version`` (None) does not exclude anything.
+        """
+        if self.backends is not None and (backend or "").lower() not in self.backends:
+            return False
+        version = _version(torch_version)
+        if self._specifier is not None and version is not None:
+            return self._specifier.contains(version, prereleases=True)
+        return True
+
+    def matches_test(self, test_id: str | None, nodeid: str | None = None) -> bool:
+        """Whether a ``tests`` pattern matches the test (False when the entry has none)."""
+        names = [n for n in (test_id, nodeid) if n]
+        for regex, literal_brackets in self._test_regexes:
+            for name in names:
+                if regex.match(name):
+                    return True
+                if not literal_brackets and regex.match(_without_params(name)):
+                    return True
+        return False
+
+    def matches_text(self, text: str | None) -> bool:
+        """Whether the ``error`` regex is found in ``text`` (False when the entry has none)."""
+        return bool(self._error_regex is not None and text and self._error_regex.search(text))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The entry as file data (fields that are not set are left out)."""
+        data: dict[str, Any] = {
+            "id": self.id, "title": self.title, "url": self.url,
+            "backends": list(self.backends) if self.backends is not None else None,
+            "torch": self.torch, "tests": list(self.tests) or None, "error": self.error,
+        }
+        data = {k: v for k, v in data.items() if v is not None}
+        data["xfail"] = self.xfail
+        return data
+
+
+# ---------------------------------------------------------------------------- validation
+class _EntryError(Exception):
+    def __init__(self, key: str | None, problem: str):
+        self.key = key
+        self.problem = problem
+
+
+def _strings(key: str, value: Any, lower: bool = False) -> tuple[str, ...]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not items:
+        raise _EntryError(key, f"expected a string or a non-empty list of strings, got {value!r}")
+    out = []
+    for item in items:
+        if not isinstance(item, str) or not item.strip():
+            raise _EntryError(key, f"expected non-empty strings, got {item!r}")
+        out.append(item.strip().lower() if lower else item.strip())
+    return tuple(out)
+
+
+def _optional_text(key: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise _EntryError(key, f"expected a string, got {value!r} ({type(value).__name__})")
+    return value.strip() or None
+
+
+def _parse_entry(entry: Any, source: str) -> KnownIssue:
+    if not isinstance(entry, Mapping):
+        raise _EntryError(None, f"expected a mapping with at least id and tests/error, got {type(entry).__name__} {entry!r}")
+    for key in entry:
+        if key not in FIELDS:
+            close = difflib.get_close_matches(str(key), FIELDS, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f" (known fields: {', '.join(FIELDS)})"
+            raise _EntryError(str(key), f"unknown field{hint}")
+    issue_id = entry.get("id")
+    if isinstance(issue_id, bool) or not isinstance(issue_id, (str, int)) or not str(issue_id).strip():
+        raise _EntryError("id", "every entry needs an id (a non-empty string)" if issue_id is None else f"expected a non-empty string, got {issue_id!r}")
+    issue_id = str(issue_id).strip()
+    title = _optional_text("title", entry.get("title"))
+    url = _optional_text("url", entry.get("url"))
+    backends = _strings("backends", entry["backends"], lower=True) if entry.get("backends") is not None else None
+    spec_text = entry.get("torch")
+    specifier = None
+    if spec_text is not None:
+        if not isinstance(spec_text, str) or not spec_text.strip():
+            raise _EntryError("torch", f"expected a version specifier string such as '>=2.5,<2.8' (quoted in YAML), got {spec_text!r}")
+        try:
+            specifier = SpecifierSet(spec_text)
+        except InvalidSpecifier as exc:
+            raise _EntryError("torch", f"not a version specifier: {spec_text!r} ({exc}); write e.g. '>=2.5,<2.8'") from None
+        spec_text = str(spec_text).strip()
+    tests = _strings("tests", entry["tests"]) if entry.get("tests") is not None else ()
+    error = entry.get("error")
+    regex = None
+    if error is not None:
+        if not isinstance(error, str) or not error:
+            raise _EntryError("error", f"expected a regular expression string, got {error!r}")
+        try:
+            regex = re.compile(error)
+        except re.error as exc:
+            raise _EntryError("error", f"bad regular expression {error!r}: {exc}") from None
+    if not tests and error is None:
+        raise _EntryError("tests", "an entry needs tests (patterns), error (a regex), or both")
+    xfail = entry.get("xfail", False)
+    if not isinstance(xfail, bool):
+        raise _EntryError("xfail", f"expected true or false, got {xfail!r}")
+    return KnownIssue(
+        id=issue_id, title=title, url=url, backends=backends, torch=spec_text, tests=tests,
+        error=error, xfail=xfail, source=source, _specifier=specifier, _error_regex=regex,
+        _test_regexes=tuple((_pattern_regex(p), "[" in p) for p in tests),
+    )
+
+
+# ---------------------------------------------------------------------------- the collection
+class KnownIssues:
+    """The known issues of a run, in file order (the first match wins)."""
+
+    def __init__(self, issues: Iterable[KnownIssue] = ()):
+        self.issues: list[KnownIssue] = []
+        self._by_id: dict[str, KnownIssue] = {}
+        for issue in issues:
+            self.add(issue)
+
+    def add(self, issue: KnownIssue) -> None:
+        if issue.id in self._by_id:
+            first = self._by_id[issue.id]
+            raise KnownIssuesError(f"{issue.source}: duplicate known issue id {issue.id!r} (first defined at {first.source})")
+        self.issues.append(issue)
+        self._by_id[issue.id] = issue
+
+    @classmethod
+    def from_data(cls, data: Any, source: str = "<data>") -> "KnownIssues":
+        """Issues from already-parsed YAML data (a list, or a mapping with ``issues``)."""
+        issues = cls()
+        issues.extend(data, source)
+        return issues
+
+    def extend(self, data: Any, source: str) -> None:
+        if data is None:
+            return
+        if isinstance(data, Mapping):
+            unknown = [k for k in data if k != "issues"]
+            if unknown:
+                close = difflib.get_close_matches(str(unknown[0]), ["issues"], n=1)
+                hint = "; did you mean 'issues'?" if close else ""
+                raise KnownIssuesError(f"{source}: unknown top-level key {unknown[0]!r}{hint} (expected a list of entries or a mapping with 'issues')")
+            data = data.get("issues")
+            if data is None:
+                return
+        if not isinstance(data, list):
+            raise KnownIssuesError(f"{source}: expected a list of known-issue entries (or 'issues:' holding one), got {type(data).__name__}")
+        for number, entry in enumerate(data, start=1):
+            label = f"{source}, entry #{number}"
+            try:
+                issue = _parse_entry(entry, label)
+            except _EntryError as exc:
+                raw_id = entry.get("id") if isinstance(entry, Mapping) else None
+                ident = f" (id {raw_id!r})" if raw_id is not None else ""
+                fld = f": field {exc.key!r}" if exc.key else ""
+                raise KnownIssuesError(f"{label}{ident}{fld}: {exc.problem}") from None
+            self.add(issue)
+
+    def __iter__(self) -> Iterator[KnownIssue]:
+        return iter(self.issues)
+
+    def __len__(self) -> int:
+        return len(self.issues)
+
+    def __contains__(self, issue_id: object) -> bool:
+        return issue_id in self._by_id
+
+    def get(self, issue_id: str) -> KnownIssue | None:
+        return self._by_id.get(issue_id)
+
+    @property
+    def ids(self) -> list[str]:
+        return [i.id for i in self.issues]
+
+    def match_failure(self, test_id: str | None, nodeid: str | None, backend: str | None,
+                      torch_version: Any, text: str | None) -> KnownIssue | None:
+        """The first issue this failure matches, or None.
+
+        ``text`` is the failure message and/or traceback the ``error`` regex is searched in.
+        """
+        for issue in self.issues:
+            if not issue.applies_to(backend, torch_version):
+                continue
+            if issue.tests and not issue.matches_test(test_id, nodeid):
+                continue
+            if issue.error is not None and not issue.matches_text(text):
+                continue
+            return issue
+        return None
+
+    def match_test(self, test_id: str | None, nodeid: str | None, backend: str | None,
+                   torch_version: Any) -> list[KnownIssue]:
+        """Issues whose ``tests`` patterns name this test on this backend and torch release.
+
+        For a *passing* test these are "tracked passes": the issue may be fixed (consider closing
+        it). Issues matched by ``error`` alone cannot name a test and never appear here.
+        """
+        return [
+            issue for issue in self.issues
+            if issue.tests and issue.applies_to(backend, torch_version) and issue.matches_test(test_id, nodeid)
+        ]
+
+
+def load_known_issues(*paths: str | os.PathLike[str]) -> KnownIssues:
+    """Load and merge known-issues YAML files; ids must be unique across them."""
+    import yaml
+
+    issues = KnownIssues()
+    for raw in paths:
+        path = Path(raw)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise KnownIssuesError(f"known issues file {path} not found") from None
+        except OSError as exc:
+            raise KnownIssuesError(f"known issues file {path} cannot be read: {exc}") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(exc, "problem", None) or str(exc)
+            raise KnownIssuesError(f"known issues file {path}{where}: not valid YAML: {problem}") from None
+        issues.extend(data, str(path))
+    return issues

@@ -1,0 +1,749 @@
+"""Harness markers: the table the plugin registers, Accelerate-style aliases, and skip reasons.
+
+A test declares what it needs with markers (``@pytest.mark.require_devices(2)``,
+``@pytest.mark.require_bf16``, ...). Unlike Accelerate's ``unittest.skipUnless`` decorators, which
+are evaluated at import time against a guessed device, these are evaluated per *test instance*
+(one backend, one world size) by :func:`evaluate`, so ``-m`` can select them and every skip carries
+a machine-readable reason code. The plugin turns a :class:`SkipReason` into pytest's skip text with
+:func:`format_skip`; the result recorder gets the code back with :func:`parse_skip`.
+
+Semantics worth knowing:
+
+* ``require_devices(n)`` counts *physical* devices of the instance's backend
+  (``backend.device_count()``). The CPU backend has exactly one device, so ``require_devices(2)``
+  always skips on cpu, while ``world_size(n)`` tests do run on cpu: several processes share the
+  one host device (see :func:`ranks_share_device`).
+* On a backend whose ranks cannot share a device (every backend but cpu, unless the backend sets a
+  boolean ``ranks_share_device`` attribute), a world size ``n > 1`` also needs ``n`` devices.
+* ``require_fsdp2`` means: torch >= 2.6 (``fully_shard`` is public there) and a backend with a
+  collective backend (``backend.comm_backend`` is not None).
+* ``require_package`` never imports anything: a plain name is looked up with
+  ``importlib.util.find_spec`` (dotted names without importing their parents); a name with a
+  version specifier (``"deepspeed>=0.14"``) is checked against installed distribution metadata.
+* Reason codes (:data:`SKIP_CODES`) are shared with ``accel.test_utils``, whose decorators write
+  the same ``"[code] message"`` skip text (and add ``opt-in`` for ``@slow``).
+* Bad usage (``require_devices("two")``, ``require_torch("banana")``) raises
+  :class:`MarkerUsageError` (a ``ValueError``) naming the test, the marker and the argument, for
+  every instance alike, so the plugin can report it as a collection error.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.machinery
+import importlib.metadata
+import importlib.util
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+__all__ = [
+    "ACCELERATE_ALIASES",
+    "BUILTIN_BACKENDS",
+    "MARKERS",
+    "SKIP_CODES",
+    "UNSPECIFIED",
+    "MarkerUsageError",
+    "SkipReason",
+    "as_decorator",
+    "evaluate",
+    "format_skip",
+    "is_harness_mark",
+    "parse_skip",
+    "ranks_share_device",
+    "require_torch_min_version",
+    "validate",
+]
+
+# ---------------------------------------------------------------------------- reason codes
+BACKEND_UNAVAILABLE = "backend-unavailable"
+BACKEND_NOT_SELECTED = "backend-not-selected"
+NEEDS_DEVICES = "needs-devices"
+NEEDS_PACKAGE = "needs-package"
+UNSUPPORTED_DTYPE = "unsupported-dtype"
+TORCH_VERSION = "torch-version"
+KNOWN_LIMITATION = "known-limitation"
+NOT_ON_BACKEND = "not-on-backend"
+NEEDS_MULTIPROCESS = "needs-multiprocess"
+#: accel.test_utils' ``@slow`` and other tests that run only when asked
+OPT_IN = "opt-in"
+
+#: every reason code a harness skip may carry
+SKIP_CODES: tuple[str, ...] = (
+    BACKEND_UNAVAILABLE,
+    BACKEND_NOT_SELECTED,
+    NEEDS_DEVICES,
+    NEEDS_PACKAGE,
+    UNSUPPORTED_DTYPE,
+    TORCH_VERSION,
+    KNOWN_LIMITATION,
+    NOT_ON_BACKEND,
+    NEEDS_MULTIPROCESS,
+    OPT_IN,
+)
+#: the code of a skip whose text carries no (known) code, e.g. a plain ``pytest.skip("...")``
+UNSPECIFIED = "unspecified"
+
+#: backends that get a ``require_non_<name>`` marker registered
+BUILTIN_BACKENDS: tuple[str, ...] = ("cpu", "cuda", "xpu", "mps", "hpu")
+
+# ---------------------------------------------------------------------------- marker table
+#: marker name -> description; the plugin registers each as ``f"{name}: {description}"``
+MARKERS: dict[str, str] = {
+    "require_backend": "run only on the named backend(s), e.g. require_backend('cuda', 'xpu'); other instances skip [not-on-backend]",
+    **{
+        f"require_non_{name}": f"skip the instances that run on the {name} backend [not-on-backend]"
+        for name in BUILTIN_BACKENDS
+    },
+    "require_devices": "require_devices(n): skip unless the backend has at least n physical devices (cpu has 1) [needs-devices]",
+    "require_multi_device": "same as require_devices(2) [needs-devices]",
+    "require_fp16": "skip unless the backend computes in float16; require_fp16(amp=True) asks for fp16 autocast instead [unsupported-dtype]",
+    "require_bf16": "skip unless the backend computes in bfloat16; require_bf16(amp=True) asks for bf16 autocast instead [unsupported-dtype]",
+    "require_fp8": "skip unless the backend runs float8 (e4m3) matmuls [unsupported-dtype]",
+    "require_package": "require_package(name, ...): skip unless each package is installed; 'name>=1.2' also checks its version [needs-package]",
+    "require_torch": "require_torch(spec): skip unless the installed torch matches the specifier, e.g. require_torch('>=2.5') [torch-version]",
+    "require_deepspeed": "skip unless deepspeed is installed [needs-package]",
+    "require_fsdp2": "skip unless torch >= 2.6 (fully_shard) and the backend has a collective backend [torch-version, needs-multiprocess]",
+    "slow": "takes more than a few seconds",
+    "world_size": "world_size(n) or world_size([1, 2, 4]): run the body in n processes, one test instance per size [needs-multiprocess, needs-devices]",
+    "known_limitation": "known_limitation('mps', ..., reason='...', torch='<2.8'): skip on the named backends (optionally only in a torch range) [known-limitation]",
+}
+
+# ---------------------------------------------------------------------------- Accelerate aliases
+def _package(module: str) -> tuple[str, tuple[Any, ...]]:
+    return ("require_package", (module,))
+
+
+#: Accelerate ``accelerate.test_utils`` decorator name -> (harness marker, marker args).
+#: Device names map to ``require_backend``: in the harness a test runs once per backend, so
+#: "requires cuda" means "only the cuda instance runs". ``require_multi_gpu`` and friends mean
+#: two devices of whatever backend the instance runs on; ``require_single_device`` means "not on
+#: the host cpu" (a harness test runs at world size 1 on one device of its backend).
+ACCELERATE_ALIASES: dict[str, tuple[str, tuple[Any, ...]]] = {
+    "require_cpu": ("require_backend", ("cpu",)),
+    "require_cuda": ("require_backend", ("cuda",)),
+    "require_xpu": ("require_backend", ("xpu",)),
+    "require_mps": ("require_backend", ("mps",)),
+    "require_hpu": ("require_backend", ("hpu",)),
+    "require_npu": ("require_backend", ("npu",)),
+    "require_mlu": ("require_backend", ("mlu",)),
+    "require_musa": ("require_backend", ("musa",)),
+    "require_sdaa": ("require_backend", ("sdaa",)),
+    "require_neuron": ("require_backend", ("neuron",)),
+    "require_tpu": ("require_backend", ("xla",)),
+    "require_cuda_or_xpu": ("require_backend", ("cuda", "xpu")),
+    "require_cuda_or_hpu": ("require_backend", ("cuda", "hpu")),
+    "require_single_gpu": ("require_backend", ("cuda",)),
+    "require_single_xpu": ("require_backend", ("xpu",)),
+    "require_single_device": ("require_non_cpu", ()),
+    "require_non_cpu": ("require_non_cpu", ()),
+    "require_non_cuda": ("require_non_cuda", ()),
+    "require_non_xpu": ("require_non_xpu", ()),
+    "require_non_mps": ("require_non_mps", ()),
+    "require_non_hpu": ("require_non_hpu", ()),
+    "require_multi_device": ("require_devices", (2,)),
+    "require_multi_gpu": ("require_devices", (2,)),
+    "require_multi_xpu": ("require_devices", (2,)),
+    "require_multi_gpu_or_xpu": ("require_devices", (2,)),
+    "require_fp16": ("require_fp16", ()),
+    "require_bf16": ("require_bf16", ()),
+    "require_fp8": ("require_fp8", ()),
+    "require_deepspeed": ("require_deepspeed", ()),
+    "require_fsdp2": ("require_fsdp2", ()),
+    "require_torchvision": _package("torchvision"),
+    "require_pandas": _package("pandas"),
+    "require_transformers": _package("transformers"),
+    "require_timm": _package("timm"),
+    "require_tensorboard": _package("tensorboard"),
+    "require_wandb": _package("wandb"),
+    "require_mlflow": _package("mlflow"),
+    "require_comet_ml": _package("comet_ml"),
+    "require_clearml": _package("clearml"),
+    "require_dvclive": _package("dvclive"),
+    "require_bnb": _package("bitsandbytes"),
+    "require_torchao": _package("torchao"),
+    "require_schedulefree": _package("schedulefree"),
+    "require_matplotlib": _package("matplotlib"),
+    "require_triton": _package("triton"),
+    "require_transformer_engine": _package("transformer_engine"),
+    "require_safetensors": _package("safetensors"),
+    "require_aim": _package("aim"),
+    "require_swanlab": _package("swanlab"),
+    "require_trackio": _package("trackio"),
+    "require_datasets": _package("datasets"),
+    "require_peft": _package("peft"),
+    "require_torchdata_stateful_dataloader": _package("torchdata.stateful_dataloader"),
+    "require_huggingface_suite": ("require_package", ("transformers", "datasets")),
+    "slow": ("slow", ()),
+}
+
+
+def as_decorator(name: str) -> Any:
+    """A pytest mark decorator for a harness marker or an Accelerate-style alias.
+
+    ``as_decorator("require_cuda")`` is ``pytest.mark.require_backend("cuda")``;
+    ``as_decorator("require_devices")`` is ``pytest.mark.require_devices`` (call it with ``n``).
+    The same names can be imported directly: ``from harness.markers import require_cuda``.
+    """
+    import pytest
+
+    if name in ACCELERATE_ALIASES:
+        marker, args = ACCELERATE_ALIASES[name]
+        decorator = getattr(pytest.mark, marker)
+        return decorator(*args) if args else decorator
+    if name in MARKERS or (name.startswith("require_non_") and len(name) > len("require_non_")):
+        return getattr(pytest.mark, name)
+    known = sorted(set(MARKERS) | set(ACCELERATE_ALIASES))
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise AttributeError(f"no harness marker or Accelerate-style decorator named {name!r}{hint}")
+
+
+def require_torch_min_version(test_case: Any = None, version: str | None = None) -> Any:
+    """Accelerate's ``require_torch_min_version(version="2.5")``: ``require_torch(">=2.5")``."""
+    import pytest
+
+    if version is None:
+        raise ValueError("require_torch_min_version needs version=, e.g. require_torch_min_version(version='2.5')")
+    decorator = pytest.mark.require_torch(f">={version}")
+    return decorator(test_case) if test_case is not None else decorator
+
+
+def __getattr__(name: str) -> Any:  # PEP 562: ``from harness.markers import require_cuda``
+    if name in ACCELERATE_ALIASES or name in MARKERS:
+        return as_decorator(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ---------------------------------------------------------------------------- skip reasons
+@dataclass(frozen=True)
+class SkipReason:
+    """Why a test instance skips: a reason code from :data:`SKIP_CODES` (or ``"unspecified"``)."""
+
+    code: str
+    message: str
+
+    def __post_init__(self) -> None:
+        if self.code not in SKIP_CODES and self.code != UNSPECIFIED:
+            raise ValueError(f"unknown skip reason code {self.code!r}; known codes: {', '.join(SKIP_CODES)}")
+
+    def __str__(self) -> str:
+        return format_skip(self)
+
+
+def format_skip(reason: SkipReason) -> str:
+    """The text given to ``pytest.skip``: ``"[code] message"``."""
+    return f"[{reason.code}] {reason.message}".rstrip()
+
+
+_SKIP_TEXT = re.compile(r"\[(?P<code>[a-z][a-z0-9-]*)\][ \t]*(?P<message>.*)\Z", re.DOTALL)
+
+
+def parse_skip(text: Any) -> SkipReason:
+    """The :class:`SkipReason` inside a skip text, such as pytest's ``"Skipped: [code] message"``.
+
+    Also accepts pytest's skip ``longrepr`` tuple ``(path, lineno, text)``. Text without a known
+    ``[code]`` prefix gives code ``"unspecified"`` and the text as message.
+    """
+    if isinstance(text, (tuple, list)) and len(text) == 3:
+        text = text[2]
+    text = "" if text is None else str(text)
+    body = text.strip()
+    if body.startswith("Skipped:"):
+        body = body[len("Skipped:"):].strip()
+    match = _SKIP_TEXT.match(body)
+    if match and match.group("code") in SKIP_CODES:
+        return SkipReason(match.group("code"), match.group("message").strip())
+    return SkipReason(UNSPECIFIED, body)
+
+
+# ---------------------------------------------------------------------------- usage errors
+class MarkerUsageError(ValueError):
+    """A harness marker used with bad arguments; the message names the test, marker and argument."""
+
+    def __init__(self, marker: str, argument: str, problem: str, where: str | None = None, call: str | None = None):
+        self.marker = marker
+        self.argument = argument
+        self.problem = problem
+        self.where = where
+        prefix = f"{where}: " if where else ""
+        super().__init__(f"{prefix}bad @pytest.mark.{call or marker}: argument {argument}: {problem}")
+
+
+def _args_text(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
+    parts = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
+    return ", ".join(parts)
+
+
+# ---------------------------------------------------------------------------- evaluation
+@dataclass
+class _Context:
+    backend: Any
+    world_size: int | None
+    torch_version: Version
+
+
+@dataclass
+class _Check:
+    rank: int
+    run: Callable[[_Context], SkipReason | None]
+
+
+# evaluation order: cheap, name-based answers first; probes that touch a device last
+_RANK_BACKEND = 0
+_RANK_LIMITATION = 1
+_RANK_TORCH = 2
+_RANK_PACKAGE = 3
+_RANK_MULTIPROCESS = 4
+_RANK_DEVICES = 5
+_RANK_DTYPE = 6
+
+_FSDP2_MIN_TORCH = Version("2.6")
+
+
+def is_harness_mark(name: str) -> bool:
+    """True for the marker names :func:`evaluate` understands (the plugin may parametrize on it)."""
+    return name in MARKERS or (name.startswith("require_non_") and len(name) > len("require_non_"))
+
+
+class _Mark:
+    """Reads one mark and raises :class:`MarkerUsageError` with its context."""
+
+    def __init__(self, mark: Any, where: str | None):
+        self.name: str = getattr(mark, "name")
+        self.args: tuple[Any, ...] = tuple(getattr(mark, "args", ()) or ())
+        self.kwargs: dict[str, Any] = dict(getattr(mark, "kwargs", {}) or {})
+        self.where = where
+
+    def error(self, argument: str, problem: str) -> MarkerUsageError:
+        return MarkerUsageError(self.name, argument, problem, self.where, self.call_text())
+
+    def call_text(self) -> str:
+        return f"{self.name}({_args_text(self.args, self.kwargs)})"
+
+    def only_kwargs(self, *allowed: str) -> None:
+        for key in self.kwargs:
+            if key not in allowed:
+                expected = ", ".join(allowed) if allowed else "no keyword arguments"
+                raise self.error(f"{key}={self.kwargs[key]!r}", f"unexpected keyword argument (accepted: {expected})")
+
+    def no_args(self) -> None:
+        if self.args:
+            raise self.error(repr(self.args[0]), f"{self.name} takes no positional arguments")
+        self.only_kwargs()
+
+    def names(self, what: str) -> tuple[str, ...]:
+        if not self.args:
+            raise self.error("(none)", f"{self.name} needs at least one {what} name")
+        out = []
+        for value in self.args:
+            if not isinstance(value, str) or not value.strip():
+                raise self.error(repr(value), f"expected a {what} name (a non-empty string)")
+            out.append(value.strip())
+        return tuple(out)
+
+
+def _positive_int(mark: _Mark, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise mark.error(repr(value), "expected a positive integer")
+    return value
+
+
+def _specifier(mark: _Mark, value: Any) -> SpecifierSet:
+    if not isinstance(value, str) or not value.strip():
+        raise mark.error(repr(value), "expected a version specifier string such as '>=2.5' or '>=2.5,<2.8'")
+    try:
+        return SpecifierSet(value)
+    except InvalidSpecifier as exc:
+        raise mark.error(repr(value), f"not a version specifier ({exc}); write e.g. '>=2.5' or '>=2.5,<2.8'") from None
+
+
+def _backend_name(backend: Any) -> str:
+    return str(getattr(backend, "name", "") or "?")
+
+
+def _safe(ctx_name: str, probe: Callable[[], Any]) -> tuple[Any, str | None]:
+    try:
+        return probe(), None
+    except Exception as exc:
+        return None, f"{ctx_name} failed: {type(exc).__name__}: {exc}"
+
+
+# --- individual checks ---------------------------------------------------------------
+def _check_require_backend(mark: _Mark) -> list[_Check]:
+    mark.only_kwargs()
+    wanted = tuple(n.lower() for n in mark.names("backend"))
+
+    def run(ctx: _Context) -> SkipReason | None:
+        name = _backend_name(ctx.backend)
+        if name in wanted:
+            return None
+        return SkipReason(NOT_ON_BACKEND, f"test runs only on {', '.join(wanted)}; this instance runs on {name}")
+
+    return [_Check(_RANK_BACKEND, run)]
+
+
+def _check_require_non(mark: _Mark) -> list[_Check]:
+    mark.no_args()
+    excluded = mark.name[len("require_non_"):].lower()
+
+    def run(ctx: _Context) -> SkipReason | None:
+        if _backend_name(ctx.backend) != excluded:
+            return None
+        return SkipReason(NOT_ON_BACKEND, f"test does not run on {excluded} ({mark.name})")
+
+    return [_Check(_RANK_BACKEND, run)]
+
+
+def _check_known_limitation(mark: _Mark) -> list[_Check]:
+    mark.only_kwargs("reason", "torch", "url")
+    backends = tuple(n.lower() for n in mark.names("backend"))
+    reason = mark.kwargs.get("reason")
+    if not isinstance(reason, str) or not reason.strip():
+        raise mark.error("reason", "known_limitation needs reason='...' saying what is limited")
+    spec = _specifier(mark, mark.kwargs["torch"]) if mark.kwargs.get("torch") is not None else None
+    url = mark.kwargs.get("url")
+    if url is not None and not isinstance(url, str):
+        raise mark.error(f"url={url!r}", "expected a string")
+
+    def run(ctx: _Context) -> SkipReason | None:
+        name = _backend_name(ctx.backend)
+        if name not in backends:
+            return None
+        if spec is not None and not spec.contains(ctx.torch_version, prereleases=True):
+            return None
+        text = f"known limitation on {name}: {reason.strip()}"
+        if spec is not None:
+            text += f" (torch {spec}; installed {ctx.torch_version})"
+        if url:
+            text += f" ({url})"
+        return SkipReason(KNOWN_LIMITATION, text)
+
+    return [_Check(_RANK_LIMITATION, run)]
+
+
+def _check_require_torch(mark: _Mark) -> list[_Check]:
+    mark.only_kwargs("spec")
+    values = list(mark.args) + ([mark.kwargs["spec"]] if "spec" in mark.kwargs else [])
+    if len(values) != 1:
+        raise mark.error(_args_text(mark.args, mark.kwargs) or "(none)", "require_torch takes exactly one specifier, e.g. require_torch('>=2.5')")
+    spec = _specifier(mark, values[0])
+
+    def run(ctx: _Context) -> SkipReason | None:
+        if spec.contains(ctx.torch_version, prereleases=True):
+            return None
+        return SkipReason(TORCH_VERSION, f"test needs torch {spec}; installed {ctx.torch_version} ({_backend_name(ctx.backend)})")
+
+    return [_Check(_RANK_TORCH, run)]
+
+
+def _module_found(name: str) -> bool:
+    """Whether module ``name`` can be imported, without importing it or its parent packages."""
+    parts = name.split(".")
+    try:
+        spec = importlib.util.find_spec(parts[0])
+    except (ImportError, ValueError):
+        return False
+    for i in range(1, len(parts)):
+        if spec is None or not spec.submodule_search_locations:
+            return False
+        spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: i + 1]), list(spec.submodule_search_locations))
+    return spec is not None
+
+
+def _package_check(mark: _Mark, value: Any) -> Callable[[], str | None]:
+    if not isinstance(value, str) or not value.strip():
+        raise mark.error(repr(value), "expected a package name (a non-empty string), optionally with a version specifier")
+    text = value.strip()
+    try:
+        requirement = Requirement(text)
+    except InvalidRequirement as exc:
+        raise mark.error(repr(value), f"not a package name or requirement ({exc})") from None
+    if requirement.extras or requirement.marker or requirement.url:
+        raise mark.error(repr(value), "extras, URLs and environment markers are not supported; give a name and optional version specifier")
+    name = requirement.name
+    spec = requirement.specifier
+
+    def missing() -> str | None:
+        if not spec:
+            if _module_found(name):
+                return None
+            return f"test needs the {name} package, which is not installed"
+        try:
+            installed = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return f"test needs {text}, which is not installed"
+        try:
+            ok = spec.contains(Version(installed), prereleases=True)
+        except InvalidVersion:
+            return f"test needs {text}; installed version {installed!r} cannot be compared"
+        return None if ok else f"test needs {text}; installed {installed}"
+
+    return missing
+
+
+def _check_require_package(mark: _Mark) -> list[_Check]:
+    mark.only_kwargs()
+    if not mark.args:
+        raise mark.error("(none)", "require_package needs at least one package name")
+    probes = [_package_check(mark, v) for v in mark.args]
+
+    def run(ctx: _Context) -> SkipReason | None:
+        for probe in probes:
+            problem = probe()
+            if problem:
+                return SkipReason(NEEDS_PACKAGE, problem)
+        return None
+
+    return [_Check(_RANK_PACKAGE, run)]
+
+
+def _check_require_deepspeed(mark: _Mark) -> list[_Check]:
+    mark.no_args()
+    probe = _package_check(mark, "deepspeed")
+
+    def run(ctx: _Context) -> SkipReason | None:
+        problem = probe()
+        return SkipReason(NEEDS_PACKAGE, problem) if problem else None
+
+    return [_Check(_RANK_PACKAGE, run)]
+
+
+def _comm_backend(backend: Any) -> tuple[str | None, str]:
+    """(collective backend name or None, why there is none)."""
+    name = _backend_name(backend)
+    comm, error = _safe(f"{name}: comm_backend", lambda: backend.comm_backend)
+    if error:
+        return None, error
+    if comm is not None:
+        return comm, ""
+    why_probe = getattr(backend, "comm_backend_reason", None)
+    why, _ = _safe("comm_backend_reason", why_probe) if callable(why_probe) else (None, None)
+    return None, why or "no collective backend"
+
+
+def _check_require_fsdp2(mark: _Mark) -> list[_Check]:
+    mark.no_args()
+
+    def torch_ok(ctx: _Context) -> SkipReason | None:
+        if ctx.torch_version >= _FSDP2_MIN_TORCH:
+            return None
+        return SkipReason(TORCH_VERSION, f"FSDP2 (fully_shard) needs torch >= {_FSDP2_MIN_TORCH}; installed {ctx.torch_version}")
+
+    def comm_ok(ctx: _Context) -> SkipReason | None:
+        comm, why = _comm_backend(ctx.backend)
+        if comm is not None:
+            return None
+        return SkipReason(NEEDS_MULTIPROCESS, f"FSDP2 needs a collective backend; {_backend_name(ctx.backend)} has none ({why})")
+
+    return [_Check(_RANK_TORCH, torch_ok), _Check(_RANK_MULTIPROCESS, comm_ok)]
+
+
+def _device_count(backend: Any) -> tuple[int, str | None]:
+    count, error = _safe(f"{_backend_name(backend)}: device_count()", backend.device_count)
+    return (int(count) if count is not None else 0), error
+
+
+def _devices_check(n: int) -> Callable[[_Context], SkipReason | None]:
+    def run(ctx: _Context) -> SkipReason | None:
+        count, error = _device_count(ctx.backend)
+        if count >= n:
+            return None
+        name = _backend_name(ctx.backend)
+        detail = f" ({error})" if error else ""
+        return SkipReason(NEEDS_DEVICES, f"test needs {n} {name} devices, {count} visible{detail}")
+
+    return run
+
+
+def _check_require_devices(mark: _Mark) -> list[_Check]:
+    mark.only_kwargs("n")
+    values = list(mark.args) + ([mark.kwargs["n"]] if "n" in mark.kwargs else [])
+    if len(values) != 1:
+        raise mark.error(_args_text(mark.args, mark.kwargs) or "(none)", "require_devices takes exactly one device count, e.g. require_devices(2)")
+    return [_Check(_RANK_DEVICES, _devices_check(_positive_int(mark, values[0])))]
+
+
+def _check_require_multi_device(mark: _Mark) -> list[_Check]:
+    mark.no_args()
+    return [_Check(_RANK_DEVICES, _devices_check(2))]
+
+
+def _dtype_check(label: str, plain: str, amp: str | None) -> Callable[[_Mark], list[_Check]]:
+    def parse(mark: _Mark) -> list[_Check]:
+        if mark.args:
+            raise mark.error(repr(mark.args[0]), f"{mark.name} takes no positional arguments")
+        mark.only_kwargs(*(("amp",) if amp else ()))
+        use_amp = mark.kwargs.get("amp", False)
+        if not isinstance(use_amp, bool):
+            raise mark.error(f"amp={use_amp!r}", "expected True or False")
+        attribute = amp if (use_amp and amp) else plain
+        what = f"{label} autocast" if use_amp else label
+
+        def run(ctx: _Context) -> SkipReason | None:
+            name = _backend_name(ctx.backend)
+            cap, error = _safe(f"{name}: {attribute}", lambda: getattr(ctx.backend, attribute))
+            if error is None and cap is not None and bool(getattr(cap, "supported", cap)):
+                return None
+            reason = error or str(getattr(cap, "reason", "") or "no reason given")
+            return SkipReason(UNSUPPORTED_DTYPE, f"test needs {what}, which {name} does not support: {reason}")
+
+        return [_Check(_RANK_DTYPE, run)]
+
+    return parse
+
+
+def _world_sizes(mark: _Mark) -> list[int]:
+    mark.only_kwargs("n", "sizes")
+    values: list[Any] = list(mark.args) + [mark.kwargs[k] for k in ("n", "sizes") if k in mark.kwargs]
+    if len(values) == 1 and isinstance(values[0], (list, tuple)):
+        values = list(values[0])
+    if not values:
+        raise mark.error("(none)", "world_size needs a size or a list of sizes, e.g. world_size(2) or world_size([1, 2, 4])")
+    return [_positive_int(mark, v) for v in values]
+
+
+def _check_slow(mark: _Mark) -> list[_Check]:
+    return []
+
+
+_PARSERS: dict[str, Callable[[_Mark], list[_Check]]] = {
+    "require_backend": _check_require_backend,
+    "known_limitation": _check_known_limitation,
+    "require_torch": _check_require_torch,
+    "require_package": _check_require_package,
+    "require_deepspeed": _check_require_deepspeed,
+    "require_fsdp2": _check_require_fsdp2,
+    "require_devices": _check_require_devices,
+    "require_multi_device": _check_require_multi_device,
+    "require_fp16": _dtype_check("fp16", "supports_fp16", "supports_fp16_amp"),
+    "require_bf16": _dtype_check("bf16", "supports_bf16", "supports_bf16_amp"),
+    "require_fp8": _dtype_check("fp8", "supports_fp8", None),
+    "slow": _check_slow,
+}
+
+
+def ranks_share_device(backend: Any) -> bool:
+    """Whether several ranks of one test may run on one device of ``backend``.
+
+    A backend may say so with a boolean ``ranks_share_device`` attribute; otherwise only the host
+    cpu allows it (on accelerators each rank gets its own device: NCCL, for one, refuses two ranks
+    on one GPU).
+    """
+    declared = getattr(backend, "ranks_share_device", None)
+    if isinstance(declared, bool):
+        return declared
+    return getattr(backend, "device_type", None) == "cpu"
+
+
+def _world_size_checks(world_size: int) -> list[_Check]:
+    def multiprocess(ctx: _Context) -> SkipReason | None:
+        comm, why = _comm_backend(ctx.backend)
+        if comm is not None:
+            return None
+        name = _backend_name(ctx.backend)
+        return SkipReason(NEEDS_MULTIPROCESS, f"world size {world_size} needs several processes, but {name} has no collective backend: {why}")
+
+    def devices(ctx: _Context) -> SkipReason | None:
+        if ranks_share_device(ctx.backend):
+            return None
+        count, error = _device_count(ctx.backend)
+        if count >= world_size:
+            return None
+        name = _backend_name(ctx.backend)
+        detail = f" ({error})" if error else ""
+        return SkipReason(NEEDS_DEVICES, f"world size {world_size} needs {world_size} {name} devices (one per rank), {count} visible{detail}")
+
+    return [_Check(_RANK_MULTIPROCESS, multiprocess), _Check(_RANK_DEVICES, devices)]
+
+
+def _parse(marks: Iterable[Any], where: str | None) -> tuple[list[_Check], list[int] | None]:
+    checks: list[_Check] = []
+    sizes: list[int] | None = None
+    for raw in marks:
+        name = getattr(raw, "name", None)
+        if not isinstance(name, str) or not is_harness_mark(name):
+            continue  # parametrize, usefixtures, backend-name marks, other plugins' marks
+        mark = _Mark(raw, where)
+        if name == "world_size":
+            found = _world_sizes(mark)
+            if sizes is None:  # iter_markers yields the closest mark first
+                sizes = found
+        elif name in _PARSERS:
+            checks.extend(_PARSERS[name](mark))
+        else:
+            checks.extend(_check_require_non(mark))
+    return checks, sizes
+
+
+def validate(marks: Iterable[Any], where: str | None = None) -> None:
+    """Raise :class:`MarkerUsageError` if any harness mark in ``marks`` is used wrongly."""
+    _parse(marks, where)
+
+
+def _resolve_torch_version(backend: Any, given: Any) -> Version:
+    value = given
+    if value is None:
+        value = getattr(backend, "torch_version", None)
+    if value is None:
+        from accel.backends.base import torch_version
+
+        value = torch_version()
+    try:
+        return Version(Version(str(value)).base_version)
+    except InvalidVersion:
+        raise ValueError(f"not a torch version: {value!r}") from None
+
+
+def _availability(backend: Any) -> tuple[bool, str]:
+    availability = getattr(backend, "availability", None)
+    if availability is not None:
+        return bool(getattr(availability, "available", availability)), str(getattr(availability, "reason", "") or "")
+    probe = getattr(backend, "is_available", None)
+    if callable(probe):
+        return bool(probe()), ""
+    return True, ""
+
+
+def evaluate(
+    marks: Iterable[Any],
+    backend: Any,
+    world_size: int | None = None,
+    torch_version: Any = None,
+    *,
+    where: str | None = None,
+) -> SkipReason | None:
+    """The first reason for this test instance to skip, or None to run it.
+
+    ``marks`` are the item's marks (pytest ``Mark`` objects or anything with ``name``, ``args`` and
+    ``kwargs``; non-harness marks are ignored), ``backend`` the Backend the instance runs on and
+    ``world_size`` its world size (default: the ``world_size`` mark's value when it names a single
+    size, else 1). ``torch_version`` defaults to the backend's (``backend.torch_version``).
+    ``where`` (the nodeid) is put into usage errors.
+
+    Every mark is validated before anything is evaluated, so a usage error is raised on every
+    backend alike. Checks run in a fixed order: backend availability, backend restrictions
+    (``require_backend``, ``require_non_*``), known limitations, torch version, packages,
+    multi-process support, device count, and last the dtype probes (which run a tiny kernel).
+    """
+    checks, sizes = _parse(marks, where)
+    if world_size is None:
+        world_size = sizes[0] if sizes and len(sizes) == 1 else 1
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+
+    available, why = _availability(backend)
+    if not available:
+        return SkipReason(BACKEND_UNAVAILABLE, f"{_backend_name(backend)}: {why or 'not available'}")
+    if world_size > 1:
+        checks.extend(_world_size_checks(world_size))
+    ctx = _Context(backend, world_size, _resolve_torch_version(backend, torch_version))
+    for check in sorted(checks, key=lambda c: c.rank):  # stable: mark order within a rank
+        reason = check.run(ctx)
+        if reason is not None:
+            return reason
+    return None

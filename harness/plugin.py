@@ -1,0 +1,308 @@
+"""The accel pytest plugin: backends as parameters, honest skips, multi-process tests, result records.
+
+Loaded through the ``pytest11`` entry point, so any test suite in an environment with accel
+installed can use it. A test takes part when it asks for the ``backend`` or ``device`` fixture or
+carries ``@pytest.mark.world_size(...)``: it is then parametrized over every registered backend
+(each instance marked with the backend's name, so ``-m xpu`` selects the xpu instances) and, for
+``world_size``, over the requested world sizes, running its body inside that many ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from . import markers as harness_markers
+
+BACKEND_PARAM = "accel_backend_name"
+WORLD_SIZE_PARAM = "accel_world_size"
+_STASH_CONTEXT = pytest.StashKey["HarnessContext"]()
+
+
+class HarnessContext:
+    """Session-wide harness settings, resolved once at configure time."""
+
+    def __init__(self, config: pytest.Config):
+        from accel.backends import get_registry
+
+        self.config = config
+        self.registry = get_registry()
+        self.names = self.registry.names()
+        self.selected = self._select_backends(config)
+        self.world_sizes = _parse_world_sizes(config.getoption("accel_world_sizes"))
+        self.timeout = float(config.getoption("accel_dist_timeout"))
+        self.pools = None  # PoolManager, created on first multi-process test
+        self.run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
+        self.known_issues = None
+        self.writer = None
+
+    def _select_backends(self, config: pytest.Config) -> list[str]:
+        requested: list[str] = []
+        for value in config.getoption("accel_backends") or []:
+            requested.extend(v.strip().lower() for v in value.split(",") if v.strip())
+        explicit = list(requested)
+        requested_by_mark = _backends_named_in_markexpr(config.getoption("markexpr") or "", self.names)
+        if not requested:
+            requested = ["auto"] if requested_by_mark else [self.registry.select().name]
+        if "auto" in requested:
+            requested = [b.name for b in self.registry.available()]
+        allow_missing = config.getoption("accel_allow_missing_backends")
+        missing = []
+        for name in dict.fromkeys(explicit + requested_by_mark):
+            if name == "auto":
+                continue
+            if name not in self.names:
+                raise pytest.UsageError(f"unknown backend {name!r}; known backends: {', '.join(self.names)}")
+            backend = self.registry.get(name)
+            if not backend.is_available():
+                missing.append(f"{name}: {backend.availability.reason}")
+        if missing and not allow_missing:
+            pytest.exit(
+                "requested backend(s) not available on this machine:\n  " + "\n  ".join(missing)
+                + "\n(pass --allow-missing-backends to run anyway and record them as skipped)",
+                returncode=pytest.ExitCode.USAGE_ERROR,
+            )
+        return [n for n in dict.fromkeys(requested + requested_by_mark) if self.registry.get(n).is_available()]
+
+    def backend(self, name: str) -> Any:
+        return self.registry.get(name)
+
+    def pool_manager(self):
+        if self.pools is None:
+            from .distributed import PoolManager
+
+            self.pools = PoolManager(self.timeout, env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+        return self.pools
+
+
+def _parse_world_sizes(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        sizes = sorted({int(v) for v in text.split(",") if v.strip()})
+    except ValueError:
+        raise pytest.UsageError(f"--world-sizes takes comma-separated integers, got {text!r}") from None
+    if not sizes or sizes[0] < 1:
+        raise pytest.UsageError(f"--world-sizes must be positive integers, got {text!r}")
+    return sizes
+
+
+def _backends_named_in_markexpr(expr: str, names: list[str]) -> list[str]:
+    """Backends a ``-m`` expression asks for (``-m xpu``, ``-m "xpu and not slow"``; not ``not xpu``)."""
+    tokens = re.findall(r"\w+", expr)
+    found = []
+    for i, token in enumerate(tokens):
+        if token in names and (i == 0 or tokens[i - 1] != "not"):
+            found.append(token)
+    return found
+
+
+# ---------------------------------------------------------------------- pytest hooks
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("accel", "accel qualification harness")
+    group.addoption("--backend", action="append", dest="accel_backends", metavar="NAME",
+                    help="backend(s) to run on (repeatable or comma-separated; 'auto' = every available one; "
+                         "default: the detected backend)")
+    group.addoption("--world-sizes", dest="accel_world_sizes", metavar="N,N",
+                    help="only run multi-process tests at these world sizes")
+    group.addoption("--results-dir", dest="accel_results_dir", metavar="DIR",
+                    help="write a JSON Lines result file for this run into DIR")
+    group.addoption("--known-issues", dest="accel_known_issues", metavar="YAML",
+                    help="known-issues file: matching failures are recorded with the issue id")
+    group.addoption("--known-issues-xfail", dest="accel_known_issues_xfail", action="store_true",
+                    help="report failures matching a known issue (with xfail: true) as xfailed")
+    group.addoption("--dist-timeout", dest="accel_dist_timeout", type=float, default=120.0, metavar="SECONDS",
+                    help="a multi-process test that runs longer is ended with every rank's stack (default 120)")
+    group.addoption("--allow-missing-backends", dest="accel_allow_missing_backends", action="store_true",
+                    help="record tests of requested but unavailable backends as skipped instead of stopping")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from accel.backends import get_registry
+
+    for name, description in harness_markers.MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {description}")
+    for name in get_registry().names():
+        config.addinivalue_line("markers", f"{name}: test instances that run on the {name} backend")
+    if config.option.help or getattr(config.option, "markers", False):
+        return
+    ctx = HarnessContext(config)
+    config.stash[_STASH_CONTEXT] = ctx
+    from .reporting import ResultReporter
+
+    config.pluginmanager.register(ResultReporter(ctx), "accel-result-reporter")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    ctx = config.stash.get(_STASH_CONTEXT, None)
+    if ctx is not None and ctx.pools is not None:
+        ctx.pools.close()
+
+
+def _context(config: pytest.Config) -> HarnessContext:
+    return config.stash[_STASH_CONTEXT]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    ctx = metafunc.config.stash.get(_STASH_CONTEXT, None)
+    if ctx is None:
+        return
+    ws_marker = metafunc.definition.get_closest_marker("world_size")
+    wants_backend = bool({"backend", "device", "rank", "world_size"} & set(metafunc.fixturenames)) or ws_marker is not None
+    if not wants_backend:
+        return
+    if BACKEND_PARAM not in metafunc.fixturenames:
+        metafunc.fixturenames.append(BACKEND_PARAM)
+    metafunc.parametrize(
+        BACKEND_PARAM,
+        [pytest.param(name, marks=getattr(pytest.mark, name), id=name) for name in ctx.names],
+        scope="function",
+    )
+    sizes = _marker_world_sizes(ws_marker, metafunc.definition.nodeid) if ws_marker is not None else [1]
+    if ctx.world_sizes is not None and ws_marker is not None:
+        sizes = [s for s in sizes if s in ctx.world_sizes]
+    if WORLD_SIZE_PARAM not in metafunc.fixturenames:
+        metafunc.fixturenames.append(WORLD_SIZE_PARAM)
+    metafunc.parametrize(WORLD_SIZE_PARAM, sizes, ids=[f"ws{n}" for n in sizes], scope="function")
+
+
+def _marker_world_sizes(marker: Any, nodeid: str) -> list[int]:
+    values: list[Any] = list(marker.args) or [marker.kwargs.get("n", marker.kwargs.get("sizes"))]
+    if len(values) == 1 and isinstance(values[0], (list, tuple)):
+        values = list(values[0])
+    if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values):
+        raise pytest.UsageError(f"{nodeid}: @pytest.mark.world_size takes positive integers, got {marker.args or marker.kwargs}")
+    return sorted(set(values))
+
+
+@pytest.fixture
+def accel_backend_name(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+def accel_world_size(request: pytest.FixtureRequest) -> int:
+    return request.param
+
+
+@pytest.fixture
+def backend(accel_backend_name: str, request: pytest.FixtureRequest):
+    """The accel Backend this test instance runs on."""
+    return _context(request.config).backend(accel_backend_name)
+
+
+@pytest.fixture
+def device(backend):
+    """The torch device of this test instance (inside ranks: the rank's own device)."""
+    return backend.device(0)
+
+
+@pytest.fixture
+def world_size(accel_world_size: int) -> int:
+    return accel_world_size
+
+
+@pytest.fixture
+def rank() -> int:
+    """The rank inside a multi-process test (0 in a single-process test)."""
+    return 0
+
+
+def _item_backend(item: pytest.Item) -> tuple[str | None, int | None]:
+    callspec = getattr(item, "callspec", None)
+    if callspec is None:
+        return None, None
+    return callspec.params.get(BACKEND_PARAM), callspec.params.get(WORLD_SIZE_PARAM)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    ctx = item.config.stash.get(_STASH_CONTEXT, None)
+    name, world = _item_backend(item)
+    if ctx is None or name is None:
+        return
+    backend = ctx.backend(name)
+    reason = None
+    if not backend.is_available():
+        reason = harness_markers.SkipReason("backend-unavailable", f"{name}: {backend.availability.reason}")
+    elif name not in ctx.selected:
+        reason = harness_markers.SkipReason(
+            "backend-not-selected", f"{name} is available but not selected (selected: {', '.join(ctx.selected)}; use --backend)")
+    else:
+        reason = harness_markers.evaluate(list(item.iter_markers()), backend, world_size=world, where=item.nodeid)
+    if reason is not None:
+        pytest.skip(harness_markers.format_skip(reason))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    ctx = pyfuncitem.config.stash.get(_STASH_CONTEXT, None)
+    name, world = _item_backend(pyfuncitem)
+    if ctx is None or name is None or pyfuncitem.get_closest_marker("world_size") is None:
+        return None
+    _run_in_ranks(ctx, pyfuncitem, name, world)
+    return True
+
+
+def _run_in_ranks(ctx: HarnessContext, item: pytest.Function, backend_name: str, world: int) -> None:
+    from .distributed import RANK_LOCAL_ARGS, Task
+
+    argnames = item._fixtureinfo.argnames
+    kwargs = {arg: item.funcargs[arg] for arg in argnames}
+    sendable = {k: (None if k in RANK_LOCAL_ARGS else v) for k, v in kwargs.items()}
+    try:
+        payload = pickle.dumps(sendable)
+    except Exception as exc:
+        bad = [k for k, v in sendable.items() if not _picklable(v)]
+        pytest.fail(f"multi-process test arguments must be picklable to reach the ranks; not picklable: {bad} ({exc})",
+                    pytrace=False)
+    function = item.obj
+    module = function.__module__
+    task = Task(module, getattr(item.module, "__file__", None), function.__qualname__, payload)
+    backend = ctx.backend(backend_name)
+    env = _visible_devices_env(backend, world)
+    pool = ctx.pool_manager().get(backend_name, world, backend.start_method, env=env)
+    result = pool.run(task)
+    if result.status == "passed":
+        return
+    if result.status == "skipped":
+        pytest.skip(result.message)
+    if result.status == "xfailed":
+        pytest.xfail(result.message)
+    if result.status == "failed":
+        failing = next(o for o in result.outcomes if o.rank == result.rank)
+        pytest.fail(f"rank {result.rank} of {world} failed: {result.message}\n\n{failing.traceback}", pytrace=False)
+    if result.status == "crashed":
+        pytest.fail(f"{result.message} (world size {world}, backend {backend_name})", pytrace=False)
+    stacks = "\n".join(f"--- rank {r} ---\n{text}" for r, text in sorted(result.stacks.items()))
+    pytest.fail(f"timeout: {result.message} (--dist-timeout={ctx.timeout:g})\n{stacks}", pytrace=False)
+
+
+def _picklable(value: Any) -> bool:
+    try:
+        pickle.dumps(value)
+        return True
+    except Exception:
+        return False
+
+
+def _visible_devices_env(backend: Any, world: int) -> dict[str, str]:
+    """Give each pytest-xdist worker its own slice of the devices (device backends only)."""
+    var = backend.visible_devices_env
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if not var or not worker or workers < 2 or var in os.environ:
+        return {}
+    count = backend.device_count()
+    per_worker = count // workers
+    if per_worker < 1:
+        return {}
+    index = int(worker.removeprefix("gw") or 0)
+    first = index * per_worker
+    return {var: ",".join(str(i) for i in range(first, first + per_worker))}

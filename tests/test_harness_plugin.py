@@ -1,0 +1,189 @@
+"""The harness plugin end to end, on small generated suites run by pytest's own pytester."""
+
+import json
+import os
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+pytest_plugins = ["pytester"]
+
+SUITE = textwrap.dedent(
+    """
+    import os, time
+    import pytest
+    import torch
+    import torch.distributed as dist
+
+    def test_on_backend(backend, device):
+        assert torch.ones(2, device=device).sum().item() == 2
+        assert backend.name == device.type
+
+    @pytest.mark.require_devices(2)
+    def test_needs_two_devices(backend):
+        pass
+
+    @pytest.mark.require_non_cpu
+    def test_not_on_cpu(backend):
+        pass
+
+    @pytest.mark.require_package("surely_not_installed_pkg")
+    def test_needs_package(backend):
+        pass
+
+    @pytest.mark.world_size(2, 4)
+    def test_all_reduce(backend, world_size, rank):
+        t = torch.ones(1, device=backend.device())
+        dist.all_reduce(t)
+        assert t.item() == world_size == dist.get_world_size()
+        assert rank == dist.get_rank()
+    """
+)
+
+
+def _run(pytester, *args, timeout=120):
+    env_threads = {"OMP_NUM_THREADS": "1"}
+    for key, value in env_threads.items():
+        os.environ.setdefault(key, value)
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rs", *args, timeout=timeout)
+
+
+def test_backend_parametrization_markers_and_skip_reasons(pytester):
+    pytester.makepyfile(test_suite=SUITE)
+    result = _run(pytester, "-v")
+    out = result.stdout.str()
+    result.assert_outcomes(passed=3, skipped=4 * 6 + 3)  # 4 unavailable backends x 6 instances + 3 cpu skips
+    assert "test_on_backend[cpu-ws1] PASSED" in out
+    assert "test_all_reduce[cpu-ws2] PASSED" in out and "test_all_reduce[cpu-ws4] PASSED" in out
+    assert "[backend-unavailable] xpu:" in out and "built without XPU" in out
+    assert "[needs-devices]" in out and "[not-on-backend]" in out and "[needs-package]" in out
+
+
+def test_dash_m_selects_exactly_one_backend(pytester):
+    pytester.makepyfile(test_suite=SUITE)
+    result = _run(pytester, "-m", "cpu", "--strict-markers")
+    result.assert_outcomes(passed=3, skipped=3, deselected=24)
+
+
+def test_dash_m_on_a_missing_backend_stops_with_the_reason(pytester):
+    pytester.makepyfile(test_suite=SUITE)
+    result = _run(pytester, "-m", "xpu")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*requested backend(s) not available*", "*xpu: *built without XPU*"])
+    allowed = _run(pytester, "-m", "xpu", "--allow-missing-backends")
+    allowed.assert_outcomes(skipped=6, deselected=24)
+
+
+def test_unknown_backend_is_a_usage_error(pytester):
+    pytester.makepyfile(test_suite=SUITE)
+    result = _run(pytester, "--backend", "bogus")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*unknown backend 'bogus'*known backends*cpu*"])
+
+
+MULTI = textwrap.dedent(
+    """
+    import os, time
+    import pytest
+    import torch
+    import torch.distributed as dist
+
+    PIDS = os.environ["PID_FILE"]
+
+    def _note():
+        with open(PIDS, "a") as fh:
+            fh.write(f"{os.getpid()}\\n")
+
+    @pytest.mark.world_size(2)
+    def test_a_fail_on_rank_1(backend):
+        _note()
+        if dist.get_rank() == 1:
+            raise ValueError("boom from rank one")
+        dist.barrier()
+
+    @pytest.mark.world_size(2)
+    def test_b_recovers_after_failure(backend):
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        assert t.item() == 2
+
+    @pytest.mark.world_size(2)
+    def test_c_skip_inside_rank(backend):
+        pytest.skip("[needs-package] skipped inside the rank")
+
+    @pytest.mark.world_size(2)
+    def test_d_crash(backend):
+        _note()
+        if dist.get_rank() == 1:
+            os._exit(7)
+        dist.barrier()
+
+    @pytest.mark.world_size(2)
+    def test_e_hang(backend):
+        _note()
+        if dist.get_rank() == 0:
+            time.sleep(60)
+        dist.barrier()
+
+    @pytest.mark.world_size(2)
+    def test_f_after_hang(backend, tmp_path):
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        assert t.item() == 2 and tmp_path.exists()
+    """
+)
+
+
+def test_multi_process_fail_skip_crash_hang_and_recovery(pytester, tmp_path):
+    pytester.makepyfile(test_multi=MULTI)
+    pid_file = tmp_path / "pids.txt"
+    os.environ["PID_FILE"] = str(pid_file)
+    try:
+        start = time.monotonic()
+        result = _run(pytester, "--backend", "cpu", "--dist-timeout", "3", "-m", "cpu")
+        elapsed = time.monotonic() - start
+    finally:
+        del os.environ["PID_FILE"]
+    out = result.stdout.str()
+    result.assert_outcomes(passed=2, failed=3, skipped=1)
+    assert "rank 1 of 2 failed: ValueError: boom from rank one" in out
+    assert "rank 1 died with exit code 7" in out
+    assert "timeout: ranks [0, 1] did not finish within 3s" in out
+    assert "--- rank 0 ---" in out and "in test_e_hang" in out  # every rank's stack
+    assert "skipped inside the rank" in out
+    assert elapsed < 3 + 5 + 20  # the hang costs its timeout plus a little, not a watchdog's 30 min
+    pids = {int(p) for p in pid_file.read_text().split()}
+    assert pids
+    time.sleep(0.5)
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert alive == []  # no rank outlives the session
+
+
+def test_world_size_marker_misuse_is_reported(pytester):
+    pytester.makepyfile(test_bad="""
+        import pytest
+        @pytest.mark.world_size("two")
+        def test_x(backend):
+            pass
+    """)
+    result = _run(pytester)
+    assert result.ret != 0
+    assert "world_size takes positive integers" in result.stdout.str() + result.stderr.str()
+
+
+def test_xdist_workers_each_get_their_own_rendezvous(pytester):
+    pytester.makepyfile(test_suite=SUITE)
+    result = _run(pytester, "-n", "2", "-m", "cpu")
+    result.assert_outcomes(passed=3, skipped=3)
+
+
+def test_plain_tests_are_untouched(pytester):
+    pytester.makepyfile(test_plain="""
+        def test_plain():
+            assert True
+    """)
+    result = _run(pytester)
+    result.assert_outcomes(passed=1)
