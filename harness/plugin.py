@@ -154,7 +154,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if ctx is None:
         return
     ws_marker = metafunc.definition.get_closest_marker("world_size")
-    wants_backend = bool({"backend", "device", "rank", "world_size"} & set(metafunc.fixturenames)) or ws_marker is not None
+    # a test that parametrizes these names itself means its own values, not the harness fixtures
+    own = {name for mark in metafunc.definition.iter_markers("parametrize") for name in _argnames(mark)}
+    wants_backend = bool(({"backend", "device", "rank", "world_size"} - own) & set(metafunc.fixturenames)) or ws_marker is not None
     if not wants_backend:
         return
     if BACKEND_PARAM not in metafunc.fixturenames:
@@ -170,6 +172,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if WORLD_SIZE_PARAM not in metafunc.fixturenames:
         metafunc.fixturenames.append(WORLD_SIZE_PARAM)
     metafunc.parametrize(WORLD_SIZE_PARAM, sizes, ids=[f"ws{n}" for n in sizes], scope="function")
+
+
+def _argnames(mark: Any) -> list[str]:
+    names = mark.args[0] if mark.args else mark.kwargs.get("argnames", ())
+    if isinstance(names, str):
+        return [n.strip() for n in names.split(",") if n.strip()]
+    return list(names)
 
 
 def _marker_world_sizes(marker: Any, nodeid: str) -> list[int]:
