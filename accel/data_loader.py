@@ -398,6 +398,16 @@ class DataLoaderStateMixin:
         """End of an iteration (also after a ``break``): stop being the active loader."""
         self.gradient_state._remove_dataloader(self)
 
+    #: the loader a ``skip_first_batches`` copy resumes for; it shares the epoch counter
+    _epoch_owner: Any = None
+
+    def _advance_epoch(self) -> None:
+        """An epoch finished: count it here and in the loader this one stands in for, so the
+        next epoch of the original reshuffles instead of replaying this epoch's order."""
+        self.iteration += 1
+        if self._epoch_owner is not None:
+            self._epoch_owner.iteration = max(self._epoch_owner.iteration, self.iteration)
+
 
 class DataLoaderAdapter(DataLoader):
     """Base of the accel loaders: a real ``DataLoader`` subclass, so ``isinstance(dl, DataLoader)`` holds.
@@ -508,7 +518,7 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
                     yield current
                 index += 1
                 current = upcoming
-            self.iteration += 1
+            self._advance_epoch()
         finally:
             self.end()
 
@@ -672,7 +682,7 @@ class DataLoaderDispatcher(DataLoaderAdapter, DataLoaderStateMixin):
                 index += 1
                 if last:
                     break
-            self.iteration += 1
+            self._advance_epoch()
         finally:
             self.end()
 
@@ -914,6 +924,11 @@ def _hf_iterable_shards(dataset: Any, num_processes: int) -> bool:
     return isinstance(dataset, HFIterableDataset) and dataset.n_shards >= num_processes
 
 
+def _owned_by(owner: Any, loader: Any) -> Any:
+    loader._epoch_owner = owner._epoch_owner or owner
+    return loader
+
+
 def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
     """A loader like ``dataloader`` that starts after its first ``num_batches`` batches (resume mid-epoch).
 
@@ -948,7 +963,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
         if new_batch_sampler is None:
             kwargs["skip_batches"] = num_batches
         kwargs.pop("generator", None)
-        return DataLoaderDispatcher(
+        return _owned_by(dataloader, DataLoaderDispatcher(
             dataset,
             split_batches=dataloader.split_batches,
             _drop_last=dataloader._drop_last,
@@ -957,11 +972,11 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
             torch_device_mesh=dataloader.torch_device_mesh,
             iteration=dataloader.iteration,
             **kwargs,
-        )
+        ))
     if isinstance(dataloader, DataLoaderShard):
         if new_batch_sampler is None:
             kwargs["skip_batches"] = num_batches
-        return DataLoaderShard(
+        return _owned_by(dataloader, DataLoaderShard(
             dataset,
             device=dataloader.device,
             rng_types=dataloader.rng_types,
@@ -971,7 +986,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
             torch_device_mesh=dataloader.torch_device_mesh,
             iteration=dataloader.iteration,
             **kwargs,
-        )
+        ))
     if new_batch_sampler is None:
         return SkipDataLoader(dataset, skip_batches=num_batches, **kwargs)
     return DataLoader(dataset, **kwargs)

@@ -520,3 +520,25 @@ def test_dispatch_default_pickling_and_edge_cases():
         A.DataLoaderDispatcher(MapData(4), batch_size=2, torch_device_mesh=Mesh())
     with pytest.raises(NotImplementedError, match="stateful"):
         A.prepare_data_loader(DataLoader(MapData(4), batch_size=2), use_stateful_dataloader=True)
+
+
+def test_skip_loader_advances_the_original_epoch_for_the_usual_resume_loop():
+    """Resume mid-epoch through skip_first_batches, then keep iterating the original loader:
+    the next epoch must reshuffle, not replay the resumed epoch's order."""
+    from accel import Accelerator
+    from accel.state import AcceleratorState, GradientState
+    from accel.utils import DataLoaderConfiguration
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    acc = Accelerator(dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
+    reference_loader = acc.prepare(DataLoader(list(range(12)), batch_size=2, shuffle=True))
+    reference = [[b.tolist() for b in reference_loader] for _ in range(3)]
+    resumed = acc.prepare(DataLoader(list(range(12)), batch_size=2, shuffle=True))
+    resumed.set_epoch(1)  # as load_state restores it
+    rest_of_epoch_1 = [b.tolist() for b in acc.skip_first_batches(resumed, 2)]
+    epoch_2 = [b.tolist() for b in resumed]
+    assert rest_of_epoch_1 == reference[1][2:]
+    assert epoch_2 == reference[2] and reference[2] != reference[1]
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
