@@ -450,8 +450,9 @@ def _rank_shuffling() -> dict:
     sampler = A.SeedableRandomSampler(range(12), data_seed=7)
     sampler.set_epoch(1)
     out["sampler_epoch1"] = list(sampler)
-    out["resumed"] = [_idx(b) for b in A.skip_first_batches(dl, 1)]  # iteration 2 (third epoch), from batch 1
-    out["epoch2"] = [_idx(b) for b in dl]
+    out["epoch2"] = [_idx(b) for b in dl]  # iteration 2 (third epoch)
+    dl.set_epoch(2)  # rewind as load_state does, then resume that epoch from batch 1
+    out["resumed"] = [_idx(b) for b in A.skip_first_batches(dl, 1)]
     # plain shuffle: each rank seeds differently; the sampler generator is copied from rank 0 each epoch
     torch.manual_seed(100 + rank)
     dl = A.prepare_data_loader(DataLoader(MapData(12), batch_size=3, shuffle=True), rng_types=["generator"])
