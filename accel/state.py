@@ -10,6 +10,7 @@ loopback interface.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import os
@@ -79,6 +80,16 @@ class ProcessLayout:
     @property
     def single_node(self) -> bool:
         return self.local_world_size >= self.world_size
+
+
+def _destroy_if_initialized() -> None:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:
+        pass
 
 
 def _loopback_interface() -> str | None:
@@ -183,6 +194,8 @@ class PartialState:
         if timeout is not None:
             options["timeout"] = timeout
         dist.init_process_group(**options)
+        # a process that exits with a live gloo group can abort (SIGABRT) in torch 2.13: close it
+        atexit.register(_destroy_if_initialized)
 
     # ------------------------------------------------------------------ identity
     def __repr__(self) -> str:

@@ -21,6 +21,8 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 # name -> (module providing add_arguments/run, one-line summary for `accel --help`)
 COMMANDS: dict[str, tuple[str, str]] = {
     "env": ("accel.commands.env", "show versions, hardware and backends (paste into bug and qualification reports)"),
+    "config": ("accel.commands.config", "write the config file `accel launch` reads (questions, flags or `default`)"),
+    "launch": ("accel.commands.launch", "run a script in several processes (torch elastic), e.g. `accel launch --num_processes 2 train.py`"),
 }
 
 

@@ -1,9 +1,11 @@
 """Launched by tests/test_launch.py: each rank writes what it saw to $ACCEL_TEST_OUT/rank<RANK>.json.
 
 With ``--collective`` it also builds accel's PartialState and all-reduces a tensor, proving the
-ranks really formed a group of the reported size.
+ranks really formed a group of the reported size. It leaves the group open, as most scripts do, and
+notes at exit (rank<RANK>.exit) whether the launcher's bootstrap closed it.
 """
 
+import atexit
 import json
 import os
 import sys
@@ -45,7 +47,12 @@ if "--collective" in sys.argv:
         comm=state.backend,
         all_reduce=total.item(),
     )
-    state.destroy_process_group()
+
+    def note_group_at_exit() -> None:
+        with open(os.path.join(os.environ["ACCEL_TEST_OUT"], f"rank{state.process_index}.exit"), "w") as fh:
+            fh.write("open" if dist.is_initialized() else "closed")
+
+    atexit.register(note_group_at_exit)
 
 out = os.environ["ACCEL_TEST_OUT"]
 with open(os.path.join(out, f"rank{record['rank']}.json"), "w") as fh:

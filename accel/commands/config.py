@@ -1,0 +1,355 @@
+"""`accel config`: write the config file `accel launch` reads.
+
+Three ways to make one, all writing atomically to ``--config_file`` or the default path
+(``$ACCEL_CONFIG_FILE``, else ``~/.cache/accel/default_config.yaml``):
+
+* ``accel config`` on a terminal asks a few questions, each with its default shown in brackets;
+  a bad answer says why and asks again.
+* ``accel config --num_processes 2 --mixed_precision bf16 ...`` writes the default for this machine
+  with those values changed, asking nothing (for scripts and CI). Without a terminal and without
+  flags, the command stops with a message instead of waiting for answers that cannot come.
+* ``accel config default`` writes the default for the detected backend: one process per device
+  (one process on cpu), no mixed precision. It does not overwrite an existing file unless ``--force``.
+
+``accel config show`` checks and prints the file in use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from accel.commands import UsageError
+from accel.commands.config_file import (
+    DISTRIBUTED_TYPES,
+    FIELDS,
+    MIXED_PRECISIONS,
+    RDZV_BACKENDS,
+    ConfigError,
+    LaunchConfig,
+    default_config_path,
+    load_config,
+    save_config,
+)
+
+__all__ = ["add_arguments", "add_flag", "ask_questions", "default_config", "run"]
+
+DEFAULT_PORT = 29500
+
+#: value flags shared by `accel config` and `accel config default`: flag -> (config key, help)
+VALUE_FLAGS: dict[str, tuple[str, str]] = {
+    "--num_processes": ("num_processes", "total number of processes over all machines"),
+    "--num_machines": ("num_machines", "number of machines (nodes)"),
+    "--machine_rank": ("machine_rank", "rank of this machine, from 0"),
+    "--main_process_ip": ("main_process_ip", "IP address or host name of the machine of rank 0 (multi-node)"),
+    "--main_process_port": ("main_process_port", "port on the machine of rank 0 (multi-node)"),
+    "--mixed_precision": ("mixed_precision", f"one of {', '.join(MIXED_PRECISIONS)}"),
+    "--backend": ("backend", "hardware backend name (cpu, cuda, xpu, mps, hpu or a plug-in); default: detected"),
+    "--gpu_ids": ("gpu_ids", "devices to use: 'all' or indices such as 0,1 (sets the backend's visible-devices variable)"),
+    "--rdzv_backend": ("rdzv_backend", f"torch elastic rendezvous backend: {', '.join(RDZV_BACKENDS)}"),
+    "--main_training_function": ("main_training_function", "name of the script's main function (kept for Accelerate compatibility)"),
+}
+#: on/off flags: flag -> (config key, help)
+SWITCHES: dict[str, tuple[str, str]] = {
+    "--cpu": ("use_cpu", "train on the CPU even if a device backend is available"),
+    "--same_network": ("same_network", "all machines are on one local network (static rendezvous on the main machine)"),
+    "--debug": ("debug", "set ACCEL_DEBUG_MODE in the ranks and print torch elastic's full failure report"),
+}
+
+
+_METAVARS = {
+    "mixed_precision": "{" + ",".join(MIXED_PRECISIONS) + "}",
+    "rdzv_backend": "{" + ",".join(RDZV_BACKENDS) + "}",
+    "num_processes": "N",
+    "num_machines": "N",
+    "machine_rank": "RANK",
+    "main_process_ip": "HOST",
+    "main_process_port": "PORT",
+    "backend": "NAME",
+    "gpu_ids": "IDS",
+    "main_training_function": "NAME",
+}
+
+
+def _value_type(key: str) -> Callable[[str], Any]:
+    def convert(text: str) -> Any:
+        try:
+            return FIELDS[key](text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = key  # argparse names the type in its messages
+    return convert
+
+
+def add_flag(container: Any, flag: str, *aliases: str, **kwargs: Any) -> None:
+    """Add ``--some_flag`` (shown in help) and its ``--some-flag`` spelling (hidden), like Accelerate."""
+    container.add_argument(flag, *aliases, **kwargs)
+    dashed = "--" + flag[2:].replace("_", "-")
+    if dashed != flag:
+        container.add_argument(dashed, **{**kwargs, "help": argparse.SUPPRESS})
+
+
+def _add_config_flags(parser: argparse.ArgumentParser, suppress: bool) -> None:
+    # in a sub-action every default is SUPPRESS, so it cannot overwrite what the parent parsed
+    default: Any = argparse.SUPPRESS if suppress else None
+    add_flag(
+        parser, "--config_file", dest="config_file", metavar="PATH", default=default,
+        help="file to write (default: $ACCEL_CONFIG_FILE, else ~/.cache/accel/default_config.yaml)",
+    )
+    group = parser.add_argument_group("values (given any, nothing is asked)")
+    for flag, (key, text) in VALUE_FLAGS.items():
+        add_flag(group, flag, dest=key, metavar=_METAVARS.get(key, key.upper()), type=_value_type(key), default=default, help=text)
+    for flag, (key, text) in SWITCHES.items():
+        add_flag(group, flag, dest=key, action="store_true", default=default, help=text)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_config_flags(parser, suppress=False)
+    actions = parser.add_subparsers(dest="config_action", metavar="<action>", title="actions (default: ask questions)")
+    default = actions.add_parser(
+        "default", help="write the default for this machine (one process per device, one on cpu)",
+        description="Write the default config for the detected backend, changed by any value flags.",
+    )
+    _add_config_flags(default, suppress=True)
+    default.add_argument("--force", action="store_true", help="overwrite an existing file")
+    show = actions.add_parser("show", help="check and print the config file in use", description="Check and print the config file in use.")
+    add_flag(show, "--config_file", dest="config_file", metavar="PATH", default=argparse.SUPPRESS, help="file to show")
+
+
+def run(args: argparse.Namespace) -> int:
+    path = Path(args.config_file).expanduser() if getattr(args, "config_file", None) else default_config_path()
+    action = getattr(args, "config_action", None)
+    if action == "show":
+        return _show(path)
+    values = _given_values(args)
+    if action == "default":
+        if path.exists() and not getattr(args, "force", False):
+            raise UsageError(f"{path} already exists; pass --force to overwrite it, or run `accel config` to change it")
+        config = default_config(**values)
+    elif values:
+        config = default_config(**values)
+    else:
+        if not _stdin_is_tty():
+            raise UsageError(
+                "stdin is not a terminal, so the questions cannot be asked: run `accel config default`, "
+                "or give the values as flags (e.g. `accel config --num_processes 2 --mixed_precision bf16`)"
+            )
+        config = ask_questions()
+    try:
+        written = save_config(config, path)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc}") from None
+    print(f"accel config saved at {written}")
+    return 0
+
+
+def _given_values(args: argparse.Namespace) -> dict[str, Any]:
+    values = {key: getattr(args, key) for key, _ in VALUE_FLAGS.values() if getattr(args, key, None) is not None}
+    values.update({key: True for key, _ in SWITCHES.values() if getattr(args, key, None) is True})
+    return values
+
+
+def _stdin_is_tty() -> bool:
+    stdin = sys.stdin
+    try:
+        return stdin is not None and stdin.isatty()
+    except (AttributeError, ValueError):  # replaced or closed stdin
+        return False
+
+
+def _show(path: Path) -> int:
+    if not path.is_file():
+        print(f"no config file at {path} (create one with `accel config` or `accel config default`)", file=sys.stderr)
+        return 1
+    try:
+        load_config(path)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"# {path}")
+    print(path.read_text(encoding="utf-8"), end="")
+    return 0
+
+
+# ---------------------------------------------------------------------------- defaults
+def _resolve_backend(name: str | None, use_cpu: bool) -> Any:
+    """The backend object for ``name`` (or the detected one). Unknown names are errors; an
+    unavailable one only warns, since a config may be written for another machine."""
+    from accel.backends import BackendUnavailableError, UnknownBackendError, get_registry
+
+    if use_cpu:
+        if name not in (None, "cpu"):
+            raise UsageError(f"--cpu contradicts backend {name!r}")
+        name = "cpu"
+    registry = get_registry()
+    try:
+        if name is None:
+            return registry.select()
+        backend = registry.get(name)
+    except (UnknownBackendError, BackendUnavailableError) as exc:
+        raise UsageError(str(exc)) from None
+    if not backend.is_available():
+        print(f"accel config: warning: backend {backend.name!r} is not available on this machine "
+              f"({backend.availability.reason}); writing the config anyway", file=sys.stderr)
+    return backend
+
+
+def _comm_backend(backend: Any) -> str | None:
+    try:
+        return backend.comm_backend
+    except Exception:
+        return None
+
+
+def _devices_per_machine(backend: Any) -> int:
+    if backend.device_type == "cpu" or not backend.is_available():
+        return 1
+    try:
+        return max(int(backend.device_count()), 1)
+    except Exception:
+        return 1
+
+
+def _distributed_type(backend: Any, num_processes: int) -> str:
+    if num_processes <= 1:
+        return "NO"
+    kind = str(getattr(backend, "distributed_type", "MULTI_GPU")).upper()
+    return kind if kind in DISTRIBUTED_TYPES and kind != "NO" else "MULTI_GPU"
+
+
+def _check_multiprocess(backend: Any, num_processes: int | None) -> None:
+    if num_processes and num_processes > 1 and _comm_backend(backend) is None:
+        reason = backend.comm_backend_reason() or "it has no collective backend"
+        raise UsageError(f"backend {backend.name!r} cannot run {num_processes} processes: {reason}")
+
+
+def default_config(**values: Any) -> LaunchConfig:
+    """The default config for this machine's backend (or ``values['backend']``), with ``values`` applied.
+
+    ``num_processes`` defaults to the devices per machine times ``num_machines`` (1 per machine on
+    cpu); ``distributed_type`` follows from the backend and the process count.
+    """
+    backend = _resolve_backend(values.get("backend"), bool(values.get("use_cpu")))
+    config = LaunchConfig(backend=backend.name, use_cpu=backend.name == "cpu")
+    for key, value in values.items():
+        if key not in ("backend", "use_cpu"):
+            setattr(config, key, value)
+    if config.num_processes is None:
+        per_machine = _devices_per_machine(backend) if _comm_backend(backend) else 1
+        if config.gpu_ids not in (None, "all"):
+            per_machine = len(config.gpu_ids.split(","))
+        config.num_processes = per_machine * config.num_machines
+    _check_multiprocess(backend, config.num_processes)
+    if "distributed_type" not in values:
+        config.distributed_type = _distributed_type(backend, config.num_processes)
+    if config.num_machines > 1:
+        if not config.main_process_ip:
+            raise UsageError(f"{config.num_machines} machines need --main_process_ip (the address of the machine of rank 0)")
+        if config.main_process_port is None:
+            config.main_process_port = DEFAULT_PORT
+    try:
+        return config.validate()
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+# ---------------------------------------------------------------------------- questions
+def _ask(question: str, check: Callable[[str], Any], default: Any = None) -> Any:
+    """Ask until ``check`` accepts the answer; an empty answer takes ``default`` (when there is one)."""
+    shown = "" if default is None else f" [{default}]"
+    while True:
+        try:
+            answer = input(f"{question}{shown}: ").strip()
+        except EOFError:
+            print()
+            raise UsageError("the input ended before every question was answered (nothing was written)") from None
+        if not answer:
+            if default is None:
+                print("  an answer is needed")
+                continue
+            answer = str(default)
+        try:
+            return check(answer)
+        except ValueError as exc:
+            print(f"  {exc}; please try again")
+
+
+def _yes_no(text: str) -> bool:
+    word = text.strip().lower()
+    if word in ("y", "yes", "true", "1"):
+        return True
+    if word in ("n", "no", "false", "0"):
+        return False
+    raise ValueError(f"answer yes or no, not {text!r}")
+
+
+def _field(key: str) -> Callable[[str], Any]:
+    return FIELDS[key]
+
+
+def ask_questions() -> LaunchConfig:
+    """Ask for each value with ``input()``, showing defaults and re-asking on a bad answer."""
+    from accel.backends import get_registry
+
+    registry = get_registry()
+    detected = _resolve_backend(None, False)
+    names = registry.names()
+
+    def backend_answer(text: str) -> Any:
+        name = text.strip().lower()
+        if name not in names:
+            raise ValueError(f"unknown backend {text!r}; known backends: {', '.join(names)}")
+        backend = registry.get(name)
+        if not backend.is_available():
+            print(f"  note: {name} is not available on this machine ({backend.availability.reason})")
+        return backend
+
+    available = ", ".join(b.name for b in registry.available())
+    backend = _ask(f"Which hardware backend should the processes use? (available here: {available})", backend_answer, detected.name)
+    config = LaunchConfig(backend=backend.name, use_cpu=backend.name == "cpu")
+
+    config.num_machines = _ask("How many machines (nodes) will run the training?", _field("num_machines"), 1)
+    if config.num_machines > 1:
+        def rank_answer(text: str) -> int:
+            rank = _field("machine_rank")(text)
+            if rank >= config.num_machines:
+                raise ValueError(f"the rank must be below {config.num_machines}")
+            return rank
+
+        config.machine_rank = _ask(f"What is the rank of this machine (0 to {config.num_machines - 1})?", rank_answer, 0)
+        config.main_process_ip = _ask("What is the IP address of the machine of rank 0?", _field("main_process_ip"))
+        config.main_process_port = _ask("Which port on the machine of rank 0 should the ranks meet on?", _field("main_process_port"), DEFAULT_PORT)
+        config.rdzv_backend = _ask(f"Which rendezvous backend? ({', '.join(RDZV_BACKENDS)})", _field("rdzv_backend"), "static")
+        config.same_network = _ask("Are all the machines on the same local network? (yes/no)", _yes_no, "no")
+
+    multiprocess = _comm_backend(backend) is not None
+
+    def processes_answer(text: str) -> int:
+        count = _field("num_processes")(text)
+        if count is None:
+            raise ValueError("give a number of processes")
+        if count % config.num_machines:
+            raise ValueError(f"the total must be a multiple of the number of machines ({config.num_machines})")
+        if count > 1 and not multiprocess:
+            raise ValueError(f"backend {backend.name!r} runs one process only: {backend.comm_backend_reason()}")
+        return count
+
+    default_count = (_devices_per_machine(backend) if multiprocess else 1) * config.num_machines
+    config.num_processes = _ask("How many processes in total (over all machines)?", processes_answer, default_count)
+
+    if backend.visible_devices_env:
+        config.gpu_ids = _ask(
+            f"Which devices should be used? ('all' or indices such as 0,1; sets {backend.visible_devices_env})",
+            _field("gpu_ids"), "all",
+        )
+    config.mixed_precision = _ask(f"Mixed precision? ({', '.join(MIXED_PRECISIONS)})", _field("mixed_precision"), "no")
+    config.debug = _ask("Enable debug mode (ACCEL_DEBUG_MODE, full failure reports)? (yes/no)", _yes_no, "no")
+    config.distributed_type = _distributed_type(backend, config.num_processes)
+    try:
+        return config.validate()
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None

@@ -1,0 +1,161 @@
+"""notebook_launcher and debug_launcher: real CPU workers that form a gloo group; results via files."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from accel.backends import reset_registry
+from accel.launchers import debug_launcher, notebook_launcher
+from accel.state import AcceleratorState, GradientState, PartialState
+
+
+@pytest.fixture(autouse=True)
+def clean_state(monkeypatch):
+    for name in ("ACCEL_DEVICE", "ACCEL_MIXED_PRECISION", "ACCEL_USE_CPU", "GLOO_SOCKET_IFNAME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ACCEL_DEVICE", "cpu")  # the workers fork: keep every device runtime out of it
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    reset_registry()
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    reset_registry()
+
+
+def free_port() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return str(sock.getsockname()[1])
+
+
+def report(out_dir: str, tag: str) -> None:
+    """Worker body: join the group through accel's state, all-reduce, write what was seen."""
+    state = PartialState()
+    total = torch.tensor([float(state.process_index + 1)])
+    dist.all_reduce(total)
+    record = {
+        "tag": tag,
+        "rank": state.process_index,
+        "world": state.num_processes,
+        "local_rank": state.local_process_index,
+        "sum": total.item(),
+        "precision": os.environ.get("ACCEL_MIXED_PRECISION"),
+        "use_cpu": os.environ.get("ACCEL_USE_CPU"),
+        "fork_launched": os.environ.get("FORK_LAUNCHED"),
+    }
+    Path(out_dir, f"{tag}{state.process_index}.json").write_text(json.dumps(record))
+
+
+def rank1_fails() -> None:
+    if int(os.environ["RANK"]) == 1:
+        raise ValueError("boom in rank 1")
+    time.sleep(30)  # rank 0 must be stopped, not waited for
+
+
+def records(tmp_path: Path, tag: str) -> dict[int, dict]:
+    return {json.loads(p.read_text())["rank"]: json.loads(p.read_text()) for p in tmp_path.glob(f"{tag}*.json")}
+
+
+def test_signatures_match_accelerate():
+    assert list(inspect.signature(notebook_launcher).parameters) == [
+        "function", "args", "num_processes", "mixed_precision", "use_port", "master_addr", "node_rank", "num_nodes",
+        "rdzv_backend", "rdzv_endpoint", "rdzv_conf", "rdzv_id", "max_restarts", "monitor_interval", "log_line_prefix_template",
+    ]
+    params = inspect.signature(notebook_launcher).parameters
+    assert (params["use_port"].default, params["rdzv_backend"].default, params["monitor_interval"].default) == ("29500", "static", 0.1)
+    debug_params = inspect.signature(debug_launcher).parameters
+    assert [(p.name, p.default) for p in debug_params.values()] == [("function", inspect.Parameter.empty), ("args", ()), ("num_processes", 2)]
+
+
+def test_debug_launcher_runs_the_function_in_two_cpu_processes(tmp_path):
+    debug_launcher(report, args=(str(tmp_path), "dbg"))
+    got = records(tmp_path, "dbg")
+    assert sorted(got) == [0, 1]
+    for rank, rec in got.items():
+        assert (rec["world"], rec["local_rank"], rec["sum"]) == (2, rank, 3.0)
+        assert rec["use_cpu"] == "true" and rec["fork_launched"] == "1"
+    assert not PartialState._shared_state  # the parent's state was not touched
+
+
+def test_debug_launcher_with_three_processes(tmp_path):
+    debug_launcher(report, args=(str(tmp_path), "three"), num_processes=3)
+    got = records(tmp_path, "three")
+    assert sorted(got) == [0, 1, 2] and {r["sum"] for r in got.values()} == {6.0}
+
+
+def test_debug_launcher_reports_the_failing_rank():
+    started = time.monotonic()
+    with pytest.raises(Exception, match="boom in rank 1") as info:
+        debug_launcher(rank1_fails)
+    assert "Process 1" in str(info.value)
+    assert time.monotonic() - started < 20  # the sleeping rank was ended
+
+
+def test_notebook_launcher_runs_two_workers_with_the_precision(tmp_path, capsys):
+    notebook_launcher(report, args=(str(tmp_path), "nb"), num_processes=2, mixed_precision="bf16", use_port=free_port())
+    got = records(tmp_path, "nb")
+    assert sorted(got) == [0, 1]
+    for rank, rec in got.items():
+        assert (rec["world"], rec["local_rank"], rec["sum"]) == (2, rank, 3.0)
+        assert rec["precision"] == "bf16" and rec["fork_launched"] == "1"
+    assert "Launching training on 2 CPUs." in capsys.readouterr().out
+    assert "ACCEL_MIXED_PRECISION" not in os.environ  # the parent's environment is restored
+
+
+def test_notebook_launcher_with_one_process_runs_here(monkeypatch):
+    seen = []
+    notebook_launcher(lambda x: seen.append((x, os.getpid(), os.environ.get("ACCEL_MIXED_PRECISION"))), args=(7,),
+                      num_processes=1, mixed_precision="fp16")
+    assert seen == [(7, os.getpid(), "fp16")]
+
+
+def test_notebook_launcher_failure_names_the_rank():
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    with pytest.raises(ChildFailedError) as info:
+        notebook_launcher(rank1_fails, num_processes=2, use_port=free_port())
+    rank, failure = info.value.get_first_failure()
+    assert rank == 1 and failure.exitcode == 1
+    assert "boom in rank 1" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({}, ValueError, "specify the number of processes"),
+        ({"num_processes": 2, "mixed_precision": "fp32"}, ValueError, "Unknown mixed_precision mode"),
+        ({"num_processes": 2, "node_rank": 1, "num_nodes": 1}, ValueError, "node_rank must be less than the number of nodes"),
+        ({"num_processes": 0}, ValueError, "at least 1"),
+    ],
+)
+def test_notebook_launcher_argument_errors(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        notebook_launcher(report, **kwargs)
+
+
+def test_launchers_refuse_a_parent_with_state_or_a_process_group(tmp_path):
+    PartialState()  # single process: no group, but the state exists
+    with pytest.raises(ValueError, match="only be created inside your training function"):
+        notebook_launcher(report, args=(str(tmp_path), "x"), num_processes=2, use_port=free_port())
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(RuntimeError, match="already has a torch.distributed process group"):
+            debug_launcher(report, args=(str(tmp_path), "x"))
+        with pytest.raises(RuntimeError, match="already has a torch.distributed process group"):
+            notebook_launcher(report, args=(str(tmp_path), "x"), num_processes=2, use_port=free_port())
+    finally:
+        dist.destroy_process_group()
+    assert not list(tmp_path.glob("x*.json"))  # nothing ran
