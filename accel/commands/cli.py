@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "env": ("accel.commands.env", "show versions, hardware and backends (paste into bug and qualification reports)"),
     "config": ("accel.commands.config", "write the config file `accel launch` reads (questions, flags or `default`)"),
     "launch": ("accel.commands.launch", "run a script in several processes (torch elastic), e.g. `accel launch --num_processes 2 train.py`"),
+    "test": ("accel.commands.test", "smoke-check this machine: launch, verify the world size, run the core checks"),
+    "qualify": ("accel.commands.qualify", "qualify this machine: conformance suites, benchmarks and a report in one folder"),
 }
 
 

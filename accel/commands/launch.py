@@ -41,7 +41,7 @@ from accel.commands.config_file import (
     load_config,
 )
 
-__all__ = ["LaunchPlan", "add_arguments", "build_plan", "execute", "loopback_interface", "run"]
+__all__ = ["LaunchPlan", "add_arguments", "add_launch_options", "build_plan", "execute", "loopback_interface", "run"]
 
 DEFAULT_PORT = 29500
 #: distributed types of an Accelerate config that need a launcher accel does not have
@@ -58,6 +58,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Start a script in several processes (torch elastic underneath). Flags override the config file, "
         "which overrides the defaults. Options may be spelled --num_processes or --num-processes."
     )
+    add_launch_options(parser)
+    parser.add_argument("training_script", metavar="TRAINING_SCRIPT",
+                        help="the script (or module with -m) to run, followed by its own arguments")
+    parser.add_argument("training_script_args", nargs=argparse.REMAINDER, metavar="...",
+                        help="arguments for the script, passed through unchanged")
+
+
+def add_launch_options(parser: argparse.ArgumentParser) -> None:
+    """Every launch flag (no script): shared with `accel test`, which launches its own script."""
     add_flag(parser, "--config_file", metavar="PATH", default=None,
              help="config file to read (default: $ACCEL_CONFIG_FILE, else ~/.cache/accel/default_config.yaml, if it exists)")
     add_flag(parser, "--module", "-m", action="store_true", default=None,
@@ -95,11 +104,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flag(dist, "--monitor_interval", type=float, metavar="SECONDS", default=None,
              help="how often the agent checks the ranks (default 0.1)")
     add_flag(dist, "--main_training_function", metavar="NAME", default=None, help=argparse.SUPPRESS)
-
-    parser.add_argument("training_script", metavar="TRAINING_SCRIPT",
-                        help="the script (or module with -m) to run, followed by its own arguments")
-    parser.add_argument("training_script_args", nargs=argparse.REMAINDER, metavar="...",
-                        help="arguments for the script, passed through unchanged")
 
 
 # ---------------------------------------------------------------------------- the plan

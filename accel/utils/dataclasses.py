@@ -167,16 +167,11 @@ class DistributedDataParallelKwargs(KwargsHandler):
         self.comm_wrapper = DDPCommunicationHookType(self.comm_wrapper)
 
     def ddp_arguments(self) -> dict[str, Any]:
-        """The subset that DistributedDataParallel's constructor takes."""
-        return {
-            "dim": self.dim,
-            "broadcast_buffers": self.broadcast_buffers,
-            "bucket_cap_mb": self.bucket_cap_mb,
-            "find_unused_parameters": self.find_unused_parameters,
-            "check_reduction": self.check_reduction,
-            "gradient_as_bucket_view": self.gradient_as_bucket_view,
-            "static_graph": self.static_graph,
-        }
+        """The DistributedDataParallel arguments the user changed (the defaults here are DDP's own,
+        and passing a deprecated one such as ``broadcast_buffers`` unchanged would only warn)."""
+        names = ("dim", "broadcast_buffers", "bucket_cap_mb", "find_unused_parameters", "check_reduction",
+                 "gradient_as_bucket_view", "static_graph")
+        return {k: v for k, v in self.to_kwargs().items() if k in names}
 
 
 @dataclass

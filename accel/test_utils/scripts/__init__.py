@@ -1,0 +1,1 @@
+"""Scripts that accel runs under `accel launch` (the smoke check of `accel test`)."""

@@ -1,0 +1,91 @@
+"""`accel test` (the smoke check) and `accel qualify` (the main job), end to end on CPU."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _accel(*args, timeout=300, env=None):
+    return subprocess.run([sys.executable, "-m", "accel.commands.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env or ENV)
+
+
+def test_accel_test_two_cpu_processes_all_checks_pass(tmp_path):
+    out = tmp_path / "smoke.json"
+    proc = _accel("test", "--cpu", "--num_processes", "2", "--json", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "world size 2 (asked 2)" in proc.stdout
+    assert "9 passed, 0 failed, 0 skipped" in proc.stdout
+    payload = json.loads(out.read_text())
+    assert payload["world_size"] == 2 and len(payload["ranks"]) == 2
+    assert {r["check"] for r in payload["ranks"][1]} >= {"launch: world size", "training equivalence", "checkpoint round trip"}
+
+
+def test_smoke_detects_a_launcher_that_started_fewer_processes(tmp_path):
+    """The pitfall `accelerate test` misses: asked for 2, got 1 — must fail, not pass."""
+    out = tmp_path / "smoke.json"
+    env = {**ENV, "ACCEL_TEST_EXPECTED_WORLD_SIZE": "2", "ACCEL_DEVICE": "cpu"}
+    proc = subprocess.run([sys.executable, "-m", "accel.test_utils.scripts.smoke", "--out", str(out)],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 1
+    rows = {r["check"]: r for r in json.loads(out.read_text())["ranks"][0]}
+    assert rows["launch: world size"]["status"] == "fail"
+    assert "asked for 2 processes, the launcher started 1" in rows["launch: world size"]["detail"]
+    assert rows["training equivalence"]["status"] == "pass"  # the other checks still ran
+
+
+def test_accel_test_rejects_bad_flags():
+    proc = _accel("test", "--cpu", "--num_processes", "0")
+    assert proc.returncode == 2 and "num_processes" in proc.stderr
+    proc = _accel("test", "--timeout", "-1")
+    assert proc.returncode == 2 and "--timeout must be positive" in proc.stderr
+
+
+def test_watchdog_stops_stuck_children():
+    from accel.commands.test import _Watchdog
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dog = _Watchdog(0.5)
+    start = time.monotonic()
+    dog.start()
+    child.wait(timeout=20)
+    assert dog.fired and time.monotonic() - start < 10
+    assert child.returncode != 0
+
+
+def test_merge_names_the_failing_rank():
+    from accel.commands.test import _merge
+
+    ok = {"check": "collectives", "status": "pass", "detail": "fine", "seconds": 0.1}
+    bad = {"check": "collectives", "status": "fail", "detail": "AssertionError: gather gave [0.0]", "seconds": 0.2}
+    (row,) = _merge([[ok], [bad]])
+    assert row["status"] == "fail" and row["detail"].startswith("rank 1: AssertionError") and row["seconds"] == 0.2
+
+
+def test_accel_qualify_end_to_end(tmp_path):
+    out = tmp_path / "qualify"
+    proc = _accel("qualify", "--backend", "cpu", "-o", str(out), "-k", "contract", "--no-bench", timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = list((out / "results").glob("*.jsonl"))
+    assert len(results) == 1 and (out / "results" / "junit.xml").is_file()
+    from harness.records import read_records
+
+    header, records, problems = read_records(results[0])
+    assert not problems and header["run_id"]
+    assert records and all(r["backend"] == "cpu" for r in records)
+    assert any(r["outcome"] == "passed" for r in records)
+    assert str(out) in proc.stdout
+
+
+def test_accel_qualify_refuses_a_used_folder(tmp_path):
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "x").write_text("keep me")
+    proc = _accel("qualify", "-o", str(tmp_path / "used"), "--no-bench")
+    assert proc.returncode == 2 and "not empty" in proc.stderr
+    assert (tmp_path / "used" / "x").read_text() == "keep me"
