@@ -338,7 +338,7 @@ class SkipBatchSampler(BatchSampler):
         return len(self.batch_sampler)
 
     def __len__(self) -> int:
-        return len(self.batch_sampler) - self.skip_batches
+        return max(len(self.batch_sampler) - self.skip_batches, 0)  # resuming at the very end: nothing left
 
 
 # ---------------------------------------------------------------------------------------------- loaders

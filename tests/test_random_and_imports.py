@@ -98,3 +98,10 @@ def test_version_helpers():
 def test_package_probes():
     assert utils.is_numpy_available() and utils.is_pytest_available()
     assert utils.is_deepspeed_available() == (__import__("importlib").util.find_spec("deepspeed") is not None)
+
+
+def test_plugin_rng_type_names_are_accepted():
+    """A plug-in backend's device RNG is named by its device type, which RNGType does not list."""
+    PartialState()
+    with pytest.warns(UserWarning, match="'privateuseone' does not belong"):
+        utils.synchronize_rng_state("privateuseone")

@@ -54,11 +54,21 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
         torch.use_deterministic_algorithms(True)
 
 
+class _PluginRNG(str):
+    """An RNG type named by a plug-in backend rather than Accelerate's RNGType list."""
+
+    @property
+    def value(self) -> str:
+        return str(self)
+
+
 def synchronize_rng_state(rng_type: RNGType | str | None = None, generator: torch.Generator | None = None) -> None:
     """Copy the main process's RNG state of ``rng_type`` to every process."""
     state = _state()
-    rng_type = RNGType(rng_type) if rng_type is not None else None
     backend = state.hardware_backend
+    if isinstance(rng_type, str) and not isinstance(rng_type, RNGType):
+        # plug-in backends name their own device RNG (e.g. "npu", "privateuseone")
+        rng_type = RNGType(rng_type) if rng_type in RNGType.list() else _PluginRNG(rng_type)
     if rng_type is RNGType.TORCH:
         get, put = torch.get_rng_state, torch.set_rng_state
     elif rng_type is RNGType.GENERATOR:
@@ -86,4 +96,4 @@ def synchronize_rng_state(rng_type: RNGType | str | None = None, generator: torc
 
 def synchronize_rng_states(rng_types: Iterable[RNGType | str], generator: torch.Generator | None = None) -> None:
     for rng_type in rng_types:
-        synchronize_rng_state(RNGType(rng_type), generator=generator)
+        synchronize_rng_state(rng_type, generator=generator)
