@@ -1,5 +1,11 @@
 #!/usr/bin/env bash
-# The project's test command (README: "Run the tests"): the project's own tests.
+# The project's test command (README: "Run the tests"): the project's own tests, then the
+# conformance suites on the CPU backend (real 2- and 4-rank gloo runs). Two pytest runs because
+# tests/ and suites/ are separate rootless folders whose module names overlap.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec python -m pytest -q -n 2 "$@"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+status=0
+python -m pytest tests -q -n 2 "$@" || status=$?
+python -m pytest suites -m cpu -q -n 2 --ignore=suites/benchmarks "$@" || status=$((status ? status : $?))
+exit "$status"
