@@ -641,6 +641,11 @@ def _close_process_group() -> None:
         return
     try:
         if dist.is_available() and dist.is_initialized():
+            import gc
+
+            # objects such as a DDP reducer keep the C++ group alive past destroy_process_group;
+            # free them first so the group's threads are joined now, not in interpreter teardown
+            gc.collect()
             dist.destroy_process_group()
     except Exception as exc:
         print(f"accel launch: could not destroy the process group at exit: {type(exc).__name__}: {exc}", file=sys.stderr)

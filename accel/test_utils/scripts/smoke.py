@@ -285,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(tmp, "w") as fh:
             json.dump(payload, fh, indent=1)
         os.replace(tmp, args.out)
+    state.wait_for_everyone()  # nobody tears the group down while a peer still uses it
     return 1 if failed else 0
 
 

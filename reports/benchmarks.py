@@ -1,0 +1,380 @@
+"""Benchmark tables and the noise-aware regression rule.
+
+What is read from pytest-benchmark JSON
+---------------------------------------
+Each entry of ``benchmarks`` gives ``name``, ``fullname``, ``group``, ``params``, ``stats``
+(``median``, ``mean``, ``stddev``, ``rounds``, and ``data``: the raw per-round times in seconds,
+kept with ``--benchmark-save-data`` or ``--benchmark-json``) and ``extra_info``. A benchmark
+written for accel puts these keys in ``extra_info`` (all optional; each has a fallback):
+
+==================  ==========================================================================
+``backend``         backend name (``cuda``, ``xpu``, ...); else the id found in the test's
+                    parameters, else ``"unknown"``
+``device``          device model, e.g. ``"NVIDIA H100 80GB HBM3"``
+``dtype``           ``"bf16"``, ``"fp32"``, ...
+``world_size``      number of ranks
+``metric``          what ``value`` means: ``"throughput"``, ``"bandwidth"``, ``"time"``,
+                    ``"latency"``, ...; default ``"time"``
+``unit``            unit of the metric: ``"samples/s"``, ``"GB/s"``, ``"s"``, ``"ms"``, ...
+``throughput``      the derived figure (work per second) for the median round
+``work_size``       units of work per round (samples, bytes, tokens...), so that each raw time
+                    sample ``t`` gives a throughput sample ``work_size / t``
+``higher_is_better``  explicit direction; otherwise derived from ``metric``/``unit``:
+                    throughput-like (``throughput``, ``bandwidth``, a unit ending in ``/s``,
+                    ``flops``) is higher-is-better, time-like is lower-is-better
+``samples``         raw samples in the metric's unit, when the benchmark measures something other
+                    than the round time itself (they replace ``stats.data``)
+``torch_version``, ``accel_version``  versions (else ``machine_info`` ``torch_version`` /
+                    ``accel_version``, which a ``pytest_benchmark_update_machine_info`` hook may add)
+==================  ==========================================================================
+
+The samples compared are ``extra_info.samples`` if given, else the raw times converted to the
+metric (``work_size / t`` for a throughput metric; ``work_size`` defaults to
+``throughput * median time``), else the times themselves. Without raw data there is one sample (the
+median): such a benchmark can be listed and compared but never called a regression on its own.
+
+The regression rule
+-------------------
+For each benchmark (same backend, torch version and device-neutral id) the latest run is compared
+with a reference: the ``--baseline`` results when given (same torch version if present there,
+otherwise the same backend's newest), else the oldest run of the history passed in.
+
+* ``change`` = median(new samples) / median(reference samples) - 1, in the metric's own terms
+  (+20 % time is a slowdown, -20 % throughput is a slowdown); ``worse`` is the change in the bad
+  direction.
+* A benchmark **regresses** when ``worse > threshold`` (default 10 %) **and** the change is larger
+  than the noise: with at least ``min_samples`` (default 5) raw samples on both sides, a one-sided
+  Mann-Whitney U test (exact for small untied samples, normal approximation with tie correction
+  otherwise) must give ``p < alpha`` (default 0.01). With fewer samples a single comparison proves
+  nothing: the regression is confirmed only when the previous run of the history also exceeded
+  the threshold against the same reference (repeated violation); otherwise it is "unconfirmed".
+* Statuses: ``regression`` (confirmed), ``unconfirmed`` (over the threshold, too few samples, not
+  repeated), ``within noise`` (over the threshold but not significant), ``unchanged``,
+  ``improvement`` (the same rule in the good direction), ``no reference``.
+* ``speedup`` = how much faster the new run is (new/ref for higher-is-better, ref/new otherwise);
+  each table's summary is the geometric mean of the speedups (1.00x = unchanged).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from harness.records import device_neutral_id
+
+__all__ = [
+    "DEFAULT_ALPHA",
+    "DEFAULT_MIN_SAMPLES",
+    "DEFAULT_THRESHOLD",
+    "benchmark_row",
+    "compare_benchmarks",
+    "compare_samples",
+    "geometric_mean",
+    "higher_is_better",
+    "mann_whitney_greater",
+    "summarise_benchmarks",
+]
+
+DEFAULT_THRESHOLD = 0.10
+DEFAULT_ALPHA = 0.01
+DEFAULT_MIN_SAMPLES = 5
+
+_HIGHER_METRICS = ("throughput", "bandwidth", "flops", "tflops", "samples_per_second", "tokens_per_second",
+                   "items_per_second", "ops", "speedup", "mfu", "utilization")
+_LOWER_METRICS = ("time", "latency", "duration", "step_time", "seconds", "memory", "overhead")
+_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+_KNOWN_BACKENDS = ("cpu", "cuda", "xpu", "hpu", "mps")
+
+
+def higher_is_better(extra: Mapping[str, Any]) -> bool:
+    """Direction of a benchmark's metric, from ``extra_info`` (see the module docstring)."""
+    explicit = extra.get("higher_is_better")
+    if isinstance(explicit, bool):
+        return explicit
+    metric = str(extra.get("metric") or "").lower()
+    unit = str(extra.get("unit") or "").lower()
+    if any(m in metric for m in _LOWER_METRICS):
+        return False
+    if any(m in metric for m in _HIGHER_METRICS):
+        return True
+    if unit.endswith("/s") or unit.endswith("/sec") or "flop" in unit or unit in ("it/s", "hz"):
+        return True
+    return False
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _backend_from(fullname: str) -> str | None:
+    if "[" not in fullname:
+        return None
+    tokens = fullname[fullname.rfind("[") + 1:].rstrip("]").split("-")
+    return next((b for b in _KNOWN_BACKENDS if b in tokens), None)
+
+
+def benchmark_row(bench: Mapping[str, Any], machine: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """One pytest-benchmark entry as a frame row (raises ValueError when it has no usable stats)."""
+    if not isinstance(bench, Mapping):
+        raise ValueError("not a JSON object")
+    machine = machine or {}
+    stats = bench.get("stats")
+    if not isinstance(stats, Mapping):
+        raise ValueError("no stats")
+    extra = bench.get("extra_info") if isinstance(bench.get("extra_info"), Mapping) else {}
+    name = str(bench.get("name") or bench.get("fullname") or "")
+    if not name:
+        raise ValueError("no name")
+    fullname = str(bench.get("fullname") or name)
+    backend = extra.get("backend") or _backend_from(fullname) or "unknown"
+    backend = str(backend)
+    times = [t for t in (_number(v) for v in stats.get("data") or []) if t is not None and t > 0]
+    time_median = _number(stats.get("median"))
+    if time_median is None and times:
+        time_median = float(np.median(times))
+    up = higher_is_better(extra)
+    metric = str(extra.get("metric") or ("throughput" if up else "time"))
+    unit = str(extra.get("unit") or ("1/s" if up else "s"))
+    throughput = _number(extra.get("throughput"))
+    given = extra.get("samples")
+    if isinstance(given, list) and given:
+        samples = [s for s in (_number(v) for v in given) if s is not None]
+    elif up:
+        work = _number(extra.get("work_size"))
+        if work is None and throughput is not None and time_median:
+            work = throughput * time_median
+        if work is None:
+            raise ValueError(f"metric {metric!r} is higher-is-better but extra_info has neither work_size nor throughput")
+        samples = [work / t for t in times] if times else [throughput if throughput is not None else work / time_median]
+    else:
+        scale = 1.0 / _TIME_UNITS.get(unit, 1.0)  # pytest-benchmark times are seconds
+        samples = [t * scale for t in times] if times else ([time_median * scale] if time_median is not None else [])
+    if not samples:
+        raise ValueError("no samples and no median in stats")
+    world = extra.get("world_size")
+    return {
+        "name": name,
+        "fullname": fullname,
+        "group": bench.get("group"),
+        "bench_id": device_neutral_id(fullname, backend),
+        "backend": backend,
+        "device": extra.get("device"),
+        "dtype": extra.get("dtype"),
+        "world_size": int(world) if isinstance(world, (int, float)) and not isinstance(world, bool) else None,
+        "torch_version": extra.get("torch_version") or machine.get("torch_version"),
+        "accel_version": extra.get("accel_version") or machine.get("accel_version"),
+        "metric": metric,
+        "unit": unit,
+        "higher_is_better": up,
+        "value": float(np.median(samples)),
+        "samples": tuple(samples),
+        "n_samples": len(samples),
+        "rounds": stats.get("rounds"),
+        "time_median": time_median,
+        "throughput": throughput,
+    }
+
+
+# ---------------------------------------------------------------------------- statistics
+def _exact_upper_tail(u: float, m: int, n: int) -> float:
+    """P(U >= u) for the Mann-Whitney U of ``m`` against ``n`` untied values under H0."""
+    size = m * n + 1
+    # counts[j] = number of arrangements of i x's and j y's per value of U (rows built for i = 0..m)
+    prev = [np.zeros(size) for _ in range(n + 1)]
+    for j in range(n + 1):
+        prev[j][0] = 1.0
+    for i in range(1, m + 1):
+        cur = [np.zeros(size) for _ in range(n + 1)]
+        cur[0][0] = 1.0
+        for j in range(1, n + 1):
+            # the largest value is an x (beats all j y's) or a y (beats nothing)
+            shifted = np.zeros(size)
+            shifted[j:] = prev[j][: size - j]
+            cur[j] = shifted + cur[j - 1]
+        prev = cur
+    counts = prev[n]
+    total = counts.sum()
+    start = int(math.ceil(u - 1e-9))
+    return float(counts[start:].sum() / total)
+
+
+def mann_whitney_greater(x: Sequence[float], y: Sequence[float]) -> float:
+    """One-sided Mann-Whitney U p-value for "values in ``x`` tend to be larger than in ``y``"."""
+    m, n = len(x), len(y)
+    if not m or not n:
+        return 1.0
+    values = np.concatenate([np.asarray(x, dtype=float), np.asarray(y, dtype=float)])
+    order = values.argsort(kind="mergesort")
+    ranks = np.empty(len(values))
+    sorted_values = values[order]
+    # average ranks for ties
+    i = 0
+    tie_term = 0.0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and sorted_values[j + 1] == sorted_values[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2.0 + 1.0
+        t = j - i + 1
+        tie_term += t ** 3 - t
+        i = j + 1
+    u = float(ranks[:m].sum() - m * (m + 1) / 2.0)
+    if tie_term == 0 and m * n <= 400:
+        return _exact_upper_tail(u, m, n)
+    total = m + n
+    variance = m * n / 12.0 * ((total + 1) - tie_term / (total * (total - 1)))
+    if variance <= 0:
+        return 1.0
+    z = (u - m * n / 2.0 - 0.5) / math.sqrt(variance)
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+def geometric_mean(values: Sequence[float]) -> float | None:
+    clean = [v for v in values if v is not None and math.isfinite(v) and v > 0]
+    if not clean:
+        return None
+    return float(math.exp(sum(math.log(v) for v in clean) / len(clean)))
+
+
+def compare_samples(
+    reference: Sequence[float],
+    new: Sequence[float],
+    higher_better: bool,
+    *,
+    threshold: float = DEFAULT_THRESHOLD,
+    alpha: float = DEFAULT_ALPHA,
+    min_samples: int = DEFAULT_MIN_SAMPLES,
+    previous: Sequence[float] | None = None,
+) -> dict[str, Any]:
+    """Apply the regression rule to one benchmark (see the module docstring).
+
+    ``previous`` are the samples of the run before ``new`` in the history (same reference), used
+    to confirm a change that the samples alone cannot (repeated violation).
+    Returns ``ref_median, new_median, change, worse, speedup, p_value, status, evidence``.
+    """
+    ref_median = float(np.median(reference))
+    new_median = float(np.median(new))
+    change = new_median / ref_median - 1.0 if ref_median else float("nan")
+    worse = -change if higher_better else change
+    speedup = (new_median / ref_median if higher_better else ref_median / new_median) if ref_median and new_median else float("nan")
+    enough = len(reference) >= min_samples and len(new) >= min_samples
+    out = {"ref_median": ref_median, "new_median": new_median, "change": change, "worse": worse,
+           "speedup": speedup, "p_value": None, "status": "unchanged", "evidence": ""}
+    if not math.isfinite(worse) or abs(worse) <= threshold:
+        out["evidence"] = f"within ±{threshold:.0%}"
+        return out
+    bad = worse > 0
+    kind = "regression" if bad else "improvement"
+    if enough:
+        # "worse" means larger values for lower-is-better metrics, smaller for higher-is-better
+        larger, smaller = (new, reference) if bad != higher_better else (reference, new)
+        p = mann_whitney_greater(larger, smaller)
+        out["p_value"] = p
+        if p < alpha:
+            out["status"] = kind
+            out["evidence"] = f"Mann-Whitney U p={p:.2g} < {alpha:g} ({len(new)} vs {len(reference)} samples)"
+        else:
+            out["status"] = "within noise"
+            out["evidence"] = f"Mann-Whitney U p={p:.2g} ≥ {alpha:g}: not distinguishable from noise"
+        return out
+    if previous is not None and len(previous):
+        prev_change = float(np.median(previous)) / ref_median - 1.0
+        prev_worse = -prev_change if higher_better else prev_change
+        if (prev_worse > threshold) if bad else (prev_worse < -threshold):
+            out["status"] = kind
+            out["evidence"] = f"repeated: the previous run was also {abs(prev_worse):.0%} {'worse' if bad else 'better'}"
+            return out
+    out["status"] = "unconfirmed"
+    out["evidence"] = (f"only {min(len(new), len(reference))} sample(s) on one side (need {min_samples}) "
+                       "and not repeated in the previous run")
+    return out
+
+
+# ---------------------------------------------------------------------------- tables
+def _order(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame.assign(_when=frame["datetime"].fillna("").astype(str)).sort_values(["_when", "source"], kind="mergesort")
+
+
+def compare_benchmarks(
+    current: pd.DataFrame,
+    baseline: pd.DataFrame | None = None,
+    *,
+    threshold: float = DEFAULT_THRESHOLD,
+    alpha: float = DEFAULT_ALPHA,
+    min_samples: int = DEFAULT_MIN_SAMPLES,
+) -> pd.DataFrame:
+    """One row per benchmark (backend, torch version, device-neutral id): latest value, reference,
+    change, speedup, p-value, status and evidence. See the module docstring for the rule."""
+    columns = ["backend", "torch_version", "accel_version", "bench_id", "name", "metric", "unit", "higher_is_better",
+               "device", "dtype", "world_size", "value", "n_samples", "ref_value", "ref_n", "ref_source", "runs",
+               "change", "speedup", "p_value", "status", "evidence"]
+    if current is None or current.empty:
+        return pd.DataFrame(columns=columns)
+    current = _order(current)
+    base = _order(baseline) if baseline is not None and not baseline.empty else None
+    rows = []
+    for (backend, torch_version, bench_id), group in current.groupby(["backend", "torch_version", "bench_id"], sort=True):
+        latest = group.iloc[-1]
+        reference = previous = None
+        ref_source = ""
+        if base is not None:
+            same = base[(base["backend"] == backend) & (base["bench_id"] == bench_id)]
+            exact = same[same["torch_version"] == torch_version]
+            pick = exact if not exact.empty else same
+            if not pick.empty:
+                reference = pick.iloc[-1]
+                ref_source = "baseline" + ("" if not exact.empty else f" (torch {reference['torch_version']})")
+            if len(group) >= 2:
+                previous = group.iloc[-2]
+        elif len(group) >= 2:
+            reference = group.iloc[0]
+            ref_source = f"first of {len(group)} runs"
+            if len(group) >= 3:
+                previous = group.iloc[-2]
+        row = {
+            "backend": backend, "torch_version": torch_version, "accel_version": latest["accel_version"],
+            "bench_id": bench_id, "name": latest["name"], "metric": latest["metric"], "unit": latest["unit"],
+            "higher_is_better": bool(latest["higher_is_better"]), "device": latest["device"], "dtype": latest["dtype"],
+            "world_size": latest["world_size"], "value": latest["value"], "n_samples": latest["n_samples"],
+            "ref_value": None, "ref_n": None, "ref_source": ref_source, "runs": len(group),
+            "change": None, "speedup": None, "p_value": None, "status": "no reference", "evidence": "",
+        }
+        if reference is not None:
+            result = compare_samples(
+                reference["samples"], latest["samples"], bool(latest["higher_is_better"]),
+                threshold=threshold, alpha=alpha, min_samples=min_samples,
+                previous=previous["samples"] if previous is not None else None,
+            )
+            row.update({
+                "ref_value": result["ref_median"], "ref_n": reference["n_samples"], "change": result["change"],
+                "speedup": result["speedup"], "p_value": result["p_value"], "status": result["status"],
+                "evidence": result["evidence"],
+            })
+        rows.append(row)
+    return pd.DataFrame(rows, columns=columns)
+
+
+def summarise_benchmarks(table: pd.DataFrame) -> pd.DataFrame:
+    """Per backend and torch version: benchmarks, geometric-mean speedup, regressions, improvements."""
+    columns = ["backend", "torch_version", "benchmarks", "compared", "geomean_speedup", "regressions", "improvements"]
+    if table.empty:
+        return pd.DataFrame(columns=columns)
+    rows = []
+    for (backend, torch_version), group in table.groupby(["backend", "torch_version"], sort=True):
+        compared = group[group["speedup"].notna()]
+        rows.append({
+            "backend": backend, "torch_version": torch_version, "benchmarks": len(group), "compared": len(compared),
+            "geomean_speedup": geometric_mean(compared["speedup"].astype(float).tolist()),
+            "regressions": int((group["status"] == "regression").sum()),
+            "improvements": int((group["status"] == "improvement").sum()),
+        })
+    return pd.DataFrame(rows, columns=columns)

@@ -1,0 +1,157 @@
+"""reports.benchmarks: the noise-aware regression rule, directions, tables and geometric means."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from reports.benchmarks import (
+    benchmark_row,
+    compare_benchmarks,
+    compare_samples,
+    geometric_mean,
+    higher_is_better,
+    mann_whitney_greater,
+    summarise_benchmarks,
+)
+from reports.loaders import load_results
+from reports.synthetic import bench_entry
+
+from _report_data import bench_file
+
+
+def _noisy(median: float, n: int, spread: float, seed: int) -> list[float]:
+    rng = random.Random(seed)
+    return [median * rng.lognormvariate(0, spread) for _ in range(n)]
+
+
+# ---------------------------------------------------------------------------- the statistic
+def test_mann_whitney_exact_matches_enumeration():
+    assert mann_whitney_greater([6, 7, 8, 9, 10], [1, 2, 3, 4, 5]) == pytest.approx(1 / 252)
+    assert mann_whitney_greater([1, 2, 3, 4, 5], [6, 7, 8, 9, 10]) == pytest.approx(1.0)
+    x, y = [0.3, 2.5, 4.1, 7.7], [1.2, 3.3, 5.0, 6.1, 8.4, 9.9]
+    u = sum(a > b for a in x for b in y)
+    pool = x + y
+    counts = [sum(a > b for a in combo for b in pool if b not in combo) for combo in itertools.combinations(pool, len(x))]
+    assert mann_whitney_greater(x, y) == pytest.approx(sum(c >= u for c in counts) / len(counts))
+
+
+def test_mann_whitney_normal_approximation_with_ties():
+    high = [2.0] * 30 + [3.0] * 30
+    low = [1.0] * 30 + [2.0] * 30
+    assert mann_whitney_greater(high, low) < 1e-6
+    assert mann_whitney_greater(low, high) > 0.99
+    same = [1.0, 2.0, 2.0, 3.0] * 10
+    assert 0.3 < mann_whitney_greater(same, list(same)) < 0.7
+
+
+# ---------------------------------------------------------------------------- the rule
+def test_noise_does_not_trigger():
+    # medians 15 % apart, but the samples overlap: not distinguishable from noise
+    reference = [1.00, 1.30, 0.80, 1.25, 0.90, 1.10, 0.95]
+    new = [1.15, 1.35, 0.85, 1.40, 0.95, 1.20, 0.82]
+    result = compare_samples(reference, new, higher_better=False)
+    assert result["worse"] > 0.10
+    assert result["status"] == "within noise" and result["p_value"] > 0.01
+
+
+def test_small_changes_are_unchanged_even_when_significant():
+    reference = _noisy(1.0, 40, 0.005, 1)
+    new = [t * 1.05 for t in _noisy(1.0, 40, 0.005, 2)]
+    result = compare_samples(reference, new, higher_better=False)
+    assert result["status"] == "unchanged" and result["change"] == pytest.approx(0.05, abs=0.01)
+
+
+def test_a_real_20_percent_slowdown_with_many_samples_is_a_regression():
+    reference = _noisy(1.0, 30, 0.03, 3)
+    new = _noisy(1.2, 30, 0.03, 4)
+    result = compare_samples(reference, new, higher_better=False)
+    assert result["status"] == "regression"
+    assert result["change"] == pytest.approx(0.2, abs=0.03)
+    assert result["speedup"] == pytest.approx(1 / 1.2, abs=0.03)
+    assert result["p_value"] < 1e-6 and "Mann-Whitney" in result["evidence"]
+
+
+def test_throughput_drop_is_a_regression_and_a_rise_an_improvement():
+    reference = _noisy(1000.0, 20, 0.02, 5)
+    assert compare_samples(reference, _noisy(800.0, 20, 0.02, 6), higher_better=True)["status"] == "regression"
+    assert compare_samples(reference, _noisy(1250.0, 20, 0.02, 7), higher_better=True)["status"] == "improvement"
+    # the same rise read as a time is a slowdown
+    assert compare_samples(reference, _noisy(1250.0, 20, 0.02, 7), higher_better=False)["status"] == "regression"
+
+
+def test_a_single_sample_comparison_is_not_called_a_regression():
+    result = compare_samples([1.0], [1.5], higher_better=False)
+    assert result["status"] == "unconfirmed" and result["p_value"] is None
+    assert "sample" in result["evidence"]
+    # five samples on one side and one on the other: still not enough
+    assert compare_samples(_noisy(1.0, 5, 0.01, 8), [1.5], higher_better=False)["status"] == "unconfirmed"
+
+
+def test_repeated_violation_confirms_when_samples_are_too_few():
+    repeated = compare_samples([1.0], [1.5], higher_better=False, previous=[1.4])
+    assert repeated["status"] == "regression" and "repeated" in repeated["evidence"]
+    once = compare_samples([1.0], [1.5], higher_better=False, previous=[1.02])
+    assert once["status"] == "unconfirmed"
+
+
+@pytest.mark.parametrize("extra, expected", [
+    ({"metric": "throughput", "unit": "samples/s"}, True),
+    ({"unit": "GB/s"}, True),
+    ({"metric": "bandwidth"}, True),
+    ({"metric": "latency", "unit": "ms"}, False),
+    ({"metric": "step_time", "unit": "s"}, False),
+    ({}, False),
+    ({"metric": "time", "higher_is_better": True}, True),  # explicit wins
+])
+def test_direction_from_extra_info(extra, expected):
+    assert higher_is_better(extra) is expected
+
+
+def test_benchmark_row_reads_time_and_throughput_samples():
+    times = [0.10, 0.11, 0.09, 0.10, 0.12]
+    row = benchmark_row(bench_entry("test_fwd", "xpu", times, work_size=64.0, torch_version="2.8.0"))
+    assert row["samples"] == pytest.approx(tuple(64.0 / t for t in times))
+    assert row["value"] == pytest.approx(640.0) and row["unit"] == "samples/s"
+    # a time metric in milliseconds: samples are converted from pytest-benchmark's seconds
+    timed = bench_entry("test_lat", "xpu", times, metric="latency", unit="ms")
+    assert benchmark_row(timed)["samples"] == pytest.approx(tuple(t * 1000 for t in times))
+    # without raw data a benchmark has one sample (its median)
+    no_data = bench_entry("test_fwd", "xpu", times, work_size=64.0, keep_data=False)
+    assert benchmark_row(no_data)["n_samples"] == 1
+    with pytest.raises(ValueError):
+        benchmark_row({"name": "x", "stats": {}, "extra_info": {"metric": "throughput"}})
+
+
+def test_geometric_mean():
+    assert geometric_mean([2.0, 0.5]) == pytest.approx(1.0)
+    assert geometric_mean([1.1, 1.1, 1.1]) == pytest.approx(1.1)
+    assert geometric_mean([]) is None
+
+
+# ---------------------------------------------------------------------------- tables from files
+def test_history_and_baseline_tables(tmp_path):
+    steady = {"test_fwd": _noisy(0.1, 15, 0.02, 10)}
+    bench_file(tmp_path / "base", "base", "xpu", {"test_step": _noisy(0.5, 15, 0.02, 11), **steady})
+    bench_file(tmp_path / "cur", "n1", "xpu", {"test_step": _noisy(0.5, 15, 0.02, 12), **steady}, when="2025-06-02T00:00:00")
+    bench_file(tmp_path / "cur", "n2", "xpu", {"test_step": _noisy(0.625, 15, 0.02, 13), "test_fwd": _noisy(0.1, 15, 0.02, 14)},
+               when="2025-06-03T00:00:00")
+    current = load_results([tmp_path / "cur"]).benchmarks
+    baseline = load_results([tmp_path / "base"]).benchmarks
+    table = compare_benchmarks(current, baseline).set_index("name")
+    step = table.loc["test_step[bf16-xpu-ws1]"]
+    assert step["status"] == "regression" and step["ref_source"] == "baseline" and step["runs"] == 2
+    assert step["change"] == pytest.approx(-0.2, abs=0.03)  # throughput 20 % lower = 25 % longer steps
+    assert table.loc["test_fwd[bf16-xpu-ws1]", "status"] == "unchanged"
+    summary = summarise_benchmarks(table.reset_index())
+    assert summary.iloc[0]["regressions"] == 1
+    assert summary.iloc[0]["geomean_speedup"] == pytest.approx((0.8 * 1.0) ** 0.5, abs=0.03)
+    # without a baseline the oldest run of the history is the reference
+    history = compare_benchmarks(current).set_index("name")
+    assert history.loc["test_step[bf16-xpu-ws1]", "ref_source"] == "first of 2 runs"
+    assert history.loc["test_step[bf16-xpu-ws1]", "status"] == "regression"
+    # a single run has nothing to compare with
+    single = compare_benchmarks(load_results([tmp_path / "base"]).benchmarks)
+    assert set(single["status"]) == {"no reference"}

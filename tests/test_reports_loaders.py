@@ -1,0 +1,191 @@
+"""reports.loaders: harness JSONL, JUnit XML and pytest-benchmark JSON into tidy frames, tolerantly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.records import SCHEMA
+from reports.loaders import SchemaVersionError, TEST_COLUMNS, load_benchmark_json, load_junit, load_results
+
+from _report_data import bench_file, clustered, rec, run_file
+
+
+def test_jsonl_one_row_per_test_per_run_with_run_fields(tmp_path):
+    paths = clustered(tmp_path)
+    loaded = load_results(paths)
+    assert loaded.problems == []
+    assert list(loaded.tests.columns) == TEST_COLUMNS
+    assert len(loaded.runs) == 2
+    assert len(loaded.tests) == 2 * 8 + 3 + 2 * (10 + 5)  # failures + passes/skips/xfail per run
+    first = loaded.tests[loaded.tests["run_id"] == "run-xpu-2.7.1"]
+    assert set(first["torch_version"]) == {"2.7.1"} and set(first["accel_version"]) == {"0.2.0"}
+    assert set(first["backend"]) == {"xpu"}
+    # device-neutral ids: the backend's parameter is gone
+    assert "suites/test_collectives.py::test_all_gather_0[ws2]" in set(first["test_id"])
+    skipped = first[first["outcome"] == "skipped"].set_index("test_id")
+    assert skipped.loc["suites/test_core.py::test_four_ranks[ws4]", "reason_code"] == "needs-devices"
+    assert skipped.loc["suites/test_core.py::test_plain_skip[ws1]", "reason_code"] == "unspecified"
+
+
+def test_truncated_and_malformed_lines_are_reported_with_file_and_line_and_the_rest_loads(tmp_path):
+    good = run_file(tmp_path, "good", "cpu", [rec("good", f"test_{i}", "cpu", "passed") for i in range(3)])
+    broken = run_file(tmp_path, "broken", "cpu", [rec("broken", f"test_{i}", "cpu", "passed") for i in range(4)], interrupted=True)
+    lines = broken.read_text().splitlines(keepends=True)
+    lines[2] = "{this is not json\n"  # line 3: a record destroyed in the middle
+    text = "".join(lines) + '{"type": "test", "run_id": "broken", "nodeid": "x'  # a killed writer's last line
+    broken.write_text(text)
+    loaded = load_results([good, broken])
+    by_line = {(Path(p.path).name, p.line): p.message for p in loaded.problems}
+    assert ("broken.jsonl", 3) in by_line and "not valid JSON" in by_line[("broken.jsonl", 3)]
+    last = len(text.splitlines())
+    assert ("broken.jsonl", last) in by_line and "incomplete last line" in by_line[("broken.jsonl", last)]
+    assert len(loaded.tests[loaded.tests["run_id"] == "good"]) == 3
+    assert len(loaded.tests[loaded.tests["run_id"] == "broken"]) == 3  # 4 written, one destroyed
+    assert bool(loaded.runs.set_index("run_id").loc["broken", "interrupted"]) is True
+
+
+def test_empty_file_is_a_problem_not_a_crash(tmp_path):
+    good = run_file(tmp_path, "good", "cpu", [rec("good", "test_a", "cpu", "passed")])
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    loaded = load_results([tmp_path])
+    assert [(Path(p.path).name, p.line) for p in loaded.problems] == [("empty.jsonl", 1)]
+    assert "empty" in loaded.problems[0].message
+    assert list(loaded.tests["run_id"]) == ["good"]
+    assert str(good) in loaded.files
+
+
+def test_unknown_schema_version_is_refused_naming_file_and_version(tmp_path):
+    path = tmp_path / "future.jsonl"
+    path.write_text(json.dumps({"type": "header", "schema": SCHEMA, "schema_version": "7.0", "run_id": "r"}) + "\n")
+    with pytest.raises(SchemaVersionError) as info:
+        load_results([path])
+    assert "future.jsonl" in str(info.value) and "7.0" in str(info.value)
+
+
+def test_same_run_twice_is_loaded_once(tmp_path):
+    path = run_file(tmp_path, "one", "cpu", [rec("one", "test_a", "cpu", "failed", "AssertionError: x")])
+    copy = tmp_path / "sub" / "copy.jsonl"
+    copy.parent.mkdir()
+    copy.write_text(path.read_text())
+    loaded = load_results([tmp_path])
+    assert len(loaded.tests) == 1
+    assert any("already loaded" in p.message for p in loaded.problems)
+
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest" errors="1" failures="1" skipped="2" tests="6" time="3.2" timestamp="2025-06-01T10:00:00" hostname="lab-7">
+<properties><property name="torch_version" value="2.8.0"/><property name="accel_version" value="0.2.0"/></properties>
+<testcase classname="suites.test_a" name="test_ok[cuda-ws1]" time="0.1"><properties><property name="accel_backend" value="cuda"/><property name="accel_world_size" value="1"/></properties></testcase>
+<testcase classname="suites.test_a.TestGroup" name="test_fail[cuda-ws2]" time="0.2"><failure message="AssertionError: 3 != 4">def test_fail():
+&gt;       assert 3 == 4
+E       AssertionError: 3 != 4
+
+suites/test_a.py:10: AssertionError</failure></testcase>
+<testcase classname="suites.test_a" name="test_err[cuda-ws1]" time="0.0"><error message="failed on setup with &quot;RuntimeError: no device&quot;">RuntimeError: no device 0</error></testcase>
+<testcase classname="suites.test_a" name="test_skip[cuda-ws4]" time="0.0"><skipped type="pytest.skip" message="[needs-devices] needs 4 cuda devices, found 1">suites/test_a.py:20: [needs-devices] needs 4</skipped></testcase>
+<testcase classname="suites.test_a" name="test_xf[cuda-ws1]" time="0.0"><skipped type="pytest.xfail" message="known bug"/></testcase>
+<testcase classname="suites.test_a" name="test_last[cuda-ws1]" time="0.1"/>
+</testsuite></testsuites>
+"""
+
+
+def test_junit_outcomes_nodeids_and_properties(tmp_path):
+    path = tmp_path / "junit.xml"
+    path.write_text(JUNIT)
+    run, rows, problems = load_junit(path)
+    assert problems == []
+    assert run["torch_version"] == "2.8.0" and run["host"] == "lab-7" and run["backends"] == "cuda"
+    by_id = {r["nodeid"]: r for r in rows}
+    assert by_id["suites/test_a.py::test_ok[cuda-ws1]"]["outcome"] == "passed"
+    failed = by_id["suites/test_a.py::TestGroup::test_fail[cuda-ws2]"]
+    assert failed["outcome"] == "failed" and failed["signature"] == "AssertionError: <N> != <N>"
+    assert failed["test_id"] == "suites/test_a.py::TestGroup::test_fail[ws2]"
+    assert by_id["suites/test_a.py::test_err[cuda-ws1]"]["outcome"] == "error"
+    assert by_id["suites/test_a.py::test_err[cuda-ws1]"]["when"] == "setup"
+    skip = by_id["suites/test_a.py::test_skip[cuda-ws4]"]
+    assert (skip["outcome"], skip["reason_code"]) == ("skipped", "needs-devices")
+    assert by_id["suites/test_a.py::test_xf[cuda-ws1]"]["outcome"] == "xfailed"
+    assert by_id["suites/test_a.py::test_ok[cuda-ws1]"]["world_size"] == 1
+
+
+def test_truncated_junit_keeps_the_cases_before_the_break(tmp_path):
+    path = tmp_path / "cut.xml"
+    cut = JUNIT.index('<testcase classname="suites.test_a" name="test_xf')
+    path.write_text(JUNIT[:cut + 30])
+    run, rows, problems = load_junit(path)
+    assert len(rows) == 4
+    assert len(problems) == 1 and problems[0].line == JUNIT[:cut].count("\n") + 1
+    assert "not well-formed" in problems[0].message
+
+
+def test_junit_external_entities_are_never_resolved(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOP-SECRET")
+    path = tmp_path / "xxe.xml"
+    path.write_text(f'<?xml version="1.0"?><!DOCTYPE t [<!ENTITY x SYSTEM "file://{secret}">]>'
+                    '<testsuite><testcase classname="a" name="t"><failure message="&x;">&x;</failure></testcase></testsuite>')
+    loaded = load_results([path])
+    assert "TOP-SECRET" not in loaded.tests.to_string()
+    assert loaded.problems and loaded.problems[0].path == str(path)
+
+
+def test_benchmark_json_rows_and_problems(tmp_path):
+    good = bench_file(tmp_path, "bench", "cuda", {"test_step": [0.5, 0.51, 0.49, 0.5, 0.52]})
+    rows, problems = load_benchmark_json(good)
+    assert problems == [] and len(rows) == 1
+    row = rows[0]
+    assert row["backend"] == "cuda" and row["torch_version"] == "2.8.0" and row["higher_is_better"] is True
+    assert row["n_samples"] == 5 and row["value"] == pytest.approx(128 / 0.5)  # throughput from work_size / time
+    assert row["bench_id"] == "suites/benchmarks/test_perf.py::test_step[bf16-ws1]"
+
+    empty = tmp_path / "xdist.json"
+    empty.write_text("")
+    rows, problems = load_benchmark_json(empty)
+    assert rows == [] and problems[0].line == 1 and "xdist" in problems[0].message
+
+    broken = tmp_path / "broken.json"
+    broken.write_text('{\n  "benchmarks": [\n    {"name": "x",\n')
+    rows, problems = load_benchmark_json(broken)
+    assert rows == [] and problems[0].line == 4
+
+    doc = json.loads(good.read_text())
+    doc["benchmarks"].append({"name": "no_stats", "fullname": "t.py::no_stats"})
+    partial = tmp_path / "partial.json"
+    partial.write_text(json.dumps(doc, indent=1))
+    rows, problems = load_benchmark_json(partial)
+    assert len(rows) == 1 and "no_stats" in problems[0].message and problems[0].line > 1
+
+
+def test_folder_search_finds_every_kind_and_notes_other_json(tmp_path):
+    clustered(tmp_path / "runs")
+    bench_file(tmp_path / "bench" / "deep", "b", "xpu", {"test_step": [0.5] * 5})
+    (tmp_path / "junit.xml").write_text(JUNIT)
+    (tmp_path / "package.json").write_text('{"name": "not a benchmark"}')
+    loaded = load_results([tmp_path])
+    assert set(loaded.runs["format"]) == {"jsonl", "junit"}
+    assert len(loaded.benchmarks) == 1
+    assert [Path(p.path).name for p in loaded.problems] == ["package.json"]
+    assert "not pytest-benchmark" in loaded.problems[0].message
+
+
+def test_missing_path_is_a_problem(tmp_path):
+    loaded = load_results([tmp_path / "nowhere"])
+    assert loaded.empty and "no such file" in loaded.problems[0].message
+
+
+def test_junit_written_next_to_the_harness_results_is_not_counted_twice(tmp_path):
+    records = [rec("r1", "test_ok", "cuda", "passed"), rec("r1", "test_fail", "cuda", "failed", "AssertionError: 3 != 4")]
+    run_file(tmp_path, "r1", "cuda", records, start="2025-06-01T10:00:00.000+00:00")
+    cases = "".join(f'<testcase classname="suites.test_core" name="{n}[cuda-ws1]" time="0.1"/>' for n in ("test_ok", "test_fail"))
+    same = f'<testsuite timestamp="2025-06-01T10:00:01.5+00:00" hostname="cuda-lab-01">{cases}</testsuite>'
+    (tmp_path / "same.xml").write_text(same)
+    later = same.replace("2025-06-01T10:00:01.5", "2025-06-02T10:00:00")  # the next night's run: a run of its own
+    (tmp_path / "later.xml").write_text(later)
+    loaded = load_results([tmp_path])
+    assert sorted(loaded.runs["source"].map(lambda s: Path(s).name)) == ["later.xml", "r1.jsonl"]
+    assert len(loaded.tests) == 4
+    assert [Path(p.path).name for p in loaded.problems] == ["same.xml"] and "same pytest session" in loaded.problems[0].message
