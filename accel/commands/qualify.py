@@ -127,9 +127,8 @@ def run(args: argparse.Namespace) -> int:
         artefacts += [("benchmarks", bench_dir)]
     if importlib.util.find_spec("accel.commands.report"):
         report_dir = out / "report"
-        cmd = [sys.executable, "-m", "accel.commands.cli", "report", str(results), "-o", str(report_dir)]
-        if (out / "bench").is_dir():
-            cmd.append(str(out / "bench"))
+        inputs = [str(results)] + ([str(out / "bench")] if (out / "bench").is_dir() else [])
+        cmd = [sys.executable, "-m", "accel.commands.cli", "report", *inputs, "-o", str(report_dir)]
         if args.known_issues:
             cmd += ["--known-issues", args.known_issues]
         code = _step("report", cmd, logs / "report.log")
