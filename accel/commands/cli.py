@@ -25,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "launch": ("accel.commands.launch", "run a script in several processes (torch elastic), e.g. `accel launch --num_processes 2 train.py`"),
     "test": ("accel.commands.test", "smoke-check this machine: launch, verify the world size, run the core checks"),
     "qualify": ("accel.commands.qualify", "qualify this machine: conformance suites, benchmarks and a report in one folder"),
+    "bench": ("accel.commands.bench", "run the throughput benchmarks for a backend (pytest-benchmark JSON into ./results), e.g. `accel bench --quick`"),
+    "report": ("accel.commands.report", "turn results (JSONL, JUnit XML, benchmark JSON) into report.html + report.md; CI exit codes"),
 }
 
 

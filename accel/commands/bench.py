@@ -1,0 +1,231 @@
+"""`accel bench`: run the throughput benchmarks for one backend and keep the pytest-benchmark JSON.
+
+Runs ``pytest <checkout>/suites/benchmarks --backend NAME -m NAME`` in a child process (pytest's
+verbose output is the progress display), with ``--benchmark-json`` into the results folder and
+``--benchmark-save-data``, so every benchmark's raw per-round times (``stats.data``) are kept. Then
+prints where the JSON is and a table of throughputs (with ``--repeat N``: one column per run and
+the spread between runs). ``--quick`` sets ``ACCEL_BENCH_QUICK=1``: smaller problems and fewer
+rounds, for smoke runs. The exit status is pytest's when it failed (a benchmark failed, nothing
+matched ``-k``, ...), 1 when no benchmark recorded anything, else 0.
+
+The suites are part of the accel source checkout, found next to the installed ``accel`` package
+(an editable install) or given with ``--suites``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from accel.commands import UsageError
+
+QUICK_ENV = "ACCEL_BENCH_QUICK"
+THREADS_ENV = "ACCEL_BENCH_THREADS"
+SUITES_ENV = "ACCEL_BENCH_SUITES"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Run accel's throughput benchmarks (pytest-benchmark suites in suites/benchmarks) for one backend, "
+        "write their JSON into the results folder and print a table of throughputs."
+    )
+    parser.add_argument("--backend", metavar="NAME", help="backend to benchmark (default: the detected one)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: smaller problems, fewer rounds")
+    parser.add_argument("--results-dir", metavar="DIR", default="results",
+                        help="folder for bench-<timestamp>.json (default ./results)")
+    parser.add_argument("-k", dest="keyword", metavar="EXPR", help="only benchmarks matching this pytest -k expression")
+    parser.add_argument("--repeat", type=int, default=1, metavar="N",
+                        help="run the suites N times (one JSON each) and show the spread between runs")
+    parser.add_argument("--threads", type=int, metavar="N",
+                        help="torch threads in the benchmarking process (default: torch's choice); recorded in the results")
+    parser.add_argument("--suites", metavar="DIR", help=f"benchmark suites folder (default: ${SUITES_ENV} or the checkout's suites/benchmarks)")
+
+
+def locate_suites(explicit: str | None = None) -> Path:
+    """The benchmark suites folder: ``explicit``, ``$ACCEL_BENCH_SUITES``, or ``suites/benchmarks`` of the checkout."""
+    import accel
+
+    given = explicit or os.environ.get(SUITES_ENV)
+    if given:
+        path = Path(given).expanduser().resolve()
+        if not path.is_dir():
+            raise UsageError(f"benchmark suites folder {path} does not exist")
+        return path
+    checkout = Path(accel.__file__).resolve().parent.parent
+    path = checkout / "suites" / "benchmarks"
+    if not (path / "conftest.py").is_file():
+        raise UsageError(
+            f"the benchmark suites were not found at {path}: they ship with the accel source checkout, not "
+            f"with an installed wheel. Install accel from a checkout (pip install -e .) or pass --suites DIR "
+            f"(or set {SUITES_ENV})")
+    return path
+
+
+def _backend_name(requested: str | None) -> str:
+    from accel.backends import get_registry
+
+    registry = get_registry()
+    if requested is None:
+        return registry.select().name
+    name = requested.strip().lower()
+    if name not in registry.names():
+        raise UsageError(f"unknown backend {requested!r}; known backends: {', '.join(registry.names())}")
+    backend = registry.get(name)
+    if not backend.is_available():
+        raise UsageError(f"backend {name!r} is not available here: {backend.availability.reason}")
+    return name
+
+
+def _output_path(results_dir: Path, stamp: str, run: int, repeat: int) -> Path:
+    stem = f"bench-{stamp}" + (f"-run{run}" if repeat > 1 else "")
+    path, n = results_dir / f"{stem}.json", 1
+    while path.exists():
+        n += 1
+        path = results_dir / f"{stem}-{n}.json"
+    return path
+
+
+def pytest_command(suites: Path, backend: str, json_path: Path, keyword: str | None = None) -> list[str]:
+    cmd = [sys.executable, "-m", "pytest", str(suites), "-p", "no:cacheprovider", "-v", "--no-header",
+           "--backend", backend, "-m", backend, "--benchmark-json", str(json_path), "--benchmark-save-data",
+           "--benchmark-quiet"]
+    if keyword:
+        cmd += ["-k", keyword]
+    return cmd
+
+
+def _load(path: Path) -> list[dict[str, Any]]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return []
+    if not text.strip():
+        return []
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        print(f"accel bench: {path} is not valid JSON ({exc}); ignored", file=sys.stderr)
+        return []
+    return [b for b in doc.get("benchmarks", []) if isinstance(b, dict)]
+
+
+def _figure(bench: dict[str, Any]) -> tuple[float | None, str]:
+    extra = bench.get("extra_info") or {}
+    value = extra.get("throughput")
+    if isinstance(value, (int, float)):
+        return float(value), str(extra.get("unit") or "")
+    median = (bench.get("stats") or {}).get("median")
+    return (float(median), "s (median)") if isinstance(median, (int, float)) else (None, "")
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value == 0 or 0.01 <= abs(value) < 1e6:
+        return f"{value:,.4g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return f"{value:.3e}"
+
+
+def summary_table(runs: list[list[dict[str, Any]]]) -> str:
+    """Throughput per benchmark (one column per run) and, for several runs, their spread."""
+    names: dict[str, None] = {}
+    by_run: list[dict[str, dict[str, Any]]] = []
+    for benches in runs:
+        table = {str(b.get("name") or b.get("fullname")): b for b in benches}
+        by_run.append(table)
+        names.update(dict.fromkeys(table))
+    if not names:
+        return "(no benchmark results)"
+    width = max(len("benchmark"), *(len(n) for n in names))
+    several = len(runs) > 1
+    head = f"{'benchmark':<{width}}  " + "  ".join(f"{('run ' + str(i + 1)) if several else 'throughput':>12}" for i in range(len(runs)))
+    head += f"  {'unit':<10} {'rounds':>6} {'IQR':>6}" + (f" {'spread':>7}" if several else "")
+    lines = [head, "-" * len(head)]
+    for name in names:
+        values, unit, rounds, iqr = [], "", "", ""
+        for table in by_run:
+            bench = table.get(name)
+            value, u = _figure(bench) if bench else (None, "")
+            values.append(value)
+            unit = unit or u
+            if bench:
+                stats = bench.get("stats") or {}
+                rounds = str(stats.get("rounds", ""))
+                med, q = stats.get("median"), stats.get("iqr")
+                iqr = f"{q / med:.0%}" if isinstance(med, (int, float)) and med and isinstance(q, (int, float)) else ""
+        row = f"{name:<{width}}  " + "  ".join(f"{_fmt(v):>12}" for v in values) + f"  {unit:<10} {rounds:>6} {iqr:>6}"
+        present = [v for v in values if v is not None]
+        if several:
+            spread = (max(present) - min(present)) / statistics.median(present) if len(present) > 1 and statistics.median(present) else None
+            row += f" {spread:>7.1%}" if spread is not None else f" {'-':>7}"
+        lines.append(row)
+    if several:
+        lines.append("spread = (max - min) / median of the runs' throughputs; IQR = interquartile range of the last "
+                     "run's round times over their median")
+    else:
+        lines.append("throughput from the median round; IQR = interquartile range of the round times over their median")
+    return "\n".join(lines)
+
+
+def _loadavg() -> str:
+    try:
+        return ", ".join(f"{v:.2f}" for v in os.getloadavg())
+    except (AttributeError, OSError):
+        return "n/a"
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.repeat < 1:
+        raise UsageError(f"--repeat must be at least 1, got {args.repeat}")
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads must be at least 1, got {args.threads}")
+    suites = locate_suites(args.suites)
+    backend = _backend_name(args.backend)
+    results_dir = Path(args.results_dir).expanduser().resolve()
+    try:
+        results_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create the results folder {results_dir}: {exc}") from None
+    env = dict(os.environ)
+    env[QUICK_ENV] = "1" if args.quick else "0"
+    if args.threads is not None:
+        env[THREADS_ENV] = str(args.threads)
+    env.pop("PYTEST_ADDOPTS", None)  # an inherited -n would turn every benchmark into a skip
+    repo = suites.parent.parent if (suites.parent.parent / "pyproject.toml").is_file() else suites
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    print(f"accel bench: backend {backend}{' (quick)' if args.quick else ''}, suites {suites}, "
+          f"{args.repeat} run(s); load average {_loadavg()}", flush=True)
+
+    worst = 0
+    paths: list[Path] = []
+    runs: list[list[dict[str, Any]]] = []
+    started = time.perf_counter()
+    for i in range(1, args.repeat + 1):
+        path = _output_path(results_dir, stamp, i, args.repeat)
+        if args.repeat > 1:
+            print(f"\naccel bench: run {i} of {args.repeat}", flush=True)
+        code = subprocess.call(pytest_command(suites, backend, path, args.keyword), cwd=repo, env=env)
+        if code == 5:
+            print(f"accel bench: no benchmark matched{' -k ' + repr(args.keyword) if args.keyword else ''}", file=sys.stderr)
+        elif code not in (0,):
+            print(f"accel bench: pytest exited with status {code} (see the failures above)", file=sys.stderr)
+        worst = worst or code
+        benches = _load(path)
+        if benches:
+            paths.append(path)
+            runs.append(benches)
+    print(f"\naccel bench: {time.perf_counter() - started:.0f} s; load average now {_loadavg()}")
+    if not runs:
+        print("accel bench: no benchmark recorded any result (every selected one failed or was skipped)", file=sys.stderr)
+        return worst or 1
+    print(summary_table(runs))
+    for path in paths:
+        print(f"results: {path}")
+    return worst

@@ -1,0 +1,138 @@
+"""pytest wiring of the benchmark suites (pytest-benchmark + the accel harness).
+
+* Every benchmark test here gets ``@pytest.mark.benchmark(timer=timing.DEVICE_CLOCK)``, so the
+  rounds pytest-benchmark records are the device-synchronized rounds of :mod:`timing`.
+* Under pytest-xdist (``-n``) the benchmarks are skipped with a reason: pytest-benchmark disables
+  itself there (parallel workers would time each other) and leaves no JSON; run them in their own
+  invocation without ``-n`` (``accel bench`` does).
+* ``--benchmark-disable`` turns each benchmark into a one-round smoke run with no statistics.
+* ``ACCEL_BENCH_QUICK=1`` selects smaller problems and fewer rounds (``accel bench --quick``).
+* ``ACCEL_BENCH_THREADS=N`` sets torch's thread count in the pytest process (``accel bench
+  --threads N``); ranks of multi-process benchmarks run one thread each (the harness's pools).
+* The machine info of the JSON gains ``torch_version``, ``accel_version``, the selected backends
+  with their device descriptions, and the whole ``accel env`` report under ``accel_env``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import timing
+
+HERE = Path(__file__).resolve().parent
+
+XDIST_SKIP = ("[opt-in] benchmarks do not run under pytest-xdist (-n): pytest-benchmark disables itself "
+              "there and parallel workers would distort each other's timings; run them without -n "
+              "(e.g. `accel bench`)")
+
+
+THREADS_ENV = "ACCEL_BENCH_THREADS"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    threads = os.environ.get(THREADS_ENV, "").strip()
+    if threads:
+        import torch
+
+        try:
+            count = int(threads)
+        except ValueError:
+            raise pytest.UsageError(f"{THREADS_ENV} must be a positive integer, got {threads!r}") from None
+        if count < 1:
+            raise pytest.UsageError(f"{THREADS_ENV} must be a positive integer, got {threads!r}")
+        torch.set_num_threads(count)
+
+
+def _under_xdist(config: pytest.Config) -> bool:
+    if os.environ.get("PYTEST_XDIST_WORKER") or hasattr(config, "workerinput"):
+        return True
+    numprocesses = getattr(config.option, "numprocesses", None)
+    return bool(numprocesses) or getattr(config.option, "dist", "no") not in ("no", None)
+
+
+def _is_ours(item: pytest.Item) -> bool:
+    try:
+        return Path(str(item.path)).resolve().is_relative_to(HERE)
+    except (AttributeError, OSError):
+        return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    xdist = _under_xdist(config)
+    for item in items:
+        if not _is_ours(item) or "benchmark" not in getattr(item, "fixturenames", ()):
+            continue
+        if xdist:
+            item.add_marker(pytest.mark.skip(reason=XDIST_SKIP))
+            continue
+        existing = item.get_closest_marker("benchmark")
+        options = dict(existing.kwargs) if existing is not None else {}
+        options["timer"] = timing.DEVICE_CLOCK
+        item.add_marker(pytest.mark.benchmark(**options), append=False)
+
+
+def _selected_backends(config: pytest.Config) -> list[str]:
+    try:
+        from harness.plugin import _context
+
+        return list(_context(config).selected)
+    except Exception:
+        return []
+
+
+def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict) -> None:
+    import torch
+
+    from accel.backends import get_registry
+    from accel.commands.env import collect_environment
+
+    selected = _selected_backends(config)
+    registry = get_registry()
+    machine_info["torch_version"] = torch.__version__
+    try:
+        import accel
+
+        machine_info["accel_version"] = accel.__version__
+    except Exception:
+        machine_info["accel_version"] = "unknown"
+    machine_info["bench_quick"] = timing.quick_requested()
+    machine_info["torch_threads"] = torch.get_num_threads()
+    machine_info["bench_backends"] = selected
+    devices = {}
+    for name in selected:
+        try:
+            devices[name] = registry.get(name).describe()
+        except Exception as exc:  # a description must not lose the results
+            devices[name] = {"error": f"{type(exc).__name__}: {exc}"}
+    machine_info["accel_devices"] = devices
+    machine_info["accel_env"] = collect_environment()
+    try:
+        machine_info["loadavg"] = list(os.getloadavg())
+    except (AttributeError, OSError):
+        pass
+
+
+@pytest.fixture
+def bench_settings(benchmark) -> timing.Settings:
+    """FULL, QUICK (``ACCEL_BENCH_QUICK=1``) or SMOKE (benchmarks disabled) timing settings."""
+    return timing.settings_for(benchmark)
+
+
+@pytest.fixture
+def accel_on_backend(backend, monkeypatch):
+    """Single-process benchmarks that build an Accelerator: accel selects this instance's backend,
+    and the shared state is forgotten before and after (other tests of the session are unaffected)."""
+    from accel.state import AcceleratorState, GradientState
+
+    monkeypatch.setenv("ACCEL_DEVICE", backend.name)
+    for name in ("ACCEL_USE_CPU", "ACCELERATE_USE_CPU", "ACCEL_MIXED_PRECISION", "ACCELERATE_MIXED_PRECISION",
+                 "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    yield backend
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()

@@ -1,0 +1,184 @@
+"""`accel bench` and the benchmark suites end to end: JSON fields, xdist, errors, the summary table."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from accel.commands import UsageError
+from accel.commands import bench as bench_command
+from accel.commands.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+SUITES = REPO / "suites" / "benchmarks"
+
+SCHEMA = ("backend", "device", "dtype", "metric", "unit", "throughput", "higher_is_better", "world_size",
+          "work_per_round", "work_unit", "work_size", "sizes", "iterations", "rounds", "warmup_rounds", "median_s",
+          "timing", "quick", "torch_version", "accel_version", "torch_threads", "loadavg_1m")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "ACCEL_BENCH_"))}
+    env.update(OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+def _accel(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    code = "import sys; from accel.commands.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env=_env(), capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """One `accel bench --quick` over one benchmark of each suite file (single- and multi-process)."""
+    out = tmp_path_factory.mktemp("bench")
+    proc = _accel("bench", "--backend", "cpu", "--quick", "--results-dir", str(out), "-k",
+                  "(matmul and float32) or (all_reduce and large and ranks2) or device_copy or (mlp and accel) "
+                  "or (shard and ranks1) or (checkpoint and save)", cwd=out)
+    files = sorted(out.glob("bench-*.json"))
+    return proc, files
+
+
+def test_quick_bench_writes_json_with_the_extra_info_schema(quick_run):
+    proc, files = quick_run
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert len(files) == 1
+    assert f"results: {files[0]}" in proc.stdout
+    assert "TFLOP/s" in proc.stdout and "GB/s" in proc.stdout and "steps/s" in proc.stdout  # the summary table
+    doc = json.loads(files[0].read_text())
+    machine = doc["machine_info"]
+    assert machine["torch_version"] and machine["accel_version"] and machine["bench_quick"] is True
+    assert machine["bench_backends"] == ["cpu"]
+    assert machine["accel_devices"]["cpu"]["devices"][0]["name"]
+    assert machine["accel_env"]["torch"]["version"] == machine["torch_version"]
+    benches = {b["extra_info"]["metric"]: b for b in doc["benchmarks"]}
+    assert set(benches) == {"matmul", "all_reduce_busbw", "device_copy", "train_step_mlp", "data_loader_shard",
+                            "checkpoint_save"}
+    for bench in benches.values():
+        extra, stats = bench["extra_info"], bench["stats"]
+        missing = [k for k in SCHEMA if k not in extra]
+        assert not missing, missing
+        assert extra["backend"] == "cpu" and extra["higher_is_better"] is True and extra["quick"] is True
+        assert extra["unit"] == extra["work_unit"] + "/s"
+        assert extra["work_size"] == extra["work_per_round"]
+        assert bench["options"]["timer"] == "accel_device_timer"
+        assert len(stats["data"]) == stats["rounds"] == extra["rounds"] >= 5  # raw samples kept
+        assert extra["median_s"] == pytest.approx(stats["median"], rel=1e-12)
+        assert stats["median"] == pytest.approx(statistics.median(stats["data"]), rel=1e-12)
+        assert extra["throughput"] == pytest.approx(extra["work_per_round"] / stats["median"], rel=1e-12)
+        assert extra["throughput"] > 0
+    units = {metric: b["extra_info"]["unit"] for metric, b in benches.items()}
+    assert units == {"matmul": "TFLOP/s", "all_reduce_busbw": "GB/s", "device_copy": "GB/s", "train_step_mlp": "steps/s",
+                     "data_loader_shard": "samples/s", "checkpoint_save": "MB/s"}
+    for metric in ("train_step_mlp", "data_loader_shard"):  # accel against the hand-written equivalent
+        extra = benches[metric]["extra_info"]
+        assert extra["overhead_ratio"] > 0 and extra["baseline_throughput"] > 0
+        assert len(extra["baseline_samples_s"]) == extra["rounds"]
+    matmul, allreduce = benches["matmul"]["extra_info"], benches["all_reduce_busbw"]["extra_info"]
+    n = matmul["sizes"]["n"]
+    assert matmul["dtype"] == "float32" and matmul["world_size"] == 1 and matmul["unit"] == "TFLOP/s"
+    assert matmul["work_per_round"] == pytest.approx(2 * n ** 3 * matmul["iterations"] / 1e12)
+    assert allreduce["world_size"] == 2 and allreduce["unit"] == "GB/s" and allreduce["comm_backend"] == "gloo"
+    size = allreduce["sizes"]["message_bytes"]
+    assert allreduce["work_per_round"] == pytest.approx(size * 2 * (2 - 1) / 2 * allreduce["iterations"] / 1e9)
+
+
+def test_the_report_loader_reads_the_json(quick_run):
+    pytest.importorskip("pandas")
+    from reports.loaders import load_benchmark_json
+
+    _proc, files = quick_run
+    rows, problems = load_benchmark_json(files[0])
+    assert not problems
+    assert {r["backend"] for r in rows} == {"cpu"}
+    for row in rows:
+        assert row["higher_is_better"] and row["throughput"] > 0
+        assert row["value"] == pytest.approx(row["throughput"], rel=0.5)  # median of work/t samples
+
+
+def _pytest_suites(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "pytest", str(SUITES), "-p", "no:cacheprovider", "--backend", "cpu", "-m", "cpu",
+           "-rs", *args]
+    return subprocess.run(cmd, cwd=REPO, env=_env(ACCEL_BENCH_QUICK="1"), capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def test_xdist_skips_the_benchmarks_with_a_reason(tmp_path):
+    pytest.importorskip("xdist")
+    out = tmp_path / "xdist.json"
+    proc = _pytest_suites("-n", "2", "-k", "matmul and float32", "--benchmark-json", str(out), cwd=tmp_path)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text
+    assert "1 skipped" in text and "pytest-xdist" in text and "failed" not in text
+    # pytest-benchmark writes nothing (or an empty file) here; nothing reads it as a failure
+    assert not out.exists() or not out.read_text().strip() or json.loads(out.read_text())["benchmarks"] == []
+
+
+def test_benchmark_disable_runs_each_benchmark_once_as_a_smoke_test(tmp_path):
+    proc = _pytest_suites("--benchmark-disable", "-k", "matmul and float32 or device_copy", "-q", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 passed" in proc.stdout
+
+
+def test_unknown_backend_and_missing_suites_are_usage_errors(tmp_path, capsys):
+    assert main(["bench", "--backend", "nosuchdevice", "--results-dir", str(tmp_path)]) == 2
+    assert "unknown backend 'nosuchdevice'" in capsys.readouterr().err
+    assert main(["bench", "--suites", str(tmp_path / "absent"), "--results-dir", str(tmp_path)]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["bench", "--repeat", "0"]) == 2
+
+
+def test_suites_not_found_next_to_the_package_is_a_clear_error(monkeypatch, tmp_path):
+    import accel
+
+    monkeypatch.delenv(bench_command.SUITES_ENV, raising=False)
+    monkeypatch.setattr(accel, "__file__", str(tmp_path / "site-packages" / "accel" / "__init__.py"))
+    with pytest.raises(UsageError, match="source checkout"):
+        bench_command.locate_suites()
+    monkeypatch.setattr(accel, "__file__", str(REPO / "accel" / "__init__.py"))
+    assert bench_command.locate_suites() == SUITES
+
+
+def test_no_match_and_failing_benchmarks_give_a_nonzero_exit(tmp_path):
+    proc = _accel("bench", "--backend", "cpu", "--quick", "--results-dir", str(tmp_path), "-k", "no_such_benchmark",
+                  cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "no benchmark matched" in proc.stderr
+
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_broken.py").write_text(
+        "def test_broken(benchmark, backend):\n    raise RuntimeError('boom')\n")
+    proc = _accel("bench", "--backend", "cpu", "--suites", str(suite), "--results-dir", str(tmp_path), cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "boom" in proc.stdout and "pytest exited with status 1" in proc.stderr
+
+
+def test_summary_table_shows_runs_and_their_spread():
+    def bench(name, value, median=0.5):
+        return {"name": name, "extra_info": {"throughput": value, "unit": "GB/s"},
+                "stats": {"rounds": 10, "median": median, "iqr": median * 0.1}}
+
+    text = bench_command.summary_table([[bench("test_a[cpu]", 10.0)], [bench("test_a[cpu]", 11.0)],
+                                        [bench("test_a[cpu]", 12.0)]])
+    line = next(line for line in text.splitlines() if line.startswith("test_a[cpu]"))
+    assert "10" in line and "12" in line and "GB/s" in line and "18.2%" in line  # (12 - 10) / 11
+    single = bench_command.summary_table([[bench("test_b[cpu]", 3.0)]])
+    assert "spread" not in single.splitlines()[0] and "10%" in single
+    assert bench_command.summary_table([]) == "(no benchmark results)"
+
+
+def test_help_lists_the_bench_command(capsys):
+    assert main(["--help"]) == 0
+    assert "bench" in capsys.readouterr().out
+    assert main(["bench", "--help"]) == 0
+    out = capsys.readouterr().out
+    for flag in ("--backend", "--quick", "--results-dir", "-k", "--repeat", "--threads"):
+        assert flag in out

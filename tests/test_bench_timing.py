@@ -1,0 +1,321 @@
+"""The benchmark timing helper (suites/benchmarks/timing.py): synchronization, events, warm-up, records."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from accel.backends import base as backends_base
+from accel.backends.cpu import CPUBackend
+
+pytest_plugins = ["pytester"]
+
+REPO = Path(__file__).resolve().parents[1]
+SUITES = REPO / "suites" / "benchmarks"
+
+
+def _load_timing():
+    spec = importlib.util.spec_from_file_location("accel_bench_timing_under_test", SUITES / "timing.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+timing = _load_timing()
+
+
+# ---------------------------------------------------------------------------- fake backends
+class QueueBackend(CPUBackend):
+    """A CPU backend that behaves like an asynchronous device.
+
+    ``enqueue(seconds)`` queues work and returns at once; ``synchronize()`` waits until the queued
+    work is done (sleeps for it). Every call is logged in ``log`` so the order can be checked.
+    """
+
+    name = "fakequeue"
+
+    def __init__(self):
+        super().__init__()
+        self.pending = 0.0
+        self.log: list[str] = []
+        self.syncs = 0
+
+    def enqueue(self, seconds: float) -> None:
+        self.log.append("work")
+        self.pending += seconds
+
+    def synchronize(self, index=None) -> None:
+        self.syncs += 1
+        self.log.append("sync")
+        if self.pending:
+            time.sleep(self.pending)
+            self.pending = 0.0
+
+
+class FakeEvent:
+    def __init__(self, backend: "EventBackend", enable_timing: bool):
+        self.backend = backend
+        self.enable_timing = enable_timing
+        self.recorded = False
+        self.synchronized = False
+        backend.events.append(self)
+
+    def record(self, stream=None) -> None:
+        self.recorded = True
+        self.backend.log.append("record")
+
+    def synchronize(self) -> None:
+        self.synchronized = True
+        self.backend.log.append("event-sync")
+
+    def elapsed_time(self, end: "FakeEvent") -> float:
+        assert self.enable_timing and end.enable_timing, "events must be created with enable_timing=True"
+        assert self.recorded and end.recorded, "elapsed_time before both events were recorded"
+        assert end.synchronized, "elapsed_time read before the end event was synchronized"
+        self.backend.log.append("elapsed")
+        return self.backend.elapsed_ms.pop(0)
+
+
+class EventBackend(CPUBackend):
+    """A backend with device events (``use_host_timers = False``) whose elapsed times are scripted."""
+
+    name = "fakeevents"
+    use_host_timers = False
+
+    def __init__(self, elapsed_ms):
+        super().__init__()
+        self.elapsed_ms = list(elapsed_ms)
+        self.events: list[FakeEvent] = []
+        self.log: list[str] = []
+        self.host_syncs = 0
+
+    def event(self, enable_timing: bool = False):
+        return FakeEvent(self, enable_timing)
+
+    def synchronize(self, index=None) -> None:
+        self.host_syncs += 1
+
+
+class _ClockShim:
+    """Stands in for the ``time`` module inside accel.backends.base: logs every clock read."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def perf_counter(self) -> float:
+        self.log.append("clock")
+        return time.perf_counter()
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+# ---------------------------------------------------------------------------- synchronization
+def test_host_timer_synchronizes_before_each_clock_read(monkeypatch):
+    backend = QueueBackend()
+    monkeypatch.setattr(backends_base, "time", _ClockShim(backend.log))
+    m = timing.measure(backend, lambda: backend.enqueue(0.001), iterations=2, rounds=3, warmup_rounds=1)
+    assert m.rounds == 3 and m.iterations == 2 and len(m.warmup_samples) == 1
+    log = backend.log
+    clocks = [i for i, event in enumerate(log) if event == "clock"]
+    assert len(clocks) == 2 * (1 + 3)  # a start and an end read per timed round
+    for i in clocks:
+        assert log[i - 1] == "sync", f"clock read without a synchronize right before it: {log[max(0, i - 4):i + 1]}"
+    # the end read of each round comes after that round's work, behind a synchronize
+    for start, end in zip(clocks[::2], clocks[1::2]):
+        assert log[start + 1:end - 1] == ["work", "work"]
+
+
+def test_elapsed_includes_the_rounds_queued_work_and_excludes_earlier_work():
+    backend = QueueBackend()
+    queued_before, per_call = 0.12, 0.02
+    m = timing.measure(backend, lambda: backend.enqueue(per_call), iterations=1, rounds=4, warmup_rounds=1,
+                       setup=lambda: backend.enqueue(queued_before))
+    for sample in m.samples:
+        # without the closing synchronize the round would take ~0 s (enqueue returns at once);
+        # without the opening one it would include the setup's 0.12 s
+        assert per_call <= sample < queued_before, m.samples
+    assert backend.pending == 0.0
+
+
+def test_device_events_are_used_when_the_backend_has_them():
+    scripted = [7.0, 5.0, 6.0, 4.0]  # ms: one warm-up round, then three measured rounds
+    backend = EventBackend(scripted)
+    calls = []
+    m = timing.measure(backend, lambda: calls.append(1), iterations=3, rounds=3, warmup_rounds=1)
+    assert m.timing == "device events"
+    assert m.warmup_samples == [pytest.approx(0.007)]
+    assert m.samples == [pytest.approx(0.005), pytest.approx(0.006), pytest.approx(0.004)]
+    assert len(backend.events) == 2 * 4 and all(e.enable_timing and e.recorded for e in backend.events)
+    assert backend.log.count("elapsed") == 4
+    for i, event in enumerate(backend.log):
+        if event == "elapsed":
+            assert backend.log[i - 1] == "event-sync"
+    assert len(calls) == 1 + 3 * 4  # first touch + (1 warm-up + 3 rounds) x 3 iterations
+    assert backend.host_syncs == 0  # events carry the ordering; no host-wide synchronize needed
+
+
+def test_host_timers_reported_as_such():
+    m = timing.measure(CPUBackend(), lambda: None, iterations=1, rounds=2, warmup_rounds=0)
+    assert m.timing == "host timers"
+
+
+# ---------------------------------------------------------------------------- warm-up and calibration
+def test_warmup_rounds_are_excluded_from_the_samples():
+    calls = []
+
+    def fn():
+        calls.append(1)
+        time.sleep(0.03 if len(calls) <= 4 else 0.001)  # the first touch and 3 warm-up rounds are slow
+
+    m = timing.measure(CPUBackend(), fn, iterations=1, rounds=5, warmup_rounds=3)
+    assert len(calls) == 1 + 3 + 5
+    assert len(m.warmup_samples) == 3 and all(s >= 0.03 for s in m.warmup_samples)
+    assert len(m.samples) == 5 and all(s < 0.03 for s in m.samples), m.samples
+
+
+def test_calibration_picks_iterations_for_the_round_time_and_rounds_for_the_budget():
+    settings = timing.Settings(warmup_rounds=1, min_rounds=3, max_rounds=6, round_time_s=0.02, budget_s=0.5)
+    calls = []
+
+    def fn():
+        calls.append(1)
+        time.sleep(0.001)
+
+    m = timing.measure(CPUBackend(), fn, settings)
+    assert 2 <= m.iterations <= 20
+    assert 3 <= m.rounds <= 6
+    assert m.calibration_s is not None and m.calibration_s >= 0.001
+    for sample in m.samples:
+        assert sample >= m.iterations * 0.001
+
+
+def test_smoke_settings_run_once_and_time_one_round():
+    calls = []
+    m = timing.measure(CPUBackend(), lambda: calls.append(1), timing.SMOKE)
+    assert m.rounds == 1 and m.iterations == 1 and not m.warmup_samples
+    assert len(calls) == 2  # first touch + the one round
+
+
+def test_settings_for_quick_disabled_and_full(monkeypatch):
+    class Disabled:
+        disabled = True
+
+    class Enabled:
+        disabled = False
+
+    assert timing.settings_for(Enabled(), environ={}) is timing.FULL
+    assert timing.settings_for(Enabled(), environ={timing.QUICK_ENV: "1"}) is timing.QUICK
+    smoke = timing.settings_for(Disabled(), environ={})
+    assert smoke.smoke and smoke.max_rounds == 1
+
+
+def test_interleaved_variants_share_iterations_and_rotate_order():
+    order = []
+    fns = {"a": lambda: order.append("a"), "b": lambda: order.append("b")}
+    results = timing.measure_interleaved(CPUBackend(), fns, iterations=1, rounds=4, warmup_rounds=1)
+    assert set(results) == {"a", "b"}
+    assert all(r.rounds == 4 and len(r.warmup_samples) == 1 and r.iterations == 1 for r in results.values())
+    timed = order[2:]  # after one untimed first call of each
+    assert timed == ["a", "b", "b", "a", "a", "b", "b", "a", "a", "b"]
+
+
+def test_reduce_max_makes_samples_the_slowest_rank():
+    seen = []
+
+    def fake_max(values):
+        seen.append(list(values))
+        return [v + 1.0 for v in values]  # "another rank" was one second slower
+
+    m = timing.measure(CPUBackend(), lambda: None, iterations=1, rounds=3, warmup_rounds=2, reduce_max=fake_max)
+    assert [len(v) for v in seen] == [3, 2]
+    assert all(s >= 1.0 for s in m.samples + m.warmup_samples)
+
+
+# ---------------------------------------------------------------------------- extra_info and formulas
+def test_extra_info_fields_and_throughput_from_the_median():
+    m = timing.Measurement(samples=[0.4, 0.1, 0.2, 0.3, 0.25], iterations=5, warmup_samples=[1.0])
+    info = timing.extra_info(CPUBackend(), m, metric="matmul", unit="TFLOP/s", work_per_round=2.0,
+                             work_unit="TFLOP", dtype="float32", sizes={"n": 4}, extra_key=1)
+    for key in ("backend", "device", "dtype", "metric", "unit", "throughput", "higher_is_better", "world_size",
+                "work_per_round", "work_unit", "work_size", "sizes", "iterations", "rounds", "warmup_rounds",
+                "median_s", "timing", "quick", "torch_version", "accel_version", "torch_threads"):
+        assert key in info, key
+    assert info["backend"] == "cpu" and info["world_size"] == 1 and info["higher_is_better"] is True
+    assert info["median_s"] == 0.25
+    assert info["throughput"] == pytest.approx(2.0 / 0.25)
+    assert info["work_size"] == info["work_per_round"] == 2.0
+    assert info["rounds"] == 5 and info["warmup_rounds"] == 1 and info["extra_key"] == 1
+    json.dumps(info)
+    with pytest.raises(ValueError, match="numerator"):
+        timing.extra_info(CPUBackend(), m, metric="x", unit="GB/s", work_per_round=1.0, work_unit="bytes")
+
+
+def test_bus_bandwidth_formulas_follow_nccl_tests():
+    assert timing.all_reduce_busbw_bytes(1000, 2) == pytest.approx(1000.0)  # 2 (n-1)/n = 1
+    assert timing.all_reduce_busbw_bytes(1000, 4) == pytest.approx(1500.0)  # 2 * 3/4
+    assert timing.all_gather_busbw_bytes(1000, 2) == pytest.approx(500.0)
+    assert timing.all_gather_busbw_bytes(1000, 4) == pytest.approx(750.0)
+
+
+def test_device_clock_only_moves_while_replaying():
+    clock = timing.DeviceClock()
+    with pytest.raises(RuntimeError):
+        clock.advance(1.0)
+    with clock.replaying():
+        start = clock()
+        clock.advance(0.25)
+        assert clock() - start == pytest.approx(0.25)
+        with pytest.raises(RuntimeError):
+            with clock.replaying():
+                pass
+    assert clock() > 1.0  # back to the host clock (perf_counter)
+
+
+# ---------------------------------------------------------------------------- through pytest-benchmark
+RECORD_TEST = """
+import json, sys, time
+import pytest
+sys.path.insert(0, {suites!r})
+import timing
+from accel.backends.cpu import CPUBackend
+
+
+@pytest.mark.benchmark(timer=timing.DEVICE_CLOCK)
+def test_recorded(benchmark):
+    backend = CPUBackend()
+    m = timing.measure(backend, lambda: time.sleep(0.002), iterations=2, rounds=7, warmup_rounds=2)
+    info = timing.extra_info(backend, m, metric="sleep", unit="steps/s", work_per_round=2.0, work_unit="steps")
+    timing.record(benchmark, m, info)
+    with open("samples.json", "w") as fh:
+        json.dump({{"samples": m.samples, "warmup": m.warmup_samples}}, fh)
+
+
+def test_without_the_clock_is_refused(benchmark):
+    m = timing.Measurement(samples=[0.1, 0.2])
+    with pytest.raises(RuntimeError, match="device clock"):
+        timing.record(benchmark, m, {{}})
+    benchmark.pedantic(lambda: None)
+"""
+
+
+def test_record_puts_exactly_the_measured_rounds_into_the_json(pytester):
+    pytester.makepyfile(test_record=RECORD_TEST.format(suites=str(SUITES)))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--benchmark-json", "out.json", "-q", timeout=120)
+    result.assert_outcomes(passed=2)
+    doc = json.loads((pytester.path / "out.json").read_text())
+    measured = json.loads((pytester.path / "samples.json").read_text())
+    (bench,) = [b for b in doc["benchmarks"] if b["name"] == "test_recorded"]
+    assert bench["stats"]["data"] == measured["samples"]  # raw samples kept, warm-up excluded
+    assert bench["stats"]["rounds"] == 7
+    assert bench["options"]["timer"] == "accel_device_timer"
+    assert all(s >= 0.004 for s in bench["stats"]["data"])
+    assert bench["stats"]["median"] == pytest.approx(statistics.median(measured["samples"]))
+    assert bench["extra_info"]["throughput"] == pytest.approx(2.0 / bench["stats"]["median"])
