@@ -33,6 +33,8 @@ RANK_LOCAL_ARGS = ("backend", "device", "rank", "world_size")
 
 STACK_GRACE_S = 1.0  # time ranks get to write their stacks after SIGUSR1
 PEER_DEATH_GRACE_S = 0.2  # a collective error right after a peer died is reported as that death
+PEER_DEATH_ECHO_GRACE_S = 3.0  # ... and longer when the error itself says the peer went away
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "ProcessGroupNCCL is aborted")
 
 
 @dataclass
@@ -195,7 +197,7 @@ class RankPool:
                 if outcome.status == "failed":
                     # fail fast: other ranks may be blocked in a collective that will never complete
                     if len(outcomes) < self.world_size:
-                        crashed = self._crashed_peer(outcomes)
+                        crashed = self._crashed_peer(outcomes, outcome)
                         self.close(kill=True)
                         if crashed is not None:  # this failure is the echo of a peer's death
                             peer, code = crashed
@@ -209,10 +211,14 @@ class RankPool:
                 return PoolResult(status, hit.message, rank=hit.rank, outcomes=ordered)
         return PoolResult("passed", outcomes=ordered)
 
-    def _crashed_peer(self, outcomes: dict[int, RankOutcome]) -> tuple[int, int | None] | None:
-        """A rank without an outcome that has died (or dies within a moment), with its exit code."""
+    def _crashed_peer(self, outcomes: dict[int, RankOutcome], failure: RankOutcome) -> tuple[int, int | None] | None:
+        """A rank without an outcome that has died (or dies within a moment), with its exit code.
+
+        A failure that reads like a lost connection is most likely the echo of a peer's death, which
+        the kernel may report a little before the dying process can be reaped: wait longer then."""
         pending = [r for r in range(self.world_size) if r not in outcomes]
-        wait([self.procs[r].sentinel for r in pending], timeout=PEER_DEATH_GRACE_S)
+        echo = any(p in failure.message for p in _PEER_LOST)
+        wait([self.procs[r].sentinel for r in pending], timeout=PEER_DEATH_ECHO_GRACE_S if echo else PEER_DEATH_GRACE_S)
         for r in pending:
             if not self.procs[r].is_alive():
                 self.procs[r].join(timeout=1)

@@ -306,7 +306,10 @@ def test_without_the_clock_is_refused(benchmark):
 """
 
 
-def test_record_puts_exactly_the_measured_rounds_into_the_json(pytester):
+def test_record_puts_exactly_the_measured_rounds_into_the_json(pytester, monkeypatch):
+    # a pytest started from an xdist worker inherits these and pytest-benchmark would disable itself
+    for var in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+        monkeypatch.delenv(var, raising=False)
     pytester.makepyfile(test_record=RECORD_TEST.format(suites=str(SUITES)))
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--benchmark-json", "out.json", "-q", timeout=120)
     result.assert_outcomes(passed=2)

@@ -47,7 +47,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _under_xdist(config: pytest.Config) -> bool:
-    if os.environ.get("PYTEST_XDIST_WORKER") or hasattr(config, "workerinput"):
+    # not PYTEST_XDIST_WORKER: a pytest started from inside an xdist worker inherits it, yet runs alone
+    if hasattr(config, "workerinput"):
         return True
     numprocesses = getattr(config.option, "numprocesses", None)
     return bool(numprocesses) or getattr(config.option, "dist", "no") not in ("no", None)
