@@ -148,7 +148,9 @@ class PartialState:
 
         self.backend: str | None = None
         if layout.world_size > 1:
-            self.backend = kwargs.pop("backend", None) or backend.comm_backend
+            adopted = dist.get_backend() if dist.is_available() and dist.is_initialized() else None
+            self.backend = adopted or kwargs.pop("backend", None) or backend.comm_backend
+            kwargs.pop("backend", None)
             if self.backend is None:
                 raise RuntimeError(
                     f"{layout.world_size} processes were launched on backend {backend.name!r}, "

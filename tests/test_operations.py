@@ -227,6 +227,10 @@ def _all_operations():
     want = concatenate([recursively_apply(lambda t: t.reshape(1) if t.ndim == 0 else t, e) for e in everyone])
     _assert_same(got, want, "gather")
     assert type(got["pair"]) is Pair and got["f32"].data_ptr() != mine["f32"].data_ptr()
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool):  # one tensor: the fast path
+        single = (torch.arange(4).view(2, 2) + rank).to(dtype)
+        _assert_same(gather(single), torch.cat([(torch.arange(4).view(2, 2) + r).to(dtype) for r in range(world)]), f"gather {dtype}")
+    _assert_same(gather(torch.tensor(rank * 2)), torch.arange(world) * 2, "gather 0-d")
     transposed = (torch.arange(6.0).view(2, 3) + rank).t()  # non-contiguous input
     _assert_same(gather(transposed), torch.cat([(torch.arange(6.0).view(2, 3) + r).t() for r in range(world)]), "gather .t()")
     try:
@@ -251,6 +255,7 @@ def _all_operations():
         ops._FUSED_ALL_GATHER = fake
         ops._GATHER_MODE.clear()
         try:
+            _assert_same(gather(torch.tensor([rank, 7])), torch.tensor([[r, 7] for r in range(world)]).view(-1), f"fallback {mode}")
             _assert_same(gather(mine), want, f"gather with fallback mode {mode}")
             assert set(ops._GATHER_MODE.values()) == {mode}, ops._GATHER_MODE
         finally:
