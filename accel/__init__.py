@@ -5,8 +5,7 @@ Importing accel stays cheap: submodules load on first attribute access.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from accel._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -35,14 +34,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'accel' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + list(_LAZY))
+__getattr__, __dir__ = lazy_exports('accel', globals(), _LAZY)

@@ -98,7 +98,23 @@ class SeedableRandomSampler(RandomSampler):
         self.epoch = epoch
 
 
-class BatchSamplerShard(BatchSampler):
+class _WrapsBatchSampler:
+    """For batch samplers that wrap another: ``sampler`` is the index sampler underneath (so
+    ``get_sampler`` and ``set_epoch`` find it through any number of wrappers)."""
+
+    batch_sampler: Any
+
+    @property
+    def sampler(self) -> Any:
+        """The index sampler underneath (so ``get_sampler`` finds it through the shard)."""
+        return getattr(self.batch_sampler, "sampler", None)
+
+    @sampler.setter
+    def sampler(self, sampler: Any) -> None:
+        self.batch_sampler.sampler = sampler
+
+
+class BatchSamplerShard(_WrapsBatchSampler, BatchSampler):
     """The batches of ``batch_sampler`` that belong to process ``process_index`` of ``num_processes``.
 
     ``split_batches=False``: process *p* gets batches p, p+N, p+2N, ... (the global batch is N batches).
@@ -129,15 +145,6 @@ class BatchSamplerShard(BatchSampler):
                 f"BatchSamplerShard with split_batches=True needs a batch size that is a multiple of the number "
                 f"of processes; got batch size {self.batch_size} for {num_processes} processes"
             )
-
-    @property
-    def sampler(self) -> Any:
-        """The index sampler underneath (so ``get_sampler`` finds it through the shard)."""
-        return getattr(self.batch_sampler, "sampler", None)
-
-    @sampler.setter
-    def sampler(self, sampler: Any) -> None:
-        self.batch_sampler.sampler = sampler
 
     @property
     def total_length(self) -> int:
@@ -305,7 +312,7 @@ class IterableDatasetShard(IterableDataset):
         yield from pending[lo:hi]
 
 
-class SkipBatchSampler(BatchSampler):
+class SkipBatchSampler(_WrapsBatchSampler, BatchSampler):
     """Yields the batches of ``batch_sampler`` after the first ``skip_batches``."""
 
     _keep_head = 0  # a dispatcher sets this to recover the skipped first step's indices
@@ -314,14 +321,6 @@ class SkipBatchSampler(BatchSampler):
         self.batch_sampler = batch_sampler
         self.skip_batches = skip_batches
         self.head_batches: list = []
-
-    @property
-    def sampler(self) -> Any:
-        return getattr(self.batch_sampler, "sampler", None)
-
-    @sampler.setter
-    def sampler(self, sampler: Any) -> None:
-        self.batch_sampler.sampler = sampler
 
     def __iter__(self) -> Iterator[list]:
         skip, keep = self.skip_batches, self._keep_head

@@ -5,8 +5,7 @@ Names resolve lazily so ``import accel.utils`` stays cheap.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from accel._lazy import lazy_exports
 
 _LAZY: dict[str, str] = {}
 
@@ -78,14 +77,4 @@ _export(
 _export("accel.utils.memory", "find_executable_batch_size", "release_memory")
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'accel.utils' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + list(_LAZY))
+__getattr__, __dir__ = lazy_exports('accel.utils', globals(), _LAZY)
