@@ -187,3 +187,66 @@ def test_plain_tests_are_untouched(pytester):
     """)
     result = _run(pytester)
     result.assert_outcomes(passed=1)
+
+
+KNOWN = textwrap.dedent(
+    """
+    - id: upstream-123
+      url: https://github.com/pytorch/pytorch/issues/123
+      title: all_reduce of zeros is broken
+      tests: ["test_known.py::test_known_failure"]
+      error: "zeros are broken"
+      xfail: true
+    - id: fixed-upstream-7
+      title: used to fail
+      tests: ["test_known.py::test_now_passing"]
+    """
+)
+
+KNOWN_SUITE = textwrap.dedent(
+    """
+    import pytest
+
+    def test_known_failure(backend):
+        raise RuntimeError("zeros are broken on " + backend.name)
+
+    def test_untracked_failure(backend):
+        assert 1 == 2, "a new regression"
+
+    def test_now_passing(backend):
+        pass
+
+    @pytest.mark.require_package("surely_not_installed_pkg")
+    def test_skipped(backend):
+        pass
+    """
+)
+
+
+def test_records_and_known_issues(pytester):
+    from harness.records import read_records
+
+    pytester.makepyfile(test_known=KNOWN_SUITE)
+    (pytester.path / "known.yaml").write_text(KNOWN)
+    result = _run(pytester, "-m", "cpu", "--results-dir", "results", "--known-issues", "known.yaml")
+    result.assert_outcomes(passed=1, failed=2, skipped=1, deselected=16)
+    files = list((pytester.path / "results").glob("*.jsonl"))
+    assert len(files) == 1
+    header, records, problems = read_records(files[0])
+    assert not problems and not header["interrupted"] and header["schema"] == "accel.results"
+    by_test = {r["test_id"]: r for r in records}
+    # device-neutral ids: the backend's part of the id is gone, the world size stays
+    assert set(by_test) == {f"test_known.py::{n}[ws1]" for n in
+                            ("test_known_failure", "test_untracked_failure", "test_now_passing", "test_skipped")}
+    assert all(r["backend"] == "cpu" and r["world_size"] == 1 for r in records)
+    known = by_test["test_known.py::test_known_failure[ws1]"]
+    assert known["outcome"] == "failed" and known["known_issue"] == "upstream-123"
+    assert "zeros are broken on <" not in (known["signature"] or "")  # the signature is normalised text
+    untracked = by_test["test_known.py::test_untracked_failure[ws1]"]
+    assert untracked["outcome"] == "failed" and untracked["known_issue"] is None
+    assert by_test["test_known.py::test_skipped[ws1]"]["reason_code"] == "needs-package"
+    assert by_test["test_known.py::test_now_passing[ws1]"]["extra"]["tracked_pass"] == ["fixed-upstream-7"]
+
+    # with --known-issues-xfail the tracked failure becomes an xfail; the untracked one still fails
+    again = _run(pytester, "-m", "cpu", "--known-issues", "known.yaml", "--known-issues-xfail")
+    again.assert_outcomes(passed=1, failed=1, skipped=1, xfailed=1, deselected=16)
