@@ -465,8 +465,9 @@ def _when(text: Any) -> datetime | None:
 
 def _drop_junit_copies(entries: list[tuple[dict[str, Any], list[dict[str, Any]]]], problems: list[Problem]):
     """Leave out JUnit files written by the same pytest session as a loaded harness JSONL file
-    (``--junitxml`` next to ``--results-dir``): same host, start within ten minutes, and nine in
-    ten of the JUnit test ids among the JSONL run's. The JSONL run has more detail."""
+    (``--junitxml`` next to ``--results-dir``): the same folder, same host, start within ten minutes,
+    and nine in ten of the JUnit test ids among the JSONL run's. The JSONL run has more detail.
+    (Without the folder rule, two matrix cells run on one host minutes apart were confused.)"""
     harness_runs = [(run, {r["nodeid"] for r in rows}) for run, rows in entries if run["format"] == "jsonl"]
     kept = []
     for run, rows in entries:
@@ -476,7 +477,9 @@ def _drop_junit_copies(entries: list[tuple[dict[str, Any], list[dict[str, Any]]]
             for other, other_ids in harness_runs:
                 other_start = _when(other["start_time"])
                 close = started is not None and other_start is not None and abs((started - other_start).total_seconds()) <= 600
-                if close and (run["host"] or None) == (other["host"] or None) and len(nodeids & other_ids) >= 0.9 * len(nodeids):
+                same_folder = os.path.dirname(str(run["source"])) == os.path.dirname(str(other["source"]))
+                if (same_folder and close and (run["host"] or None) == (other["host"] or None)
+                        and len(nodeids & other_ids) >= 0.9 * len(nodeids)):
                     problems.append(Problem(run["source"], 0, f"the same pytest session as {other['source']} (harness results, "
                                                                "which have more detail); this JUnit file is not counted again"))
                     break

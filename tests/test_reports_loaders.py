@@ -189,3 +189,17 @@ def test_junit_written_next_to_the_harness_results_is_not_counted_twice(tmp_path
     assert sorted(loaded.runs["source"].map(lambda s: Path(s).name)) == ["later.xml", "r1.jsonl"]
     assert len(loaded.tests) == 4
     assert [Path(p.path).name for p in loaded.problems] == ["same.xml"] and "same pytest session" in loaded.problems[0].message
+
+
+def test_junit_of_another_cell_in_another_folder_is_its_own_run(tmp_path):
+    """Two matrix cells on one host, minutes apart: each folder's JUnit file is not the other's copy."""
+    records = [rec("r1", "test_ok", "cuda", "passed")]
+    (tmp_path / "cell_a").mkdir()
+    (tmp_path / "cell_b").mkdir()
+    run_file(tmp_path / "cell_a", "r1", "cuda", records, start="2025-06-01T10:00:00.000+00:00")
+    cases = '<testcase classname="suites.test_core" name="test_ok[cuda-ws1]" time="0.1"/>'
+    (tmp_path / "cell_b" / "junit.xml").write_text(
+        f'<testsuite timestamp="2025-06-01T10:02:00+00:00" hostname="cuda-lab-01">{cases}</testsuite>')
+    loaded = load_results([tmp_path])
+    assert sorted(loaded.runs["format"]) == ["jsonl", "junit"]
+    assert not loaded.problems
