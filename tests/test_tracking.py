@@ -172,9 +172,29 @@ def test_all_selects_every_available_tracker(tmp_path):
     assert filter_trackers(None, tmp_path) == []
 
 
-def test_tensorboard_without_the_package_raises_a_clear_import_error(tmp_path):
-    if is_tensorboard_available():
-        pytest.skip("tensorboard is installed here; the missing-package error cannot happen")
+class _HideTensorBoard:
+    """A meta-path finder that makes the tensorboard packages unimportable, as on a machine without them."""
+
+    HIDDEN = ("tensorboard", "tensorboardX", "torch.utils.tensorboard")
+
+    def find_spec(self, name, path=None, target=None):
+        if any(name == h or name.startswith(h + ".") for h in self.HIDDEN):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return None
+
+
+def test_tensorboard_without_the_package_raises_a_clear_import_error(tmp_path, monkeypatch):
+    import importlib.util
+    import sys
+
+    from accel.utils import imports
+
+    for name in list(sys.modules):
+        if any(name == h or name.startswith(h + ".") for h in _HideTensorBoard.HIDDEN):
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [_HideTensorBoard(), *sys.meta_path])
+    monkeypatch.setattr(imports, "_package", lambda name: importlib.util.find_spec(name) is not None
+                        if name not in ("tensorboard", "tensorboardX") else False)
     with pytest.raises(ImportError, match="pip install tensorboard"):
         Accelerator(log_with="tensorboard", project_dir=tmp_path)
 
