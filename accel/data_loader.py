@@ -400,6 +400,11 @@ class DataLoaderStateMixin:
     #: the loader a ``skip_first_batches`` copy resumes for; it shares the epoch counter
     _epoch_owner: Any = None
 
+    def set_epoch(self, epoch: int) -> None:
+        """Epoch for samplers / datasets that reshuffle per epoch (``set_epoch`` anywhere in the chain)."""
+        self.iteration = epoch
+        _set_epoch_everywhere(self, epoch)
+
     def _advance_epoch(self) -> None:
         """An epoch finished: count it here and in the loader this one stands in for, so the
         next epoch of the original reshuffles instead of replaying this epoch's order."""
@@ -521,10 +526,6 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
         finally:
             self.end()
 
-    def set_epoch(self, epoch: int) -> None:
-        """Epoch for samplers / datasets that reshuffle per epoch (``set_epoch`` anywhere in the chain)."""
-        self.iteration = epoch
-        _set_epoch_everywhere(self, epoch)
 
     @property
     def total_batch_size(self) -> int:
@@ -685,9 +686,6 @@ class DataLoaderDispatcher(DataLoaderAdapter, DataLoaderStateMixin):
         finally:
             self.end()
 
-    def set_epoch(self, epoch: int) -> None:
-        self.iteration = epoch
-        _set_epoch_everywhere(self, epoch)
 
     def __len__(self) -> int:
         whole = DataLoader.__len__(self)

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from accel.commands.config_file import FileValueError  # stdlib-only: usable before accel is installed
+
 __all__ = [
     "DEFAULT_MATRIX",
     "PROFILE_ENV",
@@ -58,25 +60,10 @@ KeyPath = tuple  # ("backends", "cpu", "world_sizes", 0)
 
 
 # ---------------------------------------------------------------------------- errors
-class MatrixError(ValueError):
+class MatrixError(FileValueError):
     """A matrix file (or a request against one) that cannot be used; the message says where and why."""
 
-    #: what the file is, in messages
     what = "matrix file"
-
-    def __init__(self, message: str, path: Path | str | None = None, line: int | None = None, key: str | None = None):
-        self.path = None if path is None else Path(path)
-        self.line = line
-        self.key = key
-        self.problem = message
-        where = []
-        if path is not None:
-            where.append(f"{self.what} {path}")
-        if line is not None:
-            where.append(f"line {line}")
-        text = f"{key}: {message}" if key else message
-        prefix = ", ".join(where)
-        super().__init__(f"{prefix}: {text}" if prefix else text)
 
 
 def suggest(word: Any, options: Iterable[Any]) -> str:

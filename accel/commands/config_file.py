@@ -102,8 +102,11 @@ def config_file_in_use() -> tuple[Path, bool]:
 
 
 # ---------------------------------------------------------------------------- value checks
-class ConfigError(ValueError):
-    """A config file (or a value meant for one) that accel cannot use; the message says where and why."""
+class FileValueError(ValueError):
+    """A file (or a value meant for one) that cannot be used; the message says which file, line and key."""
+
+    #: what the file is, in messages ("config file", "matrix file", ...)
+    what = "file"
 
     def __init__(self, message: str, path: Path | str | None = None, line: int | None = None, key: str | None = None):
         self.path = None if path is None else Path(path)
@@ -112,12 +115,18 @@ class ConfigError(ValueError):
         self.problem = message
         where = []
         if path is not None:
-            where.append(f"config file {path}")
+            where.append(f"{self.what} {path}")
         if line is not None:
             where.append(f"line {line}")
         prefix = ", ".join(where)
         text = f"{key}: {message}" if key else message
         super().__init__(f"{prefix}: {text}" if prefix else text)
+
+
+class ConfigError(FileValueError):
+    """A config file (or a value meant for one) that accel cannot use."""
+
+    what = "config file"
 
 
 def _suggest(word: str, options: Any) -> str:
