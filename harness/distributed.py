@@ -34,7 +34,8 @@ RANK_LOCAL_ARGS = ("backend", "device", "rank", "world_size")
 STACK_GRACE_S = 1.0  # time ranks get to write their stacks after SIGUSR1
 PEER_DEATH_GRACE_S = 0.2  # a collective error right after a peer died is reported as that death
 PEER_DEATH_ECHO_GRACE_S = 3.0  # ... and longer when the error itself says the peer went away
-_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "ProcessGroupNCCL is aborted")
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "ProcessGroupNCCL is aborted",
+              "gloo/transport", "Connection refused", "connection closed", "NCCL communicator was aborted")
 
 
 @dataclass
@@ -217,7 +218,7 @@ class RankPool:
         A failure that reads like a lost connection is most likely the echo of a peer's death, which
         the kernel may report a little before the dying process can be reaped: wait longer then."""
         pending = [r for r in range(self.world_size) if r not in outcomes]
-        echo = any(p in failure.message for p in _PEER_LOST)
+        echo = any(p in failure.message or p in failure.traceback for p in _PEER_LOST)
         wait([self.procs[r].sentinel for r in pending], timeout=PEER_DEATH_ECHO_GRACE_S if echo else PEER_DEATH_GRACE_S)
         for r in pending:
             if not self.procs[r].is_alive():

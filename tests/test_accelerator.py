@@ -22,15 +22,6 @@ GLOBAL_BATCH = 16
 LENGTH = 96
 
 
-@pytest.fixture(autouse=True)
-def fresh_state():
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-
-
 def _dataset():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(LENGTH, 4, generator=g)

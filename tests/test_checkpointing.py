@@ -28,15 +28,6 @@ REPO = Path(__file__).resolve().parents[1]
 TRAIN_SCRIPT = REPO / "tests" / "scripts" / "ckpt_train.py"
 
 
-@pytest.fixture(autouse=True)
-def fresh_state():
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-
-
 # ---------------------------------------------------------------------------------------------- helpers
 class Counter:
     """A registered object: its value tells which checkpoint was loaded."""

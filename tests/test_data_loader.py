@@ -9,17 +9,8 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, SequentialSampler
 
 from accel import data_loader as A
-from accel.state import AcceleratorState, GradientState, PartialState
+from accel.state import GradientState, PartialState
 from tests.dist_utils import run_distributed
-
-
-@pytest.fixture(autouse=True)
-def fresh_state():
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
 
 
 @pytest.fixture(scope="module")

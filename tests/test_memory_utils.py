@@ -10,7 +10,7 @@ import torch
 
 from accel.backends import get_backend, register_backend, reset_registry
 from accel.backends.cpu import CPUBackend
-from accel.state import AcceleratorState, GradientState
+
 from accel.utils.memory import (
     clear_device_cache,
     find_executable_batch_size,
@@ -19,15 +19,6 @@ from accel.utils.memory import (
 )
 
 CPU_OOM = "[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried to allocate {} bytes."
-
-
-@pytest.fixture(autouse=True)
-def fresh_state():
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
 
 
 def _failing_above(limit, tried, error=lambda bs: RuntimeError(CPU_OOM.format(bs * 2**30))):

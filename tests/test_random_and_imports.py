@@ -7,16 +7,8 @@ import pytest
 import torch
 
 from accel import utils
-from accel.state import AcceleratorState, GradientState, PartialState
+from accel.state import PartialState
 from tests.dist_utils import run_distributed
-
-
-@pytest.fixture(autouse=True)
-def fresh_state():
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
 
 
 def _draw():

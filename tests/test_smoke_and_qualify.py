@@ -6,8 +6,6 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 

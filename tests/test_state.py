@@ -8,15 +8,6 @@ from accel.utils.dataclasses import DistributedType, GradientAccumulationPlugin
 from tests.dist_utils import run_distributed
 
 
-@pytest.fixture(autouse=True)
-def fresh_state():
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-
-
 def test_single_process_defaults():
     state = PartialState()
     assert state.num_processes == 1 and state.process_index == 0

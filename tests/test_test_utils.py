@@ -12,21 +12,12 @@ import torch
 
 import accel.test_utils as tu
 from accel.backends import get_backend, get_registry, torch_version
-from accel.state import AcceleratorState, GradientState
+
 from accel.test_utils import REQUIREMENTS, RegressionDataset, RegressionModel
 from accel.test_utils.testing import REASON_CODES, Requirement, evaluate_requirement, skip_unless
 from tests.dist_utils import run_distributed
 
 pytest_plugins = ["pytester"]
-
-
-@pytest.fixture(autouse=True)
-def fresh_state():
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
 
 
 def _reference_training():

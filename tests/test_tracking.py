@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from accel import Accelerator
-from accel.state import AcceleratorState, GradientState
+
 from accel.test_utils import require_tensorboard
 from accel.tracking import (
     CSVTracker,
@@ -27,15 +27,6 @@ from accel.tracking import (
 from accel.utils import LoggerType
 from accel.utils.imports import is_tensorboard_available
 from tests.dist_utils import run_distributed
-
-
-@pytest.fixture(autouse=True)
-def fresh_state():
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
 
 
 def _read_jsonl(path):
