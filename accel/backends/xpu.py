@@ -7,7 +7,6 @@ import importlib.util
 import torch
 from packaging.version import Version
 
-from .base import Capability
 from .device_module import DeviceModuleBackend
 
 
