@@ -615,18 +615,44 @@ def worker_main(argv: list[str]) -> None:
         else:
             sys.path[0] = os.path.dirname(os.path.abspath(target))  # as `python script.py` does
             runpy.run_path(target, run_name="__main__")
-    except SystemExit:
-        _close_process_group()
-        raise
+    except SystemExit as exc:
+        _finish(_exit_status(exc.code))
     except KeyboardInterrupt:
         raise
     except BaseException as exc:
         _record_error(exc)
         traceback.print_exception(type(exc), exc, _trim(exc.__traceback__))
-        sys.stderr.flush()
-        _close_process_group()
-        sys.exit(1)
+        _finish(1)
+    _finish(0)
+
+
+def _exit_status(code: Any) -> int:
+    """``sys.exit``'s argument as a process status, as the interpreter would turn it into one."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _finish(status: int) -> None:
+    """End the rank: close the process group, run the script's atexit handlers, flush, and leave
+    without the interpreter's C++ teardown. With torch 2.13, gloo's threads can still be joinable
+    when static destructors run, which aborts a rank that already succeeded ("terminate called
+    without an active exception", SIGABRT) and fails the whole launch."""
+    import atexit
+
     _close_process_group()
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(status)
 
 
 def _close_process_group() -> None:
