@@ -154,9 +154,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if ctx is None:
         return
     ws_marker = metafunc.definition.get_closest_marker("world_size")
-    # a test that parametrizes these names itself means its own values, not the harness fixtures
+    # a test that parametrizes these names itself, or whose suite defines its own fixtures of these
+    # names (``device`` is a common one), means its own values, not the harness's
     own = {name for mark in metafunc.definition.iter_markers("parametrize") for name in _argnames(mark)}
-    wants_backend = bool(({"backend", "device", "rank", "world_size"} - own) & set(metafunc.fixturenames)) or ws_marker is not None
+    ours = {name for name in ("backend", "device", "rank", "world_size")
+            if name not in own and name in metafunc.fixturenames and _is_harness_fixture(metafunc, name)}
+    wants_backend = bool(ours) or ws_marker is not None
     if not wants_backend:
         return
     if BACKEND_PARAM not in metafunc.fixturenames:
@@ -172,6 +175,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if WORLD_SIZE_PARAM not in metafunc.fixturenames:
         metafunc.fixturenames.append(WORLD_SIZE_PARAM)
     metafunc.parametrize(WORLD_SIZE_PARAM, sizes, ids=[f"ws{n}" for n in sizes], scope="function")
+
+
+def _is_harness_fixture(metafunc: pytest.Metafunc, name: str) -> bool:
+    """Whether ``name`` resolves to this plugin's fixture (the closest definition wins in pytest)."""
+    defs = metafunc._arg2fixturedefs.get(name)
+    return bool(defs) and getattr(defs[-1].func, "__module__", None) == __name__
 
 
 def _argnames(mark: Any) -> list[str]:

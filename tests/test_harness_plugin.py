@@ -248,3 +248,22 @@ def test_records_and_known_issues(pytester):
     # with --known-issues-xfail the tracked failure becomes an xfail; the untracked one still fails
     again = _run(pytester, "-m", "cpu", "--known-issues", "known.yaml", "--known-issues-xfail")
     again.assert_outcomes(passed=1, failed=1, skipped=1, xfailed=1, deselected=16)
+
+
+def test_a_suites_own_device_fixture_is_left_alone(pytester):
+    """The plugin is installed for every pytest run: a project with its own `device` fixture must not
+    find its tests multiplied over backends."""
+    pytester.makeconftest("""
+        import pytest
+
+        @pytest.fixture
+        def device():
+            return "my-device"
+    """)
+    pytester.makepyfile(test_mine="""
+        def test_uses_own_device(device):
+            assert device == "my-device"
+    """)
+    result = _run(pytester, "-v")
+    result.assert_outcomes(passed=1)
+    assert "test_uses_own_device PASSED" in result.stdout.str()
