@@ -13,11 +13,19 @@ median round time.
   loading path and memory copies, not a cold disk.
 
 The directory is pytest's ``tmp_path`` (the temporary directory's file system).
+
+Methodology against run-to-run noise: ``load`` reads a checkpoint written (and fsynced by
+``save_state``) once before timing and then read again and again, so every round sees the same,
+fully cached files (``extra_info["page_cache"] = "warm"``); rounds last at least
+:data:`ROUND_TIME_S`; on a host CPU the process is pinned to one core while it measures
+(``extra_info["cpu_pinning"]``).
 """
 
 from __future__ import annotations
 
 import os
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -26,6 +34,10 @@ import timing
 
 #: (width, layers): full and quick, on the host CPU and on accelerators
 MODEL = {"cpu": ((1024, 4), (512, 4)), "device": ((4096, 4), (1024, 4))}
+
+
+#: shortest round (seconds): several saves or loads per round
+ROUND_TIME_S = 0.25
 
 
 def model_shape(backend, settings: timing.Settings) -> tuple[int, int]:
@@ -63,7 +75,11 @@ def test_checkpoint(benchmark, backend, accel_on_backend, bench_settings, tmp_pa
         def call():
             accelerator.load_state(str(target))
 
-    m = timing.measure(backend, call, bench_settings)
+    settings = bench_settings
+    if not (settings.smoke or settings.quick):
+        settings = replace(settings, round_time_s=max(settings.round_time_s, ROUND_TIME_S))
+    with timing.pinned_to_core() as pinning:
+        m = timing.measure(backend, call, settings)
     parameters = sum(p.numel() for p in model.parameters())
     info = timing.extra_info(
         backend, m, metric=f"checkpoint_{operation}", unit="MB/s", work_per_round=nbytes * m.iterations / timing.MB,
@@ -71,7 +87,8 @@ def test_checkpoint(benchmark, backend, accel_on_backend, bench_settings, tmp_pa
         sizes={"checkpoint_bytes": nbytes, "parameters": parameters, "width": width, "layers": layers,
                "files": sorted(os.listdir(target))},
         operation=operation, optimizer="AdamW", safe_serialization=True,
-        page_cache="warm" if operation == "load" else None,
+        page_cache="warm" if operation == "load" else None, cpu_pinning=pinning,
+        round_time_s=settings.round_time_s,
     )
     timing.record(benchmark, m, info)
     # the JSON parts (manifest, RNG states) may change by a few bytes between saves

@@ -13,9 +13,18 @@ Bus bandwidth, as nccl-tests define it, makes figures comparable across world si
 * all-gather with an ``S``-byte gathered output: ``busbw = S * (n-1) / n / t``
 
 ``algbw = S / t`` is recorded too (``extra_info["algbw"]``).
+
+Methodology against run-to-run noise: where the host has at least as many allowed cores as ranks,
+each rank pins itself to its own core while it measures (:func:`timing.pinned_to_core`; recorded
+per rank in ``extra_info["cpu_pinning"]``), so ranks neither migrate nor stack up on one core;
+rounds last at least :data:`ROUND_TIME_S` (many collectives per round, so one late rank or
+scheduler hiccup is a small part of a round).
 """
 
 from __future__ import annotations
+
+import contextlib
+from dataclasses import replace
 
 import pytest
 import torch
@@ -27,6 +36,10 @@ MESSAGE_BYTES = {
     "cpu": {"small": (64 * 2**10, 64 * 2**10), "large": (16 * 2**20, 4 * 2**20)},
     "device": {"small": (1 * 2**20, 1 * 2**20), "large": (256 * 2**20, 64 * 2**20)},
 }
+
+
+#: shortest round (seconds) on full-size runs
+ROUND_TIME_S = 0.2
 
 
 def message_bytes(backend, size: str, settings: timing.Settings) -> int:
@@ -66,12 +79,17 @@ def collective_rank(backend, rank: int, world_size: int, op: str, nbytes: int, s
             gather(out, tensor)
     else:
         raise ValueError(f"unknown op {op!r}")
-    m = timing.measure(backend, call, settings, setup=dist.barrier,
-                       reduce_max=lambda values: timing.rank_max(values, device))
+    if not (settings.smoke or settings.quick):
+        settings = replace(settings, round_time_s=max(settings.round_time_s, ROUND_TIME_S))
+    pin = backend.device_type == "cpu"
+    with (timing.pinned_to_core(rank, world_size) if pin else contextlib.nullcontext({"pinned": False})) as pinning:
+        m = timing.measure(backend, call, settings, setup=dist.barrier,
+                           reduce_max=lambda values: timing.rank_max(values, device))
     if op == "all_gather":
         expected = torch.arange(1, world_size + 1, dtype=torch.float32).repeat_interleave(numel)
         assert torch.equal(out.cpu(), expected), "all_gather gave wrong values"
-    return {"measurement": m, "comm_backend": dist.get_backend(), "torch_threads": torch.get_num_threads()}
+    return {"measurement": m, "comm_backend": dist.get_backend(), "torch_threads": torch.get_num_threads(),
+            "cpu_pinning": pinning, "round_time_s": settings.round_time_s}
 
 
 @pytest.mark.parametrize("nranks", [2, 4], ids=["ranks2", "ranks4"])
@@ -96,6 +114,7 @@ def test_collective(benchmark, backend, bench_settings, request, op, size, nrank
         sizes={"bytes_per_rank": nbytes, "message_bytes": message, "elements_per_rank": nbytes // 4},
         algbw=message * m.iterations / m.median / timing.GB, busbw_formula=formula,
         comm_backend=results[0]["comm_backend"], round_time="slowest rank, after a barrier",
-        torch_threads=results[0]["torch_threads"],
+        torch_threads=results[0]["torch_threads"], round_time_s=results[0]["round_time_s"],
+        cpu_pinning=[r["cpu_pinning"] for r in results],
     )
     timing.record(benchmark, m, info)

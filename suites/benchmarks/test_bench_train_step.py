@@ -19,6 +19,9 @@ of the same round pair), 1.00 = no overhead, > 1 = accel is slower. Pairing roun
 on a shared machine; ``overhead_ratio_of_medians`` (ratio of the two median round times) is kept
 too, and the hand-written loop's steps/s as ``baseline_throughput`` (its raw round times in
 ``baseline_samples_s``).
+
+Methodology against run-to-run noise: the process is pinned to one core while it measures
+(:func:`timing.pinned_to_core`, recorded in ``extra_info["cpu_pinning"]``).
 """
 
 from __future__ import annotations
@@ -117,12 +120,15 @@ def test_train_step(benchmark, backend, accel_on_backend, bench_settings, model,
     device = backend.device(0)
     hand_written = torch_step(model, device)
     extra: dict[str, Any] = {}
+    pinned = timing.pinned_to_core()
     if variant == "torch":
-        m = timing.measure(backend, hand_written, bench_settings)
+        with pinned as pinning:
+            m = timing.measure(backend, hand_written, bench_settings)
         last = hand_written()
     else:
         through_accel = accel_step(model)
-        both = timing.measure_interleaved(backend, {"torch": hand_written, "accel": through_accel}, bench_settings)
+        with pinned as pinning:
+            both = timing.measure_interleaved(backend, {"torch": hand_written, "accel": through_accel}, bench_settings)
         m, base = both["accel"], both["torch"]
         extra = {
             "overhead_ratio": statistics.median(a / b for a, b in zip(m.samples, base.samples)),
@@ -136,7 +142,7 @@ def test_train_step(benchmark, backend, accel_on_backend, bench_settings, model,
     info = timing.extra_info(
         backend, m, metric=f"train_step_{model}", unit="steps/s", work_per_round=float(m.iterations),
         work_unit="steps", dtype="float32", settings=bench_settings,
-        sizes={**cfg, "parameters": _params(model)}, variant=variant, optimizer="AdamW", **extra,
+        sizes={**cfg, "parameters": _params(model)}, variant=variant, optimizer="AdamW", cpu_pinning=pinning, **extra,
     )
     timing.record(benchmark, m, info)
     assert torch.isfinite(last.detach()).all()
