@@ -219,12 +219,25 @@ class RankPool:
         the kernel may report a little before the dying process can be reaped: wait longer then."""
         pending = [r for r in range(self.world_size) if r not in outcomes]
         echo = any(p in failure.message or p in failure.traceback for p in _PEER_LOST)
-        wait([self.procs[r].sentinel for r in pending], timeout=PEER_DEATH_ECHO_GRACE_S if echo else PEER_DEATH_GRACE_S)
+        grace = PEER_DEATH_ECHO_GRACE_S if echo else PEER_DEATH_GRACE_S
+        wait([self.procs[r].sentinel for r in pending], timeout=grace)
         for r in pending:
-            if not self.procs[r].is_alive():
-                self.procs[r].join(timeout=1)
-                return r, self.procs[r].exitcode
+            proc = self.procs[r]
+            if not proc.is_alive() or self._pipe_closed(r) or _gone(proc.pid):
+                proc.join(timeout=grace)  # a closed pipe means it is exiting: wait for its status
+                return r, proc.exitcode
         return None
+
+    def _pipe_closed(self, rank: int) -> bool:
+        """True when ``rank``'s end of its pipe is gone (the process is exiting or has exited)."""
+        conn = self.conns[rank]
+        try:
+            if not conn.poll():
+                return False
+            conn.recv()  # a late outcome: the rank is alive and talking
+            return False
+        except (EOFError, OSError):
+            return True
 
     def _hang(self, outcomes: dict[int, RankOutcome], timeout: float) -> PoolResult:
         stuck = [r for r in range(self.world_size) if r not in outcomes]
@@ -246,6 +259,16 @@ class RankPool:
                     stacks[rank] = "(no stack written)"
         self.close(kill=True)
         return PoolResult("timeout", f"ranks {stuck} did not finish within {timeout:g}s", outcomes=list(outcomes.values()), stacks=stacks)
+
+
+def _gone(pid: int | None) -> bool:
+    """Dead or a zombie, asked of the OS (``is_alive`` cannot tell once someone else reaped it)."""
+    try:
+        import psutil
+
+        return pid is None or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except Exception:  # NoSuchProcess: gone
+        return True
 
 
 def _signal_name(code: int | None) -> str:
