@@ -13,3 +13,16 @@ def fresh_state():
     yield
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
+
+
+@pytest.fixture
+def clean_environment(monkeypatch, tmp_path):
+    """No user override leaks in, the default config path points into tmp, and probes start fresh."""
+    from accel.backends import reset_registry
+
+    for name in ("ACCEL_DEVICE", "ACCEL_CONFIG_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    reset_registry()
+    yield
+    reset_registry()

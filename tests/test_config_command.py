@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from accel.backends import get_backend, reset_registry
+from accel.backends import get_backend
 from accel.commands import cli
 from accel.commands import config as config_command
 from accel.commands.config_file import ConfigError, LaunchConfig, default_config_path, load_config, save_config
@@ -18,14 +18,7 @@ from accel.commands.config_file import ConfigError, LaunchConfig, default_config
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def clean_environment(monkeypatch, tmp_path):
-    for name in ("ACCEL_DEVICE", "ACCEL_CONFIG_FILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    reset_registry()
-    yield
-    reset_registry()
+pytestmark = pytest.mark.usefixtures("clean_environment")
 
 
 def run_config(argv: list[str], capsys) -> tuple[int, str, str]:

@@ -48,15 +48,7 @@ SECTIONS = (
 )
 
 
-@pytest.fixture(autouse=True)
-def clean_environment(monkeypatch, tmp_path):
-    """No user override leaks in, the default config path points into tmp, and probes start fresh."""
-    for name in ("ACCEL_DEVICE", "ACCEL_CONFIG_FILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    reset_registry()
-    yield
-    reset_registry()
+pytestmark = pytest.mark.usefixtures("clean_environment")
 
 
 class AbsentBackend(Backend):
