@@ -26,6 +26,10 @@ written for accel puts these keys in ``extra_info`` (all optional; each has a fa
                     than the round time itself (they replace ``stats.data``)
 ``torch_version``, ``accel_version``  versions (else ``machine_info`` ``torch_version`` /
                     ``accel_version``, which a ``pytest_benchmark_update_machine_info`` hook may add)
+``host_bound``      ``"compute"`` or ``"memory"``: which host resource limits the benchmark (set
+                    for work that runs on the host CPU); absent or null when neither does
+``host_reference``  the host probe bracketing the benchmark (``suites/benchmarks/host_reference.py``):
+                    ``compute_gflops`` and ``memory_gbs`` of a fixed matmul and copy
 ==================  ==========================================================================
 
 The samples compared are ``extra_info.samples`` if given, else the raw times converted to the
@@ -48,9 +52,15 @@ otherwise the same backend's newest), else the oldest run of the history passed 
   otherwise) must give ``p < alpha`` (default 0.01). With fewer samples a single comparison proves
   nothing: the regression is confirmed only when the previous run of the history also exceeded
   the threshold against the same reference (repeated violation); otherwise it is "unconfirmed".
+* Host drift: when both runs carry a ``host_reference`` of the benchmark's ``host_bound`` kind, the
+  change is also taken relative to the host (``adjusted_change`` = change of value / host
+  reference). A change over the threshold whose host-relative change is within the threshold, with
+  the host probe moving the same way, gets the status ``host drift``: the machine got slower or
+  faster, not the software (a shared VM's memory bandwidth moves by tens of per cent within
+  minutes). It never fails a report.
 * Statuses: ``regression`` (confirmed), ``unconfirmed`` (over the threshold, too few samples, not
-  repeated), ``within noise`` (over the threshold but not significant), ``unchanged``,
-  ``improvement`` (the same rule in the good direction), ``no reference``.
+  repeated), ``within noise`` (over the threshold but not significant), ``host drift``,
+  ``unchanged``, ``improvement`` (the same rule in the good direction), ``no reference``.
 * ``speedup`` = how much faster the new run is (new/ref for higher-is-better, ref/new otherwise);
   each table's summary is the geometric mean of the speedups (1.00x = unchanged).
 """
@@ -69,11 +79,14 @@ __all__ = [
     "DEFAULT_ALPHA",
     "DEFAULT_MIN_SAMPLES",
     "DEFAULT_THRESHOLD",
+    "HOST_REFERENCE_KEYS",
     "benchmark_row",
     "compare_benchmarks",
     "compare_samples",
     "geometric_mean",
     "higher_is_better",
+    "host_drift",
+    "host_reference_value",
     "mann_whitney_greater",
     "summarise_benchmarks",
 ]
@@ -87,6 +100,38 @@ _HIGHER_METRICS = ("throughput", "bandwidth", "flops", "tflops", "samples_per_se
 _LOWER_METRICS = ("time", "latency", "duration", "step_time", "seconds", "memory", "overhead")
 _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 _KNOWN_BACKENDS = ("cpu", "cuda", "xpu", "hpu", "mps")
+#: ``extra_info["host_bound"]`` -> the figure of ``extra_info["host_reference"]`` it is compared with
+HOST_REFERENCE_KEYS = {"compute": "compute_gflops", "memory": "memory_gbs"}
+
+
+def host_reference_value(extra: Mapping[str, Any]) -> float | None:
+    """The host probe figure of the benchmark's ``host_bound`` kind (None when it has none)."""
+    key = HOST_REFERENCE_KEYS.get(str(extra.get("host_bound")))
+    reference = extra.get("host_reference")
+    if key is None or not isinstance(reference, Mapping):
+        return None
+    value = _number(reference.get(key))
+    return value if value is not None and value > 0 else None
+
+
+def host_drift(value: float, host: float, ref_value: float, ref_host: float, higher_better: bool,
+               threshold: float = DEFAULT_THRESHOLD) -> dict[str, Any]:
+    """Split a change into the host's and the benchmark's own part.
+
+    ``host_change`` is how much the host probe moved, ``adjusted_change`` how much the benchmark
+    moved relative to it (both signed, in the metric's own direction). ``explained`` is True when
+    the benchmark's change is over ``threshold``, the host moved the same way, and relative to the
+    host the benchmark stayed within ``threshold``.
+    """
+    change = value / ref_value - 1.0
+    host_change = host / ref_host - 1.0
+    # a throughput follows the host's speed; a time follows its inverse
+    relative = (value / host) / (ref_value / ref_host) if higher_better else (value * host) / (ref_value * ref_host)
+    adjusted_change = relative - 1.0
+    host_worse = -host_change  # the probes are throughputs: lower = slower host
+    worse = -change if higher_better else change
+    explained = abs(worse) > threshold and abs(adjusted_change) <= threshold and (worse > 0) == (host_worse > 0)
+    return {"host_change": host_change, "adjusted_change": adjusted_change, "explained": explained}
 
 
 def higher_is_better(extra: Mapping[str, Any]) -> bool:
@@ -181,6 +226,8 @@ def benchmark_row(bench: Mapping[str, Any], machine: Mapping[str, Any] | None = 
         "rounds": stats.get("rounds"),
         "time_median": time_median,
         "throughput": throughput,
+        "host_bound": extra.get("host_bound") if extra.get("host_bound") in HOST_REFERENCE_KEYS else None,
+        "host_ref": host_reference_value(extra),
     }
 
 
@@ -316,7 +363,7 @@ def compare_benchmarks(
     change, speedup, p-value, status and evidence. See the module docstring for the rule."""
     columns = ["backend", "torch_version", "accel_version", "bench_id", "name", "metric", "unit", "higher_is_better",
                "device", "dtype", "world_size", "value", "n_samples", "ref_value", "ref_n", "ref_source", "runs",
-               "change", "speedup", "p_value", "status", "evidence"]
+               "change", "speedup", "p_value", "status", "evidence", "host_change", "adjusted_change"]
     if current is None or current.empty:
         return pd.DataFrame(columns=columns)
     current = _order(current)
@@ -347,6 +394,7 @@ def compare_benchmarks(
             "world_size": latest["world_size"], "value": latest["value"], "n_samples": latest["n_samples"],
             "ref_value": None, "ref_n": None, "ref_source": ref_source, "runs": len(group),
             "change": None, "speedup": None, "p_value": None, "status": "no reference", "evidence": "",
+            "host_change": None, "adjusted_change": None,
         }
         if reference is not None:
             result = compare_samples(
@@ -359,8 +407,25 @@ def compare_benchmarks(
                 "speedup": result["speedup"], "p_value": result["p_value"], "status": result["status"],
                 "evidence": result["evidence"],
             })
+            _apply_host_drift(row, latest, reference, threshold)
         rows.append(row)
     return pd.DataFrame(rows, columns=columns)
+
+
+def _apply_host_drift(row: dict[str, Any], latest: Mapping[str, Any], reference: Mapping[str, Any], threshold: float) -> None:
+    """Fill ``host_change``/``adjusted_change`` and relabel a change the host explains as ``host drift``."""
+    host, ref_host = _number(latest.get("host_ref")), _number(reference.get("host_ref"))  # NaN when absent
+    if host is None or ref_host is None or latest.get("host_bound") != reference.get("host_bound"):
+        return
+    if not row["value"] or not row["ref_value"]:
+        return
+    drift = host_drift(float(row["value"]), host, float(row["ref_value"]), ref_host, row["higher_is_better"], threshold)
+    row["host_change"], row["adjusted_change"] = drift["host_change"], drift["adjusted_change"]
+    if drift["explained"] and row["status"] in ("regression", "improvement", "unconfirmed", "within noise"):
+        row["evidence"] = (f"the host's {latest['host_bound']} reference moved {drift['host_change']:+.0%} with it; "
+                           f"relative to the host the change is {drift['adjusted_change']:+.0%} "
+                           f"(was: {row['status']}; {row['evidence']})")
+        row["status"] = "host drift"
 
 
 def summarise_benchmarks(table: pd.DataFrame) -> pd.DataFrame:

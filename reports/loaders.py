@@ -76,7 +76,7 @@ RUN_COLUMNS = [
 BENCH_COLUMNS = [
     "run_id", "source", "datetime", "name", "fullname", "group", "bench_id", "backend", "device", "dtype",
     "world_size", "torch_version", "accel_version", "metric", "unit", "higher_is_better", "value",
-    "samples", "n_samples", "rounds", "time_median", "throughput",
+    "samples", "n_samples", "rounds", "time_median", "throughput", "host_bound", "host_ref",
 ]
 
 #: backend names recognised in a JUnit nodeid when the file carries no ``accel_backend`` property
@@ -516,7 +516,7 @@ def _benchmark_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
         values = [row.get(name) for row in rows]
         if name in ("backend", "torch_version", "accel_version"):
             values = ["unknown" if v is None or v == "" else str(v) for v in values]
-        if name in ("value", "time_median", "throughput"):
+        if name in ("value", "time_median", "throughput", "host_ref"):
             data[name] = pd.Series(values, dtype=float)
         else:
             data[name] = _objects(values)

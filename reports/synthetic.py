@@ -216,8 +216,12 @@ def bench_entry(
     device: str | None = None,
     group: str | None = None,
     keep_data: bool = True,
+    host: tuple[str, float] | None = None,
 ) -> dict[str, Any]:
-    """One pytest-benchmark entry with the ``extra_info`` keys :mod:`reports.benchmarks` reads."""
+    """One pytest-benchmark entry with the ``extra_info`` keys :mod:`reports.benchmarks` reads.
+
+    ``host`` = (``host_bound`` kind, host probe figure) adds the host reference of that kind.
+    """
     ordered = sorted(times)
     n = len(ordered)
     median = ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
@@ -229,6 +233,10 @@ def bench_entry(
         extra["torch_version"] = torch_version
     if accel_version:
         extra["accel_version"] = accel_version
+    if host is not None:
+        kind, figure = host
+        extra["host_bound"] = kind
+        extra["host_reference"] = {{"compute": "compute_gflops", "memory": "memory_gbs"}[kind]: figure}
     if work_size is not None:
         extra["work_size"] = work_size
         extra["throughput"] = work_size / median

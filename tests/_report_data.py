@@ -77,8 +77,9 @@ def clustered(folder: Path) -> list[Path]:
 
 
 def bench_file(folder: Path, name: str, backend: str, times_by_bench: dict[str, list[float]], *, torch: str = "2.8.0",
-               when: str = "2025-06-01T00:00:00", work: float | None = 128.0) -> Path:
+               when: str = "2025-06-01T00:00:00", work: float | None = 128.0,
+               host: tuple[str, float] | None = None) -> Path:
     entries = [bench_entry(b, backend, times, work_size=work, torch_version=torch,
-                           metric="throughput" if work else "time", unit="samples/s" if work else "s")
+                           metric="throughput" if work else "time", unit="samples/s" if work else "s", host=host)
                for b, times in times_by_bench.items()]
     return write_benchmarks(folder / f"{name}.json", entries, when=when)

@@ -81,6 +81,15 @@ def test_quick_bench_writes_json_with_the_extra_info_schema(quick_run):
         extra = benches[metric]["extra_info"]
         assert extra["overhead_ratio"] > 0 and extra["baseline_throughput"] > 0
         assert len(extra["baseline_samples_s"]) == extra["rounds"]
+    # every benchmark is bracketed by the host probe; its kind says which probe figure applies
+    bounds = {metric: b["extra_info"]["host_bound"] for metric, b in benches.items()}
+    assert bounds == {"matmul": "compute", "all_reduce_busbw": "memory", "device_copy": "memory",
+                      "train_step_mlp": "compute", "data_loader_shard": None, "checkpoint_save": None}
+    for bench in benches.values():
+        probe = bench["extra_info"]["host_reference"]
+        assert probe["compute_gflops"] > 0 and probe["memory_gbs"] > 0
+        assert probe["before"]["time"] < probe["after"]["time"]
+        assert len(probe["before"]["memory_samples"]) == len(probe["after"]["compute_samples"]) == 3  # quick
     matmul, allreduce = benches["matmul"]["extra_info"], benches["all_reduce_busbw"]["extra_info"]
     n = matmul["sizes"]["n"]
     assert matmul["dtype"] == "float32" and matmul["world_size"] == 1 and matmul["unit"] == "TFLOP/s"
@@ -170,9 +179,24 @@ def test_summary_table_shows_runs_and_their_spread():
                                         [bench("test_a[cpu]", 12.0)]])
     line = next(line for line in text.splitlines() if line.startswith("test_a[cpu]"))
     assert "10" in line and "12" in line and "GB/s" in line and "18.2%" in line  # (12 - 10) / 11
+    assert line.split()[-2:] == ["-", "-"]  # no host probe: no host columns
     single = bench_command.summary_table([[bench("test_b[cpu]", 3.0)]])
     assert "spread" not in single.splitlines()[0] and "10%" in single
     assert bench_command.summary_table([]) == "(no benchmark results)"
+
+
+def test_summary_table_separates_host_drift_from_the_benchmarks_own_spread():
+    def bench(name, value, memory):
+        return {"name": name, "stats": {"rounds": 10, "median": 0.5, "iqr": 0.05},
+                "extra_info": {"throughput": value, "unit": "GB/s", "host_bound": "memory",
+                               "host_reference": {"memory_gbs": memory, "compute_gflops": 90.0}}}
+
+    # the throughput moved 30 % between runs and the host's memory probe moved with it
+    text = bench_command.summary_table([[bench("test_copy[cpu]", 20.0, 40.0)], [bench("test_copy[cpu]", 26.0, 52.0)],
+                                        [bench("test_copy[cpu]", 23.0, 46.0)]])
+    row = next(line for line in text.splitlines() if line.startswith("test_copy[cpu]")).split()
+    assert row[-3:] == ["26.1%", "26.1%", "0.0%"]  # raw spread, host spread, spread relative to the host
+    assert "host probe, run 2: compute GFLOP/s 90.0 (min 90.0, max 90.0); memory GB/s 52.0" in text
 
 
 def test_help_lists_the_bench_command(capsys):

@@ -31,6 +31,16 @@ def _load_timing():
 timing = _load_timing()
 
 
+def _load_host_reference():
+    spec = importlib.util.spec_from_file_location("accel_bench_host_reference_under_test", SUITES / "host_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+host_reference = _load_host_reference()
+
+
 # ---------------------------------------------------------------------------- fake backends
 class QueueBackend(CPUBackend):
     """A CPU backend that behaves like an asynchronous device.
@@ -322,3 +332,35 @@ def test_record_puts_exactly_the_measured_rounds_into_the_json(pytester, monkeyp
     assert all(s >= 0.004 for s in bench["stats"]["data"])
     assert bench["stats"]["median"] == pytest.approx(statistics.median(measured["samples"]))
     assert bench["extra_info"]["throughput"] == pytest.approx(2.0 / bench["stats"]["median"])
+
+
+# ---------------------------------------------------------------------------- host probe
+def test_host_probe_measures_compute_and_memory_and_restores_threads():
+    import torch
+
+    threads = torch.get_num_threads()
+    probe = host_reference.probe(rounds=3, round_s=0.005)
+    assert torch.get_num_threads() == threads
+    assert len(probe["compute_samples"]) == len(probe["memory_samples"]) == 3
+    assert probe["compute_gflops"] == statistics.median(probe["compute_samples"]) > 0
+    assert probe["memory_gbs"] == statistics.median(probe["memory_samples"]) > 0
+    with pytest.raises(ValueError, match="rounds >= 1"):
+        host_reference.probe(rounds=0)
+
+
+def test_bracket_pools_the_rounds_before_and_after():
+    before = {"compute_samples": [10.0, 11.0, 12.0], "memory_samples": [30.0, 31.0, 32.0], "time": 1.0}
+    after = {"compute_samples": [20.0, 21.0, 22.0], "memory_samples": [40.0, 41.0, 42.0], "time": 2.0}
+    record = host_reference.bracket(before, after)
+    assert record["compute_gflops"] == 16.0 and record["memory_gbs"] == 36.0  # medians of the 6 rounds
+    assert record["before"] is before and record["after"] is after
+    assert set(record["probe"]) == set(host_reference.KINDS)
+
+
+def test_extra_info_rejects_an_unknown_host_bound():
+    m = timing.Measurement(samples=[0.1, 0.2, 0.3])
+    backend = CPUBackend()
+    info = timing.extra_info(backend, m, metric="x", unit="GB/s", work_per_round=1.0, work_unit="GB", host_bound="memory")
+    assert info["host_bound"] == "memory" and timing.on_host(backend, "compute") == "compute"
+    with pytest.raises(ValueError, match="host_bound"):
+        timing.extra_info(backend, m, metric="x", unit="GB/s", work_per_round=1.0, work_unit="GB", host_bound="disk")

@@ -13,6 +13,8 @@ from reports.benchmarks import (
     compare_samples,
     geometric_mean,
     higher_is_better,
+    host_drift,
+    host_reference_value,
     mann_whitney_greater,
     summarise_benchmarks,
 )
@@ -155,3 +157,48 @@ def test_history_and_baseline_tables(tmp_path):
     # a single run has nothing to compare with
     single = compare_benchmarks(load_results([tmp_path / "base"]).benchmarks)
     assert set(single["status"]) == {"no reference"}
+
+
+# ---------------------------------------------------------------------------- host drift
+def test_host_drift_splits_a_change_into_the_hosts_part_and_the_benchmarks_own():
+    # throughput -25 % while the host's memory probe fell 24 %: the host explains it
+    drift = host_drift(75.0, 30.4, 100.0, 40.0, higher_better=True)
+    assert drift["host_change"] == pytest.approx(-0.24) and drift["explained"]
+    assert drift["adjusted_change"] == pytest.approx((75 / 30.4) / (100 / 40) - 1)
+    # the host was steady: the same drop is the benchmark's own
+    assert not host_drift(75.0, 40.0, 100.0, 40.0, higher_better=True)["explained"]
+    # the host got faster while the benchmark got slower: not explained either
+    assert not host_drift(75.0, 53.0, 100.0, 40.0, higher_better=True)["explained"]
+    # a time metric follows the inverse of the host speed: 30 % longer on a 25 % slower host
+    assert host_drift(1.30, 30.0, 1.0, 40.0, higher_better=False)["explained"]
+    # within the threshold there is nothing to explain
+    assert not host_drift(95.0, 38.0, 100.0, 40.0, higher_better=True)["explained"]
+
+
+def test_host_reference_value_reads_the_probe_of_the_benchmarks_kind():
+    extra = {"host_bound": "memory", "host_reference": {"memory_gbs": 31.5, "compute_gflops": 90.0}}
+    assert host_reference_value(extra) == 31.5
+    assert host_reference_value({**extra, "host_bound": "compute"}) == 90.0
+    assert host_reference_value({**extra, "host_bound": None}) is None
+    assert host_reference_value({**extra, "host_bound": "disk"}) is None
+    assert host_reference_value({"host_bound": "memory"}) is None
+    assert host_reference_value({"host_bound": "memory", "host_reference": {"memory_gbs": "fast"}}) is None
+
+
+def test_a_slowdown_the_host_probe_shares_is_host_drift_not_a_regression(tmp_path):
+    bench_file(tmp_path / "base", "base", "cpu", {"test_copy": _noisy(0.5, 15, 0.02, 21)}, host=("memory", 40.0))
+    bench_file(tmp_path / "cur", "n1", "cpu", {"test_copy": _noisy(0.667, 15, 0.02, 22)}, host=("memory", 30.0),
+               when="2025-06-02T00:00:00")
+    current = load_results([tmp_path / "cur"]).benchmarks
+    baseline = load_results([tmp_path / "base"]).benchmarks
+    row = compare_benchmarks(current, baseline).iloc[0]
+    assert row["status"] == "host drift", row["evidence"]
+    assert row["host_change"] == pytest.approx(-0.25)
+    assert abs(row["adjusted_change"]) < 0.05
+    assert "memory reference moved -25%" in row["evidence"] and "was: regression" in row["evidence"]
+    assert summarise_benchmarks(compare_benchmarks(current, baseline)).iloc[0]["regressions"] == 0
+    # the same slowdown on a steady host stays a regression
+    bench_file(tmp_path / "cur2", "n1", "cpu", {"test_copy": _noisy(0.667, 15, 0.02, 22)}, host=("memory", 40.0),
+               when="2025-06-02T00:00:00")
+    steady = compare_benchmarks(load_results([tmp_path / "cur2"]).benchmarks, baseline).iloc[0]
+    assert steady["status"] == "regression" and steady["adjusted_change"] == pytest.approx(steady["change"])

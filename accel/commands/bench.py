@@ -133,8 +133,27 @@ def _fmt(value: float | None) -> str:
     return f"{value:.3e}"
 
 
+def _spread(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    if len(present) < 2:
+        return None
+    middle = statistics.median(present)
+    return (max(present) - min(present)) / middle if middle else None
+
+
+def _pct(value: float | None) -> str:
+    return f"{value:.1%}" if value is not None else "-"
+
+
 def summary_table(runs: list[list[dict[str, Any]]]) -> str:
-    """Throughput per benchmark (one column per run) and, for several runs, their spread."""
+    """Throughput per benchmark (one column per run) and, for several runs, their spread.
+
+    With several runs, benchmarks that carry a host probe of their ``host_bound`` kind also show how
+    far the probe moved between the runs (``host``) and the spread of their throughput relative to
+    the probe (``vs host``): a large raw spread with a small ``vs host`` one is the machine drifting.
+    """
+    from reports.benchmarks import host_reference_value
+
     names: dict[str, None] = {}
     by_run: list[dict[str, dict[str, Any]]] = []
     for benches in runs:
@@ -146,14 +165,15 @@ def summary_table(runs: list[list[dict[str, Any]]]) -> str:
     width = max(len("benchmark"), *(len(n) for n in names))
     several = len(runs) > 1
     head = f"{'benchmark':<{width}}  " + "  ".join(f"{('run ' + str(i + 1)) if several else 'throughput':>12}" for i in range(len(runs)))
-    head += f"  {'unit':<10} {'rounds':>6} {'IQR':>6}" + (f" {'spread':>7}" if several else "")
+    head += f"  {'unit':<10} {'rounds':>6} {'IQR':>6}" + (f" {'spread':>7} {'host':>7} {'vs host':>7}" if several else "")
     lines = [head, "-" * len(head)]
     for name in names:
-        values, unit, rounds, iqr = [], "", "", ""
+        values, hosts, unit, rounds, iqr = [], [], "", "", ""
         for table in by_run:
             bench = table.get(name)
             value, u = _figure(bench) if bench else (None, "")
             values.append(value)
+            hosts.append(host_reference_value(bench.get("extra_info") or {}) if bench else None)
             unit = unit or u
             if bench:
                 stats = bench.get("stats") or {}
@@ -161,17 +181,37 @@ def summary_table(runs: list[list[dict[str, Any]]]) -> str:
                 med, q = stats.get("median"), stats.get("iqr")
                 iqr = f"{q / med:.0%}" if isinstance(med, (int, float)) and med and isinstance(q, (int, float)) else ""
         row = f"{name:<{width}}  " + "  ".join(f"{_fmt(v):>12}" for v in values) + f"  {unit:<10} {rounds:>6} {iqr:>6}"
-        present = [v for v in values if v is not None]
         if several:
-            spread = (max(present) - min(present)) / statistics.median(present) if len(present) > 1 and statistics.median(present) else None
-            row += f" {spread:>7.1%}" if spread is not None else f" {'-':>7}"
+            relative = [v / h if v is not None and h else None for v, h in zip(values, hosts)]
+            host_known = all(h is not None for h in hosts)
+            row += (f" {_pct(_spread(values)):>7} {_pct(_spread(hosts) if host_known else None):>7}"
+                    f" {_pct(_spread(relative) if host_known else None):>7}")
         lines.append(row)
     if several:
         lines.append("spread = (max - min) / median of the runs' throughputs; IQR = interquartile range of the last "
-                     "run's round times over their median")
+                     "run's round times over their median; host = spread of the host probe of the benchmark's kind "
+                     "(compute or memory) between the runs; vs host = spread of throughput / host probe")
+        lines.extend(_host_lines(by_run))
     else:
         lines.append("throughput from the median round; IQR = interquartile range of the round times over their median")
     return "\n".join(lines)
+
+
+def _host_lines(by_run: list[dict[str, dict[str, Any]]]) -> list[str]:
+    """One line per run: the median host probe over its benchmarks (when they carry one)."""
+    out = []
+    for i, table in enumerate(by_run, 1):
+        probes = [(b.get("extra_info") or {}).get("host_reference") for b in table.values()]
+        probes = [p for p in probes if isinstance(p, dict)]
+        figures = {}
+        for key, label in (("compute_gflops", "compute GFLOP/s"), ("memory_gbs", "memory GB/s")):
+            values = [p[key] for p in probes if isinstance(p.get(key), (int, float))]
+            if values:
+                figures[label] = (statistics.median(values), min(values), max(values))
+        if figures:
+            out.append(f"host probe, run {i}: " + "; ".join(
+                f"{label} {mid:,.1f} (min {lo:,.1f}, max {hi:,.1f})" for label, (mid, lo, hi) in figures.items()))
+    return out
 
 
 def _loadavg() -> str:

@@ -9,6 +9,10 @@
 * ``ACCEL_BENCH_QUICK=1`` selects smaller problems and fewer rounds (``accel bench --quick``).
 * ``ACCEL_BENCH_THREADS=N`` sets torch's thread count in the pytest process (``accel bench
   --threads N``); ranks of multi-process benchmarks run one thread each (the harness's pools).
+* Every benchmark is bracketed by the host probe (``host_reference.py``): ``extra_info["host_reference"]``
+  says how fast the host's CPU and memory were just before and just after it, so drift of a shared
+  machine can be told from a change of the software. Not in smoke runs (``--benchmark-disable``);
+  ``ACCEL_BENCH_HOST_PROBE=0`` turns it off.
 * The machine info of the JSON gains ``torch_version``, ``accel_version``, the selected backends
   with their device descriptions, and the whole ``accel env`` report under ``accel_env``.
 """
@@ -20,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+import host_reference
 import timing
 
 HERE = Path(__file__).resolve().parent
@@ -30,6 +35,7 @@ XDIST_SKIP = ("[opt-in] benchmarks do not run under pytest-xdist (-n): pytest-be
 
 
 THREADS_ENV = "ACCEL_BENCH_THREADS"
+HOST_PROBE_ENV = "ACCEL_BENCH_HOST_PROBE"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -114,6 +120,29 @@ def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: di
         machine_info["loadavg"] = list(os.getloadavg())
     except (AttributeError, OSError):
         pass
+
+
+def _host_probe_wanted() -> bool:
+    value = os.environ.get(HOST_PROBE_ENV, "1").strip().lower()
+    if value not in {"0", "1", "false", "true", "no", "yes", "off", "on", ""}:
+        raise pytest.UsageError(f"{HOST_PROBE_ENV} must be 0 or 1, got {value!r}")
+    return value not in {"0", "false", "no", "off"}
+
+
+@pytest.fixture(autouse=True)
+def host_probe(request: pytest.FixtureRequest):
+    """Bracket each timed benchmark with the host probe and record it in ``extra_info["host_reference"]``."""
+    if not _is_ours(request.node) or "benchmark" not in request.fixturenames or not _host_probe_wanted():
+        yield None
+        return
+    benchmark = request.getfixturevalue("benchmark")
+    if getattr(benchmark, "disabled", False):
+        yield None
+        return
+    rounds = 3 if timing.quick_requested() else 5
+    before = host_reference.probe(rounds=rounds)
+    yield before
+    benchmark.extra_info["host_reference"] = host_reference.bracket(before, host_reference.probe(rounds=rounds))
 
 
 @pytest.fixture

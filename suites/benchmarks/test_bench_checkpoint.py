@@ -84,6 +84,7 @@ def test_checkpoint(benchmark, backend, accel_on_backend, bench_settings, tmp_pa
     info = timing.extra_info(
         backend, m, metric=f"checkpoint_{operation}", unit="MB/s", work_per_round=nbytes * m.iterations / timing.MB,
         work_unit="MB", dtype="float32", settings=bench_settings,
+        host_bound=timing.on_host(backend, "memory") if operation == "load" else None,
         sizes={"checkpoint_bytes": nbytes, "parameters": parameters, "width": width, "layers": layers,
                "files": sorted(os.listdir(target))},
         operation=operation, optimizer="AdamW", safe_serialization=True,

@@ -111,6 +111,7 @@ def test_collective(benchmark, backend, bench_settings, request, op, size, nrank
     info = timing.extra_info(
         backend, m, metric=f"{op}_busbw", unit="GB/s", work_per_round=bus * m.iterations / timing.GB,
         work_unit="GB", dtype="float32", world_size=nranks, settings=bench_settings,
+        host_bound=timing.on_host(backend, "memory") if size == "large" else None,
         sizes={"bytes_per_rank": nbytes, "message_bytes": message, "elements_per_rank": nbytes // 4},
         algbw=message * m.iterations / m.median / timing.GB, busbw_formula=formula,
         comm_backend=results[0]["comm_backend"], round_time="slowest rank, after a barrier",

@@ -44,7 +44,7 @@ def test_matmul(benchmark, backend, bench_settings, dtype_name):
     info = timing.extra_info(
         backend, m, metric="matmul", unit="TFLOP/s", work_per_round=flop * m.iterations / timing.TFLOP,
         work_unit="TFLOP", dtype=dtype_name, sizes={"m": n, "n": n, "k": n, "flop_per_call": flop},
-        settings=bench_settings, float32_matmul_precision=torch.get_float32_matmul_precision(),
+        settings=bench_settings, host_bound=timing.on_host(backend, "compute"), float32_matmul_precision=torch.get_float32_matmul_precision(),
     )
     timing.record(benchmark, m, info)
     expected = torch.matmul(a[:4].float(), b[:, :4].float())

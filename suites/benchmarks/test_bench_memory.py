@@ -43,7 +43,7 @@ def test_device_copy(benchmark, backend, bench_settings):
     info = timing.extra_info(
         backend, m, metric="device_copy", unit="GB/s", work_per_round=moved * m.iterations / timing.GB,
         work_unit="GB", dtype="float32", sizes={"buffer_bytes": nbytes, "bytes_counted_per_copy": moved},
-        settings=bench_settings, counting="read + write (2 x buffer)",
+        settings=bench_settings, counting="read + write (2 x buffer)", host_bound=timing.on_host(backend, "memory"),
     )
     timing.record(benchmark, m, info)
     assert bool(dst[-1] == 1.0)
@@ -70,7 +70,7 @@ def test_transfer(benchmark, backend, bench_settings, direction, memory):
     info = timing.extra_info(
         backend, m, metric=f"{direction}_{memory}", unit="GB/s", work_per_round=nbytes * m.iterations / timing.GB,
         work_unit="GB", dtype="float32", sizes={"buffer_bytes": nbytes, "bytes_counted_per_copy": nbytes},
-        settings=bench_settings, direction=direction, pinned=pinned, non_blocking=pinned,
+        settings=bench_settings, direction=direction, pinned=pinned, host_bound=timing.on_host(backend, "memory"), non_blocking=pinned,
         counting="buffer bytes once per copy",
     )
     timing.record(benchmark, m, info)

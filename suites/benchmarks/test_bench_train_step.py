@@ -142,7 +142,7 @@ def test_train_step(benchmark, backend, accel_on_backend, bench_settings, model,
     info = timing.extra_info(
         backend, m, metric=f"train_step_{model}", unit="steps/s", work_per_round=float(m.iterations),
         work_unit="steps", dtype="float32", settings=bench_settings,
-        sizes={**cfg, "parameters": _params(model)}, variant=variant, optimizer="AdamW", cpu_pinning=pinning, **extra,
+        sizes={**cfg, "parameters": _params(model)}, variant=variant, host_bound=timing.on_host(backend, "compute"), optimizer="AdamW", cpu_pinning=pinning, **extra,
     )
     timing.record(benchmark, m, info)
     assert torch.isfinite(last.detach()).all()

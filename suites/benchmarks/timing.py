@@ -68,6 +68,10 @@ Written by :func:`extra_info` into every benchmark entry:
 ``torch_threads``     torch threads of the process that ran the work (per rank for multi-rank ones)
 ``loadavg_1m``        the host's 1-minute load average when the benchmark finished: other work on
                       the machine shows up as noise, this says how much there was
+``host_bound``        ``"compute"`` or ``"memory"`` when the work runs on the host CPU and that
+                      resource limits it (``None`` otherwise: device work, disk, latency-bound)
+``host_reference``    the host probe before and after the benchmark (added by the suites'
+                      ``conftest.py``; see ``host_reference.py``)
 ``torch_version``, ``accel_version``
 ====================  ========================================================================
 
@@ -100,6 +104,7 @@ __all__ = [
     "extra_info",
     "measure",
     "measure_interleaved",
+    "on_host",
     "pinned_to_core",
     "quick_requested",
     "rank_max",
@@ -439,6 +444,11 @@ def record(benchmark: Any, measurement: Measurement, info: Mapping[str, Any], cl
 
 
 # ---------------------------------------------------------------------------- extra_info
+def on_host(backend: Any, kind: str) -> str | None:
+    """``kind`` when ``backend`` computes on the host CPU (so the host probe applies), else None."""
+    return kind if backend.device_type == "cpu" else None
+
+
 def device_model(backend: Any) -> str:
     try:
         return str(backend.device_properties(0).name)
@@ -483,11 +493,14 @@ def extra_info(
     world_size: int = 1,
     sizes: Mapping[str, Any] | None = None,
     settings: Settings | None = None,
+    host_bound: str | None = None,
     **more: Any,
 ) -> dict[str, Any]:
     """The ``extra_info`` record of one benchmark (schema in the module docstring)."""
     if not unit.startswith(work_unit + "/"):
         raise ValueError(f"work_unit {work_unit!r} must be the numerator of unit {unit!r}")
+    if host_bound not in (None, "compute", "memory"):
+        raise ValueError(f"host_bound must be 'compute', 'memory' or None, got {host_bound!r}")
     median = measurement.median
     info: dict[str, Any] = {
         "backend": backend.name,
@@ -510,6 +523,7 @@ def extra_info(
         "quick": bool(settings.quick) if settings is not None else quick_requested(),
         "torch_threads": _threads(),
         "loadavg_1m": _loadavg(),
+        "host_bound": host_bound,
         **_versions(),
     }
     info.update(more)
