@@ -207,6 +207,19 @@ def test_calibration_picks_iterations_for_the_round_time_and_rounds_for_the_budg
         assert sample >= m.iterations * 0.001
 
 
+def test_calibration_trusts_the_longest_batch_not_a_lucky_short_one():
+    calls = []
+
+    def fn():  # the first calls are nearly free, then each call costs 1 ms (a latency-bound call on a busy host)
+        calls.append(1)
+        if len(calls) > 3:
+            time.sleep(0.001)
+
+    per_call = timing._calibrate(CPUBackend(), fn, round_time_s=0.04)
+    assert per_call >= 0.0009, per_call  # the fastest batch would say a few microseconds
+    assert timing._iterations_for(0.04, per_call) <= 45
+
+
 def test_smoke_settings_run_once_and_time_one_round():
     calls = []
     m = timing.measure(CPUBackend(), lambda: calls.append(1), timing.SMOKE)

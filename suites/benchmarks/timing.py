@@ -208,19 +208,20 @@ def _calibrate(backend: Any, fn: Callable[[], Any], round_time_s: float,
                setup: Callable[[], Any] | None = None) -> float:
     """Seconds per call, from back-to-back batches of 1, 2, 4, ... calls until one lasts a quarter round.
 
-    A single call of a short operation is at the mercy of one scheduler hiccup; a batch is less so,
-    and the fastest batch (per call) is taken.
+    The figure is the per-call time of that last, longest batch: short batches are dominated by
+    whichever scheduler state they happen to hit (on a VM a latency-bound call varies tenfold from
+    one moment to the next), and taking the fastest of them made rounds several times longer than
+    ``round_time_s`` and their length differ from run to run.
     ``agree`` makes every rank use the same (slowest) figure, so all ranks take the same decisions.
     """
     agree = agree or (lambda values: values)
-    calls, best = 1, math.inf
+    calls = 1
     while True:
         if setup is not None:
             setup()
         elapsed = agree([_timed(backend, fn, calls)])[0]
-        best = min(best, elapsed / calls)  # a batch hit by a hiccup must not shrink the rounds
         if elapsed >= round_time_s / 4 or calls >= MAX_ITERATIONS:
-            return best
+            return elapsed / calls
         calls *= 2
 
 
