@@ -370,6 +370,19 @@ def test_bracket_pools_the_rounds_before_and_after():
     assert set(record["probe"]) == set(host_reference.KINDS)
 
 
+def test_an_interleaved_memory_probe_replaces_the_brackets_figure():
+    before = {"compute_samples": [10.0], "memory_samples": [30.0], "time": 1.0}
+    after = {"compute_samples": [12.0], "memory_samples": [50.0], "time": 2.0}
+    m = timing.Measurement(samples=[0.1, 0.2, 0.4], iterations=2)
+    interleaved = host_reference.paired(m, gb_per_call=1.0)
+    assert interleaved["memory_samples"] == [20.0, 10.0, 5.0] and interleaved["memory_gbs"] == 10.0
+    record = host_reference.bracket(before, after, interleaved)
+    assert record["memory_gbs"] == 10.0 and record["memory_gbs_bracket"] == 40.0
+    assert record["memory_samples"] == [20.0, 10.0, 5.0]
+    assert record["memory_source"].startswith("interleaved")
+    assert host_reference.bracket(before, after)["memory_source"] == "bracket"
+
+
 def test_extra_info_rejects_an_unknown_host_bound():
     m = timing.Measurement(samples=[0.1, 0.2, 0.3])
     backend = CPUBackend()

@@ -142,7 +142,9 @@ def host_probe(request: pytest.FixtureRequest):
     rounds = 3 if timing.quick_requested() else 5
     before = host_reference.probe(rounds=rounds)
     yield before
-    benchmark.extra_info["host_reference"] = host_reference.bracket(before, host_reference.probe(rounds=rounds))
+    after = host_reference.probe(rounds=rounds)
+    interleaved = benchmark.extra_info.pop(host_reference.PAIRED_KEY, None)
+    benchmark.extra_info["host_reference"] = host_reference.bracket(before, after, interleaved)
 
 
 @pytest.fixture

@@ -18,6 +18,12 @@ The probe is deliberately tiny and fixed, so its own result depends only on the 
   counted read + write; GB/s.
 
 Each is timed in ``rounds`` rounds of about ``round_s`` seconds; the figure is the median round.
+
+A bracket is minutes away from the middle of a long benchmark, and a shared host's memory bandwidth
+moves on a scale of a tenth of a second (the probe's own rounds ranged from 27 to 44 GB/s within
+one run). So memory-bound benchmarks time the memory probe **interleaved** with their own rounds
+(:func:`memory_probe_call` in ``timing.measure_interleaved``) and record it with :func:`paired`;
+that figure then replaces the bracket's ``memory_gbs`` (``memory_source`` says which it is).
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["KINDS", "VALUE_KEYS", "bracket", "probe"]
+__all__ = ["KINDS", "PAIRED_KEY", "VALUE_KEYS", "bracket", "measure_with_memory_probe", "memory_probe_call", "paired",
+           "probe"]
 
 #: the probe kinds a benchmark can declare as its ``host_bound``
 KINDS = ("compute", "memory")
@@ -57,6 +64,41 @@ def _rounds(fn: Callable[[], Any], work_per_call: float, rounds: int, round_s: f
     return out
 
 
+#: ``extra_info`` key of a memory probe timed interleaved with the benchmark (see :func:`paired`)
+PAIRED_KEY = "host_reference_paired"
+
+
+def memory_probe_call() -> tuple[Callable[[], Any], float]:
+    """The memory probe as one call (a 64 MiB copy) and the GB it moves, for interleaved timing."""
+    src = torch.ones(COPY_BYTES // 4)
+    dst = torch.empty_like(src)
+    return (lambda: dst.copy_(src)), 2.0 * COPY_BYTES / 1e9
+
+
+def paired(measurement: Any, gb_per_call: float) -> dict[str, Any]:
+    """The ``extra_info[PAIRED_KEY]`` record of memory probe rounds timed interleaved with a benchmark."""
+    work = gb_per_call * measurement.iterations
+    samples = [work / t for t in measurement.samples]
+    return {"memory_gbs": statistics.median(samples), "memory_samples": samples,
+            "rounds": len(samples), "calls_per_round": measurement.iterations}
+
+
+def measure_with_memory_probe(benchmark: Any, backend: Any, call: Callable[[], Any], settings: Any) -> Any:
+    """``timing.measure`` of ``call``; on the host CPU, with the memory probe timed in interleaved rounds.
+
+    The probe's rounds go to ``benchmark.extra_info[PAIRED_KEY]`` (the suites' conftest folds them
+    into ``host_reference``); the benchmark's own measurement is returned.
+    """
+    import timing
+
+    if backend.device_type != "cpu" or settings.smoke:
+        return timing.measure(backend, call, settings)
+    probe_call, probe_gb = memory_probe_call()
+    both = timing.measure_interleaved(backend, {"benchmark": call, "host": probe_call}, settings)
+    benchmark.extra_info[PAIRED_KEY] = paired(both["host"], probe_gb)
+    return both["benchmark"]
+
+
 def probe(rounds: int = 5, round_s: float = 0.02) -> dict[str, Any]:
     """Measure the host's compute and memory reference figures now (about ``2 * rounds * round_s`` s)."""
     if rounds < 1 or round_s <= 0:
@@ -77,13 +119,22 @@ def probe(rounds: int = 5, round_s: float = 0.02) -> dict[str, Any]:
             "compute_samples": compute, "memory_samples": memory, "time": time.time()}
 
 
-def bracket(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """One benchmark's ``host_reference``: the probes before and after it, and the median of all their rounds."""
+def bracket(before: dict[str, Any], after: dict[str, Any], interleaved: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One benchmark's ``host_reference``: the probes before and after it, and the median of all their rounds.
+
+    ``interleaved`` (a :func:`paired` record) supplies ``memory_gbs`` instead of the bracket.
+    """
     record: dict[str, Any] = {"before": before, "after": after,
                               "probe": {"compute": f"{COMPUTE_SIDE}x{COMPUTE_SIDE} float32 matmul, 1 thread",
                                         "memory": f"{COPY_BYTES // 2**20} MiB float32 copy, read + write"}}
     for kind, key in VALUE_KEYS.items():
         samples = list(before[f"{kind}_samples"]) + list(after[f"{kind}_samples"])
         record[key] = statistics.median(samples)
+    record["memory_source"] = "bracket"
+    if interleaved is not None:
+        record["memory_gbs_bracket"] = record["memory_gbs"]
+        record["memory_gbs"] = interleaved["memory_gbs"]
+        record["memory_samples"] = interleaved["memory_samples"]
+        record["memory_source"] = "interleaved with the benchmark's rounds"
     return record
 

@@ -18,7 +18,8 @@ Methodology against run-to-run noise: ``load`` reads a checkpoint written (and f
 ``save_state``) once before timing and then read again and again, so every round sees the same,
 fully cached files (``extra_info["page_cache"] = "warm"``); rounds last at least
 :data:`ROUND_TIME_S`; on a host CPU the process is pinned to one core while it measures
-(``extra_info["cpu_pinning"]``).
+(``extra_info["cpu_pinning"]``). ``load`` is bound by host memory bandwidth on the CPU backend,
+so the host's memory probe is timed in rounds interleaved with it (``host_reference.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+import host_reference
 import timing
 
 #: (width, layers): full and quick, on the host CPU and on accelerators
@@ -79,7 +81,10 @@ def test_checkpoint(benchmark, backend, accel_on_backend, bench_settings, tmp_pa
     if not (settings.smoke or settings.quick):
         settings = replace(settings, round_time_s=max(settings.round_time_s, ROUND_TIME_S))
     with timing.pinned_to_core() as pinning:
-        m = timing.measure(backend, call, settings)
+        if operation == "load":  # memory-bound: time the host's memory probe in interleaved rounds
+            m = host_reference.measure_with_memory_probe(benchmark, backend, call, settings)
+        else:
+            m = timing.measure(backend, call, settings)
     parameters = sum(p.numel() for p in model.parameters())
     info = timing.extra_info(
         backend, m, metric=f"checkpoint_{operation}", unit="MB/s", work_per_round=nbytes * m.iterations / timing.MB,

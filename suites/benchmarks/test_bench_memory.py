@@ -9,6 +9,9 @@
 
 On the CPU backend the device *is* host memory: ``h2d``/``d2h`` are host memory copies, and the
 pinned variants skip (``backend.pin_memory`` is a no-op there, so they would repeat the pageable one).
+There the copies are host memory bandwidth, which a shared host's neighbours move by tens of per
+cent within seconds, so the host's memory probe is timed in rounds interleaved with the benchmark's
+(``extra_info["host_reference"]["memory_gbs"]``, see ``host_reference.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import host_reference
 import timing
 from harness import markers
 
@@ -38,7 +42,7 @@ def test_device_copy(benchmark, backend, bench_settings):
     nbytes = buffer_bytes(backend, bench_settings)
     src, dst = _buffer(nbytes, device), torch.empty(nbytes // 4, dtype=torch.float32, device=device)
 
-    m = timing.measure(backend, lambda: dst.copy_(src), bench_settings)
+    m = host_reference.measure_with_memory_probe(benchmark, backend, lambda: dst.copy_(src), bench_settings)
     moved = 2 * nbytes  # read + write
     info = timing.extra_info(
         backend, m, metric="device_copy", unit="GB/s", work_per_round=moved * m.iterations / timing.GB,
@@ -66,7 +70,7 @@ def test_transfer(benchmark, backend, bench_settings, direction, memory):
     on_device = _buffer(nbytes, device)
     src, dst = (host, on_device) if direction == "h2d" else (on_device, host)
 
-    m = timing.measure(backend, lambda: dst.copy_(src, non_blocking=pinned), bench_settings)
+    m = host_reference.measure_with_memory_probe(benchmark, backend, lambda: dst.copy_(src, non_blocking=pinned), bench_settings)
     info = timing.extra_info(
         backend, m, metric=f"{direction}_{memory}", unit="GB/s", work_per_round=nbytes * m.iterations / timing.GB,
         work_unit="GB", dtype="float32", sizes={"buffer_bytes": nbytes, "bytes_counted_per_copy": nbytes},
