@@ -390,3 +390,17 @@ def test_extra_info_rejects_an_unknown_host_bound():
     assert info["host_bound"] == "memory" and timing.on_host(backend, "compute") == "compute"
     with pytest.raises(ValueError, match="host_bound"):
         timing.extra_info(backend, m, metric="x", unit="GB/s", work_per_round=1.0, work_unit="GB", host_bound="disk")
+
+
+def test_interleaving_with_the_memory_probe_records_it_apart_from_the_variants():
+    from types import SimpleNamespace
+
+    bench = SimpleNamespace(extra_info={})
+    settings = timing.Settings(warmup_rounds=0, min_rounds=3, max_rounds=3, round_time_s=0.004, budget_s=0.01)
+    calls = []
+    results = host_reference.interleave_with_memory_probe(bench, CPUBackend(), {"a": lambda: calls.append(1)}, settings)
+    assert list(results) == ["a"] and results["a"].rounds == 3
+    probe = bench.extra_info[host_reference.PAIRED_KEY]
+    assert probe["rounds"] == 3 and probe["memory_gbs"] > 0
+    with pytest.raises(ValueError, match="'host' is the memory probe"):
+        host_reference.interleave_with_memory_probe(bench, CPUBackend(), {"host": lambda: None}, settings)

@@ -34,8 +34,8 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["KINDS", "PAIRED_KEY", "VALUE_KEYS", "bracket", "measure_with_memory_probe", "memory_probe_call", "paired",
-           "probe"]
+__all__ = ["KINDS", "PAIRED_KEY", "VALUE_KEYS", "bracket", "interleave_with_memory_probe", "measure_with_memory_probe",
+           "memory_probe_call", "paired", "probe"]
 
 #: the probe kinds a benchmark can declare as its ``host_bound``
 KINDS = ("compute", "memory")
@@ -89,14 +89,24 @@ def measure_with_memory_probe(benchmark: Any, backend: Any, call: Callable[[], A
     The probe's rounds go to ``benchmark.extra_info[PAIRED_KEY]`` (the suites' conftest folds them
     into ``host_reference``); the benchmark's own measurement is returned.
     """
+    return interleave_with_memory_probe(benchmark, backend, {"benchmark": call}, settings)["benchmark"]
+
+
+def interleave_with_memory_probe(benchmark: Any, backend: Any, fns: dict[str, Callable[[], Any]], settings: Any) -> dict[str, Any]:
+    """``timing.measure_interleaved`` of ``fns``, with the memory probe as one more variant on the host CPU."""
     import timing
 
     if backend.device_type != "cpu" or settings.smoke:
-        return timing.measure(backend, call, settings)
+        if len(fns) == 1:
+            name, call = next(iter(fns.items()))
+            return {name: timing.measure(backend, call, settings)}
+        return timing.measure_interleaved(backend, fns, settings)
+    if "host" in fns:
+        raise ValueError("'host' is the memory probe's name; give the benchmark's variants other names")
     probe_call, probe_gb = memory_probe_call()
-    both = timing.measure_interleaved(backend, {"benchmark": call, "host": probe_call}, settings)
-    benchmark.extra_info[PAIRED_KEY] = paired(both["host"], probe_gb)
-    return both["benchmark"]
+    results = timing.measure_interleaved(backend, {**fns, "host": probe_call}, settings)
+    benchmark.extra_info[PAIRED_KEY] = paired(results.pop("host"), probe_gb)
+    return results
 
 
 def probe(rounds: int = 5, round_s: float = 0.02) -> dict[str, Any]:
