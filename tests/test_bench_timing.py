@@ -392,9 +392,10 @@ def test_extra_info_rejects_an_unknown_host_bound():
         timing.extra_info(backend, m, metric="x", unit="GB/s", work_per_round=1.0, work_unit="GB", host_bound="disk")
 
 
-def test_interleaving_with_the_memory_probe_records_it_apart_from_the_variants():
+def test_interleaving_with_the_memory_probe_records_it_apart_from_the_variants(monkeypatch):
     from types import SimpleNamespace
 
+    monkeypatch.setitem(sys.modules, "timing", timing)  # host_reference imports the suites' timing by name
     bench = SimpleNamespace(extra_info={})
     settings = timing.Settings(warmup_rounds=0, min_rounds=3, max_rounds=3, round_time_s=0.004, budget_s=0.01)
     calls = []
