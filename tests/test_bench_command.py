@@ -84,7 +84,7 @@ def test_quick_bench_writes_json_with_the_extra_info_schema(quick_run):
     # every benchmark is bracketed by the host probe; its kind says which probe figure applies
     bounds = {metric: b["extra_info"]["host_bound"] for metric, b in benches.items()}
     assert bounds == {"matmul": "compute", "all_reduce_busbw": None, "device_copy": "memory",
-                      "train_step_mlp": "memory", "data_loader_shard": None, "checkpoint_save": None}
+                      "train_step_mlp": "memory", "data_loader_shard": "compute", "checkpoint_save": None}
     for bench in benches.values():
         probe = bench["extra_info"]["host_reference"]
         assert probe["compute_gflops"] > 0 and probe["memory_gbs"] > 0

@@ -405,3 +405,22 @@ def test_interleaving_with_the_memory_probe_records_it_apart_from_the_variants(m
     assert probe["rounds"] == 3 and probe["memory_gbs"] > 0
     with pytest.raises(ValueError, match="'host' is the memory probe"):
         host_reference.interleave_with_memory_probe(bench, CPUBackend(), {"host": lambda: None}, settings)
+
+
+def test_host_correlation_finds_the_probe_a_benchmark_follows(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("accel_bench_host_correlation", SUITES / "host_correlation.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    paths = []
+    for i, (compute, memory) in enumerate([(90.0, 40.0), (100.0, 30.0), (115.0, 45.0), (95.0, 50.0)]):
+        bench = {"name": "test_follows_compute[cpu]",
+                 "extra_info": {"throughput": 2.0 * compute, "host_bound": "compute",
+                                "host_reference": {"compute_gflops": compute, "memory_gbs": memory}}}
+        path = tmp_path / f"run{i}.json"
+        path.write_text(json.dumps({"benchmarks": [bench]}))
+        paths.append(path)
+    compute_r, memory_r = module.correlations(module.collect(paths)["test_follows_compute[cpu]"])
+    assert compute_r == pytest.approx(1.0) and abs(memory_r) < 0.9
+    assert module.main([str(p) for p in paths]) == 0
+    assert "+1.00" in capsys.readouterr().out
+    assert module.main([str(paths[0])]) == 2  # one run proves nothing

@@ -13,6 +13,11 @@ shuffling ``DataLoader`` with batch 64 per process and no worker processes, prep
   (``DataLoaderDispatcher``, ``dispatch_batches=True``), at 2 ranks.
 
 A round's time is the slowest rank's; throughput = dataset samples per epoch / median round time.
+
+On the CPU backend the sharded loader is Python- and CPU-bound: over nine runs in three sessions on
+the development VM its throughput followed the host's compute probe (Pearson r = 0.99 at 1 and 2
+ranks; ``host_correlation.py``), so it declares ``host_bound="compute"``. The dispatcher broadcasts
+every batch, so it is bound by collective latency (r = 0.84) and declares none.
 """
 
 from __future__ import annotations
@@ -85,6 +90,7 @@ def loader_benchmark(backend, rank: int, world_size: int, mode: str, n: int, set
 
 
 def _record(benchmark, backend, settings, mode: str, nranks: int, n: int, out: dict[str, Any]) -> None:
+    host_bound = timing.on_host(backend, "compute") if mode == "shard" else None
     m: timing.Measurement = out["results"]["accel"]
     extra: dict[str, Any] = {}
     base = out["results"].get("torch")
@@ -100,7 +106,7 @@ def _record(benchmark, backend, settings, mode: str, nranks: int, n: int, out: d
         backend, m, metric=f"data_loader_{mode}", unit="samples/s", work_per_round=float(n * m.iterations),
         work_unit="samples", dtype="float32", world_size=nranks, settings=settings,
         sizes={"samples_per_epoch": n, "batch_per_process": BATCH, "features": FEATURES, "num_workers": 0},
-        mode=mode, torch_threads=out["torch_threads"], **extra,
+        mode=mode, torch_threads=out["torch_threads"], host_bound=host_bound, **extra,
     )
     timing.record(benchmark, m, info)
 
