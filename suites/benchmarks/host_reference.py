@@ -69,7 +69,11 @@ PAIRED_KEY = "host_reference_paired"
 
 
 def memory_probe_call() -> tuple[Callable[[], Any], float]:
-    """The memory probe as one call (a 64 MiB copy) and the GB it moves, for interleaved timing."""
+    """The memory probe as one call (a 64 MiB copy) and the GB it moves.
+
+    Timed interleaved with a benchmark it runs with the benchmark's torch threads (the bracket's
+    probe uses one), so compare interleaved figures only between runs with the same ``--threads``.
+    """
     src = torch.ones(COPY_BYTES // 4)
     dst = torch.empty_like(src)
     return (lambda: dst.copy_(src)), 2.0 * COPY_BYTES / 1e9
@@ -120,9 +124,8 @@ def probe(rounds: int = 5, round_s: float = 0.02) -> dict[str, Any]:
         b = torch.ones(COMPUTE_SIDE, COMPUTE_SIDE)
         out = torch.empty(COMPUTE_SIDE, COMPUTE_SIDE)
         compute = _rounds(lambda: torch.matmul(a, b, out=out), 2.0 * COMPUTE_SIDE ** 3 / 1e9, rounds, round_s)
-        src = torch.ones(COPY_BYTES // 4)
-        dst = torch.empty_like(src)
-        memory = _rounds(lambda: dst.copy_(src), 2.0 * COPY_BYTES / 1e9, rounds, round_s)
+        copy, copy_gb = memory_probe_call()
+        memory = _rounds(copy, copy_gb, rounds, round_s)
     finally:
         torch.set_num_threads(threads)
     return {"compute_gflops": statistics.median(compute), "memory_gbs": statistics.median(memory),
