@@ -54,8 +54,8 @@ otherwise the same backend's newest), else the oldest run of the history passed 
   the threshold against the same reference (repeated violation); otherwise it is "unconfirmed".
 * Host drift: when both runs carry a ``host_reference`` of the benchmark's ``host_bound`` kind, the
   change is also taken relative to the host (``adjusted_change`` = change of value / host
-  reference). A change over the threshold whose host-relative change is within the threshold, with
-  the host probe moving the same way, gets the status ``host drift``: the machine got slower or
+  reference). A change over the threshold, with the host probe moving the same way and the
+  host-relative change not beyond the threshold in that direction, gets the status ``host drift``: the machine got slower or
   faster, not the software (a shared VM's memory bandwidth moves by tens of per cent within
   minutes). It never fails a report.
 * Statuses: ``regression`` (confirmed), ``unconfirmed`` (over the threshold, too few samples, not
@@ -121,7 +121,8 @@ def host_drift(value: float, host: float, ref_value: float, ref_host: float, hig
     ``host_change`` is how much the host probe moved, ``adjusted_change`` how much the benchmark
     moved relative to it (both signed, in the metric's own direction). ``explained`` is True when
     the benchmark's change is over ``threshold``, the host moved the same way, and relative to the
-    host the benchmark stayed within ``threshold``.
+    host the benchmark did not move that way by more than ``threshold`` (a host that slowed down
+    more than the benchmark explains the whole slowdown).
     """
     change = value / ref_value - 1.0
     host_change = host / ref_host - 1.0
@@ -130,7 +131,11 @@ def host_drift(value: float, host: float, ref_value: float, ref_host: float, hig
     adjusted_change = relative - 1.0
     host_worse = -host_change  # the probes are throughputs: lower = slower host
     worse = -change if higher_better else change
-    explained = abs(worse) > threshold and abs(adjusted_change) <= threshold and (worse > 0) == (host_worse > 0)
+    adjusted_worse = -adjusted_change if higher_better else adjusted_change
+    # relative to the host the benchmark did not move further the same way than the threshold allows
+    # (a host that slowed down more than the benchmark explains all of the benchmark's slowdown)
+    same_way = (worse > 0) == (host_worse > 0)
+    explained = abs(worse) > threshold and same_way and (adjusted_worse if worse > 0 else -adjusted_worse) <= threshold
     return {"host_change": host_change, "adjusted_change": adjusted_change, "explained": explained}
 
 
@@ -429,8 +434,9 @@ def _apply_host_drift(row: dict[str, Any], latest: Mapping[str, Any], reference:
 
 
 def summarise_benchmarks(table: pd.DataFrame) -> pd.DataFrame:
-    """Per backend and torch version: benchmarks, geometric-mean speedup, regressions, improvements."""
-    columns = ["backend", "torch_version", "benchmarks", "compared", "geomean_speedup", "regressions", "improvements"]
+    """Per backend and torch version: benchmarks, geometric-mean speedup, regressions, improvements, host drift."""
+    columns = ["backend", "torch_version", "benchmarks", "compared", "geomean_speedup", "regressions", "improvements",
+               "host_drift"]
     if table.empty:
         return pd.DataFrame(columns=columns)
     rows = []
@@ -441,5 +447,6 @@ def summarise_benchmarks(table: pd.DataFrame) -> pd.DataFrame:
             "geomean_speedup": geometric_mean(compared["speedup"].astype(float).tolist()),
             "regressions": int((group["status"] == "regression").sum()),
             "improvements": int((group["status"] == "improvement").sum()),
+            "host_drift": int((group["status"] == "host drift").sum()),
         })
     return pd.DataFrame(rows, columns=columns)

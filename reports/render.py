@@ -237,7 +237,7 @@ def _svg_bars(title: str, items: list[tuple[str, float, str]], unit: str, highli
 def _benchmark_view(report: Report) -> dict[str, Any]:
     table = report.bench_table
     if table.empty:
-        return {"tables": [], "summary": [], "charts": [], "regressions": []}
+        return {"tables": [], "summary": [], "charts": [], "regressions": [], "host_drift": []}
     tables = []
     for (backend, torch_version), group in table.groupby(["backend", "torch_version"], sort=True):
         rows = []
@@ -246,6 +246,8 @@ def _benchmark_view(report: Report) -> dict[str, Any]:
             rows.append({**row, "value_text": _quantity(row["value"], row["unit"]), "ref_text": _quantity(row["ref_value"], row["unit"]),
                          "change_text": _pct(row["change"], signed=True), "speedup_text": f"{row['speedup']:.3f}×" if row["speedup"] else "–",
                          "p_text": f"{row['p_value']:.2g}" if row["p_value"] is not None else "–",
+                         "host_text": _pct(row.get("host_change"), signed=True),
+                         "vs_host_text": _pct(row.get("adjusted_change"), signed=True),
                          "direction": "higher is better" if row["higher_is_better"] else "lower is better"})
         tables.append({"backend": backend, "torch_version": torch_version, "rows": rows})
     summary = []
@@ -258,7 +260,8 @@ def _benchmark_view(report: Report) -> dict[str, Any]:
         name = str(bench_id).rsplit("::", 1)[-1]
         charts.append(_svg_bars(f"{name} ({unit}, {'higher' if group['higher_is_better'].iloc[0] else 'lower'} is better)", items, unit))
     regressions = [r for t in tables for r in t["rows"] if r["status"] == "regression"]
-    return {"tables": tables, "summary": summary, "charts": charts, "regressions": regressions}
+    drift = [r for t in tables for r in t["rows"] if r["status"] == "host drift"]
+    return {"tables": tables, "summary": summary, "charts": charts, "regressions": regressions, "host_drift": drift}
 
 
 def _diff_view(report: Report) -> dict[str, Any] | None:

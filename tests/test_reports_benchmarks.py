@@ -171,6 +171,11 @@ def test_host_drift_splits_a_change_into_the_hosts_part_and_the_benchmarks_own()
     assert not host_drift(75.0, 53.0, 100.0, 40.0, higher_better=True)["explained"]
     # a time metric follows the inverse of the host speed: 30 % longer on a 25 % slower host
     assert host_drift(1.30, 30.0, 1.0, 40.0, higher_better=False)["explained"]
+    # the host slowed down more than the benchmark: it explains the whole slowdown
+    over = host_drift(85.0, 30.0, 100.0, 40.0, higher_better=True)
+    assert over["explained"] and over["adjusted_change"] > 0.1
+    # the host slowed down, but far less than the benchmark: the rest is the benchmark's own
+    assert not host_drift(70.0, 38.0, 100.0, 40.0, higher_better=True)["explained"]
     # within the threshold there is nothing to explain
     assert not host_drift(95.0, 38.0, 100.0, 40.0, higher_better=True)["explained"]
 
@@ -196,7 +201,8 @@ def test_a_slowdown_the_host_probe_shares_is_host_drift_not_a_regression(tmp_pat
     assert row["host_change"] == pytest.approx(-0.25)
     assert abs(row["adjusted_change"]) < 0.05
     assert "memory reference moved -25%" in row["evidence"] and "was: regression" in row["evidence"]
-    assert summarise_benchmarks(compare_benchmarks(current, baseline)).iloc[0]["regressions"] == 0
+    summary = summarise_benchmarks(compare_benchmarks(current, baseline)).iloc[0]
+    assert summary["regressions"] == 0 and summary["host_drift"] == 1
     # the same slowdown on a steady host stays a regression
     bench_file(tmp_path / "cur2", "n1", "cpu", {"test_copy": _noisy(0.667, 15, 0.02, 22)}, host=("memory", 40.0),
                when="2025-06-02T00:00:00")

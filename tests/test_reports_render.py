@@ -154,3 +154,20 @@ def test_runs_cut_short_are_flagged(tmp_path):
     report = build_report(load_results([tmp_path]))
     assert ":warning: **1 run cut short**" in render_markdown(report)
     assert "run cut short" in render_html(report)
+
+
+def test_host_drift_is_listed_apart_from_regressions(tmp_path):
+    import random
+
+    rng = random.Random(5)
+    times = lambda median: [median * rng.lognormvariate(0, 0.02) for _ in range(15)]  # noqa: E731
+    bench_file(tmp_path / "base", "base", "cpu", {"test_copy": times(0.5), "test_step": times(0.5)}, host=("memory", 40.0))
+    bench_file(tmp_path / "cur", "cur", "cpu", {"test_copy": times(0.667), "test_step": times(0.5)}, host=("memory", 30.0),
+               when="2025-06-02T00:00:00")
+    report = build_report(load_results([tmp_path / "cur"]), baseline=load_results([tmp_path / "base"]))
+    md = render_markdown(report)
+    drift = md[md.index("### Host drift"):]
+    assert "test\\_copy" in drift.split("Regression rule")[0] and "-25.0%" in drift
+    assert "### Regressions" not in md
+    html = render_html(report)
+    assert ">host</th>" in html and ">vs host</th>" in html and 'class="st-host-drift">host drift<' in html
