@@ -329,7 +329,7 @@ class RunHeader:
         if environment is None:
             from accel.commands.env import collect_environment
 
-            environment = collect_environment()
+            environment = collect_environment(include_deepspeed=False)  # the suites test DeepSpeed's agreement
         env = environment
 
         def section(key: str) -> Mapping[str, Any]:

@@ -298,3 +298,33 @@ def test_comm_backend_is_known_to_torch(backend):
     assert dist.is_available(), f"comm_backend {comm!r} without torch.distributed"
     assert dist.is_backend_available(comm), f"torch.distributed does not know the collective backend {comm!r}"
     assert backend.supports_multiprocess() is True
+
+
+@pytest.mark.require_deepspeed
+def test_deepspeed_agrees_when_told_this_backend(backend):
+    """DS_ACCELERATOR=<this device type>: DeepSpeed must use the same device and collective library."""
+    import os
+
+    from accel.backends.deepspeed_agreement import compare, probe_deepspeed
+
+    answer = probe_deepspeed({**os.environ, "DS_ACCELERATOR": backend.device_type})
+    result = compare(backend, answer)
+    assert result["agree"], "; ".join(result["problems"])
+
+
+@pytest.mark.require_deepspeed
+def test_deepspeed_detects_the_backend_accel_selects(backend):
+    """Left to itself (no DS_ACCELERATOR), DeepSpeed must pick what accel's registry picks."""
+    import os
+
+    from accel.backends import get_registry
+    from accel.backends.deepspeed_agreement import compare, probe_deepspeed
+    from harness import markers
+
+    selected = get_registry().select()
+    if selected.name != backend.name:
+        pytest.skip(markers.format_skip(markers.SkipReason(
+            markers.BACKEND_NOT_SELECTED, f"accel selects {selected.name} on this machine, not {backend.name}")))
+    environ = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
+    result = compare(backend, probe_deepspeed(environ))
+    assert result["agree"], "; ".join(result["problems"])

@@ -27,6 +27,7 @@ TOP_LEVEL_KEYS = {
     "backends",
     "selected_backend",
     "distributed",
+    "deepspeed",
     "plugins",
     "environment_variables",
     "config_file",
@@ -42,6 +43,7 @@ SECTIONS = (
     "backends (probe order)",
     "backend cpu",
     "distributed",
+    "deepspeed",
     "plug-ins",
     "environment variables",
     "config file",
@@ -87,6 +89,34 @@ def backend_named(data: dict, name: str) -> dict:
     matches = [b for b in data["backends"] if b["name"] == name]
     assert len(matches) == 1, [b["name"] for b in data["backends"]]
     return matches[0]
+
+
+@pytest.fixture(autouse=True)
+def deepspeed_not_asked(request, monkeypatch):
+    """Asking DeepSpeed costs a child process per environment; only the DeepSpeed test here does it."""
+    if "asks_deepspeed" in request.keywords:
+        return
+    from accel.backends import deepspeed_agreement
+
+    monkeypatch.setattr(deepspeed_agreement, "probe_deepspeed", lambda *a, **k: {"installed": False})
+
+
+@pytest.mark.asks_deepspeed
+def test_env_shows_deepspeeds_choice_next_to_accels(capsys, monkeypatch, tmp_path):
+    from _deepspeed_fake import install_fake_deepspeed
+
+    install_fake_deepspeed(tmp_path, monkeypatch)
+    monkeypatch.setenv("ACCEL_DEVICE", "cpu")
+    info = run_env(capsys)["deepspeed"]
+    assert info["device"] == "cuda" and info["version"] == "9.9.9"  # the fake picks cuda unless told
+    assert info["agreement"]["agree"] is False and "accel uses 'cpu'" in info["agreement"]["problems"][0]
+    assert cli.main(["env"]) == 0
+    text = capsys.readouterr().out
+    assert "DISAGREES with accel" in text and "DS_ACCELERATOR=cpu" in text
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    assert run_env(capsys)["deepspeed"]["agreement"]["agree"] is True
+    quick = env_command.collect_environment(include_deepspeed=False)["deepspeed"]
+    assert quick == {"installed": True, "asked": False}
 
 
 def test_json_has_stable_top_level_keys_and_versions(capsys):

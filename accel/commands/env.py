@@ -65,10 +65,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------- collection
-def collect_environment() -> dict[str, Any]:
+def collect_environment(include_deepspeed: bool = True) -> dict[str, Any]:
     """Everything `accel env` reports, as JSON-serialisable data with stable top-level keys.
 
     Any value may instead be ``{"error": "<ExceptionType>: <message>"}`` when its probe failed.
+    ``include_deepspeed=False`` skips asking DeepSpeed (a child process, about a second) for
+    callers that run often, such as every pytest session's results header; the conformance suites
+    check the agreement as tests instead.
     """
     registry = _guard(_load_registry)
     env = {
@@ -82,6 +85,7 @@ def collect_environment() -> dict[str, Any]:
         "backends": _guard(lambda: _backends(_usable(registry))),
         "selected_backend": _guard(lambda: _selected_backend(_usable(registry))),
         "distributed": _guard(_distributed_info),
+        "deepspeed": _guard(lambda: _deepspeed_info(_usable(registry), include_deepspeed)),
         "plugins": _guard(lambda: _plugins(_usable(registry))),
         "environment_variables": _guard(lambda: _environment_variables(registry)),
         "config_file": _guard(_config_file),
@@ -264,6 +268,18 @@ def _selected_backend(registry: Any) -> dict[str, Any]:
     return info
 
 
+def _deepspeed_info(registry: Any, ask: bool = True) -> dict[str, Any]:
+    """DeepSpeed's own accelerator choice next to accel's selection (``installed: False`` without DeepSpeed)."""
+    from accel.backends.deepspeed_agreement import compare, deepspeed_installed, probe_deepspeed
+
+    if not ask:
+        return {"installed": deepspeed_installed(), "asked": False}
+    answer = probe_deepspeed()
+    if not answer.get("installed"):
+        return answer
+    return {**answer, "agreement": compare(registry.select(), answer)}
+
+
 def _distributed_info() -> dict[str, Any]:
     import torch.distributed as dist
 
@@ -349,6 +365,7 @@ def render_text(env: dict[str, Any]) -> str:
                 sections.append((f"backend {info.get('name')}", _backend_detail_rows(info)))
     sections += [
         ("distributed", _distributed_rows(env.get("distributed"))),
+        ("deepspeed", _deepspeed_rows(env.get("deepspeed"))),
         ("plug-ins", _plugin_rows(env.get("plugins"))),
         ("environment variables", _env_var_rows(env.get("environment_variables"))),
         ("config file", _config_rows(env.get("config_file"))),
@@ -446,6 +463,24 @@ def _backend_rows(backends: Any, selected: Any) -> Rows:
     else:
         how = "from ACCEL_DEVICE" if selected.get("source") != "detected" else "first available in probe order"
         rows.append(("selected", f"{selected.get('name')} ({how})"))
+    return rows
+
+
+def _deepspeed_rows(info: Any) -> Rows:
+    if _is_error(info) or not isinstance(info, dict):
+        return [("state", _fmt(info))]
+    if not info.get("installed"):
+        return [("installed", "no")]
+    if info.get("asked") is False:
+        return [("installed", "yes (its accelerator choice was not asked for)")]
+    rows: Rows = [("version", _fmt(info.get("version"))), ("DS_ACCELERATOR", _fmt(info.get("ds_accelerator")))]
+    if info.get("error"):
+        return rows + [("accelerator", f"error: {info['error']}")]
+    rows += [("accelerator", f"{info.get('device')} ({info.get('class')}), collectives {info.get('communication_backend')}")]
+    agreement = info.get("agreement") or {}
+    verdict = {True: "agrees with accel", False: "DISAGREES with accel", None: "not compared"}[agreement.get("agree")]
+    rows.append(("vs accel", verdict))
+    rows += [("  problem", text) for text in agreement.get("problems") or []]
     return rows
 
 

@@ -151,7 +151,7 @@ def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: di
         except Exception as exc:  # a description must not lose the results
             devices[name] = {"error": f"{type(exc).__name__}: {exc}"}
     machine_info["accel_devices"] = devices
-    machine_info["accel_env"] = collect_environment()
+    machine_info["accel_env"] = collect_environment(include_deepspeed=False)
     machine_info["heap"] = dict(_heap_setting)
     try:
         machine_info["loadavg"] = list(os.getloadavg())

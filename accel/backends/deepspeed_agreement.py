@@ -1,0 +1,115 @@
+"""Does DeepSpeed pick the same accelerator as accel?
+
+DeepSpeed chooses its accelerator by itself, through ``deepspeed.accelerator.get_accelerator()``:
+``DS_ACCELERATOR`` when set, else its own probe order. Where that choice differs from accel's
+registry, a DeepSpeed job and accel's Accelerator on the same machine put their work on different
+devices or use different collective libraries. ``accel env`` and the conformance suites report the
+two side by side.
+
+DeepSpeed is asked in a child process: its choice is a process-wide cache, importing it logs and
+takes about a second, and a broken install must not take the caller down with it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from typing import Any, Mapping
+
+__all__ = ["COMM_FAMILIES", "compare", "deepspeed_installed", "probe_deepspeed"]
+
+#: collective library names that are the same library under two names (Intel's oneCCL: the
+#: oneccl_bindings "ccl" and torch's built-in "xccl" from 2.7)
+COMM_FAMILIES = ({"ccl", "xccl"},)
+
+#: printed by the child as its last line: what DeepSpeed chose
+_PROBE = """
+import json
+import deepspeed
+from deepspeed.accelerator import get_accelerator
+accelerator = get_accelerator()
+try:
+    comm = accelerator.communication_backend_name()
+except Exception as exc:
+    comm = None
+print(json.dumps({"version": deepspeed.__version__, "device": accelerator.device_name(),
+                  "communication_backend": comm, "class": type(accelerator).__name__}))
+"""
+
+
+def deepspeed_installed() -> bool:
+    return importlib.util.find_spec("deepspeed") is not None
+
+
+def probe_deepspeed(environ: Mapping[str, str] | None = None, timeout: float = 120.0) -> dict[str, Any]:
+    """What DeepSpeed's ``get_accelerator()`` chooses in a fresh process with ``environ``.
+
+    Returns ``{"installed": False}`` without DeepSpeed, else ``installed``, ``version``, ``device``
+    (DeepSpeed's ``device_name()``, e.g. ``cuda``), ``communication_backend``, ``class`` and
+    ``ds_accelerator`` (the variable as given), or ``error`` when the child failed.
+    """
+    if not deepspeed_installed():
+        return {"installed": False}
+    env = dict(os.environ if environ is None else environ)
+    return dict(_probe(tuple(sorted(env.items())), timeout))
+
+
+@functools.lru_cache(maxsize=16)
+def _probe(env_items: tuple[tuple[str, str], ...], timeout: float) -> dict[str, Any]:
+    """One child per distinct environment: DeepSpeed's choice depends on nothing else within a process."""
+    env = dict(env_items)
+    result: dict[str, Any] = {"installed": True, "ds_accelerator": env.get("DS_ACCELERATOR")}
+    try:
+        proc = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True,
+                              timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return {**result, "error": f"DeepSpeed's get_accelerator() did not answer within {timeout:g} s"}
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return {**result, "error": f"DeepSpeed's get_accelerator() failed (exit {proc.returncode}): {tail}"}
+    try:
+        answer = json.loads(lines[-1])
+    except json.JSONDecodeError:
+        return {**result, "error": f"DeepSpeed's probe printed no JSON: {lines[-1][:200]!r}"}
+    return {**result, **answer}
+
+
+def _same_comm(a: str | None, b: str | None) -> bool:
+    if a == b:
+        return True
+    return any(a in family and b in family for family in COMM_FAMILIES)
+
+
+def compare(backend: Any, deepspeed: Mapping[str, Any]) -> dict[str, Any]:
+    """Compare accel's ``backend`` with a :func:`probe_deepspeed` answer.
+
+    ``agree`` is True when both use the same device type and the same collective library
+    (``ccl``/``xccl`` count as one); ``problems`` says what differs, in words. None when DeepSpeed
+    is not installed or its probe failed (``problems`` then says why).
+    """
+    out: dict[str, Any] = {"accel_backend": backend.name, "accel_device": backend.device_type,
+                           "deepspeed_device": deepspeed.get("device"),
+                           "deepspeed_communication_backend": deepspeed.get("communication_backend")}
+    try:
+        out["accel_communication_backend"] = backend.comm_backend
+    except Exception as exc:  # an unusable collective setting is itself worth reporting
+        out["accel_communication_backend"] = None
+        out["accel_communication_error"] = f"{type(exc).__name__}: {exc}"
+    if not deepspeed.get("installed"):
+        return {**out, "agree": None, "problems": ["DeepSpeed is not installed"]}
+    if deepspeed.get("error"):
+        return {**out, "agree": None, "problems": [deepspeed["error"]]}
+    problems = []
+    if deepspeed.get("device") != backend.device_type:
+        how = f"DS_ACCELERATOR={deepspeed['ds_accelerator']}" if deepspeed.get("ds_accelerator") else "its own detection"
+        problems.append(f"DeepSpeed uses {deepspeed.get('device')!r} ({how}) but accel uses {backend.device_type!r} "
+                        f"(backend {backend.name}): set DS_ACCELERATOR={backend.device_type} or ACCEL_DEVICE to match")
+    elif not _same_comm(deepspeed.get("communication_backend"), out["accel_communication_backend"]):
+        problems.append(f"DeepSpeed's collectives use {deepspeed.get('communication_backend')!r} but accel's "
+                        f"{backend.name} backend uses {out['accel_communication_backend']!r}")
+    return {**out, "agree": not problems, "problems": problems}
