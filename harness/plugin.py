@@ -9,6 +9,7 @@ carries ``@pytest.mark.world_size(...)``: it is then parametrized over every reg
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import re
@@ -25,22 +26,60 @@ WORLD_SIZE_PARAM = "accel_world_size"
 _STASH_CONTEXT = pytest.StashKey["HarnessContext"]()
 
 
+#: accel's built-in backends (``accel.backends.registry``), named here so that configuring pytest
+#: needs no torch import; a test checks the two lists agree
+BUILTIN_BACKEND_NAMES = ("cuda", "xpu", "hpu", "mps", "cpu")
+PLUGIN_GROUP = "accel.backends"
+
+
+def marker_backend_names() -> list[str]:
+    """Backend names for marker registration, without importing torch: built-ins and plug-in entry points."""
+    from importlib import metadata
+
+    try:
+        plugins = [ep.name.strip().lower() for ep in metadata.entry_points(group=PLUGIN_GROUP)]
+    except Exception:  # a broken distribution must not break pytest's start-up
+        plugins = []
+    return list(dict.fromkeys([*BUILTIN_BACKEND_NAMES, *plugins]))
+
+
 class HarnessContext:
-    """Session-wide harness settings, resolved once at configure time."""
+    """Session-wide harness settings.
+
+    The backend registry (which imports torch, about a second) is built on first use: when a
+    test asks for a backend, when ``--backend`` or a backend named in ``-m`` is given, or when a
+    results file is written. A pytest session in the same environment that uses none of it does
+    not pay for torch.
+    """
 
     def __init__(self, config: pytest.Config):
-        from accel.backends import get_registry
-
         self.config = config
-        self.registry = get_registry()
-        self.names = self.registry.names()
-        self.selected = self._select_backends(config)
         self.world_sizes = _parse_world_sizes(config.getoption("accel_world_sizes"))
         self.timeout = float(config.getoption("accel_dist_timeout"))
         self.pools = None  # PoolManager, created on first multi-process test
         self.run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
         self.known_issues = None
         self.writer = None
+
+    @functools.cached_property
+    def registry(self) -> Any:
+        from accel.backends import get_registry
+
+        return get_registry()
+
+    @functools.cached_property
+    def names(self) -> list[str]:
+        return self.registry.names()
+
+    @functools.cached_property
+    def selected(self) -> list[str]:
+        return self._select_backends(self.config)
+
+    def explicitly_requested(self) -> bool:
+        """``--backend`` given or a backend named in ``-m``: the selection is checked at start-up."""
+        markexpr = self.config.getoption("markexpr") or ""
+        return bool(self.config.getoption("accel_backends")) or bool(
+            _backends_named_in_markexpr(markexpr, marker_backend_names()))
 
     def _select_backends(self, config: pytest.Config) -> list[str]:
         requested: list[str] = []
@@ -124,16 +163,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from accel.backends import get_registry
-
     for name, description in harness_markers.MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {description}")
-    for name in get_registry().names():
+    for name in marker_backend_names():
         config.addinivalue_line("markers", f"{name}: test instances that run on the {name} backend")
     if config.option.help or getattr(config.option, "markers", False):
         return
     ctx = HarnessContext(config)
     config.stash[_STASH_CONTEXT] = ctx
+    if ctx.explicitly_requested():
+        _ = ctx.selected  # resolving it stops the session now on unknown or unavailable requested backends
     from .reporting import ResultReporter
 
     config.pluginmanager.register(ResultReporter(ctx), "accel-result-reporter")

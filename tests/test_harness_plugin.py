@@ -268,3 +268,35 @@ def test_a_suites_own_device_fixture_is_left_alone(pytester):
     result = _run(pytester, "-v")
     result.assert_outcomes(passed=1)
     assert "test_uses_own_device PASSED" in result.stdout.str()
+
+
+TORCH_PROBE = textwrap.dedent(
+    """
+    import sys
+
+    def pytest_unconfigure(config):
+        with open("torch_loaded.txt", "w") as fh:
+            fh.write(str("torch" in sys.modules))
+    """
+)
+
+
+def test_a_session_that_uses_no_backend_does_not_import_torch(pytester):
+    pytester.makeconftest(TORCH_PROBE)
+    pytester.makepyfile(test_plain="def test_arithmetic():\n    assert 1 + 1 == 2\n")
+    result = _run(pytester, "-m", "not slow")
+    result.assert_outcomes(passed=1)
+    assert (pytester.path / "torch_loaded.txt").read_text() == "False"
+    # a test that asks for a backend builds the registry on demand
+    pytester.makepyfile(test_on_backend="def test_it(backend):\n    assert backend.name == 'cpu'\n")
+    result = _run(pytester, "--backend", "cpu")
+    result.assert_outcomes(passed=2, skipped=4)  # the other built-in backends' instances: unavailable here
+    assert (pytester.path / "torch_loaded.txt").read_text() == "True"
+
+
+def test_builtin_names_for_markers_match_the_registry():
+    from accel.backends.registry import _builtin_factories
+    from harness.plugin import BUILTIN_BACKEND_NAMES, marker_backend_names
+
+    assert sorted(BUILTIN_BACKEND_NAMES) == sorted(factory.name for factory in _builtin_factories())
+    assert set(BUILTIN_BACKEND_NAMES) <= set(marker_backend_names())
