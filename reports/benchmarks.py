@@ -54,8 +54,9 @@ otherwise the same backend's newest), else the oldest run of the history passed 
   the threshold against the same reference (repeated violation); otherwise it is "unconfirmed".
 * Host drift: when both runs carry a ``host_reference`` of the benchmark's ``host_bound`` kind, the
   change is also taken relative to the host (``adjusted_change`` = change of value / host
-  reference). A change over the threshold, with the host probe moving the same way and the
-  host-relative change not beyond the threshold in that direction, gets the status ``host drift``: the machine got slower or
+  reference). A change over the threshold, with the host probe moving the same way by at least
+  half of it (and half the threshold) and the host-relative change not beyond the threshold in
+  that direction, gets the status ``host drift``: the machine got slower or
   faster, not the software (a shared VM's memory bandwidth moves by tens of per cent within
   minutes). It never fails a report.
 * Statuses: ``regression`` (confirmed), ``unconfirmed`` (over the threshold, too few samples, not
@@ -116,26 +117,28 @@ def host_reference_value(extra: Mapping[str, Any]) -> float | None:
 
 def host_drift(value: float, host: float, ref_value: float, ref_host: float, higher_better: bool,
                threshold: float = DEFAULT_THRESHOLD) -> dict[str, Any]:
-    """Split a change into the host's and the benchmark's own part.
+    """Split a change into the host's part and the benchmark's own.
 
-    ``host_change`` is how much the host probe moved, ``adjusted_change`` how much the benchmark
-    moved relative to it (both signed, in the metric's own direction). ``explained`` is True when
-    the benchmark's change is over ``threshold``, the host moved the same way, and relative to the
-    host the benchmark did not move that way by more than ``threshold`` (a host that slowed down
-    more than the benchmark explains the whole slowdown).
+    ``host_change`` is how much the host probe (a throughput) moved: negative = the host got
+    slower. ``adjusted_change`` is how much the benchmark moved relative to it, signed like the
+    benchmark's own change (a throughput is divided by the host figure, a time multiplied).
+    ``explained`` is True when the benchmark's change is over ``threshold`` and the host moved the
+    same way by a real share of it (at least half the change and at least half the threshold),
+    and relative to the host the benchmark did not move that way by more than ``threshold`` (a
+    host that slowed down more than the benchmark explains the whole slowdown).
     """
     change = value / ref_value - 1.0
     host_change = host / ref_host - 1.0
     # a throughput follows the host's speed; a time follows its inverse
     relative = (value / host) / (ref_value / ref_host) if higher_better else (value * host) / (ref_value * ref_host)
     adjusted_change = relative - 1.0
-    host_worse = -host_change  # the probes are throughputs: lower = slower host
-    worse = -change if higher_better else change
+    worse = -change if higher_better else change  # > 0: the benchmark got slower
+    host_slower = -host_change  # > 0: the host got slower
     adjusted_worse = -adjusted_change if higher_better else adjusted_change
-    # relative to the host the benchmark did not move further the same way than the threshold allows
-    # (a host that slowed down more than the benchmark explains all of the benchmark's slowdown)
-    same_way = (worse > 0) == (host_worse > 0)
-    explained = abs(worse) > threshold and same_way and (adjusted_worse if worse > 0 else -adjusted_worse) <= threshold
+    same_way = (worse > 0) == (host_slower > 0)
+    real_share = abs(host_slower) >= max(threshold / 2, abs(worse) / 2)
+    within = (adjusted_worse if worse > 0 else -adjusted_worse) <= threshold
+    explained = abs(worse) > threshold and same_way and real_share and within
     return {"host_change": host_change, "adjusted_change": adjusted_change, "explained": explained}
 
 
@@ -426,6 +429,10 @@ def _apply_host_drift(row: dict[str, Any], latest: Mapping[str, Any], reference:
         return
     drift = host_drift(float(row["value"]), host, float(row["ref_value"]), ref_host, row["higher_is_better"], threshold)
     row["host_change"], row["adjusted_change"] = drift["host_change"], drift["adjusted_change"]
+    if row["status"] == "unchanged" and abs(drift["adjusted_change"]) > threshold:
+        # the raw figure held while the host moved: worth a look, though the probe is noisy
+        row["evidence"] += (f"; relative to the host {drift['adjusted_change']:+.0%} "
+                            f"(its {latest['host_bound']} reference moved {drift['host_change']:+.0%})")
     if drift["explained"] and row["status"] in ("regression", "improvement", "unconfirmed", "within noise"):
         row["evidence"] = (f"the host's {latest['host_bound']} reference moved {drift['host_change']:+.0%} with it; "
                            f"relative to the host the change is {drift['adjusted_change']:+.0%} "

@@ -373,14 +373,15 @@ def test_bracket_pools_the_rounds_before_and_after():
 def test_an_interleaved_memory_probe_replaces_the_brackets_figure():
     before = {"compute_samples": [10.0], "memory_samples": [30.0], "time": 1.0}
     after = {"compute_samples": [12.0], "memory_samples": [50.0], "time": 2.0}
-    m = timing.Measurement(samples=[0.1, 0.2, 0.4], iterations=2)
-    interleaved = host_reference.paired(m, gb_per_call=1.0)
-    assert interleaved["memory_samples"] == [20.0, 10.0, 5.0] and interleaved["memory_gbs"] == 10.0
+    interleaved = host_reference.paired([20.0, 10.0, 5.0], calls_per_round=2)
+    assert interleaved["memory_gbs"] == 10.0 and interleaved["rounds"] == 3
     record = host_reference.bracket(before, after, interleaved)
     assert record["memory_gbs"] == 10.0 and record["memory_gbs_bracket"] == 40.0
     assert record["memory_samples"] == [20.0, 10.0, 5.0]
     assert record["memory_source"].startswith("interleaved")
     assert host_reference.bracket(before, after)["memory_source"] == "bracket"
+    with pytest.raises(ValueError, match="no interleaved probe rounds"):
+        host_reference.paired([], calls_per_round=1)
 
 
 def test_extra_info_rejects_an_unknown_host_bound():
@@ -396,15 +397,32 @@ def test_interleaving_with_the_memory_probe_records_it_apart_from_the_variants(m
     from types import SimpleNamespace
 
     monkeypatch.setitem(sys.modules, "timing", timing)  # host_reference imports the suites' timing by name
+    import torch
+
     bench = SimpleNamespace(extra_info={})
-    settings = timing.Settings(warmup_rounds=0, min_rounds=3, max_rounds=3, round_time_s=0.004, budget_s=0.01)
-    calls = []
-    results = host_reference.interleave_with_memory_probe(bench, CPUBackend(), {"a": lambda: calls.append(1)}, settings)
-    assert list(results) == ["a"] and results["a"].rounds == 3
+    settings = timing.Settings(warmup_rounds=1, min_rounds=3, max_rounds=3, round_time_s=0.02, budget_s=0.05)
+    threads = []
+
+    def step():  # 1 ms per call: the benchmark's calibration must not see the (slower) 64 MiB probe copy
+        threads.append(torch.get_num_threads())
+        time.sleep(0.001)
+
+    results = host_reference.interleave_with_memory_probe(bench, CPUBackend(), {"a": step, "b": step}, settings)
+    assert list(results) == ["a", "b"] and results["a"].rounds == results["b"].rounds == 3
+    assert results["a"].iterations >= 10, results["a"].iterations  # ~20 calls fill a 20 ms round
     probe = bench.extra_info[host_reference.PAIRED_KEY]
-    assert probe["rounds"] == 3 and probe["memory_gbs"] > 0
-    with pytest.raises(ValueError, match="'host' is the memory probe"):
-        host_reference.interleave_with_memory_probe(bench, CPUBackend(), {"host": lambda: None}, settings)
+    assert probe["rounds"] == 3 and probe["memory_gbs"] > 0  # one probe round per measured round, none in warm-up
+    assert set(threads) == {torch.get_num_threads()}  # the probe's single thread never leaks into the benchmark
+    single = SimpleNamespace(extra_info={})
+    m = host_reference.measure_with_memory_probe(single, CPUBackend(), step, settings)
+    assert m.rounds == len(single.extra_info[host_reference.PAIRED_KEY]["memory_samples"]) == 3
+    monkeypatch.setenv(host_reference.ENABLED_ENV, "0")
+    off = SimpleNamespace(extra_info={})
+    host_reference.measure_with_memory_probe(off, CPUBackend(), step, settings)
+    assert off.extra_info == {}
+    monkeypatch.setenv(host_reference.ENABLED_ENV, "maybe")
+    with pytest.raises(ValueError, match="must be 0 or 1"):
+        host_reference.enabled()
 
 
 def test_host_correlation_finds_the_probe_a_benchmark_follows(tmp_path, capsys):

@@ -176,6 +176,9 @@ def test_host_drift_splits_a_change_into_the_hosts_part_and_the_benchmarks_own()
     assert over["explained"] and over["adjusted_change"] > 0.1
     # the host slowed down, but far less than the benchmark: the rest is the benchmark's own
     assert not host_drift(70.0, 38.0, 100.0, 40.0, higher_better=True)["explained"]
+    # a host that barely moved explains nothing, even in the same direction
+    assert not host_drift(89.0, 39.4, 100.0, 40.0, higher_better=True)["explained"]
+    assert not host_drift(1.12, 39.2, 1.0, 40.0, higher_better=False)["explained"]
     # within the threshold there is nothing to explain
     assert not host_drift(95.0, 38.0, 100.0, 40.0, higher_better=True)["explained"]
 
@@ -208,3 +211,8 @@ def test_a_slowdown_the_host_probe_shares_is_host_drift_not_a_regression(tmp_pat
                when="2025-06-02T00:00:00")
     steady = compare_benchmarks(load_results([tmp_path / "cur2"]).benchmarks, baseline).iloc[0]
     assert steady["status"] == "regression" and steady["adjusted_change"] == pytest.approx(steady["change"])
+    # a flat figure on a much faster host stays unchanged, but the evidence says what the host did
+    bench_file(tmp_path / "cur3", "n1", "cpu", {"test_copy": _noisy(0.5, 15, 0.02, 23)}, host=("memory", 55.0),
+               when="2025-06-02T00:00:00")
+    flat = compare_benchmarks(load_results([tmp_path / "cur3"]).benchmarks, baseline).iloc[0]
+    assert flat["status"] == "unchanged" and "relative to the host -2" in flat["evidence"]

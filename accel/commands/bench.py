@@ -182,7 +182,9 @@ def summary_table(runs: list[list[dict[str, Any]]]) -> str:
                 iqr = f"{q / med:.0%}" if isinstance(med, (int, float)) and med and isinstance(q, (int, float)) else ""
         row = f"{name:<{width}}  " + "  ".join(f"{_fmt(v):>12}" for v in values) + f"  {unit:<10} {rounds:>6} {iqr:>6}"
         if several:
-            relative = [v / h if v is not None and h else None for v, h in zip(values, hosts)]
+            # only throughputs follow the host probe by division; a time fallback gets no host columns
+            relative = [v / h if v is not None and h and u != "s (median)" else None
+                        for v, h, u in zip(values, hosts, [_figure(t[name])[1] if name in t else "" for t in by_run])]
             host_known = all(h is not None for h in hosts)
             row += (f" {_pct(_spread(values)):>7} {_pct(_spread(hosts) if host_known else None):>7}"
                     f" {_pct(_spread(relative) if host_known else None):>7}")

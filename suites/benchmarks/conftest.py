@@ -40,7 +40,7 @@ XDIST_SKIP = ("[opt-in] benchmarks do not run under pytest-xdist (-n): pytest-be
 
 
 THREADS_ENV = "ACCEL_BENCH_THREADS"
-HOST_PROBE_ENV = "ACCEL_BENCH_HOST_PROBE"
+HOST_PROBE_ENV = host_reference.ENABLED_ENV
 KEEP_HEAP_ENV = "ACCEL_BENCH_KEEP_HEAP"
 #: glibc mallopt parameters (malloc.h)
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
@@ -67,14 +67,20 @@ def keep_heap() -> dict:
         mallopt = libc.mallopt
     except (OSError, AttributeError) as exc:
         return {"kept": False, "reason": f"no glibc mallopt here ({exc})"}
-    ok = (mallopt(M_TRIM_THRESHOLD, KEEP_HEAP["trim_threshold"]) == 1
-          and mallopt(M_MMAP_THRESHOLD, KEEP_HEAP["mmap_threshold"]) == 1)
-    return {"kept": ok, **KEEP_HEAP} if ok else {"kept": False, "reason": "mallopt refused the settings"}
+    trim = mallopt(M_TRIM_THRESHOLD, KEEP_HEAP["trim_threshold"]) == 1
+    mmap = mallopt(M_MMAP_THRESHOLD, KEEP_HEAP["mmap_threshold"]) == 1
+    if trim and mmap:
+        return {"kept": True, **KEEP_HEAP}
+    return {"kept": False, "reason": f"mallopt accepted trim_threshold={trim}, mmap_threshold={mmap}"}
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    _host_probe_wanted()  # a bad ACCEL_BENCH_HOST_PROBE stops the session once, at start-up
     _heap_setting.clear()
-    _heap_setting.update(keep_heap())
+    if _under_xdist(config) or getattr(config.option, "benchmark_disable", False):
+        _heap_setting.update({"kept": False, "reason": "benchmarks are not timed in this session"})
+    else:
+        _heap_setting.update(keep_heap())
     threads = os.environ.get(THREADS_ENV, "").strip()
     if threads:
         import torch
@@ -160,18 +166,22 @@ def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: di
 
 
 def _host_probe_wanted() -> bool:
-    return _flag(HOST_PROBE_ENV)
+    try:
+        return host_reference.enabled()
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 @pytest.fixture(autouse=True)
 def host_probe(request: pytest.FixtureRequest):
     """Bracket each timed benchmark with the host probe and record it in ``extra_info["host_reference"]``."""
-    if not _is_ours(request.node) or "benchmark" not in request.fixturenames or not _host_probe_wanted():
+    if not _is_ours(request.node) or "benchmark" not in request.fixturenames:
         yield None
         return
     benchmark = request.getfixturevalue("benchmark")
-    if getattr(benchmark, "disabled", False):
+    if getattr(benchmark, "disabled", False) or not _host_probe_wanted():
         yield None
+        benchmark.extra_info.pop(host_reference.PAIRED_KEY, None)  # never a stray half record in the JSON
         return
     rounds = 3 if timing.quick_requested() else 5
     before = host_reference.probe(rounds=rounds)

@@ -19,23 +19,26 @@ The probe is deliberately tiny and fixed, so its own result depends only on the 
 
 Each is timed in ``rounds`` rounds of about ``round_s`` seconds; the figure is the median round.
 
-A bracket is minutes away from the middle of a long benchmark, and a shared host's memory bandwidth
+A bracket is seconds away from the middle of a benchmark, and a shared host's memory bandwidth
 moves on a scale of a tenth of a second (the probe's own rounds ranged from 27 to 44 GB/s within
-one run). So memory-bound benchmarks time the memory probe **interleaved** with their own rounds
-(:func:`memory_probe_call` in ``timing.measure_interleaved``) and record it with :func:`paired`;
-that figure then replaces the bracket's ``memory_gbs`` (``memory_source`` says which it is).
+one run). So memory-bound benchmarks run a short memory probe round (10 ms) after each of their
+measured rounds (:class:`InterleavedMemoryProbe`, through ``timing.measure(after_round=...)``),
+calibrated apart from the benchmark so the benchmark's own rounds are unchanged; that figure
+replaces the bracket's ``memory_gbs`` (``memory_source`` says which it is). Every probe runs on
+one torch thread. ``ACCEL_BENCH_HOST_PROBE=0`` turns all of it off.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from typing import Any, Callable
 
 import torch
 
-__all__ = ["KINDS", "PAIRED_KEY", "VALUE_KEYS", "bracket", "interleave_with_memory_probe", "measure_with_memory_probe",
-           "memory_probe_call", "paired", "probe"]
+__all__ = ["ENABLED_ENV", "KINDS", "PAIRED_KEY", "VALUE_KEYS", "InterleavedMemoryProbe", "bracket", "enabled",
+           "interleave_with_memory_probe", "measure_with_memory_probe", "memory_probe_call", "paired", "probe"]
 
 #: the probe kinds a benchmark can declare as its ``host_bound``
 KINDS = ("compute", "memory")
@@ -66,29 +69,64 @@ def _rounds(fn: Callable[[], Any], work_per_call: float, rounds: int, round_s: f
 
 #: ``extra_info`` key of a memory probe timed interleaved with the benchmark (see :func:`paired`)
 PAIRED_KEY = "host_reference_paired"
+#: ``ACCEL_BENCH_HOST_PROBE=0`` turns every host probe off (bracket and interleaved)
+ENABLED_ENV = "ACCEL_BENCH_HOST_PROBE"
+#: length of one interleaved memory probe round (seconds): short next to a benchmark round
+INTERLEAVED_ROUND_S = 0.01
+
+
+def enabled(environ: dict[str, str] | None = None) -> bool:
+    """Whether the host probe runs (``ACCEL_BENCH_HOST_PROBE``, default on); a bad value is an error."""
+    value = (os.environ if environ is None else environ).get(ENABLED_ENV, "1").strip().lower()
+    if value not in {"0", "1", "false", "true", "no", "yes", "off", "on", ""}:
+        raise ValueError(f"{ENABLED_ENV} must be 0 or 1, got {value!r}")
+    return value not in {"0", "false", "no", "off"}
 
 
 def memory_probe_call() -> tuple[Callable[[], Any], float]:
-    """The memory probe as one call (a 64 MiB copy) and the GB it moves.
-
-    Timed interleaved with a benchmark it runs with the benchmark's torch threads (the bracket's
-    probe uses one), so compare interleaved figures only between runs with the same ``--threads``.
-    """
+    """The memory probe as one call (a 64 MiB copy) and the GB it moves."""
     src = torch.ones(COPY_BYTES // 4)
     dst = torch.empty_like(src)
     return (lambda: dst.copy_(src)), 2.0 * COPY_BYTES / 1e9
 
 
-def paired(measurement: Any, gb_per_call: float) -> dict[str, Any]:
-    """The ``extra_info[PAIRED_KEY]`` record of memory probe rounds timed interleaved with a benchmark."""
-    work = gb_per_call * measurement.iterations
-    samples = [work / t for t in measurement.samples]
-    return {"memory_gbs": statistics.median(samples), "memory_samples": samples,
-            "rounds": len(samples), "calls_per_round": measurement.iterations}
+class InterleavedMemoryProbe:
+    """One short, self-timed memory probe round per call, run between a benchmark's rounds.
+
+    It is calibrated on its own (the benchmark's calibration and round budget never see it) and
+    always runs on one torch thread, like the bracket's probe, so its figures compare with the
+    bracket's and between runs with different ``--threads``.
+    """
+
+    def __init__(self, round_s: float = INTERLEAVED_ROUND_S):
+        self.copy, self.gb_per_call = memory_probe_call()
+        self.samples: list[float] = []
+        with _one_thread():
+            self.copy()  # first touch of the buffers
+            self.calls = _calls_for(self.copy, round_s)
+
+    def __call__(self) -> None:
+        with _one_thread():
+            start = time.perf_counter()
+            for _ in range(self.calls):
+                self.copy()
+            self.samples.append(self.gb_per_call * self.calls / (time.perf_counter() - start))
+
+    def record(self) -> dict[str, Any]:
+        """The ``extra_info[PAIRED_KEY]`` record of the rounds so far."""
+        return paired(self.samples, self.calls)
+
+
+def paired(samples: list[float], calls_per_round: int) -> dict[str, Any]:
+    """The ``extra_info[PAIRED_KEY]`` record of memory probe rounds (GB/s) taken between a benchmark's rounds."""
+    if not samples:
+        raise ValueError("no interleaved probe rounds to record")
+    return {"memory_gbs": statistics.median(samples), "memory_samples": list(samples),
+            "rounds": len(samples), "calls_per_round": calls_per_round}
 
 
 def measure_with_memory_probe(benchmark: Any, backend: Any, call: Callable[[], Any], settings: Any) -> Any:
-    """``timing.measure`` of ``call``; on the host CPU, with the memory probe timed in interleaved rounds.
+    """``timing.measure`` of ``call``; on the host CPU, with a memory probe round after each measured round.
 
     The probe's rounds go to ``benchmark.extra_info[PAIRED_KEY]`` (the suites' conftest folds them
     into ``host_reference``); the benchmark's own measurement is returned.
@@ -97,37 +135,56 @@ def measure_with_memory_probe(benchmark: Any, backend: Any, call: Callable[[], A
 
 
 def interleave_with_memory_probe(benchmark: Any, backend: Any, fns: dict[str, Callable[[], Any]], settings: Any) -> dict[str, Any]:
-    """``timing.measure_interleaved`` of ``fns``, with the memory probe as one more variant on the host CPU."""
+    """``timing.measure`` (one variant) or ``timing.measure_interleaved`` of ``fns``, probing host memory between rounds."""
     import timing
 
-    if backend.device_type != "cpu" or settings.smoke:
-        if len(fns) == 1:
-            name, call = next(iter(fns.items()))
-            return {name: timing.measure(backend, call, settings)}
-        return timing.measure_interleaved(backend, fns, settings)
-    if "host" in fns:
-        raise ValueError("'host' is the memory probe's name; give the benchmark's variants other names")
-    probe_call, probe_gb = memory_probe_call()
-    results = timing.measure_interleaved(backend, {**fns, "host": probe_call}, settings)
-    benchmark.extra_info[PAIRED_KEY] = paired(results.pop("host"), probe_gb)
+    probe = None
+    if backend.device_type == "cpu" and not settings.smoke and enabled():
+        probe = InterleavedMemoryProbe()
+    if len(fns) == 1:
+        name, call = next(iter(fns.items()))
+        results = {name: timing.measure(backend, call, settings, after_round=probe)}
+    else:
+        results = timing.measure_interleaved(backend, fns, settings, after_round=probe)
+    if probe is not None:
+        benchmark.extra_info[PAIRED_KEY] = probe.record()
     return results
+
+
+class _one_thread:
+    """Run a block with one torch thread (restored afterwards)."""
+
+    def __enter__(self) -> None:
+        self.threads = torch.get_num_threads()
+        if self.threads != 1:
+            torch.set_num_threads(1)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.threads != 1:
+            torch.set_num_threads(self.threads)
+
+
+def _calls_for(fn: Callable[[], Any], round_s: float) -> int:
+    """Calls of ``fn`` that fill about ``round_s`` seconds (at least one)."""
+    start = time.perf_counter()
+    calls = 0
+    while time.perf_counter() - start < round_s:
+        fn()
+        calls += 1
+    return max(1, calls)
 
 
 def probe(rounds: int = 5, round_s: float = 0.02) -> dict[str, Any]:
     """Measure the host's compute and memory reference figures now (about ``2 * rounds * round_s`` s)."""
     if rounds < 1 or round_s <= 0:
         raise ValueError(f"probe needs rounds >= 1 and round_s > 0 (got {rounds}, {round_s})")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with _one_thread():
         a = torch.ones(COMPUTE_SIDE, COMPUTE_SIDE)
         b = torch.ones(COMPUTE_SIDE, COMPUTE_SIDE)
         out = torch.empty(COMPUTE_SIDE, COMPUTE_SIDE)
         compute = _rounds(lambda: torch.matmul(a, b, out=out), 2.0 * COMPUTE_SIDE ** 3 / 1e9, rounds, round_s)
         copy, copy_gb = memory_probe_call()
         memory = _rounds(copy, copy_gb, rounds, round_s)
-    finally:
-        torch.set_num_threads(threads)
     return {"compute_gflops": statistics.median(compute), "memory_gbs": statistics.median(memory),
             "compute_samples": compute, "memory_samples": memory, "time": time.time()}
 

@@ -240,11 +240,14 @@ def measure(
     warmup_rounds: int | None = None,
     setup: Callable[[], Any] | None = None,
     reduce_max: Callable[[list[float]], list[float]] | None = None,
+    after_round: Callable[[], Any] | None = None,
 ) -> Measurement:
     """Time ``fn`` on ``backend``: warm-up, calibration, then rounds of ``iterations`` calls.
 
     ``iterations``/``rounds``/``warmup_rounds`` override what ``settings`` would choose.
     ``setup`` runs before every timed round (warm-up included), outside the timed region.
+    ``after_round`` runs after every measured round, outside the timed region and apart from the
+    calibration (the host probe uses it to sample the machine between a benchmark's rounds).
     ``reduce_max`` (multi-process) maps a list of per-rank values to their maximum over ranks; it
     is called identically on every rank: for the calibration time and for the final samples.
     """
@@ -271,7 +274,11 @@ def measure(
         return _timed(backend, fn, iterations)
 
     warmup = [one_round() for _ in range(warmup_rounds)]
-    samples = [one_round() for _ in range(rounds)]
+    samples = []
+    for _ in range(rounds):
+        samples.append(one_round())
+        if after_round is not None:
+            after_round()
     if reduce_max is not None:
         samples = reduce_max(samples)
         warmup = reduce_max(warmup) if warmup else warmup
@@ -289,13 +296,14 @@ def measure_interleaved(
     warmup_rounds: int | None = None,
     setup: Callable[[], Any] | None = None,
     reduce_max: Callable[[list[float]], list[float]] | None = None,
+    after_round: Callable[[], Any] | None = None,
 ) -> dict[str, Measurement]:
     """Time several variants of the same work round by round, in rotating order.
 
     Drift on the machine (another process, thermal state) then hits every variant alike, which is
     what makes a ratio between them trustworthy. All variants get the same ``iterations``
-    (calibrated on the slowest) and the same number of rounds. ``setup`` and ``reduce_max`` as in
-    :func:`measure`.
+    (calibrated on the slowest) and the same number of rounds. ``setup``, ``reduce_max`` and
+    ``after_round`` (once per measured round of all variants) as in :func:`measure`.
     """
     settings = settings or FULL
     agree = reduce_max or (lambda values: values)
@@ -325,6 +333,8 @@ def measure_interleaved(
                 setup()
             elapsed = _timed(backend, fns[name], iterations)
             (results[name].warmup_samples if r < warmup_rounds else results[name].samples).append(elapsed)
+        if after_round is not None and r >= warmup_rounds:
+            after_round()
     if reduce_max is not None:
         for result in results.values():
             result.samples = reduce_max(result.samples)
