@@ -13,6 +13,7 @@ import functools
 import os
 import pickle
 import re
+import sys
 import time
 import uuid
 from typing import Any
@@ -60,6 +61,7 @@ class HarnessContext:
         self.run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
         self.known_issues = None
         self.writer = None
+        self._marked = set(marker_backend_names())  # registered at configure
 
     @functools.cached_property
     def registry(self) -> Any:
@@ -69,17 +71,36 @@ class HarnessContext:
 
     @functools.cached_property
     def names(self) -> list[str]:
-        return self.registry.names()
+        names = self.registry.names()
+        # backends registered in code (a conftest's register_backend, a plug-in whose entry-point
+        # name differs from its Backend.name) get their marker now, before any test is marked
+        for name in names:
+            if name not in self._marked:
+                self.config.addinivalue_line("markers", f"{name}: test instances that run on the {name} backend")
+                self._marked.add(name)
+        return names
 
     @functools.cached_property
     def selected(self) -> list[str]:
-        return self._select_backends(self.config)
+        from accel.backends import BackendError
+
+        try:
+            return self._select_backends(self.config)
+        except BackendError as exc:  # e.g. ACCEL_DEVICE names no backend: one clear error, not one per test
+            override = os.environ.get("ACCEL_DEVICE", "").strip()
+            where = f" (ACCEL_DEVICE={override})" if override else ""
+            raise pytest.UsageError(f"accel harness: {exc}{where}") from None
 
     def explicitly_requested(self) -> bool:
-        """``--backend`` given or a backend named in ``-m``: the selection is checked at start-up."""
+        """The selection is checked at start-up when ``--backend``, ``ACCEL_DEVICE`` or a backend in ``-m`` asks for one."""
+        if self.config.getoption("accel_backends") or os.environ.get("ACCEL_DEVICE", "").strip():
+            return True
         markexpr = self.config.getoption("markexpr") or ""
-        return bool(self.config.getoption("accel_backends")) or bool(
-            _backends_named_in_markexpr(markexpr, marker_backend_names()))
+        if not markexpr:
+            return False
+        # with accel.backends already imported (a conftest registered a backend), the registry is cheap
+        names = self.names if "accel.backends.registry" in sys.modules else marker_backend_names()
+        return bool(_backends_named_in_markexpr(markexpr, names))
 
     def _select_backends(self, config: pytest.Config) -> list[str]:
         requested: list[str] = []

@@ -21,6 +21,10 @@ class FakeXPU:
     name, device_type, comm_backend = "xpu", "xpu", "xccl"
 
 
+class FakeMPS:
+    name, device_type, comm_backend = "mps", "mps", None
+
+
 def test_the_child_reports_what_deepspeed_chose(fake_deepspeed):
     answer = agreement.probe_deepspeed()
     assert answer == {"installed": True, "ds_accelerator": None, "version": "9.9.9", "device": "cuda",
@@ -57,3 +61,17 @@ def test_collective_libraries_compare_by_family():
     assert agreement.compare(FakeXPU(), answer)["agree"] is True  # oneCCL under its two names
     other = agreement.compare(FakeXPU(), {**answer, "communication_backend": "gloo"})
     assert other["agree"] is False and "'gloo'" in other["problems"][0] and "'xccl'" in other["problems"][0]
+
+
+def test_a_backend_without_collectives_only_gets_a_note():
+    result = agreement.compare(FakeMPS(), {"installed": True, "device": "mps", "communication_backend": "gloo"})
+    assert result["agree"] is True and result["problems"] == []
+    assert "runs no collectives" in result["notes"][0]
+
+
+def test_a_local_deepspeed_folder_does_not_shadow_the_installed_one(fake_deepspeed, tmp_path, monkeypatch):
+    shadow = tmp_path / "cwd" / "deepspeed"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('the working directory was searched')\n")
+    monkeypatch.chdir(tmp_path / "cwd")
+    assert agreement.probe_deepspeed()["device"] == "cuda"  # the stand-in on PYTHONPATH answered

@@ -287,11 +287,37 @@ def test_a_session_that_uses_no_backend_does_not_import_torch(pytester):
     result = _run(pytester, "-m", "not slow")
     result.assert_outcomes(passed=1)
     assert (pytester.path / "torch_loaded.txt").read_text() == "False"
-    # a test that asks for a backend builds the registry on demand
+    # a test that asks for a backend builds the registry on demand (nothing requested a backend at start-up)
     pytester.makepyfile(test_on_backend="def test_it(backend):\n    assert backend.name == 'cpu'\n")
-    result = _run(pytester, "--backend", "cpu")
+    result = _run(pytester, "-m", "not slow")
     result.assert_outcomes(passed=2, skipped=4)  # the other built-in backends' instances: unavailable here
     assert (pytester.path / "torch_loaded.txt").read_text() == "True"
+
+
+def test_a_backend_registered_in_a_conftest_gets_its_marker(pytester):
+    pytester.makeconftest(textwrap.dedent(
+        """
+        from accel.backends import register_backend
+        from accel.backends.cpu import CPUBackend
+
+        class SimBackend(CPUBackend):
+            name = "sim"
+            priority = 900
+
+        register_backend(SimBackend)
+        """))
+    pytester.makepyfile(test_sim="def test_it(backend):\n    assert backend.name == 'sim'\n")
+    result = _run(pytester, "--strict-markers", "-m", "sim")
+    result.assert_outcomes(passed=1)
+
+
+def test_an_unknown_accel_device_stops_the_session_once(pytester, monkeypatch):
+    pytester.makepyfile(test_plain="def test_arithmetic():\n    assert True\n",
+                        test_on_backend="def test_it(backend):\n    pass\n")
+    monkeypatch.setenv("ACCEL_DEVICE", "bogus")
+    result = _run(pytester)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "ACCEL_DEVICE" in result.stderr.str() and "bogus" in result.stderr.str()
 
 
 def test_builtin_names_for_markers_match_the_registry():

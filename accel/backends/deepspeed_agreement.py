@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from typing import Any, Mapping
 
 __all__ = ["COMM_FAMILIES", "compare", "deepspeed_installed", "probe_deepspeed"]
@@ -64,10 +65,14 @@ def _probe(env_items: tuple[tuple[str, str], ...], timeout: float) -> dict[str, 
     env = dict(env_items)
     result: dict[str, Any] = {"installed": True, "ds_accelerator": env.get("DS_ACCELERATOR")}
     try:
+        # -I would also drop PYTHONPATH (where a vendor may install DeepSpeed), so instead run from a
+        # neutral folder: ``python -c`` puts the working directory first on sys.path
         proc = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True,
-                              timeout=timeout, check=False)
+                              errors="replace", timeout=timeout, check=False, cwd=tempfile.gettempdir())
     except subprocess.TimeoutExpired:
         return {**result, "error": f"DeepSpeed's get_accelerator() did not answer within {timeout:g} s"}
+    except OSError as exc:
+        return {**result, "error": f"could not start a Python process to ask DeepSpeed: {exc}"}
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
@@ -89,8 +94,9 @@ def compare(backend: Any, deepspeed: Mapping[str, Any]) -> dict[str, Any]:
     """Compare accel's ``backend`` with a :func:`probe_deepspeed` answer.
 
     ``agree`` is True when both use the same device type and the same collective library
-    (``ccl``/``xccl`` count as one); ``problems`` says what differs, in words. None when DeepSpeed
-    is not installed or its probe failed (``problems`` then says why).
+    (``ccl``/``xccl`` count as one; a backend on which accel runs no collectives, such as mps, only
+    gets a note); ``problems`` says what differs, in words. None when DeepSpeed is not installed or
+    its probe failed (``problems`` then says why).
     """
     out: dict[str, Any] = {"accel_backend": backend.name, "accel_device": backend.device_type,
                            "deepspeed_device": deepspeed.get("device"),
@@ -105,11 +111,17 @@ def compare(backend: Any, deepspeed: Mapping[str, Any]) -> dict[str, Any]:
     if deepspeed.get("error"):
         return {**out, "agree": None, "problems": [deepspeed["error"]]}
     problems = []
+    notes = []
+    accel_comm = out["accel_communication_backend"]
     if deepspeed.get("device") != backend.device_type:
         how = f"DS_ACCELERATOR={deepspeed['ds_accelerator']}" if deepspeed.get("ds_accelerator") else "its own detection"
         problems.append(f"DeepSpeed uses {deepspeed.get('device')!r} ({how}) but accel uses {backend.device_type!r} "
                         f"(backend {backend.name}): set DS_ACCELERATOR={backend.device_type} or ACCEL_DEVICE to match")
-    elif not _same_comm(deepspeed.get("communication_backend"), out["accel_communication_backend"]):
+    elif accel_comm is None and "accel_communication_error" not in out:
+        # single-process backends (mps): accel runs no collectives there, so there is nothing to disagree on
+        notes.append(f"accel's {backend.name} backend runs no collectives; DeepSpeed names "
+                     f"{deepspeed.get('communication_backend')!r}")
+    elif not _same_comm(deepspeed.get("communication_backend"), accel_comm):
         problems.append(f"DeepSpeed's collectives use {deepspeed.get('communication_backend')!r} but accel's "
-                        f"{backend.name} backend uses {out['accel_communication_backend']!r}")
-    return {**out, "agree": not problems, "problems": problems}
+                        f"{backend.name} backend uses {accel_comm!r}")
+    return {**out, "agree": not problems, "problems": problems, "notes": notes}

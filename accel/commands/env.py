@@ -481,6 +481,7 @@ def _deepspeed_rows(info: Any) -> Rows:
     verdict = {True: "agrees with accel", False: "DISAGREES with accel", None: "not compared"}[agreement.get("agree")]
     rows.append(("vs accel", verdict))
     rows += [("  problem", text) for text in agreement.get("problems") or []]
+    rows += [("  note", text) for text in agreement.get("notes") or []]
     return rows
 
 
