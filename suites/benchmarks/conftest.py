@@ -48,11 +48,11 @@ KEEP_HEAP = {"trim_threshold": 1 << 30, "mmap_threshold": 32 << 20}
 _heap_setting: dict = {"kept": False, "reason": "not configured"}
 
 
-def _flag(name: str, default: str = "1") -> bool:
-    value = os.environ.get(name, default).strip().lower()
-    if value not in {"0", "1", "false", "true", "no", "yes", "off", "on", ""}:
-        raise pytest.UsageError(f"{name} must be 0 or 1, got {value!r}")
-    return value not in {"0", "false", "no", "off"}
+def _flag(name: str) -> bool:
+    try:
+        return host_reference.env_flag(name)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def keep_heap() -> dict:
@@ -166,10 +166,7 @@ def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: di
 
 
 def _host_probe_wanted() -> bool:
-    try:
-        return host_reference.enabled()
-    except ValueError as exc:
-        raise pytest.UsageError(str(exc)) from None
+    return _flag(HOST_PROBE_ENV)
 
 
 @pytest.fixture(autouse=True)

@@ -33,12 +33,13 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 
 __all__ = ["ENABLED_ENV", "KINDS", "PAIRED_KEY", "VALUE_KEYS", "InterleavedMemoryProbe", "bracket", "enabled",
-           "interleave_with_memory_probe", "measure_with_memory_probe", "memory_probe_call", "paired", "probe"]
+           "env_flag", "interleave_with_memory_probe", "measure_with_memory_probe", "memory_probe_call", "paired",
+           "probe"]
 
 #: the probe kinds a benchmark can declare as its ``host_bound``
 KINDS = ("compute", "memory")
@@ -47,26 +48,6 @@ COMPUTE_SIDE = 256
 COPY_BYTES = 64 * 2**20
 #: value keys in ``extra_info["host_reference"]`` per kind (``reports.benchmarks.HOST_REFERENCE_KEYS`` reads the same)
 VALUE_KEYS = {"compute": "compute_gflops", "memory": "memory_gbs"}
-
-
-def _rounds(fn: Callable[[], Any], work_per_call: float, rounds: int, round_s: float) -> list[float]:
-    """Throughputs (work per second) of ``rounds`` rounds of back-to-back calls lasting about ``round_s`` each."""
-    fn()
-    start = time.perf_counter()
-    calls = 0
-    while time.perf_counter() - start < round_s / 4:  # rough calls per round from a quarter round
-        fn()
-        calls += 1
-    per_round = max(1, int(4 * calls))
-    out = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(per_round):
-            fn()
-        out.append(work_per_call * per_round / (time.perf_counter() - t0))
-    return out
-
-
 #: ``extra_info`` key of a memory probe timed interleaved with the benchmark (see :func:`paired`)
 PAIRED_KEY = "host_reference_paired"
 #: ``ACCEL_BENCH_HOST_PROBE=0`` turns every host probe off (bracket and interleaved)
@@ -75,12 +56,42 @@ ENABLED_ENV = "ACCEL_BENCH_HOST_PROBE"
 INTERLEAVED_ROUND_S = 0.01
 
 
-def enabled(environ: dict[str, str] | None = None) -> bool:
-    """Whether the host probe runs (``ACCEL_BENCH_HOST_PROBE``, default on); a bad value is an error."""
-    value = (os.environ if environ is None else environ).get(ENABLED_ENV, "1").strip().lower()
+def _rounds(fn: Callable[[], Any], work_per_call: float, rounds: int, round_s: float) -> list[float]:
+    """Throughputs (work per second) of ``rounds`` rounds of back-to-back calls lasting about ``round_s`` each."""
+    fn()
+    calls = 4 * _calls_for(fn, round_s / 4)  # calls per round, from a quarter round
+    return [_timed_round(fn, calls, work_per_call) for _ in range(rounds)]
+
+
+def _timed_round(fn: Callable[[], Any], calls: int, work_per_call: float) -> float:
+    """Work per second of ``calls`` back-to-back calls of ``fn`` (host clock: the probes run on the CPU)."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return work_per_call * calls / (time.perf_counter() - start)
+
+
+def _calls_for(fn: Callable[[], Any], round_s: float) -> int:
+    """Calls of ``fn`` that fill about ``round_s`` seconds (at least one)."""
+    start = time.perf_counter()
+    calls = 0
+    while time.perf_counter() - start < round_s:
+        fn()
+        calls += 1
+    return max(1, calls)
+
+
+def env_flag(name: str, default: str = "1", environ: Mapping[str, str] | None = None) -> bool:
+    """An on/off environment variable (1/0, true/false, yes/no, on/off); any other value is a ValueError."""
+    value = (os.environ if environ is None else environ).get(name, default).strip().lower()
     if value not in {"0", "1", "false", "true", "no", "yes", "off", "on", ""}:
-        raise ValueError(f"{ENABLED_ENV} must be 0 or 1, got {value!r}")
+        raise ValueError(f"{name} must be 0 or 1, got {value!r}")
     return value not in {"0", "false", "no", "off"}
+
+
+def enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the host probe runs (``ACCEL_BENCH_HOST_PROBE``, default on); a bad value is a ValueError."""
+    return env_flag(ENABLED_ENV, environ=environ)
 
 
 def memory_probe_call() -> tuple[Callable[[], Any], float]:
@@ -107,10 +118,7 @@ class InterleavedMemoryProbe:
 
     def __call__(self) -> None:
         with _one_thread():
-            start = time.perf_counter()
-            for _ in range(self.calls):
-                self.copy()
-            self.samples.append(self.gb_per_call * self.calls / (time.perf_counter() - start))
+            self.samples.append(_timed_round(self.copy, self.calls, self.gb_per_call))
 
     def record(self) -> dict[str, Any]:
         """The ``extra_info[PAIRED_KEY]`` record of the rounds so far."""
@@ -162,16 +170,6 @@ class _one_thread:
     def __exit__(self, *exc: Any) -> None:
         if self.threads != 1:
             torch.set_num_threads(self.threads)
-
-
-def _calls_for(fn: Callable[[], Any], round_s: float) -> int:
-    """Calls of ``fn`` that fill about ``round_s`` seconds (at least one)."""
-    start = time.perf_counter()
-    calls = 0
-    while time.perf_counter() - start < round_s:
-        fn()
-        calls += 1
-    return max(1, calls)
 
 
 def probe(rounds: int = 5, round_s: float = 0.02) -> dict[str, Any]:
