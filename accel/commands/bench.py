@@ -173,7 +173,9 @@ def summary_table(runs: list[list[dict[str, Any]]]) -> str:
             bench = table.get(name)
             value, u = _figure(bench) if bench else (None, "")
             values.append(value)
-            hosts.append(host_reference_value(bench.get("extra_info") or {}) if bench else None)
+            # only a throughput follows the host probe by division; a time fallback gets no host columns
+            throughput = bench is not None and u != "s (median)"
+            hosts.append(host_reference_value(bench.get("extra_info") or {}) if throughput else None)
             unit = unit or u
             if bench:
                 stats = bench.get("stats") or {}
@@ -182,9 +184,7 @@ def summary_table(runs: list[list[dict[str, Any]]]) -> str:
                 iqr = f"{q / med:.0%}" if isinstance(med, (int, float)) and med and isinstance(q, (int, float)) else ""
         row = f"{name:<{width}}  " + "  ".join(f"{_fmt(v):>12}" for v in values) + f"  {unit:<10} {rounds:>6} {iqr:>6}"
         if several:
-            # only throughputs follow the host probe by division; a time fallback gets no host columns
-            relative = [v / h if v is not None and h and u != "s (median)" else None
-                        for v, h, u in zip(values, hosts, [_figure(t[name])[1] if name in t else "" for t in by_run])]
+            relative = [v / h if v is not None and h else None for v, h in zip(values, hosts)]
             host_known = all(h is not None for h in hosts)
             row += (f" {_pct(_spread(values)):>7} {_pct(_spread(hosts) if host_known else None):>7}"
                     f" {_pct(_spread(relative) if host_known else None):>7}")
