@@ -71,6 +71,8 @@ from typing import Any, Callable
 
 import torch
 
+from .utils.files import atomic_write, fsync_dir, fsync_file
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -130,43 +132,6 @@ def _is_writer(accelerator: Any) -> bool:
     return accelerator.is_main_process
 
 
-def _fsync_file(path: str | os.PathLike) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: str | os.PathLike) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return  # not possible on every platform (Windows); the rename is still atomic
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """``write(tmp)`` into a temporary file beside ``path``, fsync it, then ``os.replace`` it onto ``path``."""
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-    try:
-        write(tmp)
-        _fsync_file(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(path.parent)
-
-
 def _torch_save(obj: Any, path: Path) -> None:
     with open(path, "wb") as fh:
         torch.save(obj, fh)
@@ -178,7 +143,7 @@ def _safetensors_save(tensors: dict[str, torch.Tensor], path: Path, metadata: di
     from safetensors.torch import save_file
 
     save_file(tensors, str(path), metadata={"format": "pt", **(metadata or {})})
-    _fsync_file(path)
+    fsync_file(path)
 
 
 def _json_save(data: Any, path: Path) -> None:
@@ -284,14 +249,14 @@ def save(accelerator: Any, obj: Any, f: Any, safe_serialization: bool = False) -
     if safe_serialization:
         tensors = _tensors_for_safetensors(obj, "the object to save")
         if isinstance(f, (str, os.PathLike)):
-            _atomic_write(Path(f), lambda tmp: _safetensors_save(tensors, tmp))
+            atomic_write(Path(f), lambda tmp: _safetensors_save(tensors, tmp))
         else:
             from safetensors.torch import save as to_bytes
 
             f.write(to_bytes(tensors, metadata={"format": "pt"}))
         return
     if isinstance(f, (str, os.PathLike)):
-        _atomic_write(Path(f), lambda tmp: _torch_save(obj, tmp))
+        atomic_write(Path(f), lambda tmp: _torch_save(obj, tmp))
     else:
         torch.save(obj, f)
 
@@ -355,16 +320,16 @@ def save_model(accelerator: Any, model: torch.nn.Module, save_directory: str | o
     names = [f"{prefix}.{ext}"] if count == 1 else [f"{prefix}-{i + 1:05d}-of-{count:05d}.{ext}" for i in range(count)]
     for name, shard in zip(names, shards):
         if safe_serialization:
-            _atomic_write(directory / name, lambda tmp, shard=shard: _safetensors_save(shard, tmp))
+            atomic_write(directory / name, lambda tmp, shard=shard: _safetensors_save(shard, tmp))
         else:
-            _atomic_write(directory / name, lambda tmp, shard=shard: _torch_save(shard, tmp))
+            atomic_write(directory / name, lambda tmp, shard=shard: _torch_save(shard, tmp))
     written = set(names)
     if count > 1:
         index = {
             "metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
             "weight_map": {key: name for name, shard in zip(names, shards) for key in shard},
         }
-        _atomic_write(directory / index_name, lambda tmp: _json_save(index, tmp))
+        atomic_write(directory / index_name, lambda tmp: _json_save(index, tmp))
         written.add(index_name)
     # remove what a previous save of this format left behind (other shard counts, single file vs index)
     stale = re.compile(re.escape(prefix) + r"(-\d{5}-of-\d{5})?\." + ext + r"(\.index\.json)?")
@@ -431,11 +396,11 @@ def _commit(tmp: Path, target: Path, token: str) -> None:
     aside = None
     if target.exists():
         _carry_user_files(target, tmp)
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         aside = target.parent / f".{target.name}.old-{token}"
         os.replace(target, aside)
     os.replace(tmp, target)
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)
     if aside is not None:
         shutil.rmtree(aside, ignore_errors=True)
 
@@ -587,7 +552,7 @@ def save_state(accelerator: Any, output_dir: str | os.PathLike | None = None, sa
         accelerator.wait_for_everyone()  # every rank's files are in before the manifest marks it complete
         if writer:
             _json_save(manifest, tmp / MANIFEST_NAME)
-            _fsync_dir(tmp)
+            fsync_dir(tmp)
             _commit(tmp, target, token)
     except BaseException:
         if writer:

@@ -46,6 +46,7 @@ from enum import Enum
 from typing import Any, Callable
 
 from .utils.dataclasses import LoggerType
+from .utils.files import atomic_write
 
 __all__ = [
     "CSVTracker",
@@ -212,19 +213,8 @@ def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def _write_json_atomic(path: str, data: Any) -> None:
     """Write ``data`` as JSON to ``path`` through a temporary file and an atomic rename."""
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2, sort_keys=False)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    text = json.dumps(data, indent=2, sort_keys=False) + "\n"
+    atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 # ---------------------------------------------------------------------- file trackers

@@ -15,10 +15,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+from accel.utils.files import atomic_write
 
 __all__ = [
     "ACCELERATE_ONLY_KEYS",
@@ -369,22 +370,6 @@ def save_config(config: LaunchConfig, path: str | os.PathLike[str]) -> Path:
     path = Path(path).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
     text = yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=False)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        try:  # keep the mode of the file being replaced; a new one is readable by all, like yaml configs
-            mode = path.stat().st_mode & 0o777
-        except OSError:
-            mode = 0o644
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    # keep the mode of the file being replaced; a new one is readable by all, like yaml configs
+    atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"), keep_mode=0o644)
     return path
