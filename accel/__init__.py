@@ -31,6 +31,15 @@ _LAZY = {
     "notebook_launcher": "accel.launchers",
     "debug_launcher": "accel.launchers",
     "get_backend": "accel.backends",
+    # big-model inference (issue 15)
+    "init_empty_weights": "accel.big_modeling",
+    "init_on_device": "accel.big_modeling",
+    "cpu_offload": "accel.big_modeling",
+    "cpu_offload_with_hook": "accel.big_modeling",
+    "disk_offload": "accel.big_modeling",
+    "dispatch_model": "accel.big_modeling",
+    "load_checkpoint_and_dispatch": "accel.big_modeling",
+    "infer_auto_device_map": "accel.utils.modeling",
 }
 
 

@@ -76,5 +76,23 @@ _export(
 
 _export("accel.utils.memory", "find_executable_batch_size", "release_memory")
 
+# big-model inference (issue 15)
+_export(
+    "accel.utils.modeling",
+    "align_module_device", "calculate_maximum_sizes", "check_device_map", "check_device_same",
+    "check_tied_parameters_in_config", "check_tied_parameters_on_same_device", "clean_device_map",
+    "compute_module_sizes", "compute_module_total_buffer_size", "convert_file_size_to_int", "dtype_byte_size",
+    "find_tied_parameters", "get_balanced_memory", "get_max_layer_size", "get_max_memory",
+    "get_module_size_with_ties", "get_non_persistent_buffers", "get_state_dict_from_offload",
+    "get_state_dict_offloaded_model", "has_offloaded_params", "id_tensor_storage", "infer_auto_device_map",
+    "is_peft_model", "load_checkpoint_in_model", "load_offloaded_weights", "load_state_dict",
+    "named_module_tensors", "retie_parameters", "set_module_tensor_to_device",
+)
+_export(
+    "accel.utils.offload",
+    "OffloadedWeightsLoader", "PrefixedDataset", "extract_submodules_state_dict", "load_offloaded_weight",
+    "offload_state_dict", "offload_weight", "save_offload_index",
+)
+
 
 __getattr__, __dir__ = lazy_exports('accel.utils', globals(), _LAZY)
