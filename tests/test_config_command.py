@@ -12,7 +12,7 @@ import pytest
 
 from accel.backends import get_backend
 from accel.commands import cli
-from accel.commands import config as config_command
+from accel.commands.config import config as config_command
 from accel.commands.config_file import ConfigError, LaunchConfig, default_config_path, load_config, save_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -183,12 +183,12 @@ def write(tmp_path: Path, text: str) -> Path:
         ("mixed_precision: bf61\n", "got 'bf61' (did you mean 'bf16'?)"),
         ("use_cpu: maybe\n", ", line 1: use_cpu: expected true or false, got 'maybe'"),
         ("num_machines: 2\nmachine_rank: 2\n", ", line 2: machine_rank: must be below num_machines (2), got 2"),
-        ("num_processes: 2\nnum_processes: 3\n", ", line 2: num_processes: appears twice (lines 1 and 2)"),
+        ("num_processes: 2\nnum_processes: 3\n", ", line 2: num_processes: appears twice with different values (lines 1 and 2)"),
         ("num_processes: true\n", "num_processes: expected a whole number >= 1, got True"),
         ("gpu_ids: 0,0\n", "gpu_ids: lists a device twice"),
         ("- num_processes\n", "expected a mapping"),
         ("", "the file is empty"),
-        ("compute_environment: AMAZON_SAGEMAKER\n", "compute_environment: AMAZON_SAGEMAKER is not supported by accel"),
+        ("fsdp_config: 3\n", "line 1: fsdp_config: expected a mapping of settings, got 3"),
     ],
 )
 def test_broken_files_name_the_file_line_and_key(tmp_path, text, expected):
@@ -217,9 +217,9 @@ def test_an_accelerate_json_config_loads_and_keeps_its_other_keys(tmp_path):
     path.write_text(json.dumps(data, indent=2))
     config = load_config(path)
     assert (config.num_processes, config.use_cpu, config.distributed_type) == (2, True, "MULTI_CPU")
-    assert config.ignored == {"downcast_bf16": False, "enable_cpu_affinity": False, "tpu_use_cluster": False, "tpu_use_sudo": False}
+    assert config.extra == {"downcast_bf16": False, "enable_cpu_affinity": False, "tpu_use_cluster": False, "tpu_use_sudo": False}
     copy = save_config(config, tmp_path / "copy.yaml")
-    assert load_config(copy) == config and load_config(copy).ignored == config.ignored
+    assert load_config(copy) == config and load_config(copy).extra == config.extra
 
 
 # ---------------------------------------------------------------------------- saving

@@ -2,9 +2,11 @@
 
 One place, so `accel env`, `accel config` and `accel launch` agree. The keys are Accelerate's
 (``num_processes``, ``mixed_precision``, ``use_cpu``, ...) plus accel's ``backend`` (the hardware
-backend name), so a file written by ``accelerate config`` loads here. Keys Accelerate knows but accel
-does not use (``deepspeed_config``, ``tpu_*``, ...) are accepted and kept in ``ignored``; anything else
-is an error naming the file, the line and the key, with a suggestion for a likely typo.
+backend name), so a file written by ``accelerate config`` (any version) loads here. Accelerate's other
+keys (``fsdp_config``, ``deepspeed_config``, ``tpu_*``, SageMaker's, ...) are checked by kind and kept in
+``LaunchConfig.extra``; `accel launch` passes the sections on to the ranks and refuses what cannot run
+here (TPU, SageMaker, Megatron-LM). Anything else is an error naming the file, the line and the key,
+with a suggestion for a likely typo.
 
 Every value check lives in :data:`FIELDS`, shared by the file loader, the ``accel config`` flags and
 its interactive questions, so the three cannot disagree.
@@ -23,6 +25,7 @@ from accel.utils.files import atomic_write
 
 __all__ = [
     "ACCELERATE_ONLY_KEYS",
+    "SECTION_KEYS",
     "COMPUTE_ENVIRONMENTS",
     "CONFIG_ENV",
     "DISTRIBUTED_TYPES",
@@ -62,27 +65,24 @@ DISTRIBUTED_TYPES = (
     "MEGATRON_LM",
 )
 
-#: keys an Accelerate config file may hold that accel accepts but does not act on
-ACCELERATE_ONLY_KEYS = (
-    "enable_cpu_affinity",
-    "downcast_bf16",
-    "fp8_config",
-    "deepspeed_config",
-    "fsdp_config",
-    "parallelism_config",
-    "megatron_lm_config",
-    "mpirun_config",
-    "ipex_config",
-    "dynamo_config",
-    "tpu_name",
-    "tpu_zone",
-    "tpu_use_cluster",
-    "tpu_use_sudo",
-    "tpu_vm",
-    "tpu_env",
-    "command_file",
-    "commands",
+#: keys of an Accelerate config file beyond accel's core ones, by kind: sections (mappings) that
+#: `accel launch` turns into the ranks' environment (fsdp_config -> FSDP_*, ...), the TPU and
+#: SageMaker settings (loaded, so old files load, but refused by `accel launch`) and lists.
+SECTION_KEYS = (
+    "fp8_config", "deepspeed_config", "fsdp_config", "parallelism_config", "megatron_lm_config",
+    "mpirun_config", "ipex_config", "dynamo_config", "additional_args",
 )
+TEXT_KEYS = (
+    "tpu_name", "tpu_zone", "command_file", "ec2_instance_type", "iam_role_name", "image_uri", "profile",
+    "region", "base_job_name", "pytorch_version", "transformers_version", "py_version",
+    "sagemaker_inputs_file", "sagemaker_metrics_file",
+)
+FLAG_KEYS = ("enable_cpu_affinity", "tpu_use_cluster", "tpu_use_sudo", "downcast_bf16")
+LIST_KEYS = ("commands", "tpu_vm", "tpu_env")
+#: keys older Accelerate versions wrote, read as the current ones: old key -> new key
+LEGACY_KEYS = {"command": "commands", "fp16": "mixed_precision", "dynamo_backend": "dynamo_config"}
+#: every Accelerate key accel keeps beside its core FIELDS (kept in ``LaunchConfig.extra``)
+ACCELERATE_ONLY_KEYS = SECTION_KEYS + TEXT_KEYS + FLAG_KEYS + LIST_KEYS
 
 
 def default_config_path() -> Path:
@@ -179,6 +179,12 @@ def _mixed_precision(value: Any) -> str:
     return _choice(MIXED_PRECISIONS)(value)
 
 
+def _distributed_type(value: Any) -> str:
+    if value is False:  # an unquoted `NO` in YAML reads as false
+        return "NO"
+    return _choice(DISTRIBUTED_TYPES, upper=True)(value)
+
+
 def _text(value: Any) -> str:
     if isinstance(value, str) and value.strip() and not any(c.isspace() for c in value.strip()):
         return value.strip()
@@ -219,7 +225,7 @@ def _gpu_ids(value: Any) -> str | None:
 #: YAML key -> check that returns the normalised value or raises ValueError(reason)
 FIELDS: dict[str, Callable[[Any], Any]] = {
     "compute_environment": _choice(COMPUTE_ENVIRONMENTS, upper=True),
-    "distributed_type": _choice(DISTRIBUTED_TYPES, upper=True),
+    "distributed_type": _distributed_type,
     "num_processes": _whole(1, unset=(-1,)),  # Accelerate writes -1 for "pass --num_processes"
     "num_machines": _whole(1),
     "machine_rank": _whole(0),
@@ -266,8 +272,8 @@ class LaunchConfig:
     debug: bool = False
     #: accel's hardware backend name (cpu, cuda, xpu, mps, hpu or a plug-in); None: detect
     backend: str | None = None
-    #: Accelerate-only keys found in the file, kept so a load/save round trip loses nothing
-    ignored: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    #: Accelerate's other keys found in the file (sections, TPU, SageMaker), checked by kind
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     #: where it was loaded from, and the line of each key there (for error messages)
     path: Path | None = field(default=None, compare=False, repr=False)
     lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
@@ -277,9 +283,9 @@ class LaunchConfig:
         return tuple(FIELDS)
 
     def to_dict(self) -> dict[str, Any]:
-        """The YAML mapping: known keys in a fixed order (unset ones left out), then the ignored ones."""
+        """The YAML mapping: known keys in a fixed order (unset ones left out), then the extra ones."""
         data = {key: getattr(self, key) for key in FIELDS if getattr(self, key) is not None}
-        data.update(self.ignored)
+        data.update(self.extra)
         return data
 
     def line_of(self, key: str) -> int | None:
@@ -296,8 +302,11 @@ class LaunchConfig:
                 setattr(self, key, FIELDS[key](getattr(self, key)))
             except ValueError as exc:
                 raise self.error(key, str(exc)) from None
-        if self.compute_environment != "LOCAL_MACHINE":
-            raise self.error("compute_environment", f"{self.compute_environment} is not supported by accel (only LOCAL_MACHINE)")
+        for key, value in list(self.extra.items()):
+            try:
+                self.extra[key] = _extra_value(key, value)
+            except ValueError as exc:
+                raise self.error(key, str(exc)) from None
         if self.machine_rank >= self.num_machines:
             raise self.error("machine_rank", f"must be below num_machines ({self.num_machines}), got {self.machine_rank}")
         if self.num_processes is not None and self.num_processes % self.num_machines:
@@ -309,6 +318,49 @@ class LaunchConfig:
 
     def replace(self, **changes: Any) -> "LaunchConfig":
         return dataclasses.replace(self, **changes)
+
+
+def _extra_value(key: str, value: Any) -> Any:
+    """``value`` checked for one of Accelerate's extra keys (by kind); ValueError with the reason."""
+    if value is None:
+        return None
+    if key in SECTION_KEYS:
+        if not isinstance(value, dict):
+            raise ValueError(f"expected a mapping of settings, got {value!r}")
+        return value
+    if key in FLAG_KEYS:
+        if isinstance(value, str) and value.strip().lower() in ("no", "false", "yes", "true"):
+            return value.strip().lower() in ("yes", "true")  # Accelerate wrote downcast_bf16: 'no'
+        return _flag(value)
+    if key in LIST_KEYS:
+        if isinstance(value, str):
+            return [value]
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return value
+        raise ValueError(f"expected a list of strings, got {value!r}")
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise ValueError(f"expected text, got {value!r}")
+
+
+def _upgrade_legacy_keys(data: dict[str, Any], lines: dict[str, int]) -> dict[str, Any]:
+    """Keys older Accelerate versions wrote, turned into today's (``fp16: true`` -> ``mixed_precision: fp16``,
+    top-level ``dynamo_backend`` -> ``dynamo_config``, ``command`` -> ``commands``)."""
+    if "fp16" in data:
+        fp16 = data.pop("fp16")
+        if "mixed_precision" not in data:
+            data["mixed_precision"] = "fp16" if fp16 else "no"
+            lines.setdefault("mixed_precision", lines.get("fp16", 0))
+    if "dynamo_backend" in data:
+        backend = data.pop("dynamo_backend")
+        if "dynamo_config" not in data:
+            data["dynamo_config"] = {} if str(backend).upper() == "NO" else {"dynamo_backend": backend}
+    if "command" in data:
+        command = data.pop("command")
+        if data.get("commands") is None and command is not None:
+            data["commands"] = command
+        data.setdefault("commands", None)
+    return data
 
 
 def load_config(path: str | os.PathLike[str]) -> LaunchConfig:
@@ -339,21 +391,25 @@ def load_config(path: str | os.PathLike[str]) -> LaunchConfig:
         raise ConfigError(f"expected a mapping of keys to values, got a {type(data).__name__}", path, root.start_mark.line + 1)
 
     lines: dict[str, int] = {}
-    for key_node, _ in root.value:
+    values: dict[str, Any] = {}
+    for key_node, value_node in root.value:
         key, line = key_node.value, key_node.start_mark.line + 1
         if not isinstance(key_node, yaml.ScalarNode):
             raise ConfigError("keys must be plain words", path, line)
-        if key in lines:
-            raise ConfigError(f"appears twice (lines {lines[key]} and {line})", path, line, key)
+        value = yaml.safe_load(yaml.serialize(value_node)) if isinstance(value_node, yaml.Node) else None
+        if key in lines and values[key] != value:  # a repeated key with the same value is harmless
+            raise ConfigError(f"appears twice with different values (lines {lines[key]} and {line})", path, line, key)
+        lines.setdefault(key, line)
+        values[key] = value
         lines[key] = line
 
     config = LaunchConfig(path=path, lines=lines)
+    data = _upgrade_legacy_keys({str(k): v for k, v in data.items()}, lines)
     for key, value in data.items():
-        key = str(key)
         if key in FIELDS:
             setattr(config, key, value)
         elif key in ACCELERATE_ONLY_KEYS:
-            config.ignored[key] = value
+            config.extra[key] = value
         else:
             raise ConfigError(f"unknown key {key!r}{_suggest(key, list(FIELDS) + list(ACCELERATE_ONLY_KEYS))}", path, lines.get(key))
     return config.validate()

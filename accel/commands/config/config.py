@@ -5,13 +5,16 @@ Three ways to make one, all writing atomically to ``--config_file`` or the defau
 
 * ``accel config`` on a terminal asks a few questions, each with its default shown in brackets;
   a bad answer says why and asks again.
-* ``accel config --num_processes 2 --mixed_precision bf16 ...`` writes the default for this machine
-  with those values changed, asking nothing (for scripts and CI). Without a terminal and without
-  flags, the command stops with a message instead of waiting for answers that cannot come.
+  Run again, it offers the file's current values as the defaults.
+* ``accel config --num_processes 2 --mixed_precision bf16 ...`` changes only the values named, asking
+  nothing (for scripts and CI): an existing file keeps every other value; without one, the default
+  for this machine is the starting point. Without a terminal and without flags, the command stops
+  with a message instead of waiting for answers that cannot come.
 * ``accel config default`` writes the default for the detected backend: one process per device
   (one process on cpu), no mixed precision. It does not overwrite an existing file unless ``--force``.
 
-``accel config show`` checks and prints the file in use.
+``accel config show`` checks and prints the file in use; ``accel config update`` rewrites an old
+(Accelerate or accel) file in today's format, keeping its values.
 """
 
 from __future__ import annotations
@@ -107,16 +110,26 @@ def _add_config_flags(parser: argparse.ArgumentParser, suppress: bool) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`accel config`'s options and its actions (default, show, update)."""
     _add_config_flags(parser, suppress=False)
+    parser.add_argument("--force", action="store_true", default=None,
+                        help="with `default`: overwrite an existing file (`accel config default --force`)")
     actions = parser.add_subparsers(dest="config_action", metavar="<action>", title="actions (default: ask questions)")
     default = actions.add_parser(
-        "default", help="write the default for this machine (one process per device, one on cpu)",
+        "default", help="write the default for this machine (one process per device, one on cpu); --force overwrites",
         description="Write the default config for the detected backend, changed by any value flags.",
     )
     _add_config_flags(default, suppress=True)
-    default.add_argument("--force", action="store_true", help="overwrite an existing file")
+    default.add_argument("--force", action="store_true", default=argparse.SUPPRESS, help="overwrite an existing file")
     show = actions.add_parser("show", help="check and print the config file in use", description="Check and print the config file in use.")
     add_flag(show, "--config_file", dest="config_file", metavar="PATH", default=argparse.SUPPRESS, help="file to show")
+    from accel.commands.config.update import add_update_arguments
+
+    update = actions.add_parser(
+        "update", help="rewrite an existing config file in today's format, keeping its values",
+        description="Load an existing config file (any Accelerate or accel version), upgrade old keys and write it back.",
+    )
+    add_update_arguments(update)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -124,20 +137,25 @@ def run(args: argparse.Namespace) -> int:
     action = getattr(args, "config_action", None)
     if action == "show":
         return _show(path)
+    if action == "update":
+        from accel.commands.config.update import run_update
+
+        return run_update(path)
     values = _given_values(args)
     if action == "default":
         if path.exists() and not getattr(args, "force", False):
             raise UsageError(f"{path} already exists; pass --force to overwrite it, or run `accel config` to change it")
         config = default_config(**values)
     elif values:
-        config = default_config(**values)
+        current = _current_config(path)
+        config = default_config(**values) if current is None else changed_config(current, values)
     else:
         if not _stdin_is_tty():
             raise UsageError(
                 "stdin is not a terminal, so the questions cannot be asked: run `accel config default`, "
                 "or give the values as flags (e.g. `accel config --num_processes 2 --mixed_precision bf16`)"
             )
-        config = ask_questions()
+        config = ask_questions(_current_config(path))
     try:
         written = save_config(config, path)
     except ConfigError as exc:
@@ -146,6 +164,44 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"cannot write {path}: {exc}") from None
     print(f"accel config saved at {written}")
     return 0
+
+
+def _current_config(path: Path) -> LaunchConfig | None:
+    """The config already at ``path`` (None when there is none); a broken one is a usage error."""
+    if not path.is_file():
+        return None
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        raise UsageError(f"{exc} (fix it, or start afresh with `accel config default --force`)") from None
+
+
+#: distributed types that follow from the backend and the process count (the others are a choice)
+_DERIVED_TYPES = {"NO", "MULTI_CPU", "MULTI_GPU", "MULTI_XPU", "MULTI_HPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA",
+                  "MULTI_MUSA", "MULTI_NEURON"}
+
+
+def changed_config(current: LaunchConfig, values: dict[str, Any]) -> LaunchConfig:
+    """``current`` with only ``values`` changed; ``distributed_type`` follows a new process count or
+    backend when it was one that follows from them (NO, MULTI_*), and a choice such as FSDP is kept."""
+    config = current.replace(path=None, lines={}, extra=dict(current.extra))
+    if values.get("use_cpu"):
+        values = {**values, "backend": values.get("backend") or "cpu"}
+    for key, value in values.items():
+        setattr(config, key, value)
+    if "backend" in values:
+        backend = _resolve_backend(values["backend"], bool(values.get("use_cpu")))
+        config.backend, config.use_cpu = backend.name, backend.name == "cpu"
+    if config.distributed_type in _DERIVED_TYPES and ({"num_processes", "backend", "use_cpu"} & set(values)):
+        backend = _resolve_backend(config.backend, config.use_cpu)
+        _check_multiprocess(backend, config.num_processes)
+        config.distributed_type = _distributed_type(backend, config.num_processes or 1)
+    if config.num_machines > 1 and not config.main_process_ip:
+        raise UsageError(f"{config.num_machines} machines need --main_process_ip (the address of the machine of rank 0)")
+    try:
+        return config.validate()
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _given_values(args: argparse.Namespace) -> dict[str, Any]:
@@ -291,12 +347,26 @@ def _field(key: str) -> Callable[[str], Any]:
     return FIELDS[key]
 
 
-def ask_questions() -> LaunchConfig:
-    """Ask for each value with ``input()``, showing defaults and re-asking on a bad answer."""
+def ask_questions(current: LaunchConfig | None = None) -> LaunchConfig:
+    """Ask for each value with ``input()``, showing defaults and re-asking on a bad answer.
+
+    With ``current`` (the existing file), its values are the defaults offered, and the keys the
+    questions do not cover (FSDP/DeepSpeed sections, ...) are kept.
+    """
     from accel.backends import get_registry
 
     registry = get_registry()
-    detected = _resolve_backend(None, False)
+    old = current or LaunchConfig()
+
+    def was(key: str, fallback: Any) -> Any:
+        value = getattr(old, key) if current is not None else None
+        return fallback if value is None else value
+
+    def yes_no(value: bool) -> str:
+        return "yes" if value else "no"
+
+    detected_name = was("backend", None) or ("cpu" if old.use_cpu else None) or _resolve_backend(None, False).name
+    detected = registry.get(detected_name) if detected_name in registry.names() else _resolve_backend(None, False)
     names = registry.names()
 
     def backend_answer(text: str) -> Any:
@@ -310,9 +380,10 @@ def ask_questions() -> LaunchConfig:
 
     available = ", ".join(b.name for b in registry.available())
     backend = _ask(f"Which hardware backend should the processes use? (available here: {available})", backend_answer, detected.name)
-    config = LaunchConfig(backend=backend.name, use_cpu=backend.name == "cpu")
+    config = LaunchConfig(backend=backend.name, use_cpu=backend.name == "cpu", extra=dict(old.extra))
+    config.main_training_function = old.main_training_function
 
-    config.num_machines = _ask("How many machines (nodes) will run the training?", _field("num_machines"), 1)
+    config.num_machines = _ask("How many machines (nodes) will run the training?", _field("num_machines"), was("num_machines", 1))
     if config.num_machines > 1:
         def rank_answer(text: str) -> int:
             rank = _field("machine_rank")(text)
@@ -320,11 +391,13 @@ def ask_questions() -> LaunchConfig:
                 raise ValueError(f"the rank must be below {config.num_machines}")
             return rank
 
-        config.machine_rank = _ask(f"What is the rank of this machine (0 to {config.num_machines - 1})?", rank_answer, 0)
-        config.main_process_ip = _ask("What is the IP address of the machine of rank 0?", _field("main_process_ip"))
-        config.main_process_port = _ask("Which port on the machine of rank 0 should the ranks meet on?", _field("main_process_port"), DEFAULT_PORT)
-        config.rdzv_backend = _ask(f"Which rendezvous backend? ({', '.join(RDZV_BACKENDS)})", _field("rdzv_backend"), "static")
-        config.same_network = _ask("Are all the machines on the same local network? (yes/no)", _yes_no, "no")
+        config.machine_rank = _ask(f"What is the rank of this machine (0 to {config.num_machines - 1})?", rank_answer,
+                                     min(was("machine_rank", 0), config.num_machines - 1))
+        config.main_process_ip = _ask("What is the IP address of the machine of rank 0?", _field("main_process_ip"), was("main_process_ip", None))
+        config.main_process_port = _ask("Which port on the machine of rank 0 should the ranks meet on?", _field("main_process_port"),
+                                        was("main_process_port", DEFAULT_PORT))
+        config.rdzv_backend = _ask(f"Which rendezvous backend? ({', '.join(RDZV_BACKENDS)})", _field("rdzv_backend"), was("rdzv_backend", "static"))
+        config.same_network = _ask("Are all the machines on the same local network? (yes/no)", _yes_no, yes_no(was("same_network", False)))
 
     multiprocess = _comm_backend(backend) is not None
 
@@ -339,16 +412,21 @@ def ask_questions() -> LaunchConfig:
         return count
 
     default_count = (_devices_per_machine(backend) if multiprocess else 1) * config.num_machines
+    if current is not None and current.num_processes and current.num_processes % config.num_machines == 0 and (
+            multiprocess or current.num_processes == 1):
+        default_count = current.num_processes
     config.num_processes = _ask("How many processes in total (over all machines)?", processes_answer, default_count)
 
     if backend.visible_devices_env:
         config.gpu_ids = _ask(
             f"Which devices should be used? ('all' or indices such as 0,1; sets {backend.visible_devices_env})",
-            _field("gpu_ids"), "all",
+            _field("gpu_ids"), was("gpu_ids", "all"),
         )
-    config.mixed_precision = _ask(f"Mixed precision? ({', '.join(MIXED_PRECISIONS)})", _field("mixed_precision"), "no")
-    config.debug = _ask("Enable debug mode (ACCEL_DEBUG_MODE, full failure reports)? (yes/no)", _yes_no, "no")
+    config.mixed_precision = _ask(f"Mixed precision? ({', '.join(MIXED_PRECISIONS)})", _field("mixed_precision"), was("mixed_precision", "no"))
+    config.debug = _ask("Enable debug mode (ACCEL_DEBUG_MODE, full failure reports)? (yes/no)", _yes_no, yes_no(was("debug", False)))
     config.distributed_type = _distributed_type(backend, config.num_processes)
+    if current is not None and current.distributed_type not in _DERIVED_TYPES:
+        config.distributed_type = current.distributed_type  # e.g. FSDP or DEEPSPEED chosen earlier: kept
     try:
         return config.validate()
     except ConfigError as exc:

@@ -1,0 +1,53 @@
+"""Small pieces the config questions are built from, with Accelerate's names (``_ask_field``, ...)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Callable, Sequence
+
+__all__ = ["SubcommandHelpFormatter", "_ask_field", "_ask_options", "_convert_yes_no_to_bool"]
+
+
+def _ask_field(input_text: str, convert_value: Callable[[str], Any] | None = None, default: Any = None,
+               error_message: str | None = None) -> Any:
+    """Ask until ``convert_value`` accepts the answer; an empty answer gives ``default`` (when not None)."""
+    while True:
+        answer = input(input_text).strip()
+        if not answer and default is not None:
+            return default
+        try:
+            return convert_value(answer) if convert_value is not None else answer
+        except Exception as exc:
+            print(error_message or f"  {exc}; please try again")
+
+
+def _ask_options(input_text: str, options: Sequence[str] = (), convert_value: Callable[[Any], Any] | None = None,
+                 default: int = 0) -> Any:
+    """Ask for one of ``options`` by number or name (default: the option at index ``default``)."""
+    listing = "\n".join(f"  [{i}] {option}" for i, option in enumerate(options))
+
+    def pick(text: str) -> Any:
+        index = int(text) if text.isdigit() else list(options).index(text)
+        if not 0 <= index < len(options):
+            raise ValueError(f"choose 0 to {len(options) - 1}")
+        return convert_value(index) if convert_value is not None else options[index]
+
+    print(f"{input_text}\n{listing}")
+    return _ask_field(f"[{default}]: ", pick, default=pick(str(default)))
+
+
+def _convert_yes_no_to_bool(value: str) -> bool:
+    """``yes``/``no`` (and y/n/true/false) as a bool; ValueError otherwise."""
+    word = value.strip().lower()
+    if word in ("y", "yes", "true", "1"):
+        return True
+    if word in ("n", "no", "false", "0"):
+        return False
+    raise ValueError(f"answer yes or no, not {value!r}")
+
+
+class SubcommandHelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Help for a config sub-command without argparse's repeated ``{a,b,c}`` choice list in the usage line."""
+
+    def _format_usage(self, usage: Any, actions: Any, groups: Any, prefix: Any) -> str:
+        return super()._format_usage(usage, actions, groups, prefix).replace("<command> [<args>] ", "")
