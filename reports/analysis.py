@@ -79,7 +79,10 @@ def _version_key(text: Any) -> tuple:
 
 def cell_label(backend: Any, torch_version: Any, accel_version: Any = None) -> str:
     label = f"{backend} · torch {torch_version}"
-    return label + (f" · accel {accel_version}" if accel_version not in (None, "", "unknown") else "")
+    if accel_version in (None, "", "unknown"):
+        return label
+    # an upstream suite's cell names its subject ("accelerate 1.15.0 tests → accel 0.1.0") itself
+    return label + (f" · {accel_version}" if " " in str(accel_version) else f" · accel {accel_version}")
 
 
 def _sorted_cells(frame: pd.DataFrame, columns: list[str] = CELL) -> list[tuple]:
@@ -445,6 +448,9 @@ class Report:
     known: KnownIssues | None = None
     baseline_files: list[str] = field(default_factory=list)
     threshold: float = bench.DEFAULT_THRESHOLD
+    #: upstream suites (reports.vendor): the vendor table and the compatibility comparisons
+    vendor: pd.DataFrame = field(default_factory=pd.DataFrame)
+    compat: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def failures(self) -> int:
@@ -487,6 +493,9 @@ def build_report(
         threshold=threshold, alpha=alpha, min_samples=min_samples,
     )
     problems = list(loaded.problems) + (list(baseline.problems) if baseline is not None else [])
+    from .vendor import compatibility, vendor_table
+
+    vendor = vendor_table(tests, loaded.runs, known)
     return Report(
         title=title,
         generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -507,4 +516,6 @@ def build_report(
         known=known,
         baseline_files=list(baseline.files) if baseline is not None else [],
         threshold=threshold,
+        vendor=vendor,
+        compat=compatibility(tests, vendor),
     )

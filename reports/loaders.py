@@ -23,7 +23,9 @@ Frames (columns in :data:`TEST_COLUMNS`, :data:`RUN_COLUMNS`, :data:`BENCH_COLUM
   start_time, nodeid, test_id (device-neutral), world_size, outcome, duration, when, reason_code,
   message, signature, traceback, known_issue, tracked_pass (tuple of known-issue ids or None);
 * ``runs``: run_id, source, format, backends, torch_version, torch_build, accel_version, host,
-  start_time, end_time, interrupted, records, device_models, git_commit;
+  start_time, end_time, interrupted, records, device_models, git_commit, upstream (the header's
+  ``extra["upstream"]`` block of an upstream-suite run, else None; such a run's ``accel_version``
+  is its subject, e.g. ``accelerate 1.15.0 tests → accel 0.1.0``, see :mod:`reports.vendor`);
 * ``benchmarks``: see :data:`BENCH_COLUMNS`.
 """
 
@@ -71,7 +73,7 @@ TEST_COLUMNS = [
 ]
 RUN_COLUMNS = [
     "run_id", "source", "format", "backends", "torch_version", "torch_build", "accel_version", "host",
-    "start_time", "end_time", "interrupted", "records", "device_models", "git_commit",
+    "start_time", "end_time", "interrupted", "records", "device_models", "git_commit", "upstream",
 ]
 BENCH_COLUMNS = [
     "run_id", "source", "datetime", "name", "fullname", "group", "bench_id", "backend", "device", "dtype",
@@ -181,7 +183,14 @@ def load_jsonl(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, lis
             for name, models in (header.get("device_models") or {}).items() if models
         ),
         "git_commit": _text(header.get("git_commit")),
+        "upstream": None,
     }
+    from .vendor import subject_label, upstream_block
+
+    block = upstream_block(header)
+    if block is not None:  # an upstream suite (accel qualify --upstream): the cell's version is its subject
+        run["upstream"] = block
+        run["accel_version"] = subject_label(block)
     default_backend = (header.get("backends") or [None])[0]
     rows = []
     for number, rec in enumerate(records, start=1):  # the record dicts are completed in place

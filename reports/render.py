@@ -290,6 +290,23 @@ def _diff_view(report: Report) -> dict[str, Any] | None:
     }
 
 
+def _upstream_view(report: Report) -> dict[str, Any] | None:
+    """The vendor table and compatibility comparisons of upstream suites (None without any)."""
+    from .vendor import vendor_lines
+
+    if report.vendor is None or report.vendor.empty:
+        return None
+    rows = _records(report.vendor)
+    for row in rows:
+        row["pass_rate_text"] = _pct(row["pass_rate"])
+        for cluster in row["clusters"]:
+            cluster["url"] = safe_url(cluster.get("url"))
+    compat = _records(report.compat) if report.compat is not None else []
+    for row in compat:
+        row["share_text"] = _pct(row["share"])
+    return {"rows": rows, "compat": compat, "lines": vendor_lines(report.vendor, report.compat if report.compat is not None else pd.DataFrame())}
+
+
 def _context(report: Report) -> dict[str, Any]:
     details, anchors, total_details = _failure_details(report)
     grid_rows, all_passing = _grid_rows(report, anchors)
@@ -328,7 +345,7 @@ def _context(report: Report) -> dict[str, Any]:
         "diff": _diff_view(report),
         "bench": _benchmark_view(report),
         "threshold": report.threshold,
-        "cells": [{"label": cell_label(*c), "short": f"{c[0]} {c[1]}" + (f" a{c[2]}" if c[2] not in ("unknown", None) else "")} for c in report.cells],
+        "cells": [{"label": cell_label(*c), "short": f"{c[0]} {c[1]}" + ((f" {c[2]}" if " " in str(c[2]) else f" a{c[2]}") if c[2] not in ("unknown", None) else "")} for c in report.cells],
         "grid": grid_rows,
         "all_passing": all_passing,
         "details": details,
@@ -339,6 +356,7 @@ def _context(report: Report) -> dict[str, Any]:
         "regression_count": len(report.regressions),
         "has_baseline": report.diff is not None,
         "interrupted": [r["run_id"] for r in runs if r["interrupted"]],
+        "upstream": _upstream_view(report),
     }
 
 

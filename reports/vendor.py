@@ -1,0 +1,199 @@
+"""The vendor table: upstream test suites (``accel qualify --upstream``) by version, torch and backend.
+
+An upstream run's results file carries ``extra["upstream"]`` in its header (see
+:mod:`harness.upstream`): the project and version of the suite, what it ran against (the project
+itself, or accel through the import rewrite), the run's status (``completed``,
+``collection-failed``, ``no-tests``, ``interrupted``) and what could not be installed. The loader
+puts that block in the ``upstream`` column of the runs frame and makes the run's cell version the
+*subject* (``accelerate 1.15.0 tests → accel 0.1.0``), so the two sides of a compatibility
+measurement are two cells of the usual matrix and grid.
+
+This module adds, from those frames:
+
+* :func:`vendor_table`: one row per suite x subject x torch version x backend: status, passed /
+  failed / errors / skipped, pass rate, modules that failed to import, root-cause clusters (known
+  issues linked) and skip reasons by code: the table a vendor's qualification report shows;
+* :func:`compatibility`: where one suite ran against its own project and against another
+  (accel), how many of the tests that pass on the project also pass on the other, and why the
+  rest do not, grouped by cause;
+* :func:`vendor_lines`: the report's headline sentences for both.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import pandas as pd
+
+from harness.known_issues import KnownIssues
+
+__all__ = ["VENDOR_COLUMNS", "COMPAT_COLUMNS", "compatibility", "subject_label", "upstream_block", "vendor_lines", "vendor_table"]
+
+VENDOR_COLUMNS = [
+    "suite", "subject", "against", "reference", "torch_version", "backend", "status", "runs", "tests", "passed", "failed",
+    "error", "skipped", "xfailed", "xpassed", "pass_rate", "import_errors", "clusters", "skip_reasons", "not_installed",
+    "headline",
+]
+COMPAT_COLUMNS = ["suite", "reference_subject", "subject", "torch_version", "backend", "reference_passed", "also_passed",
+                  "share", "differences", "causes"]
+
+#: what a skip reason code says the skipped tests need, in a vendor's words
+_NEEDS_SHORT = {
+    "needs-devices": "more devices", "needs-package": "a library that is not installed",
+    "not-on-backend": "another accelerator", "backend-unavailable": "an unavailable backend",
+    "unsupported-dtype": "a dtype the backend lacks", "torch-version": "another torch version",
+    "opt-in": "to be asked for (slow tests)", "known-limitation": "an upstream fix (disabled upstream)",
+    "needs-multiprocess": "several processes", "backend-not-selected": "another selected backend",
+    "unspecified": "something their message names (no reason code)",
+}
+
+
+def upstream_block(header: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The ``extra["upstream"]`` block of a results header, or None for a harness-suite run."""
+    extra = (header or {}).get("extra")
+    block = extra.get("upstream") if isinstance(extra, Mapping) else None
+    return dict(block) if isinstance(block, Mapping) and block.get("project") else None
+
+
+def _side(project: Any, version: Any) -> str:
+    return f"{project} {version}" if version else str(project)
+
+
+def subject_label(block: Mapping[str, Any]) -> str:
+    """``accelerate 1.15.0 tests → accel 0.1.0``: the suite and what it ran against."""
+    suite = _side(block.get("project"), block.get("version"))
+    against = block.get("against") or block.get("project")
+    return f"{suite} tests → {_side(against, block.get('against_version'))}"
+
+
+def _runs_with_upstream(runs: pd.DataFrame) -> pd.DataFrame:
+    if runs.empty or "upstream" not in runs.columns:
+        return runs.iloc[0:0]
+    return runs[runs["upstream"].map(lambda b: isinstance(b, dict))]
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.1f}%"
+
+
+def vendor_table(tests: pd.DataFrame, runs: pd.DataFrame, known: KnownIssues | None = None, clusters: int = 5) -> pd.DataFrame:
+    """One row per (suite, subject, torch version, backend) of the upstream runs (see module doc)."""
+    from .analysis import failure_clusters, skip_groups
+
+    upstream_runs = _runs_with_upstream(runs)
+    if upstream_runs.empty:
+        return pd.DataFrame(columns=VENDOR_COLUMNS)
+    info = pd.DataFrame({
+        "run_id": upstream_runs["run_id"].to_numpy(),
+        "_block": upstream_runs["upstream"].to_numpy(),
+        "_backend": upstream_runs["backends"].map(lambda s: str(s).split(",")[0].strip() or "unknown").to_numpy(),
+        "_torch": upstream_runs["torch_version"].map(lambda v: "unknown" if v in (None, "") else str(v)).to_numpy(),
+        "_start": upstream_runs["start_time"].to_numpy(),
+    })
+    info["_suite"] = info["_block"].map(lambda b: _side(b.get("project"), b.get("version")))
+    info["_subject"] = info["_block"].map(subject_label)
+    rows = []
+    for (suite, subject, torch_version, backend), group in info.groupby(["_suite", "_subject", "_torch", "_backend"], sort=True):
+        blocks = list(group["_block"])
+        mine = tests[tests["run_id"].isin(set(group["run_id"]))] if not tests.empty else tests
+        counts = mine["outcome"].value_counts() if not mine.empty else pd.Series(dtype=int)
+        count = {o: int(counts.get(o, 0)) for o in ("passed", "failed", "error", "skipped", "xfailed", "xpassed")}
+        executed = count["passed"] + count["failed"] + count["error"]
+        rate = count["passed"] / executed if executed else None
+        statuses = sorted({str(b.get("status") or "unknown") for b in blocks})
+        status = statuses[0] if len(statuses) == 1 else ", ".join(statuses)
+        import_errors = int(((mine["outcome"] == "error") & ~mine["nodeid"].astype(str).str.contains("::")).sum()) if not mine.empty else 0
+        cl = failure_clusters(mine, known) if not mine.empty else pd.DataFrame()
+        cluster_rows = [{"count": int(r["count"]), "kind": r["kind"], "key": r["key"], "url": r["url"], "title": r["title"],
+                         "example": (r["examples"] or [None])[0]} for _, r in cl.head(clusters).iterrows()]
+        sk = skip_groups(mine) if not mine.empty else pd.DataFrame()
+        skip_rows = [{"code": r["reason_code"], "count": int(r["count"]), "needs": _NEEDS_SHORT.get(r["reason_code"], r["needs"]),
+                      "message": r["messages"][0][0] if r["messages"] else ""} for _, r in sk.iterrows()]
+        failed_install = sorted({name for b in blocks for name in ((b.get("install") or {}).get("failed") or {})})
+        block = blocks[-1]
+        row = {
+            "suite": suite, "subject": subject, "against": _side(block.get("against") or block.get("project"), block.get("against_version")),
+            "reference": (block.get("against") or block.get("project")) == block.get("project"),
+            "torch_version": torch_version, "backend": backend, "status": status, "runs": len(group), "tests": int(len(mine)),
+            **count, "pass_rate": rate, "import_errors": import_errors, "clusters": cluster_rows, "skip_reasons": skip_rows,
+            "not_installed": failed_install,
+        }
+        row["headline"] = _headline(row)
+        rows.append(row)
+    return pd.DataFrame(rows, columns=VENDOR_COLUMNS)
+
+
+def _headline(row: Mapping[str, Any]) -> str:
+    where = f"{row['suite']} against {row['against']} on PyTorch {row['torch_version']}, {row['backend']}"
+    if row["status"] == "collection-failed":
+        first = row["clusters"][0]["key"] if row["clusters"] else "no test could be collected"
+        return f"{where}: the suite fails at collection ({row['import_errors']} module(s) cannot be imported; {first})."
+    if row["status"] == "no-tests":
+        return f"{where}: no tests were collected."
+    text = (f"{where}: {row['failed']} failed, {row['passed']} passed, {row['skipped']} skipped"
+            + (f", {row['error']} errors" if row["error"] else "") + f" ({_pct(row['pass_rate'])}).")
+    if row["import_errors"]:
+        text += f" {row['import_errors']} test module(s) fail to import."
+    failures = row["failed"] + row["error"]
+    if row["clusters"] and failures:
+        top = row["clusters"][0]
+        what = (f"known issue {top['key']}" + (f" ({top['url']})" if top.get("url") else "")) if top["kind"] == "known issue" else f"one cause: {top['key']}"
+        text += f" {top['count']} of the {failures} failures are {what}." if top["count"] > 1 else ""
+    if row["skip_reasons"]:
+        needs = ", ".join(f"{s['needs']} ({s['count']})" for s in row["skip_reasons"][:3])
+        text += f" Skipped tests need {needs}."
+    if row["status"] == "interrupted":
+        text += " The run was cut short."
+    return text
+
+
+def compatibility(tests: pd.DataFrame, vendor: pd.DataFrame, causes: int = 15) -> pd.DataFrame:
+    """For each suite/torch/backend with a reference run (against its own project) and another
+    subject: the tests passing on the reference, how many of them pass on the other subject, and
+    the rest grouped by cause (the failure signature, or the import error of a module that did
+    not load)."""
+    if vendor.empty or tests.empty:
+        return pd.DataFrame(columns=COMPAT_COLUMNS)
+    rows = []
+    for (suite, torch_version, backend), group in vendor.groupby(["suite", "torch_version", "backend"], sort=True):
+        refs = group[group["reference"]]
+        others = group[~group["reference"]]
+        if refs.empty or others.empty:
+            continue
+        ref_subject = refs.iloc[0]["subject"]
+        cell = tests[(tests["backend"] == backend) & (tests["torch_version"] == torch_version)]
+        ref = cell[cell["accel_version"] == ref_subject]
+        ref_passed = set(ref.loc[ref["outcome"] == "passed", "test_id"])
+        for _, other in others.iterrows():
+            theirs = cell[cell["accel_version"] == other["subject"]]
+            latest = theirs.drop_duplicates("test_id", keep="last").set_index("test_id")
+            modules = latest[~latest.index.str.contains("::")]
+            also = {t for t in ref_passed if t in latest.index and latest.at[t, "outcome"] == "passed"}
+            grouped: dict[str, list[str]] = {}
+            for test in sorted(ref_passed - also):
+                if test in latest.index:
+                    rec = latest.loc[test]
+                    key = f"{rec['outcome']}: {rec['signature'] or rec['message'] or '(no text)'}" if rec["outcome"] != "skipped" else \
+                        f"skipped [{rec['reason_code']}]: {rec['message'] or ''}"
+                else:
+                    module = test.split("::")[0]
+                    sig = modules.at[module, "signature"] if module in modules.index else None
+                    key = f"module does not import: {sig}" if sig else "not collected"
+                grouped.setdefault(key, []).append(test)
+            cause_rows = sorted(({"cause": k, "count": len(v), "examples": v[:3]} for k, v in grouped.items()),
+                                key=lambda r: (-r["count"], r["cause"]))
+            rows.append({"suite": suite, "reference_subject": ref_subject, "subject": other["subject"], "torch_version": torch_version,
+                         "backend": backend, "reference_passed": len(ref_passed), "also_passed": len(also),
+                         "share": len(also) / len(ref_passed) if ref_passed else None,
+                         "differences": len(ref_passed) - len(also), "causes": cause_rows[:causes]})
+    return pd.DataFrame(rows, columns=COMPAT_COLUMNS)
+
+
+def vendor_lines(vendor: pd.DataFrame, compat: pd.DataFrame) -> list[str]:
+    """The headline sentences: one per vendor-table row, one per compatibility comparison."""
+    lines = [str(h) for h in vendor["headline"]] if not vendor.empty else []
+    for _, row in compat.iterrows():
+        lines.append(f"{row['suite']} tests on {row['backend']}, torch {row['torch_version']}: {row['also_passed']} of the "
+                     f"{row['reference_passed']} tests that pass against {row['reference_subject'].split(' → ')[-1]} also pass against "
+                     f"{row['subject'].split(' → ')[-1]} ({_pct(row['share'])}).")
+    return lines
