@@ -106,6 +106,8 @@ def init_on_device(device: Union[int, str, torch.device], include_buffers: Optio
         if param is None:
             return
         current = module._parameters[name]
+        if current.device == target:
+            return  # already there: keep the object, so weights tied in __init__ stay tied
         extra = dict(current.__dict__)
         hf_initialized = extra.pop("_is_hf_initialized", None)
         extra["requires_grad"] = param.requires_grad

@@ -165,10 +165,13 @@ def remove_hook_from_module(module: nn.Module, recurse: bool = False) -> nn.Modu
         module._hf_hook.detach_hook(module)
         delattr(module, "_hf_hook")
     if hasattr(module, "_old_forward"):
+        old_forward = module._old_forward
         if _is_fx_graph_module(module):
-            type(module).forward = module._old_forward
+            type(module).forward = old_forward
+        elif getattr(old_forward, "__self__", None) is module and getattr(old_forward, "__func__", None) is getattr(type(module), "forward", None):
+            module.__dict__.pop("forward", None)  # it was the class's forward: leave no instance attribute behind
         else:
-            module.forward = module._old_forward
+            module.forward = old_forward
         delattr(module, "_old_forward")
     for name in module.__dict__.pop(WRAPPED_METHODS_ATTR, ()):
         module.__dict__.pop(name, None)

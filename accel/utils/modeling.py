@@ -609,8 +609,8 @@ def check_device_map(model: nn.Module, device_map: Mapping[str, Any]) -> None:
     Raises ``ValueError`` naming the tensors left without a device, or the two entries that give one
     module different devices (``{"block": 0, "block.attn": "cpu"}``); warns about keys naming no module.
     """
-    modules = dict(model.named_modules())
-    unknown = [k for k in device_map if k != "" and k not in modules]
+    known = set(dict(model.named_modules())) | set(model.state_dict()) | {n for n, _ in model.named_parameters()}
+    unknown = [k for k in device_map if k != "" and k not in known]
     if unknown:
         warnings.warn(f"The following device_map keys do not match any submodules in the model: {unknown}", UserWarning)
     keys = sorted(device_map, key=lambda k: (k.count(".") if k else -1, k))
