@@ -142,8 +142,8 @@ class BatchSamplerShard(_WrapsBatchSampler, BatchSampler):
         self.drop_last = getattr(batch_sampler, "drop_last", False)
         if split_batches and (self.batch_size is None or self.batch_size % num_processes != 0):
             raise ValueError(
-                f"BatchSamplerShard with split_batches=True needs a batch size that is a multiple of the number "
-                f"of processes; got batch size {self.batch_size} for {num_processes} processes"
+                f"To use `BatchSamplerShard` in `split_batches` mode, the batch size ({self.batch_size}) "
+                f"needs to be a round multiple of the number of processes ({num_processes})."
             )
 
     @property
@@ -258,8 +258,8 @@ class IterableDatasetShard(IterableDataset):
     ):
         if split_batches and batch_size > 1 and batch_size % num_processes != 0:
             raise ValueError(
-                f"IterableDatasetShard with split_batches=True needs a batch size that is a multiple of the "
-                f"number of processes; got batch size {batch_size} for {num_processes} processes"
+                f"To use `IterableDatasetShard` in `split_batches` mode, the batch size ({batch_size}) "
+                f"needs to be a round multiple of the number of processes ({num_processes})."
             )
         self.dataset = dataset
         self.batch_size = batch_size
@@ -413,22 +413,119 @@ class DataLoaderStateMixin:
             self._epoch_owner.iteration = max(self._epoch_owner.iteration, self.iteration)
 
 
-class DataLoaderAdapter(DataLoader):
-    """Base of the accel loaders: a real ``DataLoader`` subclass, so ``isinstance(dl, DataLoader)`` holds.
+class _LoaderItself:
+    """``loader.base_dataloader``: the loader itself (accel's loaders *are* the ``DataLoader``, or the
+    ``StatefulDataLoader``, that Accelerate keeps in an attribute). Read on the class it raises
+    AttributeError, as Accelerate's instance attribute does."""
 
-    ``use_stateful_dataloader`` (torchdata's ``StatefulDataLoader``) is not supported by accel yet.
+    def __get__(self, instance: Any, owner: type) -> Any:
+        if instance is None:
+            raise AttributeError(f"'base_dataloader' is an attribute of {owner.__name__} instances, not of the class")
+        return instance
+
+    def __set__(self, instance: Any, value: Any) -> None:
+        raise AttributeError("base_dataloader cannot be replaced: accel's loaders are the underlying loader")
+
+
+def _stateful_dataloader_class() -> type:
+    """torchdata's ``StatefulDataLoader``; ImportError naming the package when torchdata is missing."""
+    from .utils.imports import is_torchdata_stateful_dataloader_available
+
+    if not is_torchdata_stateful_dataloader_available():
+        raise ImportError(
+            "StatefulDataLoader is not available. Please install torchdata version 0.8.0 or higher to use it "
+            "(pip install 'torchdata>=0.8.0')."
+        )
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    return StatefulDataLoader
+
+
+class _StatefulLoader:
+    """What the stateful variant of an accel loader adds: a checkpointable position.
+
+    ``state_dict()`` describes the batches handed to the caller so far (the loaders read one batch
+    ahead; the state is taken before that read, so a restored loader continues with the next batch
+    the caller has not seen). ``load_state_dict`` restores it before the next iteration.
     """
 
-    def __init__(self, dataset: Any, use_stateful_dataloader: bool = False, batch_sampler: Any = None, **kwargs: Any):
-        if use_stateful_dataloader:
-            raise NotImplementedError("use_stateful_dataloader=True is not supported by accel yet (needs torchdata)")
-        super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
-        self.use_stateful_dataloader = False
+    _plain_class: type
 
-    @property
-    def base_dataloader(self) -> DataLoader:
-        """Accelerate wraps a loader here; accel's loaders are the loader."""
-        return self
+    def state_dict(self) -> dict[str, Any]:
+        """torchdata's state of this loader at the last batch handed out (the live state before any)."""
+        snapshot = self.__dict__.get("_position")
+        return dict(snapshot) if snapshot is not None else super().state_dict()  # type: ignore[misc]
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume from ``state_dict`` (from :meth:`state_dict`) at the next iteration."""
+        self.__dict__["_position"] = None
+        super().load_state_dict(state_dict)  # type: ignore[misc]
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # the combined class is built at run time: pickle the plain accel class and rebuild it on load
+        return (_rebuild_stateful, (self._plain_class,), self.__getstate__())
+
+
+_STATEFUL_CLASSES: dict[type, type] = {}
+
+
+def _stateful_variant(cls: type) -> type:
+    """``cls`` combined with torchdata's ``StatefulDataLoader`` (one class per ``cls``, cached)."""
+    variant = _STATEFUL_CLASSES.get(cls)
+    if variant is None:
+        base = _stateful_dataloader_class()
+        variant = type(cls.__name__, (_StatefulLoader, cls, base), {"_plain_class": cls, "__module__": cls.__module__,
+                                                                       "__qualname__": cls.__qualname__,
+                                                                       "__doc__": cls.__doc__})
+        _STATEFUL_CLASSES[cls] = variant
+    return variant
+
+
+def _rebuild_stateful(cls: type) -> Any:
+    return object.__new__(_stateful_variant(cls))
+
+
+class _PicksStatefulVariant:
+    """Creates the torchdata-backed variant of an accel loader when ``use_stateful_dataloader=True``."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        # the stateful variant is chosen at creation (an instance's class cannot be swapped later:
+        # torchdata's loader has a different memory layout)
+        stateful = kwargs.get("use_stateful_dataloader", False)
+        if "use_stateful_dataloader" not in kwargs and args:
+            try:
+                stateful = inspect.signature(cls.__init__).bind(None, *args, **kwargs).arguments.get(
+                    "use_stateful_dataloader", False)
+            except TypeError:  # wrong arguments: let __init__ report them
+                stateful = False
+        if stateful and not issubclass(cls, _StatefulLoader):
+            cls = _stateful_variant(cls)
+        return super().__new__(cls)
+
+
+class DataLoaderAdapter(_PicksStatefulVariant, DataLoader):
+    """Base of the accel loaders: a real ``DataLoader`` subclass, so ``isinstance(dl, DataLoader)`` holds.
+
+    With ``use_stateful_dataloader=True`` (needs torchdata >= 0.8) the loader is also a torchdata
+    ``StatefulDataLoader`` (``isinstance`` holds for both and for the accel class) and has
+    ``state_dict()``/``load_state_dict()``, which checkpoints save and restore. ``base_dataloader``
+    is the loader itself.
+    """
+
+    base_dataloader = _LoaderItself()
+
+    def __init__(self, dataset: Any, use_stateful_dataloader: bool = False, batch_sampler: Any = None, **kwargs: Any):
+        super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
+        self.use_stateful_dataloader = bool(use_stateful_dataloader)
+        self._position: dict[str, Any] | None = None
+
+    def _remember_position(self, finished: bool = False) -> None:
+        """Stateful loaders: keep the state that resumes after the batches handed out so far."""
+        if self.use_stateful_dataloader:
+            position = super().state_dict()  # type: ignore[misc]
+            if finished:
+                position["_iterator_finished"] = True
+            self._position = position
 
     def __getstate__(self) -> dict:
         # the shared process/gradient states are re-attached on load, never copied (a copy would detach
@@ -447,7 +544,11 @@ class DataLoaderAdapter(DataLoader):
             self.__dict__["state"] = PartialState()
 
     def _plain_iter(self) -> Iterator[Any]:
-        return DataLoader.__iter__(self)
+        # the next class in the MRO: DataLoader, or torchdata's StatefulDataLoader for stateful loaders
+        return super().__iter__()
+
+    def _plain_len(self) -> int:
+        return super().__len__()
 
     def get_sampler(self) -> Any:
         return get_sampler(self)
@@ -508,13 +609,18 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
             device, non_blocking, skip = self.device, self._non_blocking, self.skip_batches
             send = _ops().send_to_device if device is not None else None
             index = 0
+            stateful = self.use_stateful_dataloader
             while True:
                 if send is not None:  # move before looking ahead, so the copy overlaps the next fetch
                     current = send(current, device, non_blocking=non_blocking)
+                if stateful:
+                    self._remember_position()
                 try:
                     upcoming = next(batches)
                 except StopIteration:
                     self.end_of_dataloader = True
+                    if stateful:
+                        self._remember_position(finished=True)
                     if index >= skip:
                         yield current
                     break
@@ -648,7 +754,10 @@ class DataLoaderDispatcher(DataLoaderAdapter, DataLoaderStateMixin):
                     # main: read one step ahead so every rank learns together that this step is the last
                     batch, upcoming = upcoming, None
                     if not exhausted:
+                        self._remember_position()
                         upcoming, exhausted = self._read_step(batches)
+                    if upcoming is None:
+                        self._remember_position(finished=True)
                     last = upcoming is None
                     observed = ops.find_batch_size(batch)
                     if complete_last:
@@ -688,7 +797,7 @@ class DataLoaderDispatcher(DataLoaderAdapter, DataLoaderStateMixin):
 
 
     def __len__(self) -> int:
-        whole = DataLoader.__len__(self)
+        whole = self._plain_len()
         if self.split_batches or self._replicate:
             return whole
         if self._drop_last:
@@ -725,12 +834,14 @@ class SkipDataLoader(DataLoaderAdapter, DataLoaderStateMixin):
             skip = self.skip_batches
             for index, batch in enumerate(self._plain_iter()):
                 if index >= skip:
+                    self._remember_position()
                     yield batch
+            self._remember_position(finished=True)
         finally:
             self.end()
 
     def __len__(self) -> int:
-        return DataLoader.__len__(self) - self.skip_batches
+        return self._plain_len() - self.skip_batches
 
 
 # ---------------------------------------------------------------------------------------------- functions
@@ -783,9 +894,9 @@ def prepare_data_loader(
     if dispatch_batches is None:
         dispatch_batches = put_on_device and isinstance(dataloader.dataset, IterableDataset)
     if dispatch_batches and not put_on_device:
-        raise ValueError("dispatch_batches=True requires put_on_device=True")
+        raise ValueError("Using `dispatch_batches=True` requires `put_on_device=True`.")
     if use_stateful_dataloader:
-        raise NotImplementedError("use_stateful_dataloader=True is not supported by accel yet (needs torchdata)")
+        _stateful_dataloader_class()  # fails here, naming torchdata, when it is missing
     state = PartialState()
     if num_processes is None:
         num_processes = state.num_processes
@@ -800,13 +911,15 @@ def prepare_data_loader(
             size = getattr(dataloader.batch_sampler, "batch_size", None)
         if size is None:
             raise ValueError(
-                "split_batches=True needs a batch size: the DataLoader's batch_size is None and its batch sampler "
-                f"({type(dataloader.batch_sampler).__name__}) has no batch_size attribute"
+                "In order to use `split_batches==True` you must have a `batch_size` attribute either in the passed "
+                "`dataloader` or `dataloader.batch_sampler` objects, and it has to return a natural number. Your "
+                f"`dataloader.batch_size` is None and `dataloader.batch_sampler` ({type(dataloader.batch_sampler)}) "
+                "does not have the `batch_size` attribute set."
             )
         if size > 1 and size % num_processes != 0:
             raise ValueError(
-                f"split_batches=True needs a batch size that is a multiple of the number of processes; got batch "
-                f"size {size} for {num_processes} processes"
+                f"To use a `DataLoader` in `split_batches` mode, the batch size ({size}) "
+                f"needs to be a round multiple of the number of processes ({num_processes})."
             )
 
     dataset = dataloader.dataset
@@ -878,6 +991,7 @@ def prepare_data_loader(
             _non_blocking=non_blocking,
             slice_fn=slice_fn_for_dispatch,
             torch_device_mesh=torch_device_mesh,
+            use_stateful_dataloader=use_stateful_dataloader,
             **kwargs,
         )
     elif sampler_is_batch_sampler:
@@ -891,6 +1005,7 @@ def prepare_data_loader(
             _drop_last=dataloader.drop_last,
             _non_blocking=non_blocking,
             torch_device_mesh=torch_device_mesh,
+            use_stateful_dataloader=use_stateful_dataloader,
             **kwargs,
         )
     else:
@@ -903,6 +1018,7 @@ def prepare_data_loader(
             _drop_last=dataloader.drop_last,
             _non_blocking=non_blocking,
             torch_device_mesh=torch_device_mesh,
+            use_stateful_dataloader=use_stateful_dataloader,
             **kwargs,
         )
     if use_seedable_sampler and isinstance(sampler, SeedableRandomSampler):
@@ -968,6 +1084,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
             slice_fn=dataloader.slice_fn,
             torch_device_mesh=dataloader.torch_device_mesh,
             iteration=dataloader.iteration,
+            use_stateful_dataloader=getattr(dataloader, "use_stateful_dataloader", False),
             **kwargs,
         ))
     if isinstance(dataloader, DataLoaderShard):
@@ -982,8 +1099,10 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
             _non_blocking=dataloader._non_blocking,
             torch_device_mesh=dataloader.torch_device_mesh,
             iteration=dataloader.iteration,
+            use_stateful_dataloader=getattr(dataloader, "use_stateful_dataloader", False),
             **kwargs,
         ))
     if new_batch_sampler is None:
-        return SkipDataLoader(dataset, skip_batches=num_batches, **kwargs)
+        return SkipDataLoader(dataset, skip_batches=num_batches,
+                              use_stateful_dataloader=getattr(dataloader, "use_stateful_dataloader", False), **kwargs)
     return DataLoader(dataset, **kwargs)

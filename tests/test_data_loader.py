@@ -510,8 +510,12 @@ def test_dispatch_default_pickling_and_edge_cases():
 
     with pytest.raises(ValueError, match="tensor parallelism"):
         A.DataLoaderDispatcher(MapData(4), batch_size=2, torch_device_mesh=Mesh())
-    with pytest.raises(NotImplementedError, match="stateful"):
-        A.prepare_data_loader(DataLoader(MapData(4), batch_size=2), use_stateful_dataloader=True)
+    with pytest.raises(ValueError, match="round multiple"):
+        A.BatchSamplerShard(BatchSampler(range(20), batch_size=3, drop_last=False), 2, 0, split_batches=True)
+    with pytest.raises(ValueError, match="round multiple"):
+        A.prepare_data_loader(DataLoader(MapData(6), batch_size=3), num_processes=2, process_index=0, split_batches=True)
+    with pytest.raises(ValueError, match="requires `put_on_device=True`"):
+        A.prepare_data_loader(DataLoader(MapData(4), batch_size=2), dispatch_batches=True)
 
 
 def test_skip_loader_advances_the_original_epoch_for_the_usual_resume_loop():
@@ -534,3 +538,97 @@ def test_skip_loader_advances_the_original_epoch_for_the_usual_resume_loop():
     assert epoch_2 == reference[2] and reference[2] != reference[1]
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
+
+
+# ------------------------------------------------------------------------------------------- base_dataloader, stateful loading
+def test_base_dataloader_is_the_loader_on_instances_only():
+    PartialState()
+    for loader in (A.DataLoaderShard(MapData(4), batch_size=2), A.DataLoaderDispatcher(MapData(4), batch_size=2),
+                   A.SkipDataLoader(MapData(4), batch_size=2, skip_batches=1)):
+        assert loader.base_dataloader is loader
+        assert not hasattr(loader, "state_dict")  # only stateful loaders can checkpoint their position
+    with pytest.raises(AttributeError):
+        _ = A.DataLoaderShard.base_dataloader
+
+
+def _stateful():
+    return pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata is not installed").StatefulDataLoader
+
+
+@pytest.mark.parametrize("kind", ["shard", "dispatcher", "skip"])
+def test_stateful_loaders_resume_after_the_batches_handed_out(kind):
+    StatefulDataLoader = _stateful()
+    PartialState()
+    make = {"shard": A.DataLoaderShard, "dispatcher": A.DataLoaderDispatcher, "skip": A.SkipDataLoader}[kind]
+    loader = make(list(range(20)), batch_size=2, use_stateful_dataloader=True)
+    assert isinstance(loader, StatefulDataLoader) and isinstance(loader, make) and loader.use_stateful_dataloader
+    seen = []
+    for index, batch in enumerate(loader):
+        seen.append(batch.tolist())
+        if index == 3:
+            state = loader.state_dict()
+            break
+    # the loader read one batch ahead; the state still resumes right after the 4th batch
+    assert state["_num_yielded"] == 4
+    again = make(list(range(20)), batch_size=2, use_stateful_dataloader=True)
+    again.load_state_dict(state)
+    rest = [b.tolist() for b in again]
+    assert seen + rest == [[2 * i, 2 * i + 1] for i in range(10)]
+    # a full pass marks the iterator finished
+    list(loader)
+    assert loader.state_dict()["_iterator_finished"] is True
+
+
+def test_stateful_loader_pickles_and_survives_skip_first_batches():
+    import pickle
+
+    _stateful()
+    PartialState()
+    loader = A.DataLoaderShard(list(range(8)), batch_size=2, use_stateful_dataloader=True)
+    clone = pickle.loads(pickle.dumps(loader))
+    assert type(clone) is type(loader) and [b.tolist() for b in clone] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    skipped = A.skip_first_batches(loader, 2)
+    assert skipped.use_stateful_dataloader and [b.tolist() for b in skipped] == [[4, 5], [6, 7]]
+    assert hasattr(skipped, "state_dict")
+
+
+def test_stateful_prepare_needs_torchdata(monkeypatch):
+    from accel.utils import imports
+
+    monkeypatch.setattr(imports, "is_torchdata_stateful_dataloader_available", lambda: False)
+    with pytest.raises(ImportError, match="torchdata"):
+        A.prepare_data_loader(DataLoader(MapData(4), batch_size=2), use_stateful_dataloader=True)
+
+
+def _rank_stateful(dispatch: bool):
+    import torch.distributed as dist
+
+    loader = A.prepare_data_loader(DataLoader(list(range(16)), batch_size=2), put_on_device=dispatch,
+                                   dispatch_batches=dispatch, use_stateful_dataloader=True)
+    first = []
+    for index, batch in enumerate(loader):
+        first.append(batch.tolist())
+        if index == 1:
+            state = loader.state_dict()
+            break
+    loader.end()
+    # the main process's state goes to everyone, as a checkpoint written by rank 0 would
+    states = [state]
+    dist.broadcast_object_list(states, src=0)
+    again = A.prepare_data_loader(DataLoader(list(range(16)), batch_size=2), put_on_device=dispatch,
+                                  dispatch_batches=dispatch, use_stateful_dataloader=True)
+    if not dispatch:
+        again.load_state_dict(state)  # each shard restores its own position
+    else:
+        again.load_state_dict(states[0])
+    return first, [b.tolist() for b in again]
+
+
+@pytest.mark.parametrize("dispatch", [False, True])
+def test_stateful_loaders_resume_on_two_ranks(dispatch):
+    _stateful()
+    results = run_distributed(_rank_stateful, 2, dispatch, timeout=120)
+    for rank, (first, rest) in enumerate(results):
+        # 8 batches of 2 over 2 ranks: rank r gets batches r, r+2, ... (sharded and dispatched alike)
+        expected = [[4 * i + 2 * rank, 4 * i + 2 * rank + 1] for i in range(4)]
+        assert first + rest == expected, (rank, first, rest)

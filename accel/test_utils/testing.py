@@ -36,6 +36,9 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from ..utils.imports import is_hpu_available, is_torch_version, is_xpu_available  # noqa: F401 - Accelerate re-exports them here
+from ..utils.environment import str_to_bool  # noqa: F401
+
 __all__ = [
     "REASON_CODES",
     "REQUIREMENTS",
@@ -234,6 +237,37 @@ def _never() -> Check:
     return False, ""
 
 
+def _flag(probe: str, what: str) -> Check:
+    from ..utils import imports
+
+    ok = getattr(imports, probe)()
+    return ok, f"{what} {'is' if ok else 'is not'} available"
+
+
+def _tensor_parallel() -> Check:
+    from ..utils.imports import compare_versions, is_torch_version
+
+    if not is_torch_version(">=", "2.3.0"):
+        return False, "torch < 2.3.0"
+    if not _package("transformers"):
+        return False, "transformers not installed"
+    ok = compare_versions("transformers", ">=", "4.52.0")
+    return ok, "" if ok else "transformers < 4.52.0"
+
+
+#: the trackers whose presence lets ``require_trackers`` tests run (Accelerate's choice)
+_TRACKER_PACKAGES = ("wandb", "tensorboard", "trackio", "swanlab")
+
+
+def _trackers() -> Check:
+    present = [name for name in _TRACKER_PACKAGES if _package(name)]
+    if not present:
+        return False, f"none of {', '.join(_TRACKER_PACKAGES)} is installed"
+    if _package("comet_ml"):
+        return False, "comet_ml is installed (it patches the frameworks it finds at import)"
+    return True, f"{present[0]} is installed"
+
+
 def _backend_row(name: str) -> Requirement:
     return Requirement(partial(_backend_is_available, name), "backend-unavailable", f"test requires a {name} device")
 
@@ -315,6 +349,16 @@ REQUIREMENTS: dict[str, Requirement] = {
     "require_torchdata_stateful_dataloader": _package_row("torchdata", "torchdata (stateful_dataloader)"),
     "require_huggingface_suite": Requirement(partial(_packages, "transformers", "datasets"), "needs-package",
                                              "test requires the Hugging Face suite (transformers and datasets)"),
+    "require_import_timer": _package_row("import_timer", "import_timer (the tuna interpreter)"),
+    "require_pippy": Requirement(partial(_flag, "is_pippy_available", "torch.distributed.pipelining"), "needs-package",
+                                 "test requires pipeline parallelism (torch.distributed.pipelining)"),
+    "require_transformer_engine_mxfp8": Requirement(
+        partial(_flag, "is_transformer_engine_mxfp8_available", "transformer_engine >= 2.0"), "needs-package",
+        "test requires transformers engine MXFP8 block scaling"),
+    "require_tp": Requirement(_tensor_parallel, "needs-package",
+                              "test requires torch version >= 2.3.0 and transformers version >= 4.52.0"),
+    "require_trackers": Requirement(_trackers, "needs-package",
+                                    "test requires at least one tracker to be available and for `comet_ml` to not be installed"),
     # opt-in and unconditional
     "slow": Requirement(_run_slow, "opt-in", "test is slow"),
     "skip": Requirement(_never, "known-limitation", "Test was skipped"),

@@ -95,4 +95,43 @@ _export(
 )
 
 
+# test helpers, environment, unwrapping, compile/profile/fp8 handlers (issue 16)
+_export(
+    "accel.utils.environment",
+    "are_libraries_initialized", "clear_environment", "convert_dict_to_env_variables", "get_int_from_env",
+    "parse_choice_from_env", "parse_flag_from_env", "patch_environment", "purge_accelerate_environment", "str_to_bool",
+)
+_export(
+    "accel.utils.other",
+    "check_os_kernel", "clean_state_dict_for_safetensors", "compile_regions", "convert_bytes",
+    "extract_model_from_parallel", "get_free_port", "get_model_tp_size", "get_pretty_name", "has_compiled_regions",
+    "has_repeated_blocks", "is_compiled_module", "is_port_in_use", "is_repeated_blocks", "load", "merge_dicts",
+    "model_has_dtensor", "recursive_getattr", "save", "wait_for_everyone", "write_basic_config",
+)
+_export("accel.utils.operations", "pad_input_tensors")
+_export("accel.utils.memory", "clear_device_cache", "should_reduce_batch_size")
+_export(
+    "accel.utils.dataclasses",
+    "AORecipeKwargs", "BnbQuantizationConfig", "CustomDtype", "DynamoBackend", "FP8BackendType", "FP8RecipeKwargs",
+    "MSAMPRecipeKwargs", "ProfileKwargs", "TERecipeKwargs", "TorchDynamoPlugin",
+)
+_export(
+    "accel.utils.imports",
+    "is_4bit_bnb_available", "is_8bit_bnb_available", "is_aim_available", "is_boto3_available",
+    "is_clearml_available", "is_dvclive_available", "is_import_timer_available", "is_lomo_available",
+    "is_matplotlib_available", "is_megatron_lm_available", "is_msamp_available", "is_neuron_available",
+    "is_pippy_available", "is_pynvml_available", "is_sagemaker_available", "is_schedulefree_available",
+    "is_sdaa_available", "is_swanlab_available", "is_torchao_available", "is_torchdata_available",
+    "is_torchdata_stateful_dataloader_available", "is_trackio_available", "is_transformer_engine_available",
+    "is_transformer_engine_mxfp8_available", "is_triton_available",
+)
+
+
+# DeepSpeed (issue 13): the plugin, its config and the wrappers prepare() returns
+_export(
+    "accel.utils.deepspeed",
+    "DeepSpeedEngineWrapper", "DeepSpeedOptimizerWrapper", "DeepSpeedPlugin", "DeepSpeedSchedulerWrapper",
+    "DummyOptim", "DummyScheduler", "HfDeepSpeedConfig", "get_active_deepspeed_plugin", "map_pytorch_optim_to_deepspeed",
+)
+
 __getattr__, __dir__ = lazy_exports('accel.utils', globals(), _LAZY)

@@ -183,3 +183,124 @@ def is_bnb_available() -> bool:
 
 def is_weights_only_available() -> bool:
     return is_torch_version(">=", "2.4.0")
+
+
+# ---------------------------------------------------------------------------- more packages (Accelerate's names)
+def _package_version_at_least(distribution: str, minimum: str) -> bool:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return Version(Version(version(distribution)).base_version) >= Version(minimum)
+    except (PackageNotFoundError, ValueError):
+        return False
+
+
+def is_numpy_at_least(min_version: str) -> bool:
+    """Whether numpy >= ``min_version`` is installed."""
+    return _package("numpy") and _package_version_at_least("numpy", min_version)
+
+
+def is_import_timer_available() -> bool:
+    """Whether the ``import_timer`` package (import-time profiling) is installed."""
+    return _package("import_timer")
+
+
+def is_aim_available() -> bool:
+    return _package("aim")
+
+
+def is_clearml_available() -> bool:
+    return _package("clearml")
+
+
+def is_dvclive_available() -> bool:
+    return _package("dvclive")
+
+
+def is_swanlab_available() -> bool:
+    return _package("swanlab")
+
+
+def is_trackio_available() -> bool:
+    return _package("trackio")
+
+
+def is_matplotlib_available() -> bool:
+    return _package("matplotlib")
+
+
+def is_boto3_available() -> bool:
+    return _package("boto3")
+
+
+def is_sagemaker_available() -> bool:
+    return _package("sagemaker")
+
+
+def is_schedulefree_available() -> bool:
+    return _package("schedulefree")
+
+
+def is_lomo_available() -> bool:
+    return _package("lomo_optim")
+
+
+def is_msamp_available() -> bool:
+    return _package("msamp")
+
+
+def is_triton_available() -> bool:
+    return _package("triton")
+
+
+def is_pippy_available() -> bool:
+    """Whether pipeline parallelism (``torch.distributed.pipelining``, torch >= 2.4) is importable."""
+    return is_torch_version(">=", "2.4.0") and _package("torch.distributed.pipelining")
+
+
+def is_megatron_lm_available() -> bool:
+    return _package("megatron")
+
+
+def is_transformer_engine_available() -> bool:
+    """Whether NVIDIA Transformer Engine is installed (the fp8 "TE" backend)."""
+    return _package("transformer_engine")
+
+
+def is_transformer_engine_mxfp8_available() -> bool:
+    """Whether Transformer Engine >= 2.0 (MXFP8 recipes) is installed."""
+    return is_transformer_engine_available() and _package_version_at_least("transformer_engine", "2.0.0")
+
+
+def is_torchao_available() -> bool:
+    """Whether torchao >= 0.6.1 (the fp8 "AO" backend) is installed."""
+    return _package("torchao") and _package_version_at_least("torchao", "0.6.1")
+
+
+def is_torchdata_available() -> bool:
+    return _package("torchdata")
+
+
+def is_torchdata_stateful_dataloader_available() -> bool:
+    """Whether torchdata >= 0.8 (``StatefulDataLoader``) is installed."""
+    return _package("torchdata") and _package_version_at_least("torchdata", "0.8.0")
+
+
+def is_4bit_bnb_available() -> bool:
+    return is_bnb_available() and _package_version_at_least("bitsandbytes", "0.39.0")
+
+
+def is_8bit_bnb_available() -> bool:
+    return is_bnb_available() and _package_version_at_least("bitsandbytes", "0.37.2")
+
+
+def is_pynvml_available() -> bool:
+    return _package("pynvml")
+
+
+def is_sdaa_available(check_device: bool = False) -> bool:
+    return _backend_available("sdaa")
+
+
+def is_neuron_available(check_device: bool = False) -> bool:
+    return _backend_available("neuron")

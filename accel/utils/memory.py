@@ -71,8 +71,19 @@ def release_memory(*objects: Any) -> list[None]:
     return released
 
 
+#: device-neutral out-of-memory wording ("CUDA out of memory.", "XPU out of memory.", "CPU out of
+#: memory."): the form allocators and device extensions use, and the one Accelerate matches
+_GENERIC_OOM = " out of memory."
+
+
 def should_reduce_batch_size(exception: BaseException) -> bool:
-    """True if ``exception`` is an out-of-memory error of the active backend (or of the host)."""
+    """True if ``exception`` is an out-of-memory error of the active backend (or of the host).
+
+    Besides each backend's own messages, a RuntimeError whose message contains
+    ``"<DEVICE> out of memory."`` counts, as in Accelerate.
+    """
+    if isinstance(exception, RuntimeError) and exception.args and _GENERIC_OOM in str(exception.args[0]):
+        return True
     return any(backend.is_oom_error(exception) for backend in _oom_backends())
 
 

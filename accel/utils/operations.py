@@ -52,6 +52,7 @@ __all__ = [
     "is_torch_tensor",
     "listify",
     "pad_across_processes",
+    "pad_input_tensors",
     "recursively_apply",
     "reduce",
     "send_to_device",
@@ -459,6 +460,10 @@ def _all_gather_fallback(output: torch.Tensor, tensor: torch.Tensor, world: int,
 
 
 def _gather_one(tensor: torch.Tensor, world: int) -> torch.Tensor:
+    if tensor.requires_grad:
+        # gather is not differentiable (as in Accelerate): collectives on a tensor that requires
+        # grad fail inside torch ("A view was created in no_grad mode ..."), so move its values only
+        tensor = tensor.detach()
     if tensor.ndim == 0:
         tensor = tensor.reshape(1)
     elif not tensor.is_contiguous():
@@ -490,7 +495,8 @@ def gather(tensor: Any) -> Any:
     shared = PartialState._shared_state
     world = shared.get("num_processes", 0)
     if (world > 1 and type(tensor) is torch.Tensor and not _GATHER_MODE and not shared.get("debug", True)
-            and shared.get("distributed_type", _NO) is not _NO and tensor.is_contiguous()):
+            and shared.get("distributed_type", _NO) is not _NO and tensor.is_contiguous()
+            and not tensor.requires_grad):
         shape = tensor.shape
         if shape:
             output = tensor.new_empty((world * shape[0], *shape[1:]))
@@ -691,6 +697,30 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: Any = 0, pad_firs
         return _pad_one(t, d, next(largest), pad_index, pad_first)
 
     return recursively_apply(_pad, tensor, error_on_other_type=True)
+
+
+def _pad_input_one(tensor: torch.Tensor, batch_size: int, num_processes: int, dim: int) -> torch.Tensor:
+    padded = -(-batch_size // num_processes) * num_processes  # next multiple of num_processes
+    if tensor.shape[dim] == padded:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = padded
+    result = tensor.new_zeros(shape)
+    result.narrow(dim, 0, tensor.shape[dim]).copy_(tensor)
+    return result
+
+
+def pad_input_tensors(tensor: Any, batch_size: int, num_processes: int, dim: int = 0) -> Any:
+    """Pad every tensor in ``tensor`` with zeros along ``dim`` to the next multiple of ``num_processes``.
+
+    Used to split one batch evenly between processes (pipeline inference): a batch of 61 on 6
+    processes becomes 66 rows, the 5 extra rows zero. A batch already divisible is returned as is.
+    """
+    if not isinstance(num_processes, int) or num_processes < 1:
+        raise ValueError(f"num_processes must be a positive integer, got {num_processes!r}")
+    if not isinstance(batch_size, int) or batch_size < 0:
+        raise ValueError(f"batch_size must be a non-negative integer, got {batch_size!r}")
+    return recursively_apply(_pad_input_one, tensor, batch_size, num_processes, dim, error_on_other_type=True)
 
 
 _DTYPE_CODES = [
