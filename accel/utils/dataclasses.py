@@ -72,7 +72,12 @@ class KwargsHandler:
         return copy.deepcopy(self.__dict__)
 
     def to_kwargs(self) -> dict[str, Any]:
-        default = self.__class__().to_dict()
+        """The fields that differ from the class defaults, the defaults taken with no environment
+        variables set (handlers such as :class:`TorchDynamoPlugin` read their defaults from it)."""
+        from .environment import clear_environment
+
+        with clear_environment():
+            default = self.__class__().to_dict()
         return {k: v for k, v in self.to_dict().items() if default.get(k) != v}
 
 
@@ -119,7 +124,13 @@ class DataLoaderConfiguration:
 
     def __post_init__(self) -> None:
         if self.use_stateful_dataloader:
-            raise NotImplementedError("use_stateful_dataloader=True is not supported by accel yet (needs torchdata)")
+            from .imports import is_torchdata_stateful_dataloader_available
+
+            if not is_torchdata_stateful_dataloader_available():
+                raise ImportError(
+                    "use_stateful_dataloader=True needs torchdata >= 0.8.0 (StatefulDataLoader), which is not "
+                    "installed: pip install 'torchdata>=0.8.0'"
+                )
 
 
 class DDPCommunicationHookType(_StrEnum):
@@ -211,7 +222,395 @@ class ProjectConfiguration:
             raise ValueError(f"ProjectConfiguration.total_limit must be a positive integer, got {self.total_limit!r}")
 
 
+# ---------------------------------------------------------------------------- compile, profiling, fp8, quantization
+def _env_suffix(suffix: str, default: str | None = None) -> str | None:
+    from .environment import env_value
+
+    return env_value(suffix, default)
+
+
+def _env_bool(suffix: str, default: bool = False) -> bool:
+    from .environment import str_to_bool
+
+    value = _env_suffix(suffix)
+    return default if value is None else bool(str_to_bool(value))
+
+
+class CustomDtype(enum.Enum):
+    """Sizes of weights below one byte (or special 8-bit) that device-map planning must count."""
+
+    FP8 = "fp8"
+    INT4 = "int4"
+    INT2 = "int2"
+
+
+class DynamoBackend(_StrEnum):
+    """``torch.compile`` backends by Accelerate's upper-case names (``TorchDynamoPlugin.backend``)."""
+
+    NO = "NO"
+    EAGER = "EAGER"
+    AOT_EAGER = "AOT_EAGER"
+    INDUCTOR = "INDUCTOR"
+    AOT_TS_NVFUSER = "AOT_TS_NVFUSER"
+    NVPRIMS_NVFUSER = "NVPRIMS_NVFUSER"
+    CUDAGRAPHS = "CUDAGRAPHS"
+    OFI = "OFI"
+    FX2TRT = "FX2TRT"
+    ONNXRT = "ONNXRT"
+    TENSORRT = "TENSORRT"
+    AOT_TORCHXLA_TRACE_ONCE = "AOT_TORCHXLA_TRACE_ONCE"
+    TORCHXLA_TRACE_ONCE = "TORCHXLA_TRACE_ONCE"
+    TVM = "TVM"
+    HPU_BACKEND = "HPU_BACKEND"
+    NEURON = "NEURON"
+
+
+@dataclass
+class TorchDynamoPlugin(KwargsHandler):
+    """How ``prepare`` compiles models with ``torch.compile``.
+
+    Unset fields come from ``ACCEL_DYNAMO_*`` (or Accelerate's ``ACCELERATE_DYNAMO_*``): ``BACKEND``
+    (default "no": no compilation), ``MODE`` ("default"), ``USE_FULLGRAPH``, ``USE_DYNAMIC``,
+    ``USE_REGIONAL_COMPILATION``. ``to_kwargs()`` gives the ``torch.compile`` arguments that differ
+    from the defaults (``use_regional_compilation`` is accel's choice, not a compile argument).
+    """
+
+    backend: DynamoBackend | str | None = None
+    mode: str | None = None
+    fullgraph: bool | None = None
+    dynamic: bool | None = None
+    options: Any = None
+    disable: bool = False
+    use_regional_compilation: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend is None:
+            self.backend = _env_suffix("DYNAMO_BACKEND", "no")
+        try:
+            self.backend = DynamoBackend(str(getattr(self.backend, "value", self.backend)).upper())
+        except ValueError:
+            raise ValueError(f"unknown dynamo backend {self.backend!r}; known: {', '.join(m.value.lower() for m in DynamoBackend)}") from None
+        if self.mode is None:
+            self.mode = _env_suffix("DYNAMO_MODE", "default")
+        if self.fullgraph is None:
+            self.fullgraph = _env_bool("DYNAMO_USE_FULLGRAPH")
+        if self.use_regional_compilation is None:
+            self.use_regional_compilation = _env_bool("DYNAMO_USE_REGIONAL_COMPILATION")
+        if self.dynamic is None and _env_suffix("DYNAMO_USE_DYNAMIC") is not None:
+            self.dynamic = _env_bool("DYNAMO_USE_DYNAMIC")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields, with ``backend`` as the lower-case name ``torch.compile`` takes."""
+        values = copy.deepcopy(self.__dict__)
+        values["backend"] = values["backend"].value.lower()
+        return values
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The ``torch.compile`` keyword arguments that differ from the defaults."""
+        kwargs = super().to_kwargs()
+        kwargs.pop("use_regional_compilation", None)
+        return kwargs
+
+
+#: profiler activity name -> (torch.profiler.ProfilerActivity member, backend that must be available)
+_PROFILER_ACTIVITIES = {"cpu": ("CPU", None), "cuda": ("CUDA", "cuda"), "xpu": ("XPU", "xpu"),
+                        "hpu": ("HPU", "hpu"), "mtia": ("MTIA", "mtia")}
+
+
+@dataclass
+class ProfileKwargs(KwargsHandler):
+    """Arguments for ``torch.profiler.profile`` used by ``Accelerator.profile()``.
+
+    ``activities``: names among "cpu", "cuda", "xpu", "hpu", "mtia" (a device activity needs its
+    backend available); ``schedule_option``: arguments of ``torch.profiler.schedule``;
+    ``output_trace_dir``: where ``Accelerator.profile`` writes a Chrome trace per process.
+    """
+
+    activities: list[str] | None = None
+    schedule_option: dict[str, int] | None = None
+    on_trace_ready: Any = None
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+    with_flops: bool = False
+    with_modules: bool = False
+    output_trace_dir: str | None = None
+
+    def _get_profiler_activity(self, activity: str) -> Any:
+        """The ``torch.profiler.ProfilerActivity`` for ``activity``; ValueError naming why it cannot be used."""
+        import torch
+
+        if activity not in _PROFILER_ACTIVITIES:
+            raise ValueError(f"Invalid profiler activity: {activity}. Must be one of {list(_PROFILER_ACTIVITIES)}.")
+        member, backend_name = _PROFILER_ACTIVITIES[activity]
+        value = getattr(torch.profiler.ProfilerActivity, member, None)
+        if value is None:
+            raise ValueError(f"profiler activity {activity!r} is not supported by torch {torch.__version__}")
+        if backend_name is not None:
+            from .imports import _backend_available
+
+            if not _backend_available(backend_name):
+                raise ValueError(f"profiler activity {activity!r} needs the {backend_name} backend, which is not available")
+        return value
+
+    def build(self) -> Any:
+        """A ``torch.profiler.profile`` configured from these fields (not started)."""
+        import torch
+
+        activities = None if self.activities is None else [self._get_profiler_activity(a) for a in self.activities]
+        schedule = None if self.schedule_option is None else torch.profiler.schedule(**self.schedule_option)
+        return torch.profiler.profile(
+            activities=activities, schedule=schedule, on_trace_ready=self.on_trace_ready,
+            record_shapes=self.record_shapes, profile_memory=self.profile_memory, with_stack=self.with_stack,
+            with_flops=self.with_flops, with_modules=self.with_modules,
+        )
+
+
+class FP8BackendType(_StrEnum):
+    """Which library runs fp8 training: TransformerEngine, MS-AMP or torchao."""
+
+    NO = "NO"
+    TE = "TE"
+    MSAMP = "MSAMP"
+    AO = "AO"
+
+
+def _fp8_package_missing(backend: str, package: str, install: str) -> ImportError:
+    return ImportError(
+        f"fp8 training with the {backend} backend needs {package}, which is not installed ({install}); "
+        "choose another fp8 backend or mixed_precision='bf16'/'fp16'"
+    )
+
+
+@dataclass
+class AORecipeKwargs(KwargsHandler):
+    """fp8 training through torchao's ``Float8Linear`` (``config``: a ``torchao.float8.Float8LinearConfig``).
+
+    Unset options come from ``ACCEL_FP8_*``/``ACCELERATE_FP8_*`` (``PAD_INNER_DIM``,
+    ``ENABLE_FSDP_FLOAT8_ALL_GATHER``, both default true). ImportError when torchao >= 0.6.1 is
+    missing; whether the device can run fp8 is checked when the Accelerator is built.
+    """
+
+    config: Any = None
+    module_filter_func: Any = None
+    pad_inner_dim: bool | None = None
+    enable_fsdp_float8_all_gather: bool | None = None
+
+    def __post_init__(self) -> None:
+        from .imports import is_torchao_available
+
+        if not is_torchao_available():
+            raise _fp8_package_missing("AO", "torchao >= 0.6.1", "pip install torchao")
+        if self.config is None:
+            from torchao.float8 import Float8LinearConfig
+
+            if self.pad_inner_dim is None:
+                self.pad_inner_dim = _env_bool("FP8_PAD_INNER_DIM", True)
+            if self.enable_fsdp_float8_all_gather is None:
+                self.enable_fsdp_float8_all_gather = _env_bool("FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER", True)
+            self.config = Float8LinearConfig(pad_inner_dim=self.pad_inner_dim,
+                                             enable_fsdp_float8_all_gather=self.enable_fsdp_float8_all_gather)
+
+
+_FP8_FORMATS = ("HYBRID", "E4M3", "E5M2")
+_AMAX_ALGOS = ("max", "most_recent")
+_OPT_LEVELS = ("O1", "O2")
+
+
+def _int_env(suffix: str, default: int) -> int:
+    raw = _env_suffix(suffix)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"ACCEL_{suffix}/ACCELERATE_{suffix} must be an integer, got {raw!r}") from None
+
+
+def _te_defaults(self: Any) -> None:
+    """Fill the TransformerEngine recipe fields from ``ACCEL_FP8_*``/``ACCELERATE_FP8_*`` and check them."""
+    if self.use_autocast_during_eval is None:
+        self.use_autocast_during_eval = _env_bool("FP8_USE_AUTOCAST_DURING_EVAL")
+    if self.margin is None:
+        self.margin = _int_env("FP8_MARGIN", 0)
+    if self.interval is None:
+        self.interval = _int_env("FP8_INTERVAL", 1)
+    self.fp8_format = str(self.fp8_format or _env_suffix("FP8_FORMAT", "HYBRID")).upper()
+    if self.fp8_format not in _FP8_FORMATS:
+        raise ValueError(f"`fp8_format` must be one of {' or '.join(_FP8_FORMATS)}.")
+    self.amax_compute_algo = str(self.amax_compute_algo or _env_suffix("FP8_AMAX_COMPUTE_ALGO", "most_recent")).lower()
+    if self.amax_compute_algo not in _AMAX_ALGOS:
+        raise ValueError(f"`amax_compute_algo` must be one of {' or '.join(_AMAX_ALGOS)}")
+    if self.amax_history_len is None:
+        self.amax_history_len = _int_env("FP8_AMAX_HISTORY_LEN", 1024)
+    if self.override_linear_precision is None:
+        self.override_linear_precision = tuple(_env_bool(f"FP8_OVERRIDE_{p}") for p in ("FPROP", "DGRAD", "WGRAD"))
+    if self.use_mxfp8_block_scaling is None:
+        self.use_mxfp8_block_scaling = _env_bool("FP8_USE_MXFP8_BLOCK_SCALING")
+
+
+@dataclass
+class TERecipeKwargs(KwargsHandler):
+    """fp8 training through NVIDIA TransformerEngine's delayed-scaling recipe.
+
+    Unset fields come from ``ACCEL_FP8_*``/``ACCELERATE_FP8_*`` (``FORMAT`` HYBRID/E4M3/E5M2,
+    ``MARGIN``, ``INTERVAL``, ``AMAX_HISTORY_LEN``, ``AMAX_COMPUTE_ALGO``, ``OVERRIDE_FPROP``/``DGRAD``/
+    ``WGRAD``, ``USE_AUTOCAST_DURING_EVAL``, ``USE_MXFP8_BLOCK_SCALING``). ImportError when
+    transformer_engine is missing.
+    """
+
+    use_autocast_during_eval: bool | None = None
+    margin: int | None = None
+    interval: int | None = None
+    fp8_format: str | None = None
+    amax_history_len: int | None = None
+    amax_compute_algo: str | None = None
+    override_linear_precision: tuple[bool, bool, bool] | None = None
+    use_mxfp8_block_scaling: bool | None = None
+
+    def __post_init__(self) -> None:
+        from .imports import is_transformer_engine_available
+
+        if not is_transformer_engine_available():
+            raise _fp8_package_missing("TE", "transformer_engine", "pip install transformer_engine[pytorch]")
+        _te_defaults(self)
+
+
+@dataclass
+class MSAMPRecipeKwargs(KwargsHandler):
+    """fp8 training through MS-AMP (``opt_level`` O1 or O2; ``ACCEL_FP8_OPT_LEVEL``, default O2)."""
+
+    opt_level: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.opt_level is None:
+            self.opt_level = _env_suffix("FP8_OPT_LEVEL", "O2")
+        if self.opt_level not in _OPT_LEVELS:
+            raise ValueError(f"`opt_level` must be one of {' or '.join(_OPT_LEVELS)}")
+
+
+@dataclass
+class FP8RecipeKwargs(KwargsHandler):
+    """Deprecated (as in Accelerate): one class for the TE and MS-AMP recipes; use
+    :class:`TERecipeKwargs`, :class:`MSAMPRecipeKwargs` or :class:`AORecipeKwargs`.
+
+    ``backend`` ("TE" or "MSAMP"; ``ACCEL_FP8_BACKEND``) picks which fields apply; its package must
+    be installed.
+    """
+
+    use_autocast_during_eval: bool | None = None
+    margin: int | None = None
+    interval: int | None = None
+    fp8_format: str | None = None
+    amax_history_len: int | None = None
+    amax_compute_algo: str | None = None
+    override_linear_precision: tuple[bool, bool, bool] | None = None
+    use_mxfp8_block_scaling: bool | None = None
+    opt_level: str | None = None
+    backend: str | None = None
+
+    def __post_init__(self) -> None:
+        import warnings
+
+        from .imports import is_msamp_available, is_transformer_engine_available
+
+        warnings.warn("FP8RecipeKwargs is deprecated and will be removed in Accelerate v2.0.0. Please use one of the "
+                      "proper FP8 recipe kwargs classes such as TERecipeKwargs or MSAMPRecipeKwargs instead.",
+                      FutureWarning, stacklevel=3)
+        if self.backend is None:
+            self.backend = _env_suffix("FP8_BACKEND", "msamp" if is_msamp_available() else "te")
+        self.backend = str(self.backend).upper()
+        if self.backend not in ("TE", "MSAMP"):
+            raise ValueError("`backend` must be 'MSAMP' or 'TE' (TransformerEngine) to use `FP8RecipeKwargs`.")
+        if self.backend == "TE":
+            if not is_transformer_engine_available():
+                raise _fp8_package_missing("TE", "transformer_engine", "pip install transformer_engine[pytorch]")
+            _te_defaults(self)
+        else:
+            if not is_msamp_available():
+                raise _fp8_package_missing("MSAMP", "msamp", "see https://github.com/Azure/MS-AMP")
+            MSAMPRecipeKwargs.__post_init__(self)  # type: ignore[arg-type]
+
+
+@dataclass
+class BnbQuantizationConfig:
+    """How ``load_and_quantize_model`` quantizes with bitsandbytes: 8-bit (LLM.int8) or 4-bit (fp4/nf4).
+
+    Exactly one of ``load_in_8bit``/``load_in_4bit`` must be True. Dtypes may be given as "fp32",
+    "fp16", "bf16" or ``torch.dtype``. ``target_dtype`` is set to ``torch.int8`` or
+    :attr:`CustomDtype.INT4`.
+    """
+
+    load_in_8bit: bool = False
+    llm_int8_threshold: float = 6.0
+    load_in_4bit: bool = False
+    bnb_4bit_quant_type: str = "fp4"
+    bnb_4bit_use_double_quant: bool = False
+    bnb_4bit_compute_dtype: Any = "fp16"
+    torch_dtype: Any = None
+    skip_modules: list[str] | None = None
+    keep_in_fp32_modules: list[str] | None = None
+
+    @staticmethod
+    def _dtype(name: str, value: Any) -> Any:
+        import torch
+
+        named = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+        if isinstance(value, str):
+            if value not in named:
+                raise ValueError(f"{name} must be in ['fp32','fp16','bf16'] but found {value}")
+            return named[value]
+        if not isinstance(value, torch.dtype):
+            raise ValueError(f"{name} must be a string or a torch.dtype")
+        return value
+
+    def __post_init__(self) -> None:
+        import torch
+
+        for name in ("load_in_8bit", "load_in_4bit", "bnb_4bit_use_double_quant"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a boolean")
+        if self.load_in_4bit and self.load_in_8bit:
+            raise ValueError("load_in_4bit and load_in_8bit can't be both True")
+        if not self.load_in_4bit and not self.load_in_8bit:
+            raise ValueError("load_in_4bit and load_in_8bit can't be both False")
+        if not isinstance(self.llm_int8_threshold, (int, float)) or isinstance(self.llm_int8_threshold, bool):
+            raise ValueError("llm_int8_threshold must be a float or an int")
+        if not isinstance(self.bnb_4bit_quant_type, str):
+            raise ValueError("bnb_4bit_quant_type must be a string")
+        if self.bnb_4bit_quant_type not in ("fp4", "nf4"):
+            raise ValueError(f"bnb_4bit_quant_type must be in ['fp4','nf4'] but found {self.bnb_4bit_quant_type}")
+        self.bnb_4bit_compute_dtype = self._dtype("bnb_4bit_compute_dtype", self.bnb_4bit_compute_dtype)
+        if self.skip_modules is not None and not isinstance(self.skip_modules, list):
+            raise ValueError("skip_modules must be a list of strings")
+        if self.keep_in_fp32_modules is not None and not isinstance(self.keep_in_fp32_modules, list):
+            raise ValueError("keep_in_fp_32_modules must be a list of strings")
+        self.target_dtype = CustomDtype.INT4 if self.load_in_4bit else torch.int8
+        if self.load_in_4bit and self.llm_int8_threshold != 6.0:
+            import warnings
+
+            warnings.warn("llm_int8_threshold can only be used for model loaded in 8bit", stacklevel=3)
+        if self.torch_dtype is not None:
+            self.torch_dtype = self._dtype("torch_dtype", self.torch_dtype)
+        if self.skip_modules is not None and not all(isinstance(m, str) for m in self.skip_modules):
+            raise ValueError("skip_modules must be a list of strings")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a plain dict (a copy)."""
+        return copy.deepcopy(self.__dict__)
+
+
 __all__ = [
+    "AORecipeKwargs",
+    "BnbQuantizationConfig",
+    "CustomDtype",
+    "DynamoBackend",
+    "FP8BackendType",
+    "FP8RecipeKwargs",
+    "MSAMPRecipeKwargs",
+    "ProfileKwargs",
+    "TERecipeKwargs",
+    "TorchDynamoPlugin",
     "AutocastKwargs",
     "DDPCommunicationHookType",
     "DistributedDataParallelKwargs",
