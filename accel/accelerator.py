@@ -16,10 +16,10 @@ from typing import Any, Callable, Iterable
 import torch
 
 from .optimizer import AcceleratedOptimizer
-from .precision import AutocastForward, autocast_context, plan_precision
+from .precision import AutocastForward, autocast_context
+from .resolve import strategy_class
 from .scheduler import AcceleratedScheduler
 from .state import AcceleratorState, GradientState, PartialState, _env
-from .strategies import select_strategy
 from .utils.dataclasses import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -63,11 +63,8 @@ class Accelerator:
         deepspeed_plugins: Any = None,
         parallelism_config: Any = None,
     ):
-        for name, value in (("deepspeed_plugin", deepspeed_plugin), ("deepspeed_plugins", deepspeed_plugins),
-                            ("fsdp_plugin", fsdp_plugin), ("torch_tp_plugin", torch_tp_plugin),
-                            ("megatron_lm_plugin", megatron_lm_plugin), ("parallelism_config", parallelism_config)):
-            if value is not None:
-                raise NotImplementedError(f"Accelerator({name}=...) is not supported by accel yet")
+        if deepspeed_plugin is not None and deepspeed_plugins is not None:
+            raise ValueError("pass deepspeed_plugin or deepspeed_plugins, not both")
         if dynamo_backend not in (None, "no", "NO") or dynamo_plugin is not None:
             raise NotImplementedError("torch.compile through Accelerator(dynamo_backend=...) is not supported by accel yet; call torch.compile yourself")
 
@@ -82,16 +79,22 @@ class Accelerator:
         self.init_handler: InitProcessGroupKwargs | None = handlers.get(InitProcessGroupKwargs)
 
         init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
-        self.state = AcceleratorState(mixed_precision=mixed_precision, cpu=cpu, _from_accelerator=True, **init_kwargs)
+        self.state = AcceleratorState(
+            mixed_precision=mixed_precision, cpu=cpu, deepspeed_plugin=deepspeed_plugins or deepspeed_plugin,
+            fsdp_plugin=fsdp_plugin, torch_tp_plugin=torch_tp_plugin, megatron_lm_plugin=megatron_lm_plugin,
+            parallelism_config=parallelism_config, _from_accelerator=True, **init_kwargs,
+        )
         self.backend = self.state.hardware_backend
+        self.gradient_state = GradientState(self._accumulation_plugin(gradient_accumulation_steps, gradient_accumulation_plugin))
+        self.deepspeed_engine_wrapped: Any = None
 
+        # the strategy owns distribution; it also decides who runs the precision (accel or an engine)
+        self.strategy = strategy_class(self.state.run_plan.strategy)(self)
         # what runs, not just what was asked: a fallback is warned about and recorded
-        self.precision = plan_precision(self.state.mixed_precision, self.backend, self.autocast_handler, self.scaler_handler)
+        self.precision = self.strategy.plan_precision(self.state.mixed_precision, self.autocast_handler, self.scaler_handler)
         self.state._mixed_precision = self.precision.used
         self.scaler = self.precision.scaler
         self.native_amp = self.precision.dtype is not None
-
-        self.gradient_state = GradientState(self._accumulation_plugin(gradient_accumulation_steps, gradient_accumulation_plugin))
 
         self.dataloader_config = dataloader_config or DataLoaderConfiguration()
         if split_batches is not _UNSET:
@@ -102,7 +105,6 @@ class Accelerator:
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.rng_types = [RNGType(r) for r in rng_types] if rng_types is not None else [RNGType.GENERATOR]
-        self.strategy = select_strategy(self.state, self.ddp_handler)
 
         self.step = 0
         self.flag_tensor: torch.Tensor | None = None
@@ -286,66 +288,99 @@ class Accelerator:
 
     # ------------------------------------------------------------------ prepare
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
-        """Prepare models, optimizers, data loaders and schedulers (in any order); others pass through."""
+        """Prepare models, optimizers, data loaders and schedulers (in any order); others pass through.
+
+        Data loaders are prepared first; models, optimizers and schedulers of one call then go to the
+        strategy together (DeepSpeed and FSDP set them up jointly). An object prepared before is
+        returned as it is.
+        """
         if device_placement is None:
             device_placement = [None] * len(args)
         elif len(device_placement) != len(args):
             raise ValueError(f"device_placement has {len(device_placement)} entries for {len(args)} objects")
-        scheduler_type = torch.optim.lr_scheduler.LRScheduler
-        # schedulers last: they attach to the prepared optimizers
         result = list(args)
-        for i, (obj, placement) in enumerate(zip(args, device_placement)):
-            if not isinstance(obj, scheduler_type):
-                result[i] = self._prepare_one(obj, placement)
+        kinds: dict[str, list[int]] = {"model": [], "optimizer": [], "scheduler": []}
+        loaders = []
         for i, obj in enumerate(args):
-            if isinstance(obj, scheduler_type):
-                result[i] = self.prepare_scheduler(obj)
+            if getattr(obj, "_is_accelerate_prepared", False):
+                self._register_prepared(obj)
+                continue
+            kind = self._kind_of(obj)
+            if kind == "dataloader":
+                loaders.append(obj)
+                result[i] = self.prepare_data_loader(obj, device_placement=device_placement[i])
+            elif kind is not None:
+                kinds[kind].append(i)
+        placement = [self.device_placement if device_placement[i] is None else device_placement[i] for i in range(len(args))]
+        models, optimizers, schedulers = self.strategy.prepare(
+            [args[i] for i in kinds["model"]], [args[i] for i in kinds["optimizer"]], [args[i] for i in kinds["scheduler"]],
+            model_placement=[placement[i] for i in kinds["model"]],
+            optimizer_placement=[placement[i] for i in kinds["optimizer"]],
+            dataloaders=loaders,
+        )
+        for kind, prepared, store in (("model", models, self._models), ("optimizer", optimizers, self._optimizers),
+                                      ("scheduler", schedulers, self._schedulers)):
+            for i, obj in zip(kinds[kind], prepared):
+                result[i] = obj
+                store.append(obj)
+        for obj in result:
+            if obj is not None and any(obj is o for o in (*self._models, *self._optimizers, *self._schedulers, *self._dataloaders)):
+                with contextlib.suppress(AttributeError, TypeError):
+                    obj._is_accelerate_prepared = True
         return result[0] if len(result) == 1 else tuple(result)
 
-    def _prepare_one(self, obj: Any, device_placement: bool | None) -> Any:
-        if isinstance(obj, torch.nn.Module):
-            return self.prepare_model(obj, device_placement=device_placement)
-        if isinstance(obj, torch.optim.Optimizer):
-            return self.prepare_optimizer(obj, device_placement=device_placement)
+    @staticmethod
+    def _kind_of(obj: Any) -> str | None:
+        from .utils.deepspeed import DummyOptim, DummyScheduler
+
         if isinstance(obj, torch.utils.data.DataLoader):
-            return self.prepare_data_loader(obj, device_placement=device_placement)
-        return obj
+            return "dataloader"
+        if isinstance(obj, torch.nn.Module):
+            return "model"
+        if isinstance(obj, (torch.optim.Optimizer, DummyOptim)):
+            return "optimizer"
+        if isinstance(obj, (torch.optim.lr_scheduler.LRScheduler, DummyScheduler)):
+            return "scheduler"
+        return None
+
+    def _register_prepared(self, obj: Any) -> None:
+        store = {"dataloader": self._dataloaders, "model": self._models, "optimizer": self._optimizers,
+                 "scheduler": self._schedulers}.get(self._kind_of(obj) or "")
+        if store is not None and not any(obj is o for o in store):
+            store.append(obj)
 
     def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> torch.nn.Module:
-        if device_placement is None:
-            device_placement = self.device_placement
-        if any(model is m or self.unwrap_model(m) is model for m in self._models):
-            raise ValueError("this model was already prepared by this Accelerator")
-        if device_placement:
-            model = model.to(self.device)
-        if self.precision.autocast_enabled and not isinstance(model.forward, AutocastForward):
-            model.forward = AutocastForward(model.forward, lambda: autocast_context(self.precision, self.backend))
-        if not evaluation_mode:
-            model = self.strategy.wrap_model(model)
-        self._models.append(model)
-        return model
+        """Prepare one model (``evaluation_mode``: placed and given the precision's forward, not wrapped)."""
+        if getattr(model, "_is_accelerate_prepared", False):
+            self._register_prepared(model)
+            return model
+        placement = self.device_placement if device_placement is None else device_placement
+        (prepared,), _, _ = self.strategy.prepare([model], [], [], model_placement=[placement], optimizer_placement=[],
+                                                   evaluation_mode=evaluation_mode)
+        self._models.append(prepared)
+        prepared._is_accelerate_prepared = True
+        return prepared
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> AcceleratedOptimizer:
-        if isinstance(optimizer, AcceleratedOptimizer):
-            if optimizer in self._optimizers:
-                return optimizer
-            optimizer = optimizer.optimizer
-        if device_placement is None:
-            device_placement = self.device_placement
-        wrapped = AcceleratedOptimizer(optimizer, device_placement=device_placement, scaler=self.scaler)
-        self._optimizers.append(wrapped)
-        return wrapped
+        """Prepare one optimizer: it steps only when gradients are synchronised, through the grad scaler."""
+        if getattr(optimizer, "_is_accelerate_prepared", False):
+            self._register_prepared(optimizer)
+            return optimizer
+        placement = self.device_placement if device_placement is None else device_placement
+        _, (prepared,), _ = self.strategy.prepare([], [optimizer], [], model_placement=[], optimizer_placement=[placement])
+        self._optimizers.append(prepared)
+        prepared._is_accelerate_prepared = True
+        return prepared
 
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
-        owner = [opt for opt in self._optimizers if opt.optimizer is getattr(scheduler, "optimizer", None)]
-        wrapped = AcceleratedScheduler(
-            scheduler,
-            owner or self._optimizers,
-            step_with_optimizer=self.step_scheduler_with_optimizer,
-            split_batches=self.split_batches,
-        )
-        self._schedulers.append(wrapped)
-        return wrapped
+        """Prepare one LR scheduler: it steps with its optimizer, ``num_processes`` times per step."""
+        if getattr(scheduler, "_is_accelerate_prepared", False):
+            self._register_prepared(scheduler)
+            return scheduler
+        _, _, (prepared,) = self.strategy.prepare([], [], [scheduler], model_placement=[], optimizer_placement=[])
+        self._schedulers.append(prepared)
+        prepared._is_accelerate_prepared = True
+        return prepared
 
     def prepare_data_loader(self, data_loader: torch.utils.data.DataLoader, device_placement: bool | None = None,
                             slice_fn_for_dispatch: Callable[..., Any] | None = None) -> Any:
@@ -370,18 +405,13 @@ class Accelerator:
             non_blocking=cfg.non_blocking,
         )
         self._dataloaders.append(prepared)
+        prepared._is_accelerate_prepared = True
         return prepared
 
     # ------------------------------------------------------------------ training step
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """``loss.backward()`` scaled for gradient accumulation and the fp16 grad scaler."""
-        steps = self.gradient_accumulation_steps
-        if steps > 1:
-            loss = loss / steps
-        if self.scaler is not None:
-            self.scaler.scale(loss).backward(**kwargs)
-        else:
-            loss.backward(**kwargs)
+        """``loss.backward()`` for this strategy: divided for accumulation, scaled for fp16, or the engine's."""
+        self.strategy.backward(loss, **kwargs)
 
     def _do_sync(self) -> None:
         gs = self.gradient_state
@@ -406,31 +436,22 @@ class Accelerator:
         """Skip the gradient all-reduce for this block (a no-op on one process)."""
         return self.strategy.no_sync(model)
 
-    @staticmethod
-    def trigger_sync_in_backward(model: torch.nn.Module) -> None:
-        from torch.nn.parallel import DistributedDataParallel
-
-        if isinstance(model, DistributedDataParallel):
-            model.require_backward_grad_sync = True
-            model.require_forward_param_sync = True
-            model.reducer.prepare_for_backward([])
+    def trigger_sync_in_backward(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """Make the next backward synchronise gradients even inside ``no_sync`` (a context manager)."""
+        return self.strategy.trigger_sync_in_backward(model)
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
-        if self.scaler is None:
-            return
+        """Divide gradients by the fp16 loss scale now (before inspecting or clipping them)."""
         optimizers = self._optimizers if optimizer is None else (optimizer if isinstance(optimizer, (list, tuple)) else [optimizer])
-        for opt in optimizers:
-            while isinstance(opt, AcceleratedOptimizer):
-                opt = opt.optimizer
-            self.scaler.unscale_(opt)
+        self.strategy.unscale_gradients(optimizers)
 
-    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2) -> torch.Tensor:
-        self.unscale_gradients()
-        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2) -> Any:
+        """Clip gradients by global norm (after unscaling); returns the norm. DeepSpeed clips in its step."""
+        return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
     def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:
-        self.unscale_gradients()
-        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+        """Clip every gradient element to ``[-clip_value, clip_value]`` (after unscaling)."""
+        self.strategy.clip_grad_value_(parameters, clip_value)
 
     def autocast(self, autocast_handler: AutocastKwargs | None = None) -> contextlib.AbstractContextManager:
         """Autocast for the precision really in use (a null context in full precision)."""
@@ -520,10 +541,12 @@ class Accelerator:
         return inner
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
-        return (self.unwrap_model(model) if unwrap else model).state_dict()
+        """The model's full state dict; under ZeRO-3/FSDP a collective that every process must call."""
+        return self.strategy.get_state_dict(model, unwrap=unwrap)
 
     def free_memory(self, *objects: Any) -> list[Any]:
         """Drop references to prepared objects, collect garbage and empty the device cache."""
+        self.strategy.release()
         self._models.clear()
         self._optimizers.clear()
         self._schedulers.clear()

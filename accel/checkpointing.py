@@ -71,6 +71,7 @@ from typing import Any, Callable
 
 import torch
 
+from .strategies.base import Strategy
 from .utils.files import atomic_write, fsync_dir, fsync_file
 
 logger = logging.getLogger(__name__)
@@ -305,10 +306,12 @@ def save_model(accelerator: Any, model: torch.nn.Module, save_directory: str | o
     directory = Path(os.path.expanduser(os.fspath(save_directory)))
     if directory.exists() and not directory.is_dir():
         raise ValueError(f"save_model: {directory} is a file, not a directory")
+    # under ZeRO-3/FSDP the full state dict is a gather every process joins, so it comes before the
+    # writer check (a non-writer returning first would leave the writer waiting forever)
+    state_dict = accelerator.get_state_dict(model)
     if not _is_writer(accelerator):
         return
     directory.mkdir(parents=True, exist_ok=True)
-    state_dict = accelerator.get_state_dict(model)
     if safe_serialization:
         tensors = _tensors_for_safetensors(state_dict, "the model's state_dict")
         prefix, ext, index_name = SAFE_MODEL_NAME, "safetensors", SAFE_WEIGHTS_INDEX_NAME
@@ -497,11 +500,13 @@ def save_state(accelerator: Any, output_dir: str | os.PathLike | None = None, sa
     """Save models, optimizers, schedulers, data loader positions, scaler, registered objects and RNG states."""
     cfg = accelerator.project_configuration
     automatic = cfg.automatic_checkpoint_naming
-    if save_model_func_kwargs:
+    strategy = accelerator.strategy
+    if save_model_func_kwargs and type(strategy).save_checkpoint is Strategy.save_checkpoint:
         warnings.warn(
             f"save_state: {sorted(save_model_func_kwargs)} are used by DeepSpeed's save_checkpoint only and are "
-            "ignored here", stacklevel=3,
+            f"ignored by the {strategy.name!r} strategy", stacklevel=3,
         )
+        save_model_func_kwargs = {}
     if automatic:
         if cfg.project_dir is None:
             raise ValueError("automatic_checkpoint_naming needs a project_dir (Accelerator(project_dir=...) or ProjectConfiguration)")
@@ -542,12 +547,17 @@ def save_state(accelerator: Any, output_dir: str | os.PathLike | None = None, sa
     tmp = parent / f".{target.name}.tmp-{token}"
     try:
         tmp.mkdir(parents=True, exist_ok=True)
-        weights = [_unwrapped_state_dict(accelerator, model) for model in accelerator._models]
+        # what the strategy stores itself (DeepSpeed engine files, FSDP shards), on every process
+        part = strategy.save_checkpoint(tmp, **save_model_func_kwargs)
+        owns = set(part.owns) if part is not None else set()
+        weights = [] if "models" in owns else [_unwrapped_state_dict(accelerator, model) for model in accelerator._models]
         # hooks get the directory being written, so whatever they save is part of the atomic checkpoint;
         # a hook that saves a model itself pops its entry from `weights` (Accelerate's protocol)
         for hook in list(accelerator._save_model_state_pre_hook.values()):
             hook(accelerator._models, weights, str(tmp))
-        manifest = _write_state_files(accelerator, tmp, weights, safe_serialization, writer)
+        manifest = _write_state_files(accelerator, tmp, weights, safe_serialization, writer, owns)
+        if part is not None:
+            manifest["strategy"] = part.to_manifest()
         _json_save(_rng_state(accelerator), tmp / f"{RNG_STATE_NAME}_{accelerator.process_index}.json")
         accelerator.wait_for_everyone()  # every rank's files are in before the manifest marks it complete
         if writer:
@@ -574,7 +584,7 @@ def _accel_version() -> str:
 
 
 def _write_state_files(accelerator: Any, out: Path, weights: list[dict[str, torch.Tensor]],
-                       safe_serialization: bool, writer: bool) -> dict[str, Any]:
+                       safe_serialization: bool, writer: bool, owned: set[str] = frozenset()) -> dict[str, Any]:
     """Write the shared files (on the writer only) and return the manifest describing them."""
     manifest: dict[str, Any] = {
         "format": FORMAT,
@@ -612,7 +622,7 @@ def _write_state_files(accelerator: Any, out: Path, weights: list[dict[str, torc
             _torch_save(state, out / name)
         manifest[kind].append(name)
 
-    for i, optimizer in enumerate(accelerator._optimizers):
+    for i, optimizer in enumerate([] if "optimizers" in owned else accelerator._optimizers):
         plain("optimizers", f"{OPTIMIZER_NAME}{_ending(i)}.bin", optimizer, f"optimizer {i}'s state_dict")
     for i, scheduler in enumerate(accelerator._schedulers):
         plain("schedulers", f"{SCHEDULER_NAME}{_ending(i)}.bin", scheduler, f"scheduler {i}'s state_dict")
@@ -803,10 +813,29 @@ def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, loa
         warnings.warn(f"{folder} has no {MANIFEST_NAME}: reading it as a checkpoint written by Accelerate", stacklevel=3)
         manifest = _legacy_manifest(accelerator, folder, models)
 
+    # --- the strategy's own part: the same strategy must load it
+    saved_strategy = manifest.get("strategy")
+    strategy = accelerator.strategy
+    probe = type(strategy).save_checkpoint is not Strategy.save_checkpoint
+    if saved_strategy is not None and saved_strategy.get("name") != strategy.name:
+        raise CheckpointError(
+            f"checkpoint {folder} was saved by the {saved_strategy.get('name')!r} strategy and holds its own files; "
+            f"this run uses {strategy.name!r}: load it with the same strategy"
+        )
+    if saved_strategy is None and probe and manifest_path.exists():
+        raise CheckpointError(
+            f"checkpoint {folder} has no {strategy.name!r} files: it was saved without {strategy.name}; load it with "
+            "the strategy that saved it"
+        )
+    owned = set(saved_strategy.get("owns", [])) if saved_strategy else set()
+    optimizers = [] if "optimizers" in owned else list(accelerator._optimizers)
+    if "models" in owned:
+        models = []
+
     # --- check that the checkpoint fits what was prepared, before anything is changed
     for key, prepared, word in (
         ("models", models, "model"),
-        ("optimizers", accelerator._optimizers, "optimizer"),
+        ("optimizers", optimizers, "optimizer"),
         ("schedulers", accelerator._schedulers, "scheduler"),
         ("dataloaders", accelerator._dataloaders, "data loader"),
         ("custom_objects", accelerator._custom_objects, "registered object"),
@@ -856,6 +885,8 @@ def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, loa
     rng = _read_rng(folder, accelerator.process_index, saved_processes)
 
     # --- apply
+    if saved_strategy is not None:
+        strategy.load_checkpoint(folder, saved_strategy, **load_model_func_kwargs)
     for i, (model, state) in enumerate(zip(models, model_states)):
         target = accelerator.unwrap_model(model)
         try:
@@ -864,7 +895,7 @@ def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, loa
             raise CheckpointError(f"{folder / manifest['models'][i]} does not fit model {i}: {exc}") from None
     if scaler_state is not None:
         accelerator.scaler.load_state_dict(scaler_state)
-    for i, (optimizer, state) in enumerate(zip(accelerator._optimizers, optimizer_states)):
+    for i, (optimizer, state) in enumerate(zip(optimizers, optimizer_states)):
         try:
             optimizer.load_state_dict(state)
         except (ValueError, KeyError, RuntimeError) as exc:

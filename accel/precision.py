@@ -38,6 +38,8 @@ class PrecisionPlan:
     reason: str = ""
     autocast_kwargs: dict[str, Any] = field(default_factory=dict)
     scaler: torch.amp.GradScaler | None = None
+    #: who runs the precision: "accel" (autocast + scaler here) or a strategy's engine ("deepspeed")
+    managed_by: str = "accel"
 
     @property
     def dtype(self) -> torch.dtype | None:
@@ -50,6 +52,28 @@ class PrecisionPlan:
     @property
     def fell_back(self) -> bool:
         return self.used != self.requested
+
+    # ------------------------------------------------------------------ behaviour
+    def wrap_forward(self, model: torch.nn.Module, backend: Backend) -> None:
+        """Run ``model.forward`` under autocast with fp32 outputs (once; nothing in full precision)."""
+        if self.managed_by != "accel" or not self.autocast_enabled or isinstance(model.forward, AutocastForward):
+            return
+        model.forward = AutocastForward(model.forward, lambda: autocast_context(self, backend))
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``loss.backward()``, through the grad scaler when fp16 needs one."""
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward(**kwargs)
+        else:
+            loss.backward(**kwargs)
+
+    def unscale_(self, optimizer: Any) -> None:
+        """Divide the gradients of ``optimizer`` by the loss scale (before clipping); no-op without a scaler."""
+        if self.scaler is None:
+            return
+        while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
+            optimizer = optimizer.optimizer  # the scaler tracks the torch optimizer, not accel's wrapper
+        self.scaler.unscale_(optimizer)
 
 
 def plan_precision(
@@ -87,6 +111,25 @@ def plan_precision(
         scaler_kwargs = scaler_handler.to_kwargs() if scaler_handler is not None else {}
         plan.scaler = backend.grad_scaler(**scaler_kwargs)
     return plan
+
+
+def engine_managed_precision(requested: str | PrecisionType | None, engine: str, supported: Callable[[str], str | None]) -> PrecisionPlan:
+    """A precision an engine (DeepSpeed) runs itself: no autocast wrapper, no scaler here.
+
+    ``supported(dtype_name)`` returns None when the engine can run it, else the reason it cannot;
+    an unsupported precision is an error, since the engine's config asked for it explicitly.
+    """
+    requested = str(requested or "no").lower()
+    if requested not in PrecisionType.list():
+        raise ValueError(f"mixed_precision must be one of {PrecisionType.list()}, got {requested!r}")
+    if requested == "no":
+        return PrecisionPlan("no", "no", "full precision requested", managed_by=engine)
+    reason = supported(requested)
+    if reason is not None:
+        from .backends import UnsupportedFeatureError
+
+        raise UnsupportedFeatureError(engine, f"mixed_precision={requested!r}", reason)
+    return PrecisionPlan(requested, requested, f"run by {engine}", managed_by=engine)
 
 
 def autocast_context(plan: PrecisionPlan, backend: Backend, handler: AutocastKwargs | None = None) -> contextlib.AbstractContextManager:

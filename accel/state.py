@@ -373,6 +373,18 @@ class AcceleratorState:
         if mixed_precision not in PrecisionType.list():
             raise ValueError(f"mixed_precision must be one of {PrecisionType.list()}, got {mixed_precision!r}")
         if self.initialized:
+            given = {"deepspeed_plugin": deepspeed_plugin, "fsdp_plugin": fsdp_plugin, "parallelism_config": parallelism_config}
+            current = {"deepspeed_plugin": self.__dict__.get("deepspeed_plugins"), "fsdp_plugin": self.fsdp_plugin,
+                       "parallelism_config": self.parallelism_config}
+            for name, value in given.items():
+                if value is None:
+                    continue
+                same = (_as_plugin_dict(value) == current[name]) if name == "deepspeed_plugin" else value is current[name]
+                if not same:
+                    raise ValueError(
+                        f"AcceleratorState is already initialised for this process; {name} cannot change now "
+                        "(reset the state first: AcceleratorState._reset_state(True))"
+                    )
             if mixed_precision != self._mixed_precision and _from_accelerator:
                 raise ValueError(
                     f"AcceleratorState was already initialised with mixed_precision={self._mixed_precision!r}; "
@@ -382,16 +394,57 @@ class AcceleratorState:
         self._partial = PartialState(cpu, **kwargs)
         self._mixed_precision = mixed_precision
         self.dynamo_plugin = dynamo_plugin
-        self.deepspeed_plugin = deepspeed_plugin
-        self.fsdp_plugin = fsdp_plugin
-        self.torch_tp_plugin = torch_tp_plugin
-        self.megatron_lm_plugin = megatron_lm_plugin
-        self.parallelism_config = parallelism_config
-        for unsupported, value in (("deepspeed_plugin", deepspeed_plugin), ("fsdp_plugin", fsdp_plugin),
-                                   ("megatron_lm_plugin", megatron_lm_plugin), ("torch_tp_plugin", torch_tp_plugin)):
+        for unsupported, value in (("megatron_lm_plugin", megatron_lm_plugin), ("torch_tp_plugin", torch_tp_plugin)):
             if value is not None:
-                raise NotImplementedError(f"{unsupported} is not supported by accel yet")
+                raise NotImplementedError(
+                    f"{unsupported} is not supported by accel: Megatron-LM is not integrated, and tensor parallelism "
+                    "goes through parallelism_config=ParallelismConfig(tp_size=...)"
+                )
+        self.megatron_lm_plugin = None
+        self.torch_tp_plugin = None
+        if deepspeed_plugin is None and fsdp_plugin is None:
+            deepspeed_plugin, fsdp_plugin = _plugins_from_environment()
+        self.deepspeed_plugins = _as_plugin_dict(deepspeed_plugin)
+        self.fsdp_plugin = fsdp_plugin
+        self.parallelism_config = parallelism_config
+        from .resolve import resolve_run
+
+        self.run_plan = resolve_run(
+            self._partial.num_processes, self._partial.hardware_backend.distributed_type,
+            deepspeed_plugins=self.deepspeed_plugins, fsdp_plugin=fsdp_plugin, parallelism_config=parallelism_config,
+        )
+        self.distributed_type = self.run_plan.distributed_type
+        if self.deepspeed_plugins:
+            next(iter(self.deepspeed_plugins.values())).select(_from_accelerator_state=True)
         self._shared_state["_initialized"] = True
+
+    # ------------------------------------------------------------------ DeepSpeed plugins
+    @property
+    def deepspeed_plugin(self) -> Any:
+        """The selected DeepSpeedPlugin, or None without DeepSpeed."""
+        plugins = self.__dict__.get("deepspeed_plugins")
+        if not plugins:
+            return None
+        return next((p for p in plugins.values() if p.selected), next(iter(plugins.values())))
+
+    def select_deepspeed_plugin(self, name: str | None = None) -> None:
+        """Make the plugin registered under ``name`` the active one (several models, several configs)."""
+        plugins = self.__dict__.get("deepspeed_plugins") or {}
+        if name not in plugins:
+            raise ValueError(f"no DeepSpeedPlugin named {name!r}; the Accelerator has {sorted(plugins) or 'none'}")
+        for key, plugin in plugins.items():
+            if key != name:
+                plugin._unselect()
+        plugins[name].select(_from_accelerator_state=True)
+
+    def get_deepspeed_plugin(self, name: str) -> Any:
+        """The DeepSpeedPlugin registered under ``name``."""
+        plugins = self.__dict__.get("deepspeed_plugins") or {}
+        if name not in plugins:
+            raise ValueError(f"no DeepSpeedPlugin named {name!r}; the Accelerator has {sorted(plugins) or 'none'}")
+        return plugins[name]
+
+    enable_deepspeed_plugin = select_deepspeed_plugin
 
     def __getattr__(self, name: str) -> Any:
         # ranks, device and process control come from the shared PartialState
@@ -403,7 +456,15 @@ class AcceleratorState:
         return getattr(partial, name)
 
     def __repr__(self) -> str:
-        return repr(self._partial) + f"Mixed precision type: {self.mixed_precision}\n"
+        text = repr(self._partial).replace(f"Distributed environment: {self._partial.distributed_type}",
+                                            f"Distributed environment: {self.distributed_type}", 1)
+        text += f"Mixed precision type: {self.mixed_precision}\n"
+        plan = self.__dict__.get("run_plan")
+        if plan is not None:
+            text += f"Strategy: {plan.strategy} ({plan.describe()})\n"
+        if self.deepspeed_plugin is not None:
+            text += f"ds_config: {self.deepspeed_plugin.deepspeed_config}\n"
+        return text
 
     @property
     def initialized(self) -> bool:
@@ -442,6 +503,35 @@ class AcceleratorState:
 
     def destroy_process_group(self, group: Any = None) -> None:
         self._partial.destroy_process_group(group)
+
+
+def _as_plugin_dict(plugin: Any) -> dict[str, Any] | None:
+    """``deepspeed_plugin`` as Accelerate takes it: one plugin, or ``{name: plugin}`` for several models."""
+    if plugin is None:
+        return None
+    from .utils.deepspeed import DeepSpeedPlugin
+
+    plugins = dict(plugin) if isinstance(plugin, dict) else {"default": plugin}
+    if not plugins:
+        raise ValueError("deepspeed_plugins is an empty dict; give at least one DeepSpeedPlugin")
+    wrong = {name: type(p).__name__ for name, p in plugins.items() if not isinstance(p, DeepSpeedPlugin)}
+    if wrong:
+        raise TypeError(f"deepspeed plugins must be DeepSpeedPlugin objects, got {wrong}")
+    return plugins
+
+
+def _plugins_from_environment() -> tuple[Any, Any]:
+    """The plugins a launcher asked for through Accelerate's variables (``accel launch --use_deepspeed``/``--use_fsdp``)."""
+    deepspeed_plugin = fsdp_plugin = None
+    if _env_flag("ACCEL_USE_DEEPSPEED", "ACCELERATE_USE_DEEPSPEED"):
+        from .utils.deepspeed import DeepSpeedPlugin
+
+        deepspeed_plugin = DeepSpeedPlugin()
+    if _env_flag("ACCEL_USE_FSDP", "ACCELERATE_USE_FSDP"):
+        from .utils.dataclasses import FullyShardedDataParallelPlugin
+
+        fsdp_plugin = FullyShardedDataParallelPlugin()
+    return deepspeed_plugin, fsdp_plugin
 
 
 class GradientState:

@@ -253,8 +253,12 @@ def test_prepare_handles_order_and_passthrough():
     sched_p, sentinel_p, opt_p, model_p = accelerator.prepare(sched, sentinel, opt, model)
     assert sentinel_p is sentinel
     assert sched_p.optimizers == [opt_p] and opt_p.optimizer is opt
-    with pytest.raises(ValueError, match="already prepared"):
-        accelerator.prepare(model_p)
+    # Accelerate's semantics: a prepared object is marked and comes back as it is, registered once
+    assert model_p._is_accelerate_prepared and opt_p._is_accelerate_prepared and sched_p._is_accelerate_prepared
+    assert accelerator.prepare(model_p) is model_p
+    assert accelerator.prepare(opt_p) is opt_p
+    assert sum(m is model_p for m in accelerator._models) == 1
+    assert len(accelerator._optimizers) == 1 and len(accelerator._schedulers) == 1
 
 
 def test_kwargs_handlers_validation():
@@ -264,7 +268,8 @@ def test_kwargs_handlers_validation():
         Accelerator(kwargs_handlers=[object()])
     with pytest.raises(ValueError, match="either gradient_accumulation_steps or"):
         Accelerator(gradient_accumulation_steps=2, gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=2))
-    with pytest.raises(NotImplementedError, match="deepspeed_plugin"):
+    AcceleratorState._reset_state(True)
+    with pytest.raises(TypeError, match="must be DeepSpeedPlugin objects"):
         Accelerator(deepspeed_plugin=object())
 
 

@@ -1,18 +1,13 @@
-"""How a prepared model is distributed. One module per strategy, chosen from the state.
+"""How prepared models are distributed and stepped: one module per strategy.
 
-DeepSpeed and FSDP slot in as further modules with the same small interface (`Strategy`).
+``accel.resolve`` picks the strategy for a run (its table names the module of each); the
+Accelerator hands it everything it prepares. DeepSpeed and FSDP modules import their
+frameworks only when chosen.
 """
 
 from __future__ import annotations
 
-from .base import SingleDeviceStrategy, Strategy
+from .base import SingleDeviceStrategy, Strategy, StrategyCheckpoint
 from .ddp import DDPStrategy
 
-__all__ = ["DDPStrategy", "SingleDeviceStrategy", "Strategy", "select_strategy"]
-
-
-def select_strategy(state, ddp_kwargs=None) -> Strategy:
-    """DDP when several processes run, otherwise the model stays as it is."""
-    if state.use_distributed:
-        return DDPStrategy(state, ddp_kwargs)
-    return SingleDeviceStrategy(state)
+__all__ = ["DDPStrategy", "SingleDeviceStrategy", "Strategy", "StrategyCheckpoint"]

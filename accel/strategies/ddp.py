@@ -8,23 +8,29 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from ..utils.dataclasses import DDPCommunicationHookType, DistributedDataParallelKwargs
+from ..utils.dataclasses import DDPCommunicationHookType, DistributedDataParallelKwargs, DistributedType
 from .base import Strategy
 
 
 class DDPStrategy(Strategy):
+    """torch ``DistributedDataParallel``: every rank holds the whole model, gradients are all-reduced."""
+
     name = "ddp"
 
-    def __init__(self, state: Any, ddp_kwargs: DistributedDataParallelKwargs | None = None):
-        super().__init__(state)
-        self.ddp_kwargs = ddp_kwargs or DistributedDataParallelKwargs()
+    def __init__(self, accelerator: Any, ddp_kwargs: DistributedDataParallelKwargs | None = None):
+        super().__init__(accelerator)
+        self.ddp_kwargs = ddp_kwargs or getattr(accelerator, "ddp_handler", None) or DistributedDataParallelKwargs()
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        return DistributedType(self.accelerator.backend.distributed_type)
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         if isinstance(model, DistributedDataParallel):
             return model
         if not any(p.requires_grad for p in model.parameters()):
             return model  # nothing to synchronise (frozen or evaluation model)
-        device = self.state.device
+        device = self.device
         device_ids = [device.index] if device.type != "cpu" and device.index is not None else None
         wrapped = DistributedDataParallel(model, device_ids=device_ids, output_device=device_ids[0] if device_ids else None,
                                           **self.ddp_kwargs.ddp_arguments())
@@ -50,6 +56,21 @@ class DDPStrategy(Strategy):
         if isinstance(model, DistributedDataParallel):
             return model.no_sync()
         return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def trigger_sync_in_backward(self, model: torch.nn.Module):
+        if not isinstance(model, DistributedDataParallel):
+            yield
+            return
+        saved = (model.require_backward_grad_sync, model.require_forward_param_sync)
+        model.require_backward_grad_sync = True
+        model.require_forward_param_sync = True
+        # the reducer only all-reduces in a backward it was prepared for
+        model.reducer.prepare_for_backward([])
+        try:
+            yield
+        finally:
+            model.require_backward_grad_sync, model.require_forward_param_sync = saved
 
     def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return model.module if isinstance(model, DistributedDataParallel) else model

@@ -1,0 +1,402 @@
+"""DeepSpeed: ZeRO stages 0-3 with offload, through ``deepspeed.initialize``.
+
+``prepare`` hands the model, its optimizer and scheduler to DeepSpeed together (after filling the
+config's "auto" values from the Accelerator and the data loaders of the same call); the engine is
+returned as the model. ``backward`` runs the engine's backward and, at an accumulation boundary,
+its step; the returned optimizer and scheduler are thin wrappers whose ``step`` is the engine's.
+
+The active backend tells DeepSpeed which accelerator to use (``DS_ACCELERATOR``, unless the user set
+it); if DeepSpeed still picks another device or collective library the run stops and names both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from ..backends import UnsupportedFeatureError
+from ..utils.dataclasses import DistributedType
+from ..utils.deepspeed import (
+    DeepSpeedEngineWrapper,
+    DeepSpeedOptimizerWrapper,
+    DeepSpeedPlugin,
+    DeepSpeedSchedulerWrapper,
+    DummyOptim,
+    DummyScheduler,
+    map_pytorch_optim_to_deepspeed,
+)
+from .base import Strategy, StrategyCheckpoint
+
+MODEL_TAG = "pytorch_model"
+
+
+def require_deepspeed() -> Any:
+    """Import deepspeed, or say which package extra provides it."""
+    try:
+        import deepspeed
+    except ImportError as exc:
+        raise ImportError(
+            "DeepSpeed is not installed: `pip install 'accel[deepspeed]'` (or `pip install deepspeed` with your "
+            f"torch pinned) to use DeepSpeedPlugin ({exc})"
+        ) from None
+    return deepspeed
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class DeepSpeedStrategy(Strategy):
+    """Models become DeepSpeed engines; DeepSpeed owns backward, step, precision and ZeRO sharding."""
+
+    name = "deepspeed"
+
+    def __init__(self, accelerator: Any):
+        super().__init__(accelerator)
+        self._align_deepspeed_accelerator()
+        self._ensure_process_group()
+        #: one wrapper per engine, keyed by the name of the plugin that built it
+        self.engines: dict[str, DeepSpeedEngineWrapper] = {}
+
+    # ------------------------------------------------------------------ identity
+    @property
+    def distributed_type(self) -> DistributedType:
+        return DistributedType.DEEPSPEED
+
+    @property
+    def plugin(self) -> DeepSpeedPlugin:
+        """The selected DeepSpeedPlugin."""
+        return self.state.deepspeed_plugin
+
+    @property
+    def zero_stage(self) -> int:
+        return int(self.plugin.get_value("zero_optimization.stage", 0))
+
+    @property
+    def state_dict_is_collective(self) -> bool:  # type: ignore[override]
+        return any(int(w.engine.zero_optimization_stage()) == 3 for w in self.engines.values())
+
+    def describe(self) -> str:
+        return f"deepspeed (ZeRO stage {self.zero_stage})"
+
+    # ------------------------------------------------------------------ set-up of DeepSpeed itself
+    def _align_deepspeed_accelerator(self) -> None:
+        backend = self.accelerator.backend
+        if "deepspeed.accelerator" not in __import__("sys").modules:
+            os.environ.setdefault("DS_ACCELERATOR", backend.device_type)
+        require_deepspeed()
+        from deepspeed.accelerator import get_accelerator
+
+        from ..backends.deepspeed_agreement import compare
+
+        chosen = get_accelerator()
+        try:
+            comm = chosen.communication_backend_name()
+        except Exception:  # pragma: no cover - accelerators without collectives
+            comm = None
+        verdict = compare(backend, {"installed": True, "device": chosen.device_name(), "communication_backend": comm,
+                                    "ds_accelerator": os.environ.get("DS_ACCELERATOR")})
+        if verdict["agree"] is False:
+            raise RuntimeError("DeepSpeed and accel disagree about the accelerator: " + "; ".join(verdict["problems"]))
+
+    def _ensure_process_group(self) -> None:
+        """DeepSpeed needs a process group and the launcher's rank variables, even for one process."""
+        import torch.distributed as dist
+
+        state = self.state
+        os.environ.setdefault("RANK", str(state.process_index))
+        os.environ.setdefault("LOCAL_RANK", str(state.local_process_index))
+        os.environ.setdefault("WORLD_SIZE", str(state.num_processes))
+        if dist.is_initialized():
+            return
+        if state.num_processes > 1:  # pragma: no cover - PartialState creates the group for several ranks
+            raise RuntimeError("DeepSpeed: several processes but no process group")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        comm = self.accelerator.backend.comm_backend or "gloo"
+        dist.init_process_group(backend=comm, rank=0, world_size=1)
+
+    def plan_precision(self, requested: str, autocast_handler: Any = None, scaler_handler: Any = None) -> Any:
+        """DeepSpeed runs the precision itself (its fp16/bf16 config); accel adds no autocast or scaler.
+
+        A precision left at "no" takes the one the DeepSpeed config enables; an explicit one is written
+        into the config (a config enabling the other dtype is an error), and one DeepSpeed's accelerator
+        cannot run is an ``UnsupportedFeatureError``.
+        """
+        from ..precision import engine_managed_precision
+
+        plugin = self.plugin
+        if str(requested or "no") == "no" and plugin.config_precision() is not None:
+            requested = plugin.config_precision()
+        plan = engine_managed_precision(requested, "deepspeed", self._deepspeed_supports)
+        plugin.set_mixed_precision(plan.used)
+        return plan
+
+    @staticmethod
+    def _deepspeed_supports(dtype: str) -> str | None:
+        from deepspeed.accelerator import get_accelerator
+
+        ds = get_accelerator()
+        probe = ds.is_fp16_supported if dtype == "fp16" else ds.is_bf16_supported
+        if probe():
+            return None
+        return f"DeepSpeed's {type(ds).__name__} does not support {dtype} on {ds.device_name()}"
+
+    # ------------------------------------------------------------------ prepare
+    def prepare(self, models: Sequence[torch.nn.Module], optimizers: Sequence[Any], schedulers: Sequence[Any],
+                model_placement: Sequence[bool], optimizer_placement: Sequence[bool],
+                evaluation_mode: bool = False, dataloaders: Sequence[Any] = ()) -> tuple[list[Any], list[Any], list[Any]]:
+        if not models and not optimizers and not schedulers:
+            return [], [], []
+        if len(models) != 1:
+            raise ValueError(
+                f"DeepSpeed builds one engine per model and got {len(models)} models in one prepare() call; pass each "
+                "model with its optimizer/scheduler in its own prepare() call, selecting its plugin first "
+                "(Accelerator(deepspeed_plugins={'a': ..., 'b': ...}), accelerator.state.select_deepspeed_plugin('b'))"
+            )
+        if len(optimizers) > 1 or len(schedulers) > 1:
+            raise ValueError("DeepSpeed takes one optimizer and one scheduler per model in a prepare() call")
+        model = models[0]
+        optimizer = optimizers[0] if optimizers else None
+        scheduler = schedulers[0] if schedulers else None
+        if isinstance(optimizer, DeepSpeedOptimizerWrapper) or type(model).__name__ == "DeepSpeedEngine":
+            raise ValueError("this model/optimizer was already prepared by DeepSpeed")
+        plugin = self.plugin
+        self._fill_config(plugin, model, optimizer, scheduler, dataloaders)
+
+        deepspeed = require_deepspeed()
+        kwargs: dict[str, Any] = {"model": model, "config_params": plugin.deepspeed_config}
+        if isinstance(optimizer, DummyOptim):
+            kwargs["model_parameters"] = optimizer.params
+            if isinstance(scheduler, DummyScheduler) and scheduler.lr_scheduler_callable is not None:
+                kwargs["lr_scheduler"] = scheduler.lr_scheduler_callable
+        elif optimizer is not None:
+            torch_optimizer = getattr(optimizer, "optimizer", optimizer)
+            if (plugin.get_value("zero_optimization.offload_optimizer.device", "none") != "none"
+                    and plugin.deepspeed_config.get("zero_force_ds_cpu_optimizer", True)):
+                torch_optimizer = map_pytorch_optim_to_deepspeed(torch_optimizer)
+            kwargs["optimizer"] = torch_optimizer
+        if scheduler is not None and not isinstance(scheduler, DummyScheduler):
+            kwargs["lr_scheduler"] = getattr(scheduler, "scheduler", scheduler)
+        plugin.set_moe_leaf_modules(model)
+
+        engine, ds_optimizer, _, ds_scheduler = deepspeed.initialize(**kwargs)
+        wrapper = DeepSpeedEngineWrapper(engine)
+        self.engines[self._plugin_name(plugin)] = wrapper
+        self.accelerator.deepspeed_engine_wrapped = wrapper
+        prepared_optimizers = [DeepSpeedOptimizerWrapper(ds_optimizer)] if optimizer is not None else []
+        prepared_schedulers: list[Any] = []
+        if scheduler is not None:
+            if ds_scheduler is not None:
+                prepared_schedulers = [DeepSpeedSchedulerWrapper(ds_scheduler, prepared_optimizers)]
+            else:
+                prepared_schedulers = [self.setup_scheduler(scheduler, prepared_optimizers)]
+        return [engine], prepared_optimizers, prepared_schedulers
+
+    def _plugin_name(self, plugin: DeepSpeedPlugin) -> str:
+        for name, candidate in self.state.deepspeed_plugins.items():
+            if candidate is plugin:
+                return name
+        return "default"
+
+    def _fill_config(self, plugin: DeepSpeedPlugin, model: torch.nn.Module, optimizer: Any, scheduler: Any,
+                     dataloaders: Sequence[Any]) -> None:
+        """Fill "auto" values from the Accelerator and refuse values that contradict it."""
+        accelerator = self.accelerator
+        num_processes = accelerator.num_processes
+        batch_sizes = [getattr(dl, "batch_size", None) for dl in dataloaders]
+        if any(bs is None for bs in batch_sizes) and plugin.is_auto("train_micro_batch_size_per_gpu"):
+            raise ValueError(
+                "a data loader passed to prepare() has batch_size=None (a batch_sampler?), so DeepSpeed's "
+                "'train_micro_batch_size_per_gpu' cannot be filled; write a number for it in the DeepSpeed config"
+            )
+        if accelerator.split_batches:
+            batch_sizes = [bs // num_processes for bs in batch_sizes]
+        per_device = None
+        if batch_sizes:
+            per_device = min(batch_sizes) if plugin.is_train_batch_min else max(batch_sizes)
+        if plugin.is_auto("train_micro_batch_size_per_gpu"):
+            if per_device is None:
+                raise ValueError(
+                    "with DeepSpeed, prepare() needs a training or evaluation data loader in the same call (its "
+                    "batch_size fills 'train_micro_batch_size_per_gpu'), or a number for it in the DeepSpeed config"
+                )
+        else:
+            configured = plugin.get_value("train_micro_batch_size_per_gpu")
+            if per_device is not None and configured is not None and int(configured) != per_device:
+                raise ValueError(
+                    f"batch size contradiction: the data loader gives {per_device} samples per process but the DeepSpeed "
+                    f"config has train_micro_batch_size_per_gpu={configured}; make them equal or write 'auto' in the config"
+                )
+            per_device = configured
+
+        self._settle_accumulation(plugin)
+        gas = int(plugin.get_value("gradient_accumulation_steps"))
+        fill: dict[str, Any] = {
+            "gradient_clipping": 1.0,
+            "zero_optimization.stage3_gather_16bit_weights_on_model_save": False,
+            "train_micro_batch_size_per_gpu": per_device,
+        }
+        if per_device is not None:
+            expected = int(per_device) * gas * num_processes
+            fill["train_batch_size"] = expected
+            configured_total = plugin.get_value("train_batch_size")
+            if configured_total not in (None, "auto") and int(configured_total) != expected:
+                raise ValueError(
+                    f"batch size contradiction: DeepSpeed config train_batch_size={configured_total} but "
+                    f"{per_device} per process x {gas} accumulation steps x {num_processes} processes = {expected}"
+                )
+        self._check_optimizer_scheduler(plugin, optimizer, scheduler)
+        if isinstance(optimizer, torch.optim.Optimizer) or hasattr(optimizer, "optimizer"):
+            plugin.deepspeed_config["zero_allow_untested_optimizer"] = True
+        self._fill_hidden_size(plugin, model, fill)
+        if isinstance(optimizer, DummyOptim):
+            fill["optimizer.params.lr"] = optimizer.lr
+            fill["optimizer.params.weight_decay"] = optimizer.weight_decay
+        if isinstance(scheduler, DummyScheduler) and scheduler.lr_scheduler_callable is None:
+            opt = scheduler.optimizer
+            fill["scheduler.params.warmup_min_lr"] = 0
+            fill["scheduler.params.warmup_max_lr"] = opt.lr if isinstance(opt, DummyOptim) else opt.defaults["lr"]
+            fill["scheduler.params.warmup_num_steps"] = max(1, scheduler.warmup_num_steps)
+            if scheduler.total_num_steps is not None:
+                steps = scheduler.total_num_steps
+                fill["scheduler.params.total_num_steps"] = steps if accelerator.split_batches else -(-steps // num_processes)
+        plugin.deepspeed_config_process(must_match=False, **fill)
+
+    def _settle_accumulation(self, plugin: DeepSpeedPlugin) -> None:
+        accelerator = self.accelerator
+        ours = accelerator.gradient_accumulation_steps
+        if plugin.is_auto("gradient_accumulation_steps"):
+            plugin.hf_ds_config.set_value("gradient_accumulation_steps", ours)
+            return
+        theirs = int(plugin.get_value("gradient_accumulation_steps", 1))
+        if theirs == ours:
+            return
+        if ours != 1:
+            raise ValueError(
+                f"gradient accumulation contradiction: the Accelerator has gradient_accumulation_steps={ours} but the "
+                f"DeepSpeed config has gradient_accumulation_steps={theirs}; make them equal or write 'auto' in the config"
+            )
+        accelerator.gradient_accumulation_steps = theirs  # the Accelerator was left at its default: adopt DeepSpeed's
+
+    @staticmethod
+    def _check_optimizer_scheduler(plugin: DeepSpeedPlugin, optimizer: Any, scheduler: Any) -> None:
+        config = plugin.deepspeed_config
+        if optimizer is not None:
+            if "optimizer" in config and not isinstance(optimizer, DummyOptim):
+                raise ValueError("the DeepSpeed config defines an optimizer and the code passed one too: remove one, "
+                                 "or pass accel.utils.DummyOptim to use the config's")
+            if "optimizer" not in config and isinstance(optimizer, DummyOptim):
+                raise ValueError("DummyOptim stands for the DeepSpeed config's optimizer, but the config has none")
+        if scheduler is not None:
+            if "scheduler" in config and not isinstance(scheduler, DummyScheduler):
+                raise ValueError("the DeepSpeed config defines a scheduler and the code passed one too: remove one, "
+                                 "or pass accel.utils.DummyScheduler to use the config's")
+            if "scheduler" not in config and isinstance(scheduler, DummyScheduler) and scheduler.lr_scheduler_callable is None:
+                raise ValueError("DummyScheduler needs a scheduler in the DeepSpeed config or lr_scheduler_callable")
+            if isinstance(optimizer, DummyOptim) and not isinstance(scheduler, DummyScheduler):
+                raise ValueError("with DummyOptim the scheduler must be a DummyScheduler too")
+
+    @staticmethod
+    def _fill_hidden_size(plugin: DeepSpeedPlugin, model: torch.nn.Module, fill: dict[str, Any]) -> None:
+        keys = ["zero_optimization.reduce_bucket_size", "zero_optimization.stage3_prefetch_bucket_size",
+                "zero_optimization.stage3_param_persistence_threshold"]
+        auto = [k for k in keys if plugin.is_auto(k)]
+        if not auto:
+            return
+        config = getattr(model, "config", None)
+        hidden = getattr(config, "hidden_size", None)
+        if hidden is None and getattr(config, "hidden_sizes", None):
+            hidden = max(config.hidden_sizes)
+        if hidden is None:
+            raise ValueError(f"DeepSpeed config values {auto} are 'auto' but the model has no config.hidden_size to "
+                             "derive them from; write numbers for them")
+        fill.update({keys[0]: hidden * hidden, keys[1]: int(0.9 * hidden * hidden), keys[2]: 10 * hidden})
+
+    # ------------------------------------------------------------------ training step
+    def _training_engine(self) -> DeepSpeedEngineWrapper:
+        selected = self.engines.get(self._plugin_name(self.plugin))
+        if selected is not None and selected.engine.optimizer is not None:
+            return selected
+        trainable = [w for w in self.engines.values() if w.engine.optimizer is not None]
+        if not trainable:
+            raise RuntimeError("accelerator.backward under DeepSpeed needs a model prepared with its optimizer")
+        return trainable[-1]
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        # DeepSpeed divides by its accumulation steps itself
+        self._training_engine().backward(loss, sync_gradients=self.accelerator.sync_gradients, **kwargs)
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> Any:
+        """DeepSpeed clips inside its step (config ``gradient_clipping``); returns the norm it measured."""
+        return self._training_engine().get_global_grad_norm()
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        raise UnsupportedFeatureError("deepspeed", "clip_grad_value_", "DeepSpeed only clips by norm (config 'gradient_clipping')")
+
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        # the accumulation boundary passed to the engine in backward defers the reduction instead
+        return contextlib.nullcontext()
+
+    # ------------------------------------------------------------------ models and state
+    @staticmethod
+    def _is_engine(model: Any) -> bool:
+        return type(model).__name__ == "DeepSpeedEngine" or hasattr(model, "zero_optimization_stage") and hasattr(model, "module")
+
+    def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model.module if self._is_engine(model) else model
+
+    def is_wrapped(self, model: torch.nn.Module) -> bool:
+        return self._is_engine(model)
+
+    def _engine_of(self, model: torch.nn.Module) -> Any:
+        for wrapper in self.engines.values():
+            if model is wrapper.engine or model is wrapper.engine.module:
+                return wrapper.engine
+        return None
+
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        engine = self._engine_of(model)
+        if engine is not None and int(engine.zero_optimization_stage()) == 3:
+            # a collective: every rank gathers its partitions; rank 0 receives the full 16-bit dict
+            state = engine._zero3_consolidated_16bit_state_dict()
+            return state if state is not None else {}
+        return super().get_state_dict(model, unwrap)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _tags(self) -> list[tuple[str, Any]]:
+        engines = [self._engine_of(m) for m in self.accelerator._models]
+        return [(MODEL_TAG if i == 0 else f"{MODEL_TAG}_{i}", e) for i, e in enumerate(engines) if e is not None]
+
+    def save_checkpoint(self, output_dir: Path, **kwargs: Any) -> StrategyCheckpoint:
+        tags = self._tags()
+        for tag, engine in tags:
+            engine.save_checkpoint(str(output_dir), tag=tag, **kwargs)
+        return StrategyCheckpoint("deepspeed", owns=["models", "optimizers"], files=[t for t, _ in tags],
+                                  extra={"zero_stage": self.zero_stage})
+
+    def load_checkpoint(self, input_dir: Path, saved: dict[str, Any], **kwargs: Any) -> None:
+        tags = self._tags()
+        saved_tags = saved.get("files", [])
+        if [t for t, _ in tags] != list(saved_tags):
+            raise ValueError(f"checkpoint {input_dir} holds DeepSpeed engines {saved_tags} but this run prepared "
+                             f"{[t for t, _ in tags]}")
+        for tag, engine in tags:
+            path, _ = engine.load_checkpoint(str(input_dir), tag=tag, load_optimizer_states=True,
+                                             load_lr_scheduler_states=True, **kwargs)
+            if path is None:
+                raise ValueError(f"DeepSpeed could not load engine checkpoint {input_dir / tag}")
+
+    def release(self) -> None:
+        for wrapper in self.engines.values():
+            with contextlib.suppress(Exception):
+                wrapper.engine.destroy()
+        self.engines.clear()
+        self.accelerator.deepspeed_engine_wrapped = None
