@@ -31,6 +31,7 @@ _LAZY = {
     "notebook_launcher": "accel.launchers",
     "debug_launcher": "accel.launchers",
     "get_backend": "accel.backends",
+    "DeepSpeedPlugin": "accel.utils.deepspeed",
     # big-model inference (issue 15)
     "init_empty_weights": "accel.big_modeling",
     "init_on_device": "accel.big_modeling",

@@ -626,3 +626,21 @@ __all__ = [
     "PrecisionType",
     "RNGType",
 ]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Strategy plugins live beside their strategies (accel.utils.deepspeed, ...) and are reachable here too,
+# as in Accelerate (``from accel.utils.dataclasses import DeepSpeedPlugin``); resolved on first use so
+# this module stays light and free of import cycles.
+_PLUGIN_MODULES = {
+    "DeepSpeedPlugin": "accel.utils.deepspeed",
+}
+
+
+def __getattr__(name: str):
+    module = _PLUGIN_MODULES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
