@@ -35,7 +35,7 @@ VENDOR_COLUMNS = [
     "headline",
 ]
 COMPAT_COLUMNS = ["suite", "reference_subject", "subject", "torch_version", "backend", "reference_passed", "also_passed",
-                  "share", "differences", "causes"]
+                  "share", "differences", "causes", "files"]
 
 #: what a skip reason code says the skipped tests need, in a vendor's words
 _NEEDS_SHORT = {
@@ -180,13 +180,40 @@ def compatibility(tests: pd.DataFrame, vendor: pd.DataFrame, causes: int = 15) -
                     sig = modules.at[module, "signature"] if module in modules.index else None
                     key = f"module does not import: {sig}" if sig else "not collected"
                 grouped.setdefault(key, []).append(test)
+            files = _per_file(ref, theirs, ref_passed, also)
             cause_rows = sorted(({"cause": k, "count": len(v), "examples": v[:3]} for k, v in grouped.items()),
                                 key=lambda r: (-r["count"], r["cause"]))
             rows.append({"suite": suite, "reference_subject": ref_subject, "subject": other["subject"], "torch_version": torch_version,
                          "backend": backend, "reference_passed": len(ref_passed), "also_passed": len(also),
                          "share": len(also) / len(ref_passed) if ref_passed else None,
-                         "differences": len(ref_passed) - len(also), "causes": cause_rows[:causes]})
+                         "differences": len(ref_passed) - len(also), "causes": cause_rows[:causes], "files": files})
     return pd.DataFrame(rows, columns=COMPAT_COLUMNS)
+
+
+def _file_of(test_id: str) -> str:
+    return str(test_id).split("::")[0]
+
+
+def _per_file(ref: pd.DataFrame, other: pd.DataFrame, ref_passed: set, also: set) -> list[dict[str, Any]]:
+    """Side by side per test file: outcome counts on the reference and on the other subject, and
+    how many of the reference's passing tests pass on both."""
+    def counts(frame: pd.DataFrame) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        latest = frame.drop_duplicates("test_id", keep="last")
+        for test_id, outcome in zip(latest["test_id"], latest["outcome"]):
+            row = out.setdefault(_file_of(test_id), {"passed": 0, "failed": 0, "error": 0, "skipped": 0})
+            key = outcome if outcome in row else ("failed" if outcome == "xpassed" else "skipped")
+            row[key] += 1
+        return out
+
+    mine, theirs = counts(ref), counts(other)
+    empty = {"passed": 0, "failed": 0, "error": 0, "skipped": 0}
+    rows = []
+    for name in sorted(set(mine) | set(theirs)):
+        rows.append({"file": name, "reference": mine.get(name, dict(empty)), "other": theirs.get(name, dict(empty)),
+                     "reference_passed": sum(1 for t in ref_passed if _file_of(t) == name),
+                     "both_passed": sum(1 for t in also if _file_of(t) == name)})
+    return rows
 
 
 def vendor_lines(vendor: pd.DataFrame, compat: pd.DataFrame) -> list[str]:

@@ -78,6 +78,11 @@ def test_compatibility_counts_reference_passes_and_groups_the_rest_by_cause(tmp_
         "module does not import: ImportError: cannot import name 'patch_environment' from 'accel.utils' (<PATH>)": 2,
         "failed: AssertionError: assert <N> == <N>": 1,
     }
+    files = {f["file"]: (f["reference"], f["other"], f["both_passed"], f["reference_passed"]) for f in row["files"]}
+    assert files["tests/test_a.py"] == ({"passed": 2, "failed": 0, "error": 0, "skipped": 0},
+                                        {"passed": 1, "failed": 1, "error": 0, "skipped": 0}, 1, 2)
+    assert files["tests/test_b.py"] == ({"passed": 2, "failed": 0, "error": 0, "skipped": 1},
+                                        {"passed": 0, "failed": 0, "error": 1, "skipped": 0}, 0, 2)
     lines = vendor_lines(report.vendor, report.compat)
     assert lines[-1] == ("accelerate 1.15.0 tests on cpu, torch 2.13.0: 1 of the 4 tests that pass against accelerate 1.15.0 "
                          "also pass against accel 0.1.0 (25.0%).")
@@ -101,6 +106,7 @@ def test_renderers_show_the_vendor_table_and_leave_other_reports_alone(tmp_path)
     assert "| accelerate 1.15.0 | accel 0.1.0 | 2.13.0 | cpu | completed | 1 | 2 | 1 | 0 | 25.0% | 1 |" in md
     assert "1 of the 4 tests that pass on the reference also pass (25.0%); 3 differ" in md
     assert "Not installed for accelerate 1.15.0 (accel 0.1.0): bitsandbytes" in md
+    assert "| tests/test\\_b.py | 2 / 0 / 0 / 1 | 0 / 0 / 1 / 0 | 0 / 2 |" in md
     html = render_html(report)
     assert '<section id="upstream">' in html and "accelerate 1.15.0 tests → accel 0.1.0" in html
     # a report of accel's own suites has no such section

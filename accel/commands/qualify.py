@@ -6,6 +6,12 @@ everything is. Each step runs as its own process, so one step's crash cannot hid
 
 Exit status: 0 when the suites passed, 1 when any suite test failed (or a step crashed), 2 for a
 usage error (e.g. the results folder exists and is not empty).
+
+``--upstream accelerate==1.15.0`` (or ``--upstream PATH``) qualifies with an upstream project's own
+test suite instead (see :mod:`harness.upstream`): fetch its sdist, install its test dependencies
+with the installed torch pinned, run it on each selected backend with the harness's records
+(``--against accel``: with its imports pointed at accel, to measure accel's compatibility;
+``--against accelerate,accel``: both, side by side) and render the vendor table.
 """
 
 from __future__ import annotations
@@ -49,6 +55,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="timeout of one multi-process test (default 120)")
     parser.add_argument("--no-bench", action="store_true", help="skip the benchmarks")
     parser.add_argument("--quick", action="store_true", help="quick benchmarks (smoke run)")
+    up = parser.add_argument_group("upstream suites")
+    up.add_argument("--upstream", metavar="NAME==VERSION|PATH",
+                    help="run an upstream project's own tests instead of accel's suites: a release on the package index "
+                         "(its sdist's tests/) or a test folder at hand")
+    up.add_argument("--against", action="append", metavar="NAME",
+                    help="what the upstream tests import (repeatable or comma-separated; default: the project itself); "
+                         "'accel' rewrites their imports to accel")
+    up.add_argument("--upstream-project", metavar="NAME", help="import name of the upstream project (default: from its metadata)")
+    up.add_argument("--upstream-extras", metavar="EXTRA,...", help="extras holding its test dependencies (default: testing/test)")
+    up.add_argument("--no-install", action="store_true", help="do not install the suite's test dependencies")
+    up.add_argument("--pip-args", default="", metavar="ARGS",
+                    help="extra arguments for pip download/install, e.g. '--index-url URL' or '--no-index --find-links DIR'")
+    up.add_argument("--test-timeout", type=float, default=600.0, metavar="SECONDS",
+                    help="per-test timeout when pytest-timeout is installed (default 600; 0: none)")
+    up.add_argument("--session-timeout", type=float, default=0.0, metavar="SECONDS",
+                    help="stop one suite run after this long (default 0: no limit); what finished is kept")
+    up.add_argument("--online", action="store_true", help="let the suite reach the Hugging Face hub (default: HF_HUB_OFFLINE=1 ...)")
+    up.add_argument("--json", dest="json_summary", action="store_true", help="also write summary.json and print its path")
 
 
 def _selected_backends(requested: list[str] | None) -> list[str]:
@@ -82,14 +106,146 @@ def _step(title: str, command: list[str], log: Path) -> int:
     return proc.returncode
 
 
-def run(args: argparse.Namespace) -> int:
-    backends = _selected_backends(args.backend)
-    suites = suites_dir()
+def _fresh_output(args: argparse.Namespace) -> Path:
     out = Path(args.output or f"qualify-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}").resolve()
     if out.exists() and any(out.iterdir()):
         raise UsageError(f"{out} already exists and is not empty: qualify writes into a fresh folder")
     if args.workers < 0:
         raise UsageError(f"--workers must be >= 0, got {args.workers}")
+    return out
+
+
+def _split(values: list[str] | None) -> list[str]:
+    return list(dict.fromkeys(v.strip() for value in values or [] for v in value.split(",") if v.strip()))
+
+
+class _Progress:
+    """Plain progress lines for a suite run: tests done, failures so far, elapsed (every 20 s at most)."""
+
+    def __init__(self, title: str, every: float = 20.0):
+        self.title, self.every = title, every
+        self.start = self.last = time.monotonic()
+        self.done = self.failed = 0
+
+    def __call__(self, line: str) -> None:
+        import re
+
+        body = re.sub(r"\s*\[\s*\d+%\]\s*$", "", line)
+        if body and re.fullmatch(r"[.sFExXu]+", body):
+            self.done += len(body)
+            self.failed += body.count("F") + body.count("E")
+        now = time.monotonic()
+        if now - self.last >= self.every:
+            self.last = now
+            print(f"accel qualify: {self.title}: {self.done} tests done, {self.failed} failed/errors, "
+                  f"{now - self.start:.0f}s elapsed", flush=True)
+
+
+def run_upstream(args: argparse.Namespace, backends: list[str], out: Path) -> int:
+    """``accel qualify --upstream``: an upstream project's own suite on each backend, then the vendor report."""
+    import shlex
+
+    from harness import upstream as up
+
+    if args.known_issues and not os.path.isfile(args.known_issues):
+        raise UsageError(f"known-issues file not found: {args.known_issues}")
+    try:
+        spec = up.parse_spec(args.upstream)
+    except up.UpstreamError as exc:
+        raise UsageError(str(exc)) from None
+    pip_args = shlex.split(args.pip_args or "")
+    extras = _split([args.upstream_extras]) if args.upstream_extras else None
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"accel qualify: upstream {spec.label}; backends {', '.join(backends)}; output {out}", flush=True)
+    try:
+        suite = up.prepare_suite(spec, out / "upstream", pip_args=pip_args, extras=extras, project=args.upstream_project)
+    except up.UpstreamError as exc:
+        print(f"accel qualify: {exc}", file=sys.stderr)
+        return 1
+    print(f"accel qualify: suite {suite.label}: {suite.tests_dir} ({len(suite.requirements)} test requirements"
+          + (f" from extra {', '.join(suite.extras)}" if suite.extras else "") + ")", flush=True)
+    install = None
+    if not args.no_install:
+        wanted = list(suite.requirements)
+        if spec.kind == "index":
+            wanted.insert(0, f"{spec.name}=={spec.version}")  # the release the reference side runs against
+        print(f"accel qualify: installing test dependencies with {', '.join(up.pinned_constraints()) or 'nothing'} pinned ...", flush=True)
+        install = up.install_requirements(wanted, out / "upstream", pip_args=pip_args)
+        print(f"accel qualify: dependencies: {len(install.already)} present, {len(install.installed)} installed, "
+              f"{len(install.failed)} could not be installed" + (f" ({', '.join(install.failed)})" if install.failed else ""), flush=True)
+    else:
+        install = up.InstallResult(constraints=up.pinned_constraints(), skipped=True)
+    sides = _split(args.against) or [suite.project]
+    runs = []
+    status = 0
+    try:
+        for backend in backends:
+            for side in sides:
+                title = f"{suite.label} against {side} on {backend}"
+                print(f"accel qualify: {title} ...", flush=True)
+                result = up.run_suite(
+                    suite, backend, out, against=side, workers=args.workers, test_timeout=args.test_timeout or None,
+                    session_timeout=args.session_timeout or None, offline=not args.online, keyword=args.k,
+                    known_issues=args.known_issues, install=install, on_line=_Progress(title))
+                runs.append(result)
+                print(f"accel qualify: {up.summary_line(suite, result)} in {result.seconds:.0f}s", flush=True)
+                if result.status != "completed" or result.counts.get("failed") or result.counts.get("error"):
+                    status = 1
+    except KeyboardInterrupt:
+        print("accel qualify: interrupted; rendering a partial report", flush=True)
+        status = 130
+    report_dir = out / "report"
+    cmd = [sys.executable, "-m", "accel.commands.cli", "report", str(out / "results"), "-o", str(report_dir),
+           "--fail-on", "none", "--title", f"accel qualify: {suite.label} upstream tests"]
+    if args.known_issues:
+        cmd += ["--known-issues", args.known_issues]
+    if _step("report", cmd, out / "logs" / "report.log") != 0:
+        status = status or 1
+    if getattr(args, "json_summary", False):
+        up.write_summary(out / "summary.json", suite, runs, install)
+    _print_vendor_lines(out / "results", args.known_issues)
+    print("accel qualify: done" + ("" if status == 0 else " (with failures)"))
+    for label, path in [("results", out / "results"), ("logs", out / "logs"), ("report", report_dir / "report.html"),
+                        ("markdown", report_dir / "report.md")] + ([("summary", out / "summary.json")] if getattr(args, "json_summary", False) else []):
+        print(f"  {label:<9} {path}")
+    return status
+
+
+def _print_vendor_lines(results: Path, known_issues: str | None) -> None:
+    """Print the report's upstream headline sentences (the vendor table in words)."""
+    try:
+        from reports.analysis import build_report
+        from reports.loaders import load_results
+
+        known = None
+        if known_issues:
+            from harness.known_issues import load_known_issues
+
+            known = load_known_issues(known_issues)
+        report = build_report(load_results([results]), known=known)
+        from reports.vendor import vendor_lines
+
+        for line in vendor_lines(report.vendor, report.compat):
+            print(f"  {line}")
+    except Exception as exc:  # the report itself was written (or its log says why); this is a courtesy
+        print(f"accel qualify: (no summary lines: {type(exc).__name__}: {exc})")
+
+
+def run(args: argparse.Namespace) -> int:
+    if getattr(args, "upstream", None):  # a bad spec is reported before torch is imported
+        from harness.upstream import UpstreamError, parse_spec
+
+        try:
+            parse_spec(args.upstream)
+        except UpstreamError as exc:
+            raise UsageError(str(exc)) from None
+    backends = _selected_backends(args.backend)
+    out = _fresh_output(args)
+    if getattr(args, "upstream", None):
+        return run_upstream(args, backends, out)
+    if args.against:
+        raise UsageError("--against only goes with --upstream")
+    suites = suites_dir()
     if args.known_issues and not os.path.isfile(args.known_issues):
         raise UsageError(f"known-issues file not found: {args.known_issues}")
     results, logs = out / "results", out / "logs"

@@ -1,0 +1,136 @@
+"""``accel qualify --upstream``: a tiny upstream project at hand (no network), against itself and
+against a stand-in for accel (``--against``), into results, the vendor report and ``--json``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from harness.records import read_records
+
+PKG_INFO = """\
+Metadata-Version: 2.1
+Name: fakeproj
+Version: 2.0
+Provides-Extra: testing
+Requires-Dist: pytest; extra == "testing"
+"""
+
+CORE_TESTS = '''\
+import unittest
+
+import pytest
+
+from fakeproj import add
+
+
+class T(unittest.TestCase):
+    def test_add(self):
+        self.assertEqual(add(1, 2), 3)
+
+    @unittest.skip("test requires a GPU")
+    def test_gpu(self):
+        pass
+
+    @unittest.skipUnless(False, "test requires multiple XPUs")
+    def test_multi(self):
+        pass
+
+    def test_value(self):
+        from fakeproj import VALUE
+        assert VALUE == 1
+
+
+@pytest.mark.fakeproj_own_marker
+def test_marked():
+    assert add(2, 2) == 4
+'''
+
+
+def _project(tmp_path: Path) -> tuple[Path, Path]:
+    root = tmp_path / "fakeproj-2.0"
+    (root / "src" / "fakeproj").mkdir(parents=True)
+    (root / "tests").mkdir()
+    (root / "PKG-INFO").write_text(PKG_INFO)
+    (root / "setup.cfg").write_text("[tool:pytest]\nmarkers =\n    fakeproj_own_marker: its own marker\n")
+    (root / "src" / "fakeproj" / "__init__.py").write_text("def add(a, b):\n    return a + b\n\nVALUE = 1\n")
+    (root / "tests" / "test_core.py").write_text(CORE_TESTS)
+    (root / "tests" / "test_more.py").write_text("from fakeproj import VALUE\n\n\ndef test_value():\n    assert VALUE == 1\n")
+    alt = tmp_path / "alt"
+    (alt / "altproj").mkdir(parents=True)
+    (alt / "altproj" / "__init__.py").write_text("def add(a, b):\n    return a + b\n")  # no VALUE: a compatibility gap
+    return root, alt
+
+
+def _qualify(tmp_path: Path, *args: str, pythonpath: str = "") -> subprocess.CompletedProcess:
+    # the output folder sits in a project whose pytest config is strict about markers: the upstream
+    # suite must run under its own configuration, not that one
+    project = tmp_path / "host_project"
+    project.mkdir(exist_ok=True)
+    (project / "pytest.ini").write_text("[pytest]\naddopts = --strict-markers\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath}
+    env.pop("ACCEL_DEVICE", None)
+    return subprocess.run([sys.executable, "-m", "accel.commands.cli", "qualify", *args], cwd=project, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_qualify_upstream_against_itself_and_a_rewrite(tmp_path):
+    root, alt = _project(tmp_path)
+    out = tmp_path / "host_project" / "q"
+    proc = _qualify(tmp_path, "--upstream", str(root), "--against", "fakeproj,altproj", "--no-install", "--no-bench",
+                    "-o", str(out), "--json", pythonpath=f"{root / 'src'}{os.pathsep}{alt}")
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 1, text  # the rewritten side has failures
+    assert "fakeproj 2.0 against fakeproj on cpu: completed — 4 passed, 2 skipped" in text
+    assert "fakeproj 2.0 against altproj on cpu: completed — 2 passed, 1 failed, 1 error, 2 skipped (1 modules failed to import)" in text
+    assert "2 of the 4 tests that pass against fakeproj also pass against altproj (50.0%)" in text
+
+    ref = out / "results" / "fakeproj-2.0-against-fakeproj-cpu.jsonl"
+    header, records, problems = read_records(ref)
+    assert not problems and header["extra"]["upstream"]["status"] == "completed" and header["backends"] == ["cpu"]
+    codes = {r["nodeid"].split("::")[-1]: r["reason_code"] for r in records if r["outcome"] == "skipped"}
+    assert codes == {"test_gpu": "not-on-backend", "test_multi": "needs-devices"}
+    rewritten = (out / "work" / "fakeproj-2.0-against-altproj-cpu" / "tests" / "test_core.py").read_text()
+    assert "from altproj import add" in rewritten and "fakeproj_own_marker" in rewritten  # only the word is rewritten
+
+    md = (out / "report" / "report.md").read_text()
+    assert "## Upstream suites" in md and "1 × module does not import: ImportError: cannot import name 'VALUE'" in md
+    assert "input problem" not in md  # qualify's own files do not count twice
+    summary = json.loads((out / "summary.json").read_text())
+    assert [(r["against"], r["status"], r["counts"]) for r in summary["runs"]] == [
+        ("fakeproj", "completed", {"passed": 4, "skipped": 2}),
+        ("altproj", "completed", {"passed": 2, "failed": 1, "skipped": 2, "error": 1}),
+    ]
+    assert summary["requirements"] == ["pytest"] and summary["install"]["skipped"]
+
+
+def test_qualify_upstream_suite_that_fails_at_collection(tmp_path):
+    root, _ = _project(tmp_path)
+    (root / "tests" / "conftest.py").write_text("import torch\ntorch.xpu.no_such_memory_op()\n")
+    out = tmp_path / "host_project" / "q"
+    proc = _qualify(tmp_path, "--upstream", str(root), "--no-install", "--no-bench", "-o", str(out),
+                    pythonpath=str(root / "src"))
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 1, text
+    assert "against fakeproj on cpu: collection-failed" in text
+    header, records, _ = read_records(out / "results" / "fakeproj-2.0-against-fakeproj-cpu.jsonl")
+    assert header["extra"]["upstream"]["status"] == "collection-failed"
+    md = (out / "report" / "report.md").read_text()
+    assert "| collection-failed |" in md and "the suite fails at collection" in md
+
+
+@pytest.mark.parametrize("spec, needle", [("fakeproj", "NAME==VERSION"), ("./missing-folder", "no such folder")])
+def test_qualify_upstream_usage_errors(tmp_path, spec, needle):
+    proc = _qualify(tmp_path, "--upstream", spec, "--no-bench", "-o", str(tmp_path / "q"))
+    assert proc.returncode == 2 and needle in proc.stderr
+
+
+def test_against_without_upstream_is_a_usage_error(tmp_path):
+    proc = _qualify(tmp_path, "--against", "accel", "--no-bench", "-o", str(tmp_path / "q"))
+    assert proc.returncode == 2 and "--against only goes with --upstream" in proc.stderr
