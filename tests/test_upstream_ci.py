@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from ci import upstream_compat
-from tests.test_upstream_report import ACCEL, REFERENCE, _run
+from test_upstream_report import ACCEL, REFERENCE, _run
 
 REPO = Path(__file__).resolve().parents[1]
 
