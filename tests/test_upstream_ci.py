@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import yaml
+from _ci_data import REPO as _REPO  # noqa: F401  (puts the checkout on sys.path for `ci`)
 
 from ci import upstream_compat
 from test_upstream_report import ACCEL, REFERENCE, _run
