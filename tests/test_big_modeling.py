@@ -267,3 +267,83 @@ def test_missing_checkpoint_key_on_an_empty_model_is_named(tmp_path):
         model = Tower()
     with pytest.raises(ValueError, match=r"blocks\.3\.up\.bias"):
         load_checkpoint_and_dispatch(model, str(tmp_path), device_map="auto")
+
+
+# ------------------------------------------------------------------------------------ accel estimate-memory
+class NoSplitTower(Tower):
+    _no_split_modules = ["Block"]
+
+
+def _estimate(argv):
+    from accel.commands.estimate import estimate_command_parser, gather_data
+
+    return gather_data(estimate_command_parser().parse_args(argv))
+
+
+def test_estimate_memory_from_a_python_class():
+    rows = _estimate([f"{__name__}:NoSplitTower"])
+    total = sum(t.numel() * t.element_size() for t in Tower().state_dict().values())
+    block = sum(t.numel() * t.element_size() for t in Block().state_dict().values())
+    assert [r[0] for r in rows] == ["float32", "float16", "int8", "int4"]
+    assert rows[0][1:3] == [block, total], "largest layer must be a whole no-split Block"
+    assert rows[1][1:3] == [block / 2, total / 2] and rows[3][2] == total / 8
+    assert max(rows[0][3].values()) == 4 * total and max(rows[1][3].values()) == 2 * total
+    assert max(rows[2][3].values()) == -1  # int8 training is not estimated
+
+
+def test_estimate_memory_prints_the_table_and_registers_as_a_subcommand(capsys):
+    import argparse
+
+    from accel.commands.estimate import estimate_command, estimate_command_parser, run
+
+    estimate_command(estimate_command_parser().parse_args([f"{__name__}:Tower", "--dtypes", "float32", "int4"]))
+    out = capsys.readouterr().out
+    assert f"Memory Usage for loading `{__name__}:Tower`" in out and "Training using Adam" in out and "N/A" in out
+    root = argparse.ArgumentParser()
+    sub = root.add_subparsers(dest="command")
+    parser = estimate_command_parser(sub)
+    assert isinstance(parser, argparse.ArgumentParser)
+    args = root.parse_args(["estimate-memory", f"{__name__}:Tower", "--dtypes", "float16"])
+    assert args.func is estimate_command and args._run is run and args.dtypes == ["float16"]
+    with pytest.raises(SystemExit):
+        root.parse_args(["estimate-memory", "x", "--dtypes", "float64"])
+
+
+def test_estimate_memory_without_network_fails_clearly(monkeypatch, capsys):
+    import huggingface_hub
+
+    from accel.commands.estimate import estimate_command_parser, run
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Name or service not known")
+
+    monkeypatch.setattr(huggingface_hub, "model_info", offline)
+    assert run(estimate_command_parser().parse_args(["some-org/some-model"])) == 1
+    err = capsys.readouterr().err
+    assert "Cannot reach the Hugging Face Hub" in err and "some-org/some-model" in err and "module:Class" in err
+    assert run(estimate_command_parser().parse_args(["no_such_module_xyz:Model"])) == 1
+    assert "no_such_module_xyz" in capsys.readouterr().err
+
+
+def _transformers_models_build() -> str | None:
+    try:
+        from transformers import AutoModel, BertConfig
+
+        AutoModel.from_config(BertConfig(vocab_size=10, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8))
+    except Exception as exc:  # e.g. a torchvision that does not match torch breaks every transformers model import
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def test_estimate_memory_from_a_local_transformers_config(tmp_path):
+    why = _transformers_models_build()
+    if why:
+        pytest.skip(f"[needs-package] transformers cannot build models in this environment: {why}")
+    from transformers import AutoModel, BertConfig
+
+    config = BertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+    config.save_pretrained(tmp_path)
+    rows = _estimate([str(tmp_path), "--dtypes", "float32"])
+    model = AutoModel.from_config(config)
+    tensors = list(model.parameters()) + list(model.buffers())
+    assert rows[0][2] == sum(t.numel() * t.element_size() for t in tensors)
