@@ -35,6 +35,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import xml.etree.ElementTree as ET
 import zipfile
@@ -683,19 +684,27 @@ def run_suite(suite: Suite, backend: str, out_dir: str | os.PathLike[str], *, ag
         fh.flush()
         proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 errors="replace", start_new_session=True)
-        try:
-            deadline = None if not session_timeout else time.monotonic() + session_timeout
+
+        def pump() -> None:  # pytest's output into the log and the progress callback, line by line
             assert proc.stdout is not None
             for line in proc.stdout:
                 fh.write(line)
+                fh.flush()
                 if on_line is not None:
-                    on_line(line.rstrip("\n"))
-                if deadline is not None and time.monotonic() > deadline:
-                    raise subprocess.TimeoutExpired(cmd, session_timeout)
-            exit_code = proc.wait()
+                    try:
+                        on_line(line.rstrip("\n"))
+                    except Exception:  # a display problem must not stop the run
+                        pass
+
+        reader = threading.Thread(target=pump, name="upstream-output", daemon=True)
+        reader.start()
+        try:
+            exit_code = proc.wait(timeout=session_timeout or None)
+            reader.join(timeout=30)
         except (subprocess.TimeoutExpired, KeyboardInterrupt) as exc:
             _kill_group(proc)
-            fh.write(f"\n# stopped: {type(exc).__name__}\n")
+            reader.join(timeout=30)
+            fh.write(f"\n# stopped: {'session timeout' if isinstance(exc, subprocess.TimeoutExpired) else 'interrupted'}\n")
             exit_code = None
             if isinstance(exc, KeyboardInterrupt):
                 _finish(suite, backend, side, raw_dir, junit, results / f"{tag}.jsonl", exit_code, install, rewritten)

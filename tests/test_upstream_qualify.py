@@ -134,3 +134,18 @@ def test_qualify_upstream_usage_errors(tmp_path, spec, needle):
 def test_against_without_upstream_is_a_usage_error(tmp_path):
     proc = _qualify(tmp_path, "--against", "accel", "--no-bench", "-o", str(tmp_path / "q"))
     assert proc.returncode == 2 and "--against only goes with --upstream" in proc.stderr
+
+
+def test_a_run_past_its_session_timeout_is_stopped_and_keeps_what_finished(tmp_path):
+    from harness import upstream as up
+
+    tests = tmp_path / "suite" / "tests"
+    tests.mkdir(parents=True)
+    (tests / "test_slow.py").write_text("import time\n\ndef test_fast():\n    pass\n\ndef test_slow():\n    time.sleep(120)\n")
+    suite = up.Suite("fakeproj", "2.0", tests, tmp_path / "suite")
+    run = up.run_suite(suite, "cpu", tmp_path / "out", session_timeout=15, test_timeout=None)
+    assert run.status == "interrupted" and run.exit_code is None and run.seconds < 60
+    assert run.counts == {"passed": 1}
+    assert "# stopped: session timeout" in run.log.read_text()
+    header, records, _ = read_records(run.results)
+    assert header["interrupted"] and header["extra"]["upstream"]["status"] == "interrupted"
