@@ -5,5 +5,5 @@ from __future__ import annotations
 __all__ = ["UsageError"]
 
 
-class UsageError(Exception):
+class UsageError(ValueError):
     """A mistake in how the user invoked a command; `accel` prints it on one line and exits 2."""

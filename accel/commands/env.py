@@ -16,9 +16,10 @@ import os
 import platform
 import subprocess
 import sys
+from shutil import which
 from typing import Any, Callable
 
-__all__ = ["SCHEMA_VERSION", "add_arguments", "collect_environment", "render_text", "run"]
+__all__ = ["SCHEMA_VERSION", "add_arguments", "collect_environment", "env_command", "env_command_parser", "render_text", "run", "which"]
 
 #: bumped when a key is renamed or removed (adding keys keeps the version)
 SCHEMA_VERSION = 1
@@ -52,11 +53,14 @@ ONECCL_MODULE = "oneccl_bindings_for_pytorch"
 
 # ---------------------------------------------------------------------------- command
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`accel env`'s options."""
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.add_argument("--config_file", "--config-file", dest="config_file", metavar="PATH", default=None,
+                        help="config file to report and print (default: $ACCEL_CONFIG_FILE, else ~/.cache/accel/default_config.yaml)")
 
 
 def run(args: argparse.Namespace) -> int:
-    env = collect_environment()
+    env = collect_environment(config_file=getattr(args, "config_file", None))
     if args.json:
         print(json.dumps(env, indent=2))
     else:
@@ -64,8 +68,33 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def env_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """Accelerate's entry point: the `env` parser (added to ``subparsers`` when given)."""
+    parser = subparsers.add_parser("env") if subparsers is not None else argparse.ArgumentParser("accel env")
+    add_arguments(parser)
+    parser.set_defaults(func=env_command)
+    return parser
+
+
+def env_command(args: argparse.Namespace) -> dict[str, Any]:
+    """Accelerate's command function: print the report and return its main facts as a flat dict
+    (``"`accel` bash location"`` is where the `accel` executable is, or ``"Not found"``)."""
+    env = collect_environment(include_deepspeed=False, config_file=getattr(args, "config_file", None))
+    print(render_text(env), end="")
+    torch_info = env.get("torch") or {}
+    info = {
+        "`accel` version": (env.get("accel") or {}).get("version"),
+        "`accel` bash location": which("accel") or "Not found",
+        "Platform": (env.get("platform") or {}).get("platform"),
+        "Python version": (env.get("python") or {}).get("version"),
+        "PyTorch version": torch_info.get("version") if isinstance(torch_info, dict) else None,
+        "`accel` config": (env.get("config_file") or {}).get("contents") or "Not found",
+    }
+    return info
+
+
 # ---------------------------------------------------------------------------- collection
-def collect_environment(include_deepspeed: bool = True) -> dict[str, Any]:
+def collect_environment(include_deepspeed: bool = True, config_file: str | None = None) -> dict[str, Any]:
     """Everything `accel env` reports, as JSON-serialisable data with stable top-level keys.
 
     Any value may instead be ``{"error": "<ExceptionType>: <message>"}`` when its probe failed.
@@ -88,7 +117,7 @@ def collect_environment(include_deepspeed: bool = True) -> dict[str, Any]:
         "deepspeed": _guard(lambda: _deepspeed_info(_usable(registry), include_deepspeed)),
         "plugins": _guard(lambda: _plugins(_usable(registry))),
         "environment_variables": _guard(lambda: _environment_variables(registry)),
-        "config_file": _guard(_config_file),
+        "config_file": _guard(lambda: _config_file(config_file)),
     }
     return _jsonable(env)
 
@@ -323,11 +352,26 @@ def _environment_variables(registry: Any) -> dict[str, str]:
     return {name: os.environ[name] for name in names if name in os.environ}
 
 
-def _config_file() -> dict[str, Any]:
-    from accel.commands.config_file import config_file_in_use
+def _config_file(config_file: str | None = None) -> dict[str, Any]:
+    """Which config file is in use, whether it exists, and its contents (or why it cannot be used)."""
+    from pathlib import Path
 
-    path, exists = config_file_in_use()
-    return {"path": str(path), "exists": exists}
+    from accel.commands.config_file import ConfigError, config_file_in_use, load_config
+
+    if config_file:
+        path = Path(config_file).expanduser()
+        exists = path.is_file()
+    else:
+        path, exists = config_file_in_use()
+    info: dict[str, Any] = {"path": str(path), "exists": exists}
+    if exists:
+        try:
+            info["contents"] = load_config(path).to_dict()
+        except ConfigError as exc:
+            info["problem"] = str(exc)
+    elif config_file:
+        info["problem"] = f"no such file: {config_file}"
+    return info
 
 
 def _jsonable(value: Any) -> Any:
@@ -554,4 +598,9 @@ def _config_rows(section: Any) -> Rows:
     error = _section_error(section)
     if error:
         return error
-    return [("path", _fmt(section.get("path"))), ("exists", _fmt(section.get("exists")))]
+    rows = [("path", _fmt(section.get("path"))), ("exists", _fmt(section.get("exists")))]
+    if section.get("problem"):
+        rows.append(("problem", section["problem"]))
+    for key, value in (section.get("contents") or {}).items():
+        rows.append((f"  {key}", _fmt(value)))
+    return rows

@@ -147,52 +147,143 @@ def _collectives(ctx: Context) -> str:
     return "gather, reduce, broadcast, pad_across_processes"
 
 
-def _tiny_problem(device: torch.device):
+#: dtype autocast runs the Linear layers in, per precision label
+_DTYPES = {"no": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+#: how far weights trained under each precision may drift from the fp32 reference, as a multiple of
+#: the dtype's unit roundoff (half its machine epsilon) times (1 + the largest reference weight). The
+#: inputs of every matmul are rounded to the dtype, so each step's update carries a relative error of
+#: a few roundoffs; over STEPS steps this stays within the bound below with a wide margin, while a
+#: wrong loss scale or an unsynchronised gradient moves the weights by a sizeable part of the update.
+_ROUNDOFFS = {"no": 1000.0, "bf16": 4.0, "fp16": 4.0}
+STEPS = 16
+GLOBAL_BATCH = 8
+LR = 0.05
+
+
+def _unit_roundoff(dtype: torch.dtype) -> float:
+    return float(torch.finfo(dtype).eps) / 2
+
+
+def _tiny_problem():
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(32, 4, generator=g)
-    y = x @ torch.tensor([[1.0], [-1.0], [2.0], [0.5]])
+    x = torch.randn(STEPS * GLOBAL_BATCH, 4, generator=g)
+    y = x @ torch.tensor([[1.0], [-1.0], [2.0], [0.5]]) + 0.1 * torch.randn(STEPS * GLOBAL_BATCH, 1, generator=g)
     torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
+    # a container around the layer, so a hook on the layer sees what autocast computes (the prepared
+    # model's own outputs are converted back to fp32, as Accelerate's are)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 1))
     return x, y, model
 
 
-@check("training equivalence")
-def _training(ctx: Context) -> str:
+def train_under_launch_precision(ctx: Context) -> dict[str, Any]:
+    """Train a small regression with ``Accelerator()`` (precision, process group and data sharding as the
+    launch set them up) and the same run in fp32 in one process, stepping the reference only where the
+    accelerated run really stepped (GradScaler skips a step when fp16 gradients overflow, as it must).
+
+    Returns the reported precision, the dtype the forward pass really ran in, the losses per step
+    (mean over ranks), the skipped steps and the largest weight difference from the reference.
+    """
     import torch.nn.functional as F
     from torch.utils.data import DataLoader, TensorDataset
 
     from accel import Accelerator
+    from accel.utils.operations import reduce
 
-    x, y, model = _tiny_problem(ctx.device)
-    reference = torch.nn.Linear(4, 1)
+    if GLOBAL_BATCH % ctx.world:
+        raise SkipCheck(f"the global batch of {GLOBAL_BATCH} does not split over {ctx.world} processes")
+    x, y, model = _tiny_problem()
+    reference = torch.nn.Sequential(torch.nn.Linear(4, 1))
     reference.load_state_dict(model.state_dict())
-    reference.to(ctx.device)
-    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
-    for step in range(4):
-        xb, yb = x[step * 8:(step + 1) * 8].to(ctx.device), y[step * 8:(step + 1) * 8].to(ctx.device)
+
+    accelerator = Accelerator()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    loader = DataLoader(TensorDataset(x, y), batch_size=GLOBAL_BATCH // ctx.world)
+    model, opt, loader = accelerator.prepare(model, opt, loader)
+    seen: list[torch.dtype] = []
+    hook = accelerator.unwrap_model(model)[0].register_forward_hook(lambda mod, inp, out: seen.append(out.dtype))
+    losses, skipped = [], []
+    for step, (xb, yb) in enumerate(loader):
+        opt.zero_grad()
+        with accelerator.autocast():
+            loss = F.mse_loss(model(xb).float(), yb)
+        accelerator.backward(loss)
+        opt.step()
+        skipped.append(bool(accelerator.optimizer_step_was_skipped))
+        losses.append(float(reduce(loss.detach().float().reshape(1), reduction="mean").item()))
+    hook.remove()
+
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=LR)
+    for step in range(len(skipped)):
+        if skipped[step]:
+            continue
+        xb, yb = x[step * GLOBAL_BATCH:(step + 1) * GLOBAL_BATCH], y[step * GLOBAL_BATCH:(step + 1) * GLOBAL_BATCH]
         ref_opt.zero_grad()
         F.mse_loss(reference(xb), yb).backward()
         ref_opt.step()
-
-    if 8 % ctx.world:
-        raise SkipCheck(f"the global batch of 8 does not split over {ctx.world} processes")
-    accelerator = Accelerator()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    loader = DataLoader(TensorDataset(x, y), batch_size=8 // ctx.world)
-    model, opt, loader = accelerator.prepare(model, opt, loader)
-    for xb, yb in loader:
-        opt.zero_grad()
-        accelerator.backward(F.mse_loss(model(xb), yb))
-        opt.step()
     trained = accelerator.unwrap_model(model)
-    diff = max((a - b).abs().max().item() for a, b in zip(trained.parameters(), reference.parameters()))
-    if diff > 1e-4:
-        raise AssertionError(f"weights after 4 steps differ from one process by {diff:.2e}")
-    return f"{ctx.world}-process DDP matches one process (max diff {diff:.1e})"
+    diff = max((a.detach().cpu().float() - b.detach()).abs().max().item() for a, b in zip(trained.parameters(), reference.parameters()))
+    scale = max(b.detach().abs().max().item() for b in reference.parameters())
+    return {
+        "reported": accelerator.mixed_precision,
+        "ran_in": seen[0] if seen else None,
+        "losses": losses,
+        "skipped": skipped,
+        "diff": diff,
+        "scale": scale,
+    }
+
+
+def judge_training(result: dict[str, Any]) -> str:
+    """The verdict on ``train_under_launch_precision``'s result: AssertionError naming what broke
+    (precision not the one reported, loss not going down, too far from the fp32 reference)."""
+    reported = result["reported"]
+    expected = _DTYPES.get(reported)
+    if expected is None:
+        raise SkipCheck(f"no fp32 comparison defined for mixed precision {reported}")
+    if result["ran_in"] != expected:
+        raise AssertionError(f"the Accelerator reports mixed precision {reported!r}, but the forward pass ran in {result['ran_in']}")
+    stepped = [loss for loss, skip in zip(result["losses"], result["skipped"]) if not skip]
+    if len(stepped) < STEPS // 2:
+        raise AssertionError(f"{sum(result['skipped'])} of {len(result['skipped'])} optimizer steps were skipped (overflowing gradients)")
+    losses = result["losses"]
+    if not losses[-1] < 0.5 * losses[0]:
+        raise AssertionError(f"the loss did not go down under {reported}: {losses[0]:.4g} -> {losses[-1]:.4g}")
+    roundoff = _unit_roundoff(expected)
+    tolerance = _ROUNDOFFS[reported] * roundoff * (1 + result["scale"])
+    if result["diff"] > tolerance:
+        raise AssertionError(
+            f"weights after {len(losses)} steps under {reported} differ from the fp32 one-process reference by "
+            f"{result['diff']:.2e} (tolerance {tolerance:.2e} = {_ROUNDOFFS[reported]:g} x {reported} roundoff {roundoff:.1e} x (1 + {result['scale']:.2g}))"
+        )
+    skipped = sum(result["skipped"])
+    return (f"{reported}: forward in {str(expected).replace('torch.', '')}, loss {losses[0]:.3g} -> {losses[-1]:.3g}, "
+            f"max diff from fp32 {result['diff']:.1e} (tol {tolerance:.1e})" + (f", {skipped} overflow step(s) skipped" if skipped else ""))
+
+
+@check("training equivalence")
+def _training(ctx: Context) -> str:
+    return judge_training(train_under_launch_precision(ctx))
 
 
 @check("mixed precision")
 def _mixed_precision(ctx: Context) -> str:
+    """The precision the launch asked for is the one the Accelerator reports (or, where the backend
+    cannot run it, a reported fallback the backend explains), and each supported autocast really runs."""
+    import warnings
+
+    from accel import Accelerator
+
+    asked = os.environ.get("ACCEL_MIXED_PRECISION") or os.environ.get("ACCELERATE_MIXED_PRECISION") or "no"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reported = Accelerator().mixed_precision
+    notes = []
+    if reported != asked:
+        cap = {"bf16": lambda: ctx.backend.amp_capability(torch.bfloat16), "fp16": lambda: ctx.backend.amp_capability(torch.float16),
+               "fp8": lambda: ctx.backend.supports_fp8}.get(asked, lambda: None)()
+        if cap is None or cap:
+            raise AssertionError(f"the launch asked for mixed precision {asked!r} but the Accelerator reports {reported!r}")
+        notes.append(f"asked {asked}, backend cannot ({cap.reason}); reports {reported}")
     ran, skipped = [], []
     for name, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
         cap = ctx.backend.amp_capability(dtype)
@@ -207,9 +298,8 @@ def _mixed_precision(ctx: Context) -> str:
         if name == "fp16" and ctx.backend.grad_scaler_capability:
             ctx.backend.grad_scaler()
         ran.append(name)
-    if not ran:
-        raise SkipCheck("; ".join(skipped))
-    return f"{', '.join(ran)} autocast really runs" + (f" (skipped {'; '.join(skipped)})" if skipped else "")
+    detail = f"launch {asked}, Accelerator reports {reported}; " + (f"{', '.join(ran)} autocast really runs" if ran else "no autocast here")
+    return detail + "".join(f" ({n})" for n in notes) + (f" (skipped {'; '.join(skipped)})" if skipped else "")
 
 
 @check("checkpoint round trip")
