@@ -61,9 +61,10 @@ class DeepSpeedStrategy(Strategy):
     def __init__(self, accelerator: Any):
         super().__init__(accelerator)
         self._align_deepspeed_accelerator()
-        self._ensure_process_group()
         #: one wrapper per engine, keyed by the name of the plugin that built it
         self.engines: dict[str, DeepSpeedEngineWrapper] = {}
+        #: a one-process group this strategy created for DeepSpeed (destroyed by ``release``)
+        self._own_group = False
 
     # ------------------------------------------------------------------ identity
     @property
@@ -118,10 +119,10 @@ class DeepSpeedStrategy(Strategy):
             return
         if state.num_processes > 1:  # pragma: no cover - PartialState creates the group for several ranks
             raise RuntimeError("DeepSpeed: several processes but no process group")
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        store = dist.TCPStore("127.0.0.1", _free_port(), 1, is_master=True)
         comm = self.accelerator.backend.comm_backend or "gloo"
-        dist.init_process_group(backend=comm, rank=0, world_size=1)
+        dist.init_process_group(backend=comm, store=store, rank=0, world_size=1)
+        self._own_group = True
 
     def plan_precision(self, requested: str, autocast_handler: Any = None, scaler_handler: Any = None) -> Any:
         """DeepSpeed runs the precision itself (its fp16/bf16 config); accel adds no autocast or scaler.
@@ -155,6 +156,7 @@ class DeepSpeedStrategy(Strategy):
                 evaluation_mode: bool = False, dataloaders: Sequence[Any] = ()) -> tuple[list[Any], list[Any], list[Any]]:
         if not models and not optimizers and not schedulers:
             return [], [], []
+        self._ensure_process_group()
         if len(models) != 1:
             raise ValueError(
                 f"DeepSpeed builds one engine per model and got {len(models)} models in one prepare() call; pass each "
@@ -222,6 +224,9 @@ class DeepSpeedStrategy(Strategy):
         per_device = None
         if batch_sizes:
             per_device = min(batch_sizes) if plugin.is_train_batch_min else max(batch_sizes)
+        if plugin.get_value("train_micro_batch_size_per_gpu") is None:
+            # a config that leaves the micro batch out means what "auto" means: the loader's batch size
+            plugin.hf_ds_config.set_value("train_micro_batch_size_per_gpu", "auto")
         if plugin.is_auto("train_micro_batch_size_per_gpu"):
             if per_device is None:
                 raise ValueError(
@@ -400,3 +405,15 @@ class DeepSpeedStrategy(Strategy):
                 wrapper.engine.destroy()
         self.engines.clear()
         self.accelerator.deepspeed_engine_wrapped = None
+        if self._own_group:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                # through DeepSpeed, which also drops the groups it cached for this world
+                import deepspeed.comm
+
+                if deepspeed.comm.comm.cdb is not None:
+                    deepspeed.comm.destroy_process_group()
+                else:
+                    dist.destroy_process_group()
+            self._own_group = False
