@@ -359,13 +359,15 @@ def _satisfied(requirement: str) -> bool:
 
 def install_requirements(requirements: Sequence[str], workdir: str | os.PathLike[str], *, pip_args: Sequence[str] = (),
                          runner: Callable[..., subprocess.CompletedProcess] = _run,
-                         constraints: Sequence[str] | None = None) -> InstallResult:
+                         constraints: Sequence[str] | None = None, verify: bool = True) -> InstallResult:
     """Install ``requirements`` with the vendor's torch pinned; what fails is recorded, not raised.
 
     Requirements already satisfied are not passed to pip (nothing is upgraded). The rest install
     in one pip call under a constraints file pinning :func:`pinned_constraints`; when that call
     fails, each requirement is tried alone so one uninstallable package (say, one that would need
-    another torch) does not block the others.
+    another torch) does not block the others. With ``verify``, each installed package is then
+    imported in a fresh interpreter; one that fails to import is uninstalled again and recorded
+    as failed (a test extra's newest release can break an installed library's imports).
     """
     result = InstallResult(constraints=list(pinned_constraints() if constraints is None else constraints))
     todo = []
@@ -381,14 +383,59 @@ def install_requirements(requirements: Sequence[str], workdir: str | os.PathLike
     proc = runner([*base, *todo])
     if proc.returncode == 0:
         result.installed = list(todo)
-        return result
-    for req in todo:
-        single = runner([*base, req])
-        if single.returncode == 0:
-            result.installed.append(req)
-        else:
-            result.failed[req] = _tail(single.stdout + single.stderr, 2) or f"pip exit {single.returncode}"
+    else:
+        for req in todo:
+            single = runner([*base, req])
+            if single.returncode == 0:
+                result.installed.append(req)
+            else:
+                result.failed[req] = _tail(single.stdout + single.stderr, 2) or f"pip exit {single.returncode}"
+    if verify and result.installed:
+        _drop_broken(result, runner)
     return result
+
+
+#: imports the top-level modules of the distributions named in argv; prints {dist: error} as JSON
+_IMPORT_CHECK = """
+import importlib, importlib.metadata as md, json, re, sys
+norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()
+wanted = set(sys.argv[1:])
+mods = {}
+for mod, dists in md.packages_distributions().items():
+    for d in dists:
+        if norm(d) in wanted and not mod.startswith("_") and mod.isidentifier():
+            mods.setdefault(norm(d), set()).add(mod)
+bad = {}
+for dist in sorted(wanted):
+    for mod in sorted(mods.get(dist, ()))[:3]:
+        try:
+            importlib.import_module(mod)
+        except BaseException as exc:
+            bad[dist] = ("import %s: %s: %s" % (mod, type(exc).__name__, exc)).splitlines()[0][:300]
+            break
+print(json.dumps(bad))
+"""
+
+
+def _drop_broken(result: InstallResult, runner: Callable[..., subprocess.CompletedProcess]) -> None:
+    """Uninstall what pip installed but does not import here (pip checks versions, not that a
+    package works with its neighbours: a test extra can name a release that breaks an installed
+    library's imports), and record it as not installed, with the import error."""
+    from packaging.requirements import Requirement
+
+    names = {_normalise(Requirement(req).name): req for req in result.installed}
+    proc = runner([sys.executable, "-c", _IMPORT_CHECK, *sorted(names)])
+    try:
+        broken = json.loads((proc.stdout or "").strip().splitlines()[-1]) if proc.returncode == 0 else {}
+    except (ValueError, IndexError):
+        broken = {}
+    for dist, error in sorted(broken.items()):
+        req = names.get(dist)
+        if req is None:
+            continue
+        runner([sys.executable, "-m", "pip", "uninstall", "-y", dist])
+        result.installed.remove(req)
+        result.failed[req] = f"installed, but {error}; uninstalled again"
 
 
 # ---------------------------------------------------------------------------- preparing and running

@@ -140,12 +140,17 @@ def test_pinned_constraints_pin_torch_and_its_vendor_companions_only():
 class FakePip:
     """Records pip command lines; fails the group call, and single calls for names in ``broken``."""
 
-    def __init__(self, broken=()):
+    def __init__(self, broken=(), import_errors=None):
         self.calls = []
         self.broken = set(broken)
+        self.import_errors = import_errors or {}
 
     def __call__(self, cmd, **kwargs):
         self.calls.append(list(cmd))
+        if cmd[1] == "-c":  # the import check after installing
+            return subprocess.CompletedProcess(cmd, 0, json.dumps(self.import_errors), "")
+        if "uninstall" in cmd:
+            return subprocess.CompletedProcess(cmd, 0, "", "")
         reqs = [c for c in cmd[cmd.index("-c") + 2:] if not c.startswith("-")]
         bad = len(reqs) > 1 and self.broken or any(r in self.broken for r in reqs)
         return subprocess.CompletedProcess(cmd, 1 if bad else 0, "", "ERROR: Could not find a version\nresolution impossible" if bad else "")
@@ -162,8 +167,34 @@ def test_install_pins_torch_skips_what_is_there_and_isolates_a_broken_package(tm
     assert first[first.index("-c") + 1] == str(tmp_path / "constraints.txt")
     assert (tmp_path / "constraints.txt").read_text() == "torch==2.13.0+cpu\n"
     assert first[-2:] == ["fresh-package", "needs-other-torch"] and "pytest" not in first
-    assert [c[-1] for c in pip.calls[1:]] == ["fresh-package", "needs-other-torch"]
-    assert all("-c" in c for c in pip.calls)
+    installs = [c for c in pip.calls if "install" in c]
+    assert [c[-1] for c in installs[1:]] == ["fresh-package", "needs-other-torch"]
+    assert all("-c" in c for c in installs)
+    check = pip.calls[-1]
+    assert check[1] == "-c" and check[-1] == "fresh-package"  # what was installed is imported once
+
+
+def test_a_package_that_installs_but_does_not_import_is_uninstalled_and_reported(tmp_path):
+    pip = FakePip(import_errors={"peft": "import peft: ModuleNotFoundError: Could not import module 'BloomPreTrainedModel'"})
+    result = up.install_requirements(["peft", "fresh-package"], tmp_path, runner=pip, constraints=[])
+    assert result.installed == ["fresh-package"]
+    assert result.failed == {"peft": "installed, but import peft: ModuleNotFoundError: Could not import module "
+                                      "'BloomPreTrainedModel'; uninstalled again"}
+    assert pip.calls[-1][-4:] == ["pip", "uninstall", "-y", "peft"]
+
+
+def test_the_import_check_runs_for_real(tmp_path):
+    (tmp_path / "brokenpkg").mkdir()
+    (tmp_path / "brokenpkg" / "__init__.py").write_text("raise ImportError('needs a newer neighbour')\n")
+    info = tmp_path / "broken_pkg-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-pkg\nVersion: 1.0\n")
+    (info / "top_level.txt").write_text("brokenpkg\n")
+    env = {**__import__("os").environ, "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", up._IMPORT_CHECK, "pyyaml", "packaging", "broken-pkg"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"broken-pkg": "import brokenpkg: ImportError: needs a newer neighbour"}
 
 
 def test_install_with_everything_present_runs_no_pip(tmp_path):
