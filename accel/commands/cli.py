@@ -3,6 +3,12 @@
 Keeping the other commands unimported keeps `accel --help` fast (no torch import) and means one
 command's missing optional dependency cannot break the rest. A command module provides
 ``add_arguments(parser)`` and ``run(args) -> int``; adding a command is one line in ``COMMANDS``.
+A command whose module is not installed (an optional part) is listed and, when run, says what is
+missing instead of failing with a traceback.
+
+Shell completion (bash, zsh, fish) comes from argcomplete: ``accel completion bash`` prints the
+script to source (``eval "$(accel completion bash)"``); while completing, the parser is built with the
+options of the command being completed only, so completion stays as fast as ``accel --help``.
 """
 
 from __future__ import annotations
@@ -11,12 +17,12 @@ import argparse
 import importlib
 import os
 import sys
-from typing import NoReturn, Sequence
+from typing import Any, NoReturn, Sequence
 
 from accel import __version__
 from accel.commands import UsageError
 
-__all__ = ["COMMANDS", "build_parser", "main"]
+__all__ = ["COMMANDS", "SHELLS", "build_parser", "main"]
 
 # name -> (module providing add_arguments/run, one-line summary for `accel --help`)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -27,7 +33,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "qualify": ("accel.commands.qualify", "qualify this machine: conformance suites, benchmarks and a report in one folder"),
     "bench": ("accel.commands.bench", "run the throughput benchmarks for a backend (pytest-benchmark JSON into ./results), e.g. `accel bench --quick`"),
     "report": ("accel.commands.report", "turn results (JSONL, JUnit XML, benchmark JSON) into report.html + report.md; CI exit codes"),
+    "estimate-memory": ("accel.commands.estimate", "estimate a model's memory for inference and training, per dtype (no weights downloaded)"),
+    "merge-weights": ("accel.commands.merge", "merge a sharded FSDP checkpoint (DCP folder) into one model.safetensors"),
+    "to-fsdp2": ("accel.commands.to_fsdp2", "convert a config file's FSDP1 settings to FSDP2 and list what changed"),
+    "tpu-config": ("accel.commands.tpu", "run set-up commands on every worker of a Cloud TPU pod (builds the gcloud command)"),
+    "completion": ("accel.commands.cli", "print the shell completion script: eval \"$(accel completion bash)\" (bash, zsh or fish)"),
 }
+#: shells `accel completion` writes scripts for (argcomplete's shellcode)
+SHELLS = ("bash", "zsh", "fish")
 
 
 class _ParseError(Exception):
@@ -55,14 +68,68 @@ def build_parser(load: str | None = None) -> argparse.ArgumentParser:
     for name, (module_path, summary) in COMMANDS.items():
         sub = subparsers.add_parser(name, help=summary, description=summary)
         if name == load:
-            module = importlib.import_module(module_path)
+            if name == "completion":
+                add_arguments(sub)
+                sub.set_defaults(_run=run)
+                continue
+            try:
+                module = importlib.import_module(module_path)
+            except ModuleNotFoundError as exc:
+                if exc.name != module_path:
+                    raise
+                sub.set_defaults(_run=_missing(name, module_path))
+                continue
             module.add_arguments(sub)
             sub.set_defaults(_run=module.run)
     return parser
 
 
+def _missing(name: str, module_path: str) -> Any:
+    def fail(args: argparse.Namespace) -> int:
+        raise UsageError(f"`accel {name}` is not available in this installation ({module_path} is missing)")
+
+    return fail
+
+
+# ---------------------------------------------------------------------------- `accel completion`
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`accel completion`'s argument: the shell."""
+    parser.add_argument("shell", choices=SHELLS, help="the shell to write the completion script for")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print argcomplete's completion script for ``args.shell`` (register it with eval or a file)."""
+    try:
+        import argcomplete
+    except ImportError:
+        raise UsageError("shell completion needs argcomplete: pip install argcomplete") from None
+    print(argcomplete.shellcode(["accel"], shell=args.shell), end="")
+    return 0
+
+
+def _complete_if_asked() -> None:
+    """Under argcomplete (``_ARGCOMPLETE`` set by the shell script), print completions and exit."""
+    if not os.environ.get("_ARGCOMPLETE"):
+        return
+    try:
+        import argcomplete
+    except ImportError:
+        return
+    import shlex
+
+    try:
+        words = shlex.split(os.environ.get("COMP_LINE", ""))[1:]
+    except ValueError:  # an unfinished quote
+        words = os.environ.get("COMP_LINE", "").split()[1:]
+    requested = _requested_command(words)
+    parser = build_parser(load=requested if requested in COMMANDS else None)
+    argcomplete.autocomplete(parser)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``accel`` with ``argv`` (default: the process arguments) and return the exit code."""
+    if argv is None:
+        _complete_if_asked()
     argv = list(sys.argv[1:] if argv is None else argv)
     requested = _requested_command(argv)
     parser = build_parser(load=requested if requested in COMMANDS else None)

@@ -84,15 +84,15 @@ def _bool_text(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-def _triple(text: str) -> tuple[bool, bool, bool]:
-    from ast import literal_eval
-
+def _triple(text: str) -> tuple[bool, ...]:
+    """``false,false,true`` (Accelerate's spelling) or ``(false, false, true)`` as a tuple of three bools."""
+    words = [w.strip() for w in str(text).strip().strip("()").split(",") if w.strip()]
     try:
-        value = literal_eval(str(text).replace("true", "True").replace("false", "False"))
-    except (ValueError, SyntaxError):
-        value = None
-    if not (isinstance(value, tuple) and len(value) == 3 and all(isinstance(v, bool) for v in value)):
-        raise argparse.ArgumentTypeError(f"expected three booleans such as (false, false, true), got {text!r}")
+        value = tuple(_bool_text(w) for w in words)
+    except argparse.ArgumentTypeError:
+        value = ()
+    if len(value) != 3:
+        raise argparse.ArgumentTypeError(f"expected three booleans such as false,false,true, got {text!r}")
     return value
 
 
@@ -108,10 +108,10 @@ LAUNCH_OPTIONS: list[tuple[str | None, list[tuple[tuple[str, ...], dict[str, Any
     (None, [
         (("--config_file",), dict(default=None, metavar="PATH",
                                   help="config file to read (default: $ACCEL_CONFIG_FILE, else ~/.cache/accel/default_config.yaml, if it exists)")),
-        (("--quiet", "-q"), dict(action="store_true", help="on failure, print only the failing rank and its exit code (no traceback)")),
-        (("-m", "--module"), dict(action="store_true", help="run TRAINING_SCRIPT as a module, like `python -m`")),
-        (("--no_python",), dict(action="store_true", help="run TRAINING_SCRIPT as an executable, without `python` in front")),
-        (("--debug",), dict(action="store_true",
+        (("--quiet", "-q"), dict(action="store_true", default=None, help="on failure, print only the failing rank and its exit code (no traceback)")),
+        (("-m", "--module"), dict(action="store_true", default=None, help="run TRAINING_SCRIPT as a module, like `python -m`")),
+        (("--no_python",), dict(action="store_true", default=None, help="run TRAINING_SCRIPT as an executable, without `python` in front")),
+        (("--debug",), dict(action="store_true", default=None,
                             help="set ACCELERATE_DEBUG_MODE/ACCEL_DEBUG_MODE in the ranks (kept as is when already set) and print the full failure report")),
         (("--backend",), dict(default=None, metavar="NAME",
                               help="accel: hardware backend for the ranks (cpu, cuda, xpu, mps, hpu or a plug-in); sets ACCEL_DEVICE")),
@@ -257,7 +257,7 @@ LAUNCH_OPTIONS: list[tuple[str | None, list[tuple[tuple[str, ...], dict[str, Any
 for _title, _options in LAUNCH_OPTIONS:
     for _flags, _kw in _options:
         if str(_kw.get("help", "")).startswith("refused: "):
-            _dest = _kw.get("dest") or _flags[-1].lstrip("-").replace("-", "_")
+            _dest = _kw.get("dest") or [f for f in _flags if f.startswith("--")][0].lstrip("-")
             REFUSED.setdefault(_dest, _kw["help"][len("refused: "):])
 REFUSED.update({"tpu_use_cluster": _TPU, "aws_access_key_id": _SAGEMAKER, "aws_secret_access_key": _SAGEMAKER})
 _REFUSED_FLAG = {"tpu_use_cluster": "--tpu_cluster"}
@@ -311,6 +311,14 @@ class HideDashedAliasesFormatter(argparse.HelpFormatter):
         return super()._format_action_invocation(action)
 
 
+def option_dest(flags: tuple[str, ...], kwargs: dict[str, Any]) -> str:
+    """The namespace attribute an option of :data:`LAUNCH_OPTIONS` sets (argparse's rule: the first long flag)."""
+    if kwargs.get("dest"):
+        return str(kwargs["dest"])
+    long = [f for f in flags if f.startswith("--")]
+    return (long[0] if long else flags[0]).lstrip("-").replace("-", "_")
+
+
 def _with_aliases(flags: tuple[str, ...]) -> list[str]:
     out: list[str] = []
     for flag in flags:
@@ -328,8 +336,7 @@ def add_launch_options(parser: argparse.ArgumentParser, skip: tuple[str, ...] = 
         container: Any = parser if title is None else parser.add_argument_group(title)
         for flags, kwargs in options:
             kwargs = dict(kwargs)
-            dest = kwargs.get("dest") or flags[-1 if flags[0].startswith("-") and not flags[0].startswith("--") else 0].lstrip("-")
-            if dest in skip:
+            if option_dest(flags, kwargs) in skip:
                 continue
             kwargs["action"] = _ACTIONS[kwargs.get("action")]
             container.add_argument(*_with_aliases(flags), **kwargs)
@@ -339,7 +346,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`accel launch`'s options, the script and the script's own arguments."""
     parser.description = (
         "Start a script in several processes (torch elastic underneath), taking every `accelerate launch` option. "
-        "Flags override the config file, which overrides the defaults."
+        "Flags override the config file, which overrides the defaults. Options may be spelled --num_processes or "
+        "--num-processes."
     )
     add_launch_options(parser)
     parser.add_argument("training_script", metavar="TRAINING_SCRIPT",

@@ -22,22 +22,61 @@ from typing import Any
 
 from accel.commands import UsageError
 
+__all__ = ["TEST_LAUNCH_OPTIONS", "add_arguments", "run", "test_command", "test_command_parser"]
+
 SMOKE_MODULE = "accel.test_utils.scripts.smoke"
 EXPECTED_ENV = "ACCEL_TEST_EXPECTED_WORLD_SIZE"
 _MARK = {"pass": "PASS", "fail": "FAIL", "skip": "skip"}
 
 
+#: the `accel launch` options `accel test` takes (it launches its own script, so no -m/--no_python, and
+#: the smoke checks use neither DeepSpeed, FSDP, compile nor the refused TPU/SageMaker/Megatron-LM options)
+TEST_LAUNCH_OPTIONS = (
+    "config_file", "debug", "backend", "cpu", "multi_gpu", "gpu_ids", "mixed_precision", "num_processes",
+    "num_machines", "machine_rank", "num_cpu_threads_per_process", "main_process_ip", "main_process_port",
+    "same_network", "rdzv_backend", "rdzv_conf", "max_restarts", "monitor_interval",
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from accel.commands.launch import add_launch_options
+    """`accel test`'s options: the launch options it uses, ``--timeout`` and ``--json``."""
+    from accel.commands.launch import LAUNCH_OPTIONS, add_launch_options, option_dest
 
     parser.description = (
         "Launch accel's smoke checks with the same flags as `accel launch` (config file, then flags) and "
         "print a table of checks; exit status 1 on any failure."
     )
-    add_launch_options(parser)
+    every = {option_dest(flags, kw) for _, options in LAUNCH_OPTIONS for flags, kw in options}
+    add_launch_options(parser, skip=tuple(sorted(every - set(TEST_LAUNCH_OPTIONS))))
     parser.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
                         help="stop the ranks and fail after this long (default 120); collectives time out at a quarter of it")
     parser.add_argument("--json", metavar="FILE", help="also write the per-rank results here")
+
+
+def test_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """Accelerate's entry point: the `test` parser (added to ``subparsers`` when given)."""
+    parser = subparsers.add_parser("test") if subparsers is not None else argparse.ArgumentParser("accel test")
+    add_arguments(parser)
+    parser.set_defaults(func=test_command)
+    return parser
+
+
+def test_command(args: argparse.Namespace) -> None:
+    """Accelerate's command function: run the smoke checks; raises SystemExit(1) when one fails."""
+    code = run(args)
+    if code:
+        raise SystemExit(code)
+
+
+def _with_launch_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` completed with `accel launch`'s defaults for the options `accel test` does not take."""
+    from accel.commands.launch import launch_command_parser
+
+    defaults = launch_command_parser().parse_args(["-m", SMOKE_MODULE])
+    for name, value in vars(defaults).items():
+        if not hasattr(args, name):
+            setattr(args, name, value)
+    return args
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout}")
+    args = _with_launch_defaults(args)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="accel_test_") as tmp:
         out = os.path.join(tmp, "results.json")
@@ -56,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"accel test: warning: {warning}", file=sys.stderr)
         plan.env[EXPECTED_ENV] = str(plan.num_processes)
         print(f"accel test: {plan.num_processes} process(es) on backend {plan.backend} "
-              f"({plan.comm_backend or 'no collectives'}), launched through accel launch", flush=True)
+              f"({plan.comm_backend or 'no collectives'}), mixed precision {plan.mixed_precision}, launched through accel launch",
+              flush=True)
         watchdog = _Watchdog(args.timeout)
         watchdog.start()
         try:
