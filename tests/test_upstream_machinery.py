@@ -62,6 +62,8 @@ def test_parse_spec_rejects_what_it_cannot_run(text, needle):
     ("could not import 'peft': No module named 'peft'", "needs-package"),
     ("Skipped: test is slow", "opt-in"),
     ("Will soon deprecate pippy", "known-limitation"),
+    ("Test requires numpy version < 2.0", "needs-package"),
+    ("TB doesn't support numpy 2.0", "needs-package"),
     ("something nobody wrote a rule for", "unspecified"),
 ])
 def test_default_table_maps_unittest_style_messages(message, code):
