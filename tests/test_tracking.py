@@ -143,19 +143,29 @@ def test_unknown_tracker_name_lists_the_supported_ones(tmp_path):
         assert name in str(info.value)
 
 
-@pytest.mark.parametrize("name", ["wandb", LoggerType.MLFLOW, "comet_ml", "aim", "clearml", "dvclive"])
-def test_trackers_accel_does_not_implement_are_an_error(tmp_path, name):
-    with pytest.raises(NotImplementedError, match=f"{name}.*json, csv, tensorboard"):
+@pytest.mark.parametrize("name, module", [("wandb", "wandb"), (LoggerType.MLFLOW, "mlflow"), ("comet_ml", "comet_ml"),
+                                          ("aim", "aim"), ("clearml", "clearml"), ("dvclive", "dvclive"),
+                                          ("swanlab", "swanlab"), ("trackio", "trackio")])
+def test_a_tracker_whose_package_is_missing_is_an_error_naming_it(tmp_path, monkeypatch, name, module):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == module else real(n, *a))
+    with pytest.raises(ImportError, match=f"pip install {module}"):
         Accelerator(log_with=["json", name], project_dir=tmp_path)  # checked before anything is built
 
 
 def test_file_trackers_need_a_logging_directory():
-    with pytest.raises(ValueError, match="'json' tracker.*project_dir"):
+    with pytest.raises(ValueError, match="Logging with `json` requires a `logging_dir`.*project_dir"):
         Accelerator(log_with="json")
 
 
 def test_all_selects_every_available_tracker(tmp_path):
-    expected = ["json", "csv"] + (["tensorboard"] if is_tensorboard_available() else [])
+    import importlib.util
+
+    optional = [n for n in ("wandb", "trackio", "swanlab", "comet_ml", "aim", "mlflow", "clearml", "dvclive")
+                if importlib.util.find_spec(n) is not None]
+    expected = ["json", "csv"] + (["tensorboard"] if is_tensorboard_available() else []) + optional
     assert [str(t) for t in get_available_trackers()] == expected
     custom = _RecordingTracker()
     selected = filter_trackers([LoggerType.ALL, custom, "json"], tmp_path)
@@ -340,3 +350,149 @@ def test_only_the_main_process_builds_trackers_and_logs(tmp_path):
     assert [(r["step"], r["values"]) for r in records] == [(0, {"rank": 0})]
     assert json.loads((tmp_path / "shared" / "config.json").read_text()) == {"rank_that_wrote": 0}
     assert [r["values"] for r in _read_jsonl(tmp_path / "direct" / "metrics.jsonl")] == [{"rank": 0}]
+
+
+# ---------------------------------------------------------------------- third-party trackers, offline, real packages
+def _built(accelerator, name):
+    tracker = accelerator.get_tracker(name)
+    assert tracker.name == name and tracker.tracker is not None
+    return tracker
+
+
+def test_trackers_do_not_touch_the_process_state_until_started(tmp_path):
+    from accel.state import PartialState
+    from accel.tracking import (AimTracker, ClearMLTracker, CometMLTracker, DVCLiveTracker, MLflowTracker,
+                                SwanLabTracker, TrackioTracker, WandBTracker)
+
+    PartialState._reset_state()
+    for tracker in (WandBTracker("p"), TrackioTracker("p"), SwanLabTracker("p"), CometMLTracker("p"),
+                    AimTracker("p", tmp_path), MLflowTracker("p", tmp_path), ClearMLTracker("p"), DVCLiveTracker()):
+        assert tracker.tracker is None, tracker.name
+    assert PartialState._shared_state == {}
+
+
+def test_wandb_offline(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    accelerator = Accelerator(log_with="wandb")
+    accelerator.init_trackers("accel_wandb", config={"lr": 0.5}, init_kwargs={"wandb": {"dir": str(tmp_path)}})
+    run = _built(accelerator, "wandb").tracker
+    accelerator.log({"loss": 1.5}, step=3)
+    assert run.config["lr"] == 0.5
+    accelerator.end_training()
+    record, = tmp_path.glob("wandb/offline-run-*/run-*.wandb")  # wandb's binary record of the offline run
+    data = record.read_bytes()
+    assert b"accel_wandb" in data and b"loss" in data and b"1.5" in data
+
+
+def test_comet_ml_offline_archive(tmp_path):
+    comet_ml = pytest.importorskip("comet_ml")
+    import zipfile
+
+    from accel.tracking import CometMLTracker
+
+    tracker = CometMLTracker("accel_comet", online=False,
+                             experiment_config=comet_ml.ExperimentConfig(offline_directory=str(tmp_path)))
+    accelerator = Accelerator(log_with=tracker)
+    accelerator.init_trackers(None, {"lr": 0.25})
+    accelerator.log({"loss": 0.5, "note": "text"}, step=2)
+    accelerator.end_training()
+    archive, = tmp_path.glob("*.zip")
+    messages = zipfile.ZipFile(archive).open("messages.json").read().decode()
+    assert '"lr"' in messages and '"loss"' in messages and '"note"' in messages
+
+
+def test_aim_local_repository(tmp_path):
+    pytest.importorskip("aim")
+    accelerator = Accelerator(log_with="aim", project_dir=tmp_path)
+    accelerator.init_trackers("accel_aim", {"lr": 0.125})
+    run = _built(accelerator, "aim").tracker
+    accelerator.log({"loss": 2.0}, step=0)
+    accelerator.log({"loss": 1.0}, step=1)
+    assert run["hparams"] == {"lr": 0.125}
+    from aim.storage.context import Context
+
+    values = list(run.get_metric("loss", Context({})).values.values_list())
+    accelerator.end_training()
+    assert values == [2.0, 1.0]
+
+
+def test_mlflow_local_file_store(tmp_path, monkeypatch):
+    mlflow = pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # mlflow >= 3.x refuses file stores otherwise
+    mlflow.set_tracking_uri("file://" + str(tmp_path))
+    accelerator = Accelerator(log_with="mlflow")
+    accelerator.init_trackers("accel_mlflow", {"lr": 0.5, "long": "x" * 100_000})
+    run_id = _built(accelerator, "mlflow").tracker.info.run_id
+    accelerator.log({"loss": 0.75, "text": "dropped"}, step=4)
+    accelerator.end_training()
+    data = mlflow.get_run(run_id).data
+    assert data.metrics == {"loss": 0.75} and data.params == {"lr": "0.5"}
+
+
+def test_clearml_offline_session(tmp_path, monkeypatch):
+    clearml = pytest.importorskip("clearml")
+    monkeypatch.setenv("CLEARML_CACHE_DIR", str(tmp_path))
+    clearml.Task.set_offline(True)
+    accelerator = Accelerator(log_with="clearml")
+    accelerator.init_trackers("accel_clearml", {"lr": 0.5})
+    task = _built(accelerator, "clearml").tracker
+    accelerator.log({"train_loss": 1.5, "eval_acc": 0.25}, step=1)
+    offline = clearml.config.get_offline_dir(task_id=task.id)
+    accelerator.end_training()
+    reported = [json.loads(line) for line in (offline / "metrics.jsonl").read_text().splitlines()]
+    flat = {(m["metric"], m["variant"]): m["value"] for batch in reported for m in batch}
+    assert flat == {("loss", "train"): 1.5, ("acc", "eval"): 0.25}
+
+
+def test_dvclive_local(tmp_path, monkeypatch):
+    pytest.importorskip("dvclive")
+    monkeypatch.setattr("dvclive.live.get_dvc_repo", lambda *a, **k: None)
+    accelerator = Accelerator(log_with="dvclive")
+    accelerator.init_trackers("accel_dvclive", {"lr": 0.5},
+                              init_kwargs={"dvclive": {"dir": str(tmp_path), "save_dvc_exp": False, "dvcyaml": None}})
+    live = _built(accelerator, "dvclive").tracker
+    accelerator.log({"loss": 1.0})
+    accelerator.log({"loss": 0.5}, step=5)
+    accelerator.end_training()
+    rows = (tmp_path / "plots" / "metrics" / "loss.tsv").read_text().split()
+    assert rows[0:2] == ["step", "loss"] and rows[2:] == ["0", "1.0", "5", "0.5"]
+    assert "lr: 0.5" in (tmp_path / "params.yaml").read_text() and live.step == 5
+
+
+def test_swanlab_local(tmp_path, monkeypatch):
+    pytest.importorskip("swanlab")
+    monkeypatch.setenv("SWANLAB_MODE", "local")
+    monkeypatch.chdir(tmp_path)
+    accelerator = Accelerator(log_with="swanlab")
+    accelerator.init_trackers("accel_swanlab", {"lr": 0.5}, init_kwargs={"swanlab": {"logdir": str(tmp_path)}})
+    run = _built(accelerator, "swanlab").tracker
+    accelerator.log({"loss": 1.25}, step=1)
+    import swanlab
+
+    assert swanlab.config["lr"] == 0.5 and swanlab.config["FRAMEWORK"] == "accel"
+    accelerator.end_training()
+    assert any(tmp_path.rglob("*")) and run is not None
+
+
+def test_trackio_local(tmp_path, monkeypatch):
+    pytest.importorskip("trackio")
+    import uuid
+
+    from trackio.sqlite_storage import SQLiteStorage
+
+    project = f"accel_trackio_{uuid.uuid4().hex[:8]}"
+    database = SQLiteStorage.get_project_db_path(project)  # trackio's local store (under HF_HOME)
+    try:
+        accelerator = Accelerator(log_with="trackio")
+        accelerator.init_trackers(project, {"lr": 0.5})
+        run = _built(accelerator, "trackio").tracker
+        accelerator.log({"loss": 1.25}, step=1)
+        accelerator.end_training()
+        assert run.config["lr"] == 0.5
+        assert database.exists()
+    finally:
+        for path in database.parent.glob(database.name + "*"):
+            path.unlink()
