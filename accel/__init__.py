@@ -41,6 +41,9 @@ _LAZY = {
     "dispatch_model": "accel.big_modeling",
     "load_checkpoint_and_dispatch": "accel.big_modeling",
     "infer_auto_device_map": "accel.utils.modeling",
+    # FSDP and n-D parallelism (issue 14)
+    "FullyShardedDataParallelPlugin": "accel.utils.fsdp_plugin",
+    "ParallelismConfig": "accel.parallelism_config",
 }
 
 

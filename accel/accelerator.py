@@ -457,6 +457,71 @@ class Accelerator:
         """Autocast for the precision really in use (a null context in full precision)."""
         return autocast_context(self.precision, self.backend, autocast_handler or self.autocast_handler)
 
+    # --- FSDP / ParallelismConfig (issue 14)
+    @property
+    def is_fsdp2(self) -> bool:
+        """True when this run shards with FSDP2 (``fully_shard``)."""
+        plugin = getattr(self.state, "fsdp_plugin", None)
+        return self.distributed_type == DistributedType.FSDP and plugin is not None and plugin.fsdp_version == 2
+
+    @property
+    def is_composable_parallelism_enabled(self) -> bool:
+        """Whether FSDP2-style composable parallelism (DTensor meshes) is in use."""
+        return self.is_fsdp2
+
+    @property
+    def parallelism_config(self) -> Any:
+        """The ``ParallelismConfig`` of this run, or None."""
+        return self.state.parallelism_config
+
+    @property
+    def torch_device_mesh(self) -> Any:
+        """The DeviceMesh of the ParallelismConfig (built on the backend's device type on first use), or None."""
+        config = self.parallelism_config
+        if config is None:
+            return None
+        if config.device_mesh is None and self.use_distributed:
+            config.get_device_mesh(self.backend.device_type)
+        return config.device_mesh
+
+    @property
+    def should_save_model(self) -> bool:
+        """Whether this rank takes part in saving the model (every rank does; writing is rank 0's)."""
+        return True if self.parallelism_config is not None else self.is_local_main_process
+
+    def _mesh_rank(self, dim: str, enabled: bool, what: str) -> int:
+        if self.parallelism_config is None:
+            raise RuntimeError(f"{what} is not configured. Set `parallelism_config` first.")
+        return self.torch_device_mesh.get_local_rank(dim) if enabled else 0
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        """This rank's index in its tensor parallel group (0 when tp_size is 1)."""
+        return self._mesh_rank("tp", self.parallelism_config is not None and self.parallelism_config.tp_enabled,
+                               "Tensor parallelism")
+
+    @property
+    def pipeline_parallel_rank(self) -> int:
+        """Pipeline parallelism is not supported (as in Accelerate)."""
+        raise NotImplementedError("Pipeline parallelism is currently not supported in Accelerate.")
+
+    @property
+    def context_parallel_rank(self) -> int:
+        """Context parallelism ranks are not exposed (as in Accelerate)."""
+        raise NotImplementedError("Context parallelism is currently not supported in Accelerate.")
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """This rank's index among the data-parallel replicas (dp_replicate; 0 when not replicated)."""
+        return self._mesh_rank("dp_replicate", self.parallelism_config is not None and self.parallelism_config.dp_replicate_enabled,
+                               "Data parallelism")
+
+    @property
+    def data_parallel_shard_rank(self) -> int:
+        """This rank's index inside its shard group (dp_shard; 0 when not sharded)."""
+        return self._mesh_rank("dp_shard", self.parallelism_config is not None and self.parallelism_config.dp_shard_enabled,
+                               "Shard-based data parallelism")
+
     # ------------------------------------------------------------------ collectives
     def gather(self, tensor: Any) -> Any:
         from .utils.operations import gather

@@ -134,4 +134,18 @@ _export(
     "DummyOptim", "DummyScheduler", "HfDeepSpeedConfig", "get_active_deepspeed_plugin", "map_pytorch_optim_to_deepspeed",
 )
 
+# FSDP and n-D parallelism (issue 14): the plugin and configs, and Accelerate's fsdp_utils names
+_export(
+    "accel.utils.fsdp_plugin",
+    "DeepSpeedSequenceParallelConfig", "FullyShardedDataParallelPlugin", "TorchContextParallelConfig",
+    "TorchTensorParallelConfig", "TorchTensorParallelPlugin", "get_module_class_from_name",
+)
+_export(
+    "accel.utils.fsdp_utils",
+    "disable_fsdp_ram_efficient_loading", "enable_fsdp_ram_efficient_loading", "fsdp2_apply_ac",
+    "fsdp2_canonicalize_names", "fsdp2_load_full_state_dict", "fsdp2_prepare_model", "fsdp2_switch_optimizer_parameters",
+    "get_fsdp2_grad_scaler", "load_fsdp_model", "load_fsdp_optimizer", "merge_fsdp_weights", "save_fsdp_model",
+    "save_fsdp_optimizer",
+)
+
 __getattr__, __dir__ = lazy_exports('accel.utils', globals(), _LAZY)

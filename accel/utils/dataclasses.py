@@ -634,6 +634,13 @@ __all__ = [
 # this module stays light and free of import cycles.
 _PLUGIN_MODULES = {
     "DeepSpeedPlugin": "accel.utils.deepspeed",
+    # FSDP and n-D parallelism (issue 14)
+    "FullyShardedDataParallelPlugin": "accel.utils.fsdp_plugin",
+    "TorchTensorParallelPlugin": "accel.utils.fsdp_plugin",
+    "TorchContextParallelConfig": "accel.utils.fsdp_plugin",
+    "TorchTensorParallelConfig": "accel.utils.fsdp_plugin",
+    "DeepSpeedSequenceParallelConfig": "accel.utils.fsdp_plugin",
+    "get_module_class_from_name": "accel.utils.fsdp_plugin",
 }
 
 

@@ -1,0 +1,773 @@
+"""Fully sharded data parallelism: FSDP2 (``fully_shard``, per-parameter DTensor shards) and FSDP1.
+
+``prepare`` shards each model as its ``FullyShardedDataParallelPlugin`` says (wrap policy, reshard
+after forward / sharding strategy, CPU offload, FSDP mixed precision, activation checkpointing,
+ignored modules, rank-0 loading), over the ``ParallelismConfig`` mesh when there is one (HSDP:
+replicate x shard; tensor parallelism first through torch's ``parallelize_module``). An optimizer
+created before ``prepare`` is switched to the sharded parameters, so it steps the DTensors.
+
+State dicts go through ``torch.distributed.checkpoint.state_dict``: ``get_state_dict`` gathers the
+full model on rank 0 (a collective), ``save_state`` writes ``FULL_STATE_DICT`` files or DCP shards
+(``SHARDED_STATE_DICT``) that another world size can load. The file layout is Accelerate's
+(``pytorch_model_fsdp_<i>``, ``optimizer_<i>``), so ``merge_fsdp_weights`` reads it.
+
+Everything from torch.distributed.fsdp is imported when first used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import re
+import socket
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+
+from ..backends import UnsupportedFeatureError
+from ..utils.dataclasses import DistributedType
+from .base import Strategy, StrategyCheckpoint
+
+logger = logging.getLogger(__name__)
+
+FSDP_MODEL_NAME = "pytorch_model_fsdp"
+OPTIMIZER_NAME = "optimizer"
+_CANONICAL = (("._checkpoint_wrapped_module", ""), ("_checkpoint_wrapped_module.", ""), ("_fsdp_wrapped_module.", ""),
+              ("._fsdp_wrapped_module", ""), ("._orig_mod", ""))
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def fsdp2_canonicalize_names(named_params: dict[str, Any]) -> dict[str, Any]:
+    """``named_params`` with the names wrappers add (activation checkpointing, FSDP1, torch.compile) removed."""
+    out = {}
+    for name, value in named_params.items():
+        if name.startswith("_orig_mod."):
+            name = name[len("_orig_mod."):]
+        for old, new in _CANONICAL:
+            name = name.replace(old, new)
+        out[name] = value
+    return out
+
+
+def _is_fsdp2(model: Any) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def _is_fsdp1(model: Any) -> bool:
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return isinstance(model, FullyShardedDataParallel)
+
+
+def _ignored_modules(spec: Any, model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules ``ignored_modules`` names: a regex full-matched against module names, or modules."""
+    if spec is None:
+        return []
+    if isinstance(spec, str):
+        pattern = re.compile(spec)
+        found = [m for name, m in model.named_modules() if name and pattern.fullmatch(name)]
+        if not found:
+            raise ValueError(f"ignored_modules={spec!r} matches no module name of {type(model).__name__}")
+        return found
+    return list(spec)
+
+
+def get_fsdp2_grad_scaler(**kwargs: Any) -> Any:
+    """The grad scaler for fp16 under FSDP: torch's ShardedGradScaler, which agrees on inf/NaN across ranks."""
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    return ShardedGradScaler(**kwargs)
+
+
+def fsdp2_switch_optimizer_parameters(optimizer: torch.optim.Optimizer, mapping: dict[Any, torch.nn.Parameter]) -> None:
+    """Point ``optimizer`` at the sharded parameters: ``mapping`` takes an original parameter (or its id) to its shard.
+
+    Optimizer state already held for a parameter moves with it. KeyError when a parameter has no
+    sharded counterpart (stepping the stale tensor would silently train nothing).
+    """
+    # keyed by id: a tensor key would be compared with ``==`` on a hash collision
+    by_id = {(key if isinstance(key, int) else id(key)): value for key, value in mapping.items()}
+    moved_state = {}
+    for group in optimizer.param_groups:
+        new_params = []
+        for p in group["params"]:
+            new = by_id.get(id(p))
+            if new is None:
+                raise KeyError(f"an optimizer parameter of shape {tuple(p.shape)} belongs to no model prepared with FSDP, so it "
+                               "cannot be switched to a sharded parameter; prepare the model with (or before) its optimizer")
+            if p in optimizer.state:
+                moved_state[new] = optimizer.state.pop(p)
+            new_params.append(new)
+        group["params"] = new_params
+    optimizer.state.update(moved_state)
+
+
+def _options(full: bool, model: Any = None, **kwargs: Any) -> Any:
+    """State dict options: full or sharded, copied to host memory.
+
+    FSDP1 frees the gathered storage it would copy from, so when its parameters already live in host
+    memory the "copy to host" is skipped there (it would return tensors over freed storage); the
+    tensors are cloned instead.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    offload = not (model is not None and _is_fsdp1(model) and _on_host(model))
+    return StateDictOptions(full_state_dict=full, cpu_offload=offload, **kwargs)
+
+
+def _on_host(model: torch.nn.Module) -> bool:
+    param = next(iter(model.parameters()), None)
+    return param is None or param.device == torch.device("cpu")
+
+
+def _checkpoint_name(base: str, index: int, ext: str = "") -> str:
+    return f"{base}{ext}" if index == 0 else f"{base}_{index}{ext}"
+
+
+def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+    while not isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "optimizer"):
+        optimizer = optimizer.optimizer
+    return optimizer
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def save_fsdp_model(fsdp_plugin: Any, accelerator: Any, model: torch.nn.Module, output_dir: str | os.PathLike,
+                    model_index: int = 0, adapter_only: bool = False, use_dcp: bool = True) -> str:
+    """Save an FSDP model: ``pytorch_model_fsdp[_i].bin`` on rank 0 (FULL_STATE_DICT) or the DCP folder
+    ``pytorch_model_fsdp_<i>`` (SHARDED_STATE_DICT, every rank writes its shards). Every rank must call it."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    if adapter_only:
+        raise NotImplementedError("adapter_only (PEFT adapters) is not supported by accel's FSDP checkpoints")
+    output_dir = Path(output_dir)
+    sharded = fsdp_plugin.is_sharded_state_dict
+    state = get_model_state_dict(model, options=_options(full=not sharded, model=model))
+    if sharded:
+        target = output_dir / f"{FSDP_MODEL_NAME}_{model_index}"
+        target.mkdir(parents=True, exist_ok=True)
+        dcp.save({"model": state}, checkpoint_id=str(target))
+    else:
+        target = output_dir / _checkpoint_name(FSDP_MODEL_NAME, model_index, ".bin")
+        if _rank() == 0:
+            output_dir.mkdir(parents=True, exist_ok=True)
+            torch.save(state, target)
+        _barrier()
+    logger.info("FSDP model %d saved to %s", model_index, target)
+    return target.name
+
+
+def load_fsdp_model(fsdp_plugin: Any, accelerator: Any, model: torch.nn.Module, input_dir: str | os.PathLike,
+                    model_index: int = 0, adapter_only: bool = False, use_dcp: bool = True) -> Any:
+    """Load what :func:`save_fsdp_model` wrote into the sharded ``model`` (any world size for DCP shards)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    if adapter_only:
+        raise NotImplementedError("adapter_only (PEFT adapters) is not supported by accel's FSDP checkpoints")
+    input_dir = Path(input_dir)
+    if fsdp_plugin.is_sharded_state_dict:
+        folder = input_dir if (input_dir / ".metadata").is_file() else input_dir / f"{FSDP_MODEL_NAME}_{model_index}"
+        if not (folder / ".metadata").is_file():
+            raise FileNotFoundError(f"no sharded FSDP model checkpoint (DCP .metadata) in {folder}")
+        state = get_model_state_dict(model, options=_options(full=False, model=model))
+        dcp.load({"model": state}, checkpoint_id=str(folder))
+        return set_model_state_dict(model, state, options=_options(full=False, model=model))
+    path = input_dir / _checkpoint_name(FSDP_MODEL_NAME, model_index, ".bin")
+    if not path.is_file():
+        raise FileNotFoundError(f"no full FSDP model checkpoint at {path}")
+    full = torch.load(path, map_location="cpu", weights_only=True) if _rank() == 0 else {}
+    return set_model_state_dict(model, full, options=_options(full=True, model=model, broadcast_from_rank0=True))
+
+
+def save_fsdp_optimizer(fsdp_plugin: Any, accelerator: Any, optimizer: Any, model: torch.nn.Module,
+                        output_dir: str | os.PathLike, optimizer_index: int = 0, use_dcp: bool = True) -> str:
+    """Save the optimizer of an FSDP model: ``optimizer[_i].bin`` on rank 0 (FULL) or the DCP folder ``optimizer_<i>``."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    output_dir = Path(output_dir)
+    sharded = fsdp_plugin.is_sharded_state_dict
+    state = get_optimizer_state_dict(model, _torch_optimizer(optimizer), options=_options(full=not sharded, model=model))
+    if sharded:
+        target = output_dir / f"{OPTIMIZER_NAME}_{optimizer_index}"
+        target.mkdir(parents=True, exist_ok=True)
+        dcp.save({"optimizer": state}, checkpoint_id=str(target))
+    else:
+        target = output_dir / _checkpoint_name(OPTIMIZER_NAME, optimizer_index, ".bin")
+        if _rank() == 0:
+            output_dir.mkdir(parents=True, exist_ok=True)
+            torch.save(state, target)
+        _barrier()
+    return target.name
+
+
+def load_fsdp_optimizer(fsdp_plugin: Any, accelerator: Any, optimizer: Any, model: torch.nn.Module,
+                        input_dir: str | os.PathLike, optimizer_index: int = 0, adapter_only: bool = False,
+                        use_dcp: bool = True) -> None:
+    """Load what :func:`save_fsdp_optimizer` wrote into ``optimizer`` (any world size for DCP shards)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    torch_optimizer = _torch_optimizer(optimizer)
+    input_dir = Path(input_dir)
+    if fsdp_plugin.is_sharded_state_dict:
+        folder = input_dir if (input_dir / ".metadata").is_file() else input_dir / f"{OPTIMIZER_NAME}_{optimizer_index}"
+        if not (folder / ".metadata").is_file():
+            raise FileNotFoundError(f"no sharded FSDP optimizer checkpoint (DCP .metadata) in {folder}")
+        state = get_optimizer_state_dict(model, torch_optimizer, options=_options(full=False, model=model))
+        dcp.load({"optimizer": state}, checkpoint_id=str(folder))
+        set_optimizer_state_dict(model, torch_optimizer, state, options=_options(full=False, model=model))
+        return
+    path = input_dir / _checkpoint_name(OPTIMIZER_NAME, optimizer_index, ".bin")
+    if not path.is_file():
+        raise FileNotFoundError(f"no full FSDP optimizer checkpoint at {path}")
+    full = torch.load(path, map_location="cpu", weights_only=False) if _rank() == 0 else {}
+    set_optimizer_state_dict(model, torch_optimizer, full, options=_options(full=True, model=model, broadcast_from_rank0=True))
+
+
+def fsdp2_load_full_state_dict(accelerator: Any, model: torch.nn.Module, full_sd: dict[str, torch.Tensor],
+                               cpu_offload: bool = False) -> None:
+    """Fill the sharded ``model`` from rank 0's full state dict (the other ranks pass anything; rank 0's is broadcast)."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    set_model_state_dict(model, full_sd if _rank() == 0 else {}, options=_options(full=True, broadcast_from_rank0=True))
+
+
+def fsdp2_prepare_model(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:
+    """Shard ``model`` with ``fully_shard`` as the Accelerator's FSDP plugin says (what ``prepare`` does for a model)."""
+    strategy = accelerator.strategy
+    if not isinstance(strategy, FSDPStrategy):
+        raise ValueError("fsdp2_prepare_model needs an Accelerator that runs FSDP (fsdp_plugin=... or accel launch --use_fsdp)")
+    return strategy.wrap_model(model)
+
+
+def fsdp2_apply_ac(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:
+    """Wrap the layers the plugin's wrap policy selects in non-reentrant activation checkpointing (in place)."""
+    strategy = accelerator.strategy
+    plugin = strategy.plugin
+    return strategy._apply_activation_checkpointing(model, strategy._wrap_predicate(plugin, model))
+
+
+class FSDPStrategy(Strategy):
+    """Models are sharded across ranks (FSDP2 ``fully_shard`` or FSDP1); every rank holds only its shards."""
+
+    name = "fsdp"
+    state_dict_is_collective = True
+
+    def __init__(self, accelerator: Any):
+        super().__init__(accelerator)
+        backend = accelerator.backend
+        if not backend.supports_multiprocess():
+            raise UnsupportedFeatureError(
+                backend.name, "FSDP",
+                f"FSDP shards parameters across processes with collectives, and this backend has none "
+                f"({backend.comm_backend_reason() or 'no torch.distributed backend'}); train without fsdp_plugin")
+        if self.state.fsdp_plugin is None:
+            from ..utils.fsdp_plugin import FullyShardedDataParallelPlugin
+
+            self.state.fsdp_plugin = FullyShardedDataParallelPlugin()
+        self._ensure_process_group()
+        self._mesh: Any = None
+        #: id(original parameter) -> sharded parameter, for optimizers prepared after their model
+        self._param_map: dict[int, torch.nn.Parameter] = {}
+        #: FSDP1 without use_orig_params: (ids of a model's original parameters, its flat parameters)
+        self._flat_groups: list[tuple[frozenset[int], list[torch.nn.Parameter]]] = []
+        self._settle_parallelism_config()
+
+    # ------------------------------------------------------------------ identity
+    @property
+    def distributed_type(self) -> DistributedType:
+        return DistributedType.FSDP
+
+    @property
+    def plugin(self) -> Any:
+        """The FullyShardedDataParallelPlugin of this run."""
+        return self.state.fsdp_plugin
+
+    @property
+    def is_fsdp2(self) -> bool:
+        return self.plugin.fsdp_version == 2
+
+    def describe(self) -> str:
+        plugin = self.plugin
+        how = (f"reshard_after_forward={plugin.reshard_after_forward}" if self.is_fsdp2
+               else f"sharding_strategy={getattr(plugin.sharding_strategy, 'name', plugin.reshard_after_forward)}")
+        mesh = self.device_mesh
+        where = f", mesh {tuple(mesh.mesh_dim_names)}={tuple(mesh.shape)}" if mesh is not None and mesh.mesh_dim_names else ""
+        return f"fsdp{plugin.fsdp_version} ({how}, state_dict_type={plugin.state_dict_type.name}{where})"
+
+    # ------------------------------------------------------------------ set-up
+    def _ensure_process_group(self) -> None:
+        """FSDP needs a process group even for one process (as DeepSpeed does)."""
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            return
+        state = self.state
+        if state.num_processes > 1:  # pragma: no cover - PartialState creates the group for several ranks
+            raise RuntimeError("FSDP: several processes but no process group")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        dist.init_process_group(backend=self.accelerator.backend.comm_backend, rank=0, world_size=1)
+
+    def _settle_parallelism_config(self) -> None:
+        from ..parallelism_config import ParallelismConfig
+
+        config = self.state.parallelism_config
+        if config is None and str(os.environ.get("ACCELERATE_USE_PARALLELISM_CONFIG", "false")).lower() in ("1", "true"):
+            config = ParallelismConfig()
+            self.state.parallelism_config = config
+        if config is None:
+            return
+        if self.state.num_processes > 1 or config.total_size > 1:
+            config.get_device_mesh(self.accelerator.backend.device_type)
+        config._validate_accelerator(self.accelerator)
+        if not self.is_fsdp2 and config.total_size > 1:
+            raise ValueError("ParallelismConfig (HSDP/TP meshes) needs FSDP2: pass FullyShardedDataParallelPlugin(fsdp_version=2)")
+
+    @property
+    def device_mesh(self) -> Any:
+        """The mesh FSDP shards over: the ParallelismConfig's, else a 1-D mesh of all ranks."""
+        config = self.state.parallelism_config
+        if config is not None and config.device_mesh is not None:
+            return config.device_mesh
+        if self._mesh is None:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            self._mesh = init_device_mesh(self.accelerator.backend.device_type, (self.state.num_processes,),
+                                          mesh_dim_names=("dp_shard",))
+        return self._mesh
+
+    def _shard_mesh(self) -> Any:
+        config = self.state.parallelism_config
+        mesh = self.device_mesh
+        if config is not None and config.device_mesh is not None:
+            return mesh[tuple(config.fsdp_dim_names)]
+        return mesh
+
+    def plan_precision(self, requested: str, autocast_handler: Any = None, scaler_handler: Any = None) -> Any:
+        """accel's autocast as for DDP, plus FSDP's own mixed precision policy for the same dtype (as Accelerate).
+
+        Parameters are all-gathered and computed in the low precision (``param_dtype``), gradients reduced
+        in it; the sharded fp32 master weights stay in fp32. fp16 gets a ShardedGradScaler, so every rank
+        skips the same steps.
+        """
+        plan = super().plan_precision(requested, autocast_handler, scaler_handler)
+        plugin = self.plugin
+        if plan.dtype is not None and plugin.mixed_precision_policy is None:
+            plugin.set_mixed_precision(plan.used)
+        if plan.scaler is not None:
+            kwargs = scaler_handler.to_kwargs() if scaler_handler is not None else {}
+            plan.scaler = get_fsdp2_grad_scaler(device=self.accelerator.backend.autocast_device_type(), **kwargs)
+        return plan
+
+    # ------------------------------------------------------------------ prepare
+    def prepare(self, models: Sequence[torch.nn.Module], optimizers: Sequence[Any], schedulers: Sequence[Any],
+                model_placement: Sequence[bool], optimizer_placement: Sequence[bool],
+                evaluation_mode: bool = False, dataloaders: Sequence[Any] = ()) -> tuple[list[Any], list[Any], list[Any]]:
+        prepared_models = [self.setup_model(m, p, evaluation_mode) for m, p in zip(models, model_placement)]
+        prepared_optimizers = [self.setup_optimizer(o, p) for o, p in zip(optimizers, optimizer_placement)]
+        known = list(self.accelerator._optimizers) + prepared_optimizers
+        prepared_schedulers = [self.setup_scheduler(s, known) for s in schedulers]
+        return prepared_models, prepared_optimizers, prepared_schedulers
+
+    def setup_model(self, model: torch.nn.Module, device_placement: bool, evaluation_mode: bool = False) -> torch.nn.Module:
+        if _is_fsdp1(model) or _is_fsdp2(model):
+            return model
+        if evaluation_mode:
+            return super().setup_model(model, device_placement, evaluation_mode=True)
+        wrapped = self.wrap_model(model, device_placement)
+        self.precision.wrap_forward(wrapped, self.accelerator.backend)
+        return wrapped
+
+    def setup_optimizer(self, optimizer: Any, device_placement: bool) -> Any:
+        torch_optimizer = _torch_optimizer(optimizer)
+        if isinstance(torch_optimizer, torch.optim.Optimizer) and self._param_map:
+            stale = [p for g in torch_optimizer.param_groups for p in g["params"] if id(p) in self._param_map]
+            if stale:
+                fsdp2_switch_optimizer_parameters(
+                    torch_optimizer, {id(p): self._param_map.get(id(p), p) for g in torch_optimizer.param_groups for p in g["params"]})
+        if isinstance(torch_optimizer, torch.optim.Optimizer):
+            self._switch_to_flat_parameters(torch_optimizer)
+        return super().setup_optimizer(optimizer, device_placement)
+
+    def _switch_to_flat_parameters(self, optimizer: torch.optim.Optimizer) -> None:
+        """FSDP1 (use_orig_params=False): a param group holding a model's parameters steps its flat parameters."""
+        for originals, flat in self._flat_groups:
+            for group in optimizer.param_groups:
+                ids = {id(p) for p in group["params"]}
+                if not ids & originals:
+                    continue
+                if not ids <= originals or len(optimizer.param_groups) > 1:
+                    raise ValueError(
+                        "FSDP1 with use_orig_params=False flattens the model's parameters, so an optimizer must hold all of "
+                        "them in one param group; use FullyShardedDataParallelPlugin(use_orig_params=True) (or FSDP2) for "
+                        "several param groups")
+                if optimizer.state:
+                    raise ValueError("an optimizer that already stepped cannot be switched to FSDP1 flat parameters; "
+                                     "prepare it before training")
+                group["params"] = list(flat)
+
+    def wrap_model(self, model: torch.nn.Module, device_placement: bool = True) -> torch.nn.Module:
+        """Shard ``model`` (FSDP2 in place, FSDP1 in a wrapper) and record its parameter mapping."""
+        if any(p.device.type == "meta" for p in model.parameters()) and not self.plugin.cpu_ram_efficient_loading:
+            raise ValueError("the model has parameters on the meta device; load real weights first, or enable "
+                             "cpu_ram_efficient_loading so rank 0's weights fill them")
+        old_names = {id(p): n for n, p in fsdp2_canonicalize_names(dict(model.named_parameters())).items()}
+        old_params = {id(p): p for p in model.parameters()}
+        if self.is_fsdp2:
+            wrapped = self._fully_shard(model, device_placement)
+        else:
+            wrapped = self._fsdp1(model, device_placement)
+        new_named = fsdp2_canonicalize_names(dict(wrapped.named_parameters()))
+        for pid, name in old_names.items():
+            new = new_named.get(name)
+            if new is not None and new is not old_params[pid]:
+                self._param_map[pid] = new
+        return wrapped
+
+    # FSDP2 ---------------------------------------------------------------
+    def _wrap_predicate(self, plugin: Any, model: torch.nn.Module) -> Callable[[torch.nn.Module, int], bool] | None:
+        """Which submodules get their own FSDP unit: ``pred(module, nonwrapped_numel)``; None: only the root."""
+        from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
+
+        policy = plugin.auto_wrap_policy
+        if policy is None:
+            return None
+        if policy is transformer_auto_wrap_policy or getattr(policy, "func", None) is transformer_auto_wrap_policy:
+            classes = plugin._wrap_classes(model)
+            return lambda module, numel: isinstance(module, classes)
+        if policy is size_based_auto_wrap_policy or getattr(policy, "func", None) is size_based_auto_wrap_policy:
+            threshold = getattr(policy, "keywords", {}).get("min_num_params", plugin.min_num_params) or 0
+            if threshold <= 0:
+                return None
+            return lambda module, numel: numel >= threshold
+        return lambda module, numel: bool(policy(module=module, recurse=False, nonwrapped_numel=numel))
+
+    def _units(self, model: torch.nn.Module, predicate: Callable[[torch.nn.Module, int], bool] | None,
+               ignored: set[int]) -> list[torch.nn.Module]:
+        """Submodules (children before parents, root excluded) that get their own FSDP unit."""
+        if predicate is None:
+            return []
+        units: list[torch.nn.Module] = []
+        covered: set[int] = set(ignored)
+
+        def visit(module: torch.nn.Module) -> None:
+            for child in module.children():
+                visit(child)
+            if module is model or id(module) in ignored:
+                return
+            params = [p for p in module.parameters() if id(p) not in covered]
+            numel = sum(p.numel() for p in params)
+            if params and predicate(module, numel):
+                units.append(module)
+                covered.update(id(p) for p in params)
+
+        visit(model)
+        return units
+
+    def _apply_activation_checkpointing(self, model: torch.nn.Module, predicate: Any) -> torch.nn.Module:
+        import functools
+
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+            CheckpointImpl,
+            apply_activation_checkpointing,
+            checkpoint_wrapper,
+        )
+
+        if predicate is None:
+            logger.warning("activation_checkpointing has no layers to checkpoint without an auto_wrap_policy; "
+                           "set transformer_cls_names_to_wrap or min_num_params")
+            return model
+        targets = {id(m) for m in self._units(model, predicate, set())}
+        apply_activation_checkpointing(
+            model, checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
+            check_fn=lambda m: id(m) in targets)
+        return model
+
+    def _fully_shard(self, model: torch.nn.Module, device_placement: bool) -> torch.nn.Module:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        plugin = self.plugin
+        device = self.device
+        ignored_modules = _ignored_modules(plugin.ignored_modules, model)
+        ignored_params = {p for m in ignored_modules for p in m.parameters()}
+        ignored_ids = {id(m) for m in ignored_modules}
+
+        full_state = None
+        buffers: dict[str, torch.Tensor] = {}
+        if plugin.cpu_ram_efficient_loading:
+            full_state, buffers = self._take_rank0_weights(model)
+            model.to("meta")
+        elif device_placement and not plugin.offloads_params:
+            model.to(device)
+
+        config = self.state.parallelism_config
+        if config is not None and config.tp_enabled:
+            self._apply_tensor_parallel(model)
+
+        predicate = self._wrap_predicate(plugin, model)
+        if plugin.activation_checkpointing:
+            self._apply_activation_checkpointing(model, predicate)
+        kwargs: dict[str, Any] = {
+            "mesh": self._shard_mesh(),
+            "reshard_after_forward": plugin.reshard_after_forward if plugin.reshard_after_forward is not None else True,
+            "mp_policy": plugin.mixed_precision_policy or MixedPrecisionPolicy(),
+            "offload_policy": plugin.cpu_offload,
+        }
+        if ignored_params:
+            kwargs["ignored_params"] = ignored_params
+        for unit in self._units(model, predicate, ignored_ids):
+            fully_shard(unit, **kwargs)
+        fully_shard(model, **kwargs)
+
+        if full_state is not None:
+            model.to_empty(device="cpu" if plugin.offloads_params else device)
+            fsdp2_load_full_state_dict(self.accelerator, model, full_state)
+            for name, value in buffers.items():
+                owner, _, leaf = name.rpartition(".")
+                module = model.get_submodule(owner) if owner else model
+                module._buffers[leaf] = value.to(device)
+        return model
+
+    def _take_rank0_weights(self, model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """cpu_ram_efficient_loading: rank 0's full state dict (host) and every rank's non-persistent buffers."""
+        from ..utils.operations import broadcast_object_list
+
+        rank0 = self.state.process_index == 0
+        full = {k: v.detach().cpu() for k, v in model.state_dict().items()} if rank0 else {}
+        persistent = set(model.state_dict().keys()) if rank0 else set()
+        buffers = [{n: b.detach().cpu() for n, b in model.named_buffers() if n not in persistent} if rank0 else None]
+        if self.state.num_processes > 1:
+            broadcast_object_list(buffers, from_process=0)
+        return full, buffers[0] or {}
+
+    def _apply_tensor_parallel(self, model: torch.nn.Module) -> None:
+        """Tensor parallelism with torch's ``parallelize_module`` and the plan the model gives (``tp_plan``)."""
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        plan = getattr(model, "tp_plan", None) or getattr(model, "_tp_plan", None)
+        if not plan:
+            raise ValueError(f"ParallelismConfig(tp_size={self.state.parallelism_config.tp_size}) needs a tensor parallel "
+                             f"plan: give {type(model).__name__} a `tp_plan` dict of submodule name -> ParallelStyle "
+                             "(or 'colwise'/'rowwise')")
+        styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+        resolved = {}
+        for name, style in plan.items():
+            if isinstance(style, str):
+                if style not in styles:
+                    raise ValueError(f"tp_plan[{name!r}] = {style!r}: accel knows {sorted(styles)} or a torch ParallelStyle")
+                style = styles[style]()
+            resolved[name] = style
+        parallelize_module(model, self.device_mesh["tp"], resolved)
+
+    # FSDP1 ---------------------------------------------------------------
+    def _fsdp1(self, model: torch.nn.Module, device_placement: bool) -> torch.nn.Module:
+        from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+
+        plugin = self.plugin
+        originals = frozenset(id(p) for p in model.parameters())
+        predicate = self._wrap_predicate(plugin, model)
+        auto_wrap = None
+        if predicate is not None:
+            targets = {id(m) for m in self._units(model, predicate, {id(m) for m in _ignored_modules(plugin.ignored_modules, model)})}
+
+            def auto_wrap(module: torch.nn.Module, recurse: bool, nonwrapped_numel: int) -> bool:
+                return True if recurse else id(module) in targets
+        if plugin.activation_checkpointing:
+            self._apply_activation_checkpointing(model, predicate)
+        strategy = plugin.sharding_strategy if plugin.sharding_strategy is not None else plugin.reshard_after_forward
+        if device_placement and not plugin.offloads_params and not plugin.cpu_ram_efficient_loading:
+            model.to(self.device)
+        kwargs: dict[str, Any] = {
+            "sharding_strategy": strategy,
+            "cpu_offload": plugin.cpu_offload,
+            "auto_wrap_policy": auto_wrap,
+            "mixed_precision": plugin.mixed_precision_policy,
+            "sync_module_states": bool(plugin.sync_module_states),
+            "backward_prefetch": plugin.backward_prefetch,
+            "forward_prefetch": bool(plugin.forward_prefetch),
+            "use_orig_params": bool(plugin.use_orig_params),
+            "limit_all_gathers": plugin.limit_all_gathers,
+            "ignored_modules": _ignored_modules(plugin.ignored_modules, model) or None,
+            "device_id": self.device,
+        }
+        if plugin.param_init_fn is not None:
+            kwargs["param_init_fn"] = plugin.param_init_fn
+        if strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2):
+            config = self.state.parallelism_config
+            if config is not None and config.device_mesh is not None:
+                kwargs["device_mesh"] = self._shard_mesh()
+        wrapped = FullyShardedDataParallel(model, **kwargs)
+        if not plugin.use_orig_params:
+            # the original parameters are gone into flat parameters: an optimizer over all of them switches to those
+            self._flat_groups.append((originals, [p for p in wrapped.parameters() if p.requires_grad]))
+        return wrapped
+
+    # ------------------------------------------------------------------ training step
+    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2) -> torch.Tensor:
+        """Clip by the global norm over all shards (every rank must call it); returns that norm."""
+        self.unscale_gradients(self.accelerator._optimizers)
+        parameters = list(parameters)
+        for model in self.accelerator._models:
+            if _is_fsdp1(model) and {id(p) for p in model.parameters()} >= {id(p) for p in parameters} and parameters:
+                return model.clip_grad_norm_(max_norm, norm_type)
+        return _clip_sharded_grad_norm_(parameters, max_norm, norm_type)
+
+    def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:
+        self.unscale_gradients(self.accelerator._optimizers)
+        for p in parameters:
+            if p.grad is not None:
+                _local(p.grad).clamp_(min=-clip_value, max=clip_value)
+
+    @contextlib.contextmanager
+    def no_sync(self, model: torch.nn.Module):
+        if _is_fsdp1(model):
+            with model.no_sync():
+                yield
+            return
+        if _is_fsdp2(model):
+            model.set_requires_gradient_sync(False)
+            try:
+                yield
+            finally:
+                model.set_requires_gradient_sync(True)
+            return
+        yield
+
+    @contextlib.contextmanager
+    def trigger_sync_in_backward(self, model: torch.nn.Module):
+        if _is_fsdp2(model):
+            model.set_requires_gradient_sync(True)
+            yield
+            return
+        if _is_fsdp1(model):
+            raise UnsupportedFeatureError(self.accelerator.backend.name, "trigger_sync_in_backward under FSDP1",
+                                          "leave the no_sync block for the synchronising backward instead")
+        yield
+
+    # ------------------------------------------------------------------ models and state
+    def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model.module if _is_fsdp1(model) else model
+
+    def is_wrapped(self, model: torch.nn.Module) -> bool:
+        return _is_fsdp1(model) or _is_fsdp2(model)
+
+    def _sharded_model_for(self, model: torch.nn.Module) -> torch.nn.Module | None:
+        for prepared in self.accelerator._models:
+            if model is prepared or model is self.unwrap_model(prepared):
+                return prepared
+        return model if self.is_wrapped(model) else None
+
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        """The full (unsharded) state dict on rank 0, on the host; the other ranks get ``{}``. A collective."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        sharded = self._sharded_model_for(model)
+        if sharded is None:
+            return super().get_state_dict(model, unwrap)
+        state = get_model_state_dict(sharded, options=_options(full=True, model=sharded))
+        if self.state.process_index != 0:
+            return {}
+        copy = _is_fsdp1(sharded) and _on_host(sharded)  # not offloaded: do not hand out views of the model's storage
+        return {k: v.detach().to("cpu", copy=copy) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+
+    # ------------------------------------------------------------------ checkpoints
+    def _model_of(self, optimizer: Any, index: int) -> torch.nn.Module:
+        params = {id(p) for g in _torch_optimizer(optimizer).param_groups for p in g["params"]}
+        for model in self.accelerator._models:
+            if params & {id(p) for p in model.parameters()}:
+                return model
+        models = self.accelerator._models
+        if not models:
+            raise ValueError("FSDP optimizer checkpoints need the optimizer's model to be prepared too")
+        return models[min(index, len(models) - 1)]
+
+    def save_checkpoint(self, output_dir: Path, **kwargs: Any) -> StrategyCheckpoint:
+        plugin = self.plugin
+        files = []
+        for i, model in enumerate(self.accelerator._models):
+            files.append(save_fsdp_model(plugin, self.accelerator, model, output_dir, i))
+        for i, optimizer in enumerate(self.accelerator._optimizers):
+            files.append(save_fsdp_optimizer(plugin, self.accelerator, optimizer, self._model_of(optimizer, i), output_dir, i))
+        return StrategyCheckpoint("fsdp", owns=["models", "optimizers"], files=files, extra={
+            "fsdp_version": plugin.fsdp_version, "state_dict_type": plugin.state_dict_type.name,
+            "num_models": len(self.accelerator._models), "num_optimizers": len(self.accelerator._optimizers),
+            "world_size": self.state.num_processes,
+        })
+
+    def load_checkpoint(self, input_dir: Path, saved: dict[str, Any], **kwargs: Any) -> None:
+        plugin = self.plugin
+        saved_type = saved.get("state_dict_type")
+        if saved_type is not None and saved_type != plugin.state_dict_type.name:
+            raise ValueError(f"checkpoint {input_dir} holds an FSDP {saved_type} but this run uses "
+                             f"state_dict_type={plugin.state_dict_type.name}; load it with the same state_dict_type")
+        for key, prepared in (("num_models", self.accelerator._models), ("num_optimizers", self.accelerator._optimizers)):
+            if saved.get(key) is not None and saved[key] != len(prepared):
+                raise ValueError(f"checkpoint {input_dir} holds {saved[key]} FSDP {key[4:]} but {len(prepared)} were prepared")
+        if plugin.state_dict_type.name != "SHARDED_STATE_DICT" and saved.get("world_size") not in (None, self.state.num_processes):
+            logger.info("loading a full FSDP checkpoint saved at world size %s into %d ranks", saved["world_size"],
+                        self.state.num_processes)
+        for i, model in enumerate(self.accelerator._models):
+            load_fsdp_model(plugin, self.accelerator, model, input_dir, i)
+        for i, optimizer in enumerate(self.accelerator._optimizers):
+            load_fsdp_optimizer(plugin, self.accelerator, optimizer, self._model_of(optimizer, i), input_dir, i)
+
+    def release(self) -> None:
+        self._param_map.clear()
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return tensor._local_tensor if isinstance(tensor, DTensor) else tensor
+
+
+def _clip_sharded_grad_norm_(parameters: list[torch.Tensor], max_norm: float, norm_type: float = 2) -> torch.Tensor:
+    """``clip_grad_norm_`` over DTensor (sharded) and plain gradients together: the norm of the full gradient."""
+    from torch.distributed.tensor import DTensor
+
+    norm_type = float(norm_type)
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return torch.tensor(0.0)
+    norms = []
+    for group in ([g for g in grads if isinstance(g, DTensor)], [g for g in grads if not isinstance(g, DTensor)]):
+        if not group:
+            continue
+        norm = torch.nn.utils.get_total_norm(group, norm_type)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    device = norms[0].device
+    norms = [n.to(device) for n in norms]
+    if math.isinf(norm_type):
+        total = torch.stack(norms).max()
+    else:
+        total = torch.stack([n.pow(norm_type) for n in norms]).sum().pow(1.0 / norm_type)
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for g in grads:
+        local = _local(g)
+        local.mul_(coef.to(local.device, local.dtype))
+    return total
