@@ -258,9 +258,35 @@ def test_config_file_path_follows_accel_config_file(capsys, monkeypatch, tmp_pat
     assert data["config_file"] == {"path": str(target), "exists": False}
     assert data["environment_variables"]["ACCEL_CONFIG_FILE"] == str(target)
 
-    target.write_text("compute_environment: LOCAL_MACHINE\n")
+    target.write_text("compute_environment: LOCAL_MACHINE\nnum_processes: 2\nuse_cpu: true\n")
     assert config_file_in_use() == (target, True)
-    assert run_env(capsys)["config_file"] == {"path": str(target), "exists": True}
+    section = run_env(capsys)["config_file"]
+    assert (section["path"], section["exists"]) == (str(target), True)
+    assert section["contents"]["num_processes"] == 2 and section["contents"]["use_cpu"] is True
+
+
+def test_env_config_file_option_prints_the_contents_or_the_problem(capsys, tmp_path):
+    config = tmp_path / "mine.yaml"
+    config.write_text("distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_version: 2\n")
+    assert cli.main(["env", "--config_file", str(config)]) == 0
+    out = capsys.readouterr().out
+    section = out[out.index("config file"):]
+    assert str(config) in section and "distributed_type" in section and "FSDP" in section and "fsdp_version=2" in section
+    config.write_text("num_proceses: 2\n")
+    assert cli.main(["env", "--config_file", str(config)]) == 0
+    assert "unknown key 'num_proceses' (did you mean 'num_processes'?)" in capsys.readouterr().out
+    assert cli.main(["env", "--config_file", str(tmp_path / "none.yaml")]) == 0
+    assert f"no such file: {tmp_path / 'none.yaml'}" in capsys.readouterr().out
+
+
+def test_env_module_has_a_which_to_patch(monkeypatch, capsys):
+    import accel.commands.env as env_command_module
+
+    monkeypatch.setattr(env_command_module, "which", lambda name: None)
+    info = env_command_module.env_command(env_command_module.env_command_parser().parse_args([]))
+    assert info["`accel` bash location"] == "Not found"
+    monkeypatch.setattr(env_command_module, "which", lambda name: f"/opt/bin/{name}")
+    assert env_command_module.env_command(env_command_module.env_command_parser().parse_args([]))["`accel` bash location"] == "/opt/bin/accel"
 
 
 def test_default_config_path_uses_xdg_cache_home(monkeypatch, tmp_path):

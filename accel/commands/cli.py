@@ -64,7 +64,7 @@ def build_parser(load: str | None = None) -> argparse.ArgumentParser:
     """The full parser; only the command named ``load`` has its module imported and options added."""
     parser = _Parser(prog="accel", description="accel: one training loop on any PyTorch backend, and the tools to qualify them.")
     parser.add_argument("--version", action="version", version=f"accel {__version__}")
-    subparsers = parser.add_subparsers(dest="command", metavar="<command>", title="commands")
+    subparsers = parser.add_subparsers(dest="accel_command", metavar="<command>", title="commands")
     for name, (module_path, summary) in COMMANDS.items():
         sub = subparsers.add_parser(name, help=summary, description=summary)
         if name == load:
@@ -136,20 +136,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args, extra = parser.parse_known_args(argv)
         if extra:  # name the command the stray words were given to, not just `accel`
-            prog = f"accel {args.command}" if args.command else "accel"
+            prog = f"accel {args.accel_command}" if args.accel_command else "accel"
             _Parser(prog=prog).error(f"unrecognized arguments: {' '.join(extra)}")
     except _ParseError as exc:
         print(exc, file=sys.stderr)
         return 2
     except SystemExit as exc:  # --help and --version
         return exc.code if isinstance(exc.code, int) else 0
-    if args.command is None:
+    if args.accel_command is None:
         parser.print_help(sys.stderr)
         return 2
     try:
         return int(args._run(args))
     except UsageError as exc:
-        print(f"accel {args.command}: error: {exc}", file=sys.stderr)
+        print(f"accel {args.accel_command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
