@@ -110,3 +110,41 @@ def merge_fsdp_weights(checkpoint_dir: str, output_path: str, safe_serialization
     if distributed:
         dist.barrier()
     return written
+
+
+# ---------------------------------------------------------------------------------------------- FSDP strategy (issue 14)
+# Accelerate's other fsdp_utils names. The checkpoint and sharding helpers live with the FSDP strategy
+# (accel.strategies.fsdp) that uses them; importing them here costs nothing beyond torch.
+from ..strategies.fsdp import (  # noqa: E402
+    fsdp2_apply_ac,
+    fsdp2_canonicalize_names,
+    fsdp2_load_full_state_dict,
+    fsdp2_prepare_model,
+    fsdp2_switch_optimizer_parameters,
+    get_fsdp2_grad_scaler,
+    load_fsdp_model,
+    load_fsdp_optimizer,
+    save_fsdp_model,
+    save_fsdp_optimizer,
+)
+
+__all__ += [
+    "disable_fsdp_ram_efficient_loading", "enable_fsdp_ram_efficient_loading", "fsdp2_apply_ac", "fsdp2_canonicalize_names",
+    "fsdp2_load_full_state_dict", "fsdp2_prepare_model", "fsdp2_switch_optimizer_parameters", "get_fsdp2_grad_scaler",
+    "load_fsdp_model", "load_fsdp_optimizer", "save_fsdp_model", "save_fsdp_optimizer",
+]
+
+
+def enable_fsdp_ram_efficient_loading() -> None:
+    """Ask transformers' ``from_pretrained`` to load real weights on rank 0 only (FSDP_CPU_RAM_EFFICIENT_LOADING)."""
+    import os
+
+    os.environ.setdefault("ACCELERATE_USE_FSDP", "True")
+    os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "True"
+
+
+def disable_fsdp_ram_efficient_loading() -> None:
+    """Every rank loads the full weights again (FSDP_CPU_RAM_EFFICIENT_LOADING=False)."""
+    import os
+
+    os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "False"
