@@ -6,10 +6,10 @@ interchangeable between the two libraries. An index entry may instead point into
 (``{"safetensors_file": ..., "weight_name": ..., "dtype": ...}``): ``load_checkpoint_in_model`` offloads
 weights of a safetensors checkpoint that way, without writing a copy.
 
-Reading is memory-mapped and zero-copy: a loaded weight is a copy-on-write private mapping of its bytes
-(pre-faulted in one system call where the OS allows), so a forward pass over disk-offloaded layers costs
-no ``memcpy`` into fresh memory and writing into the tensor never touches the file. The mapping is
-released with the tensor.
+Reading is memory-mapped and zero-copy: a loaded weight is a copy-on-write private mapping of its bytes,
+so a forward pass over disk-offloaded layers reads them straight from the page cache (no ``memcpy`` into
+fresh memory), and writing into the tensor never touches the file. The mapping is released with the
+tensor, so offloaded weights stop counting in the process's memory after their layer ran.
 """
 
 from __future__ import annotations
@@ -104,8 +104,9 @@ def _map_bytes(path: str, offset: int, nbytes: int) -> torch.Tensor:
     length = offset + nbytes - start
     with open(path, "rb") as fh:
         if hasattr(mmap, "MAP_PRIVATE"):
-            flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
-            mapped = mmap.mmap(fh.fileno(), length, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=start)
+            # no MAP_POPULATE: on a private writable mapping it would copy every page up front; pages are
+            # faulted in from the page cache (with the kernel's fault-around) as the forward reads them
+            mapped = mmap.mmap(fh.fileno(), length, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=start)
         else:  # Windows
             mapped = mmap.mmap(fh.fileno(), length, access=mmap.ACCESS_COPY, offset=start)
     # frombuffer keeps ``mapped`` alive as long as the tensor (or a view of it) lives
