@@ -623,9 +623,10 @@ def build_plan(args: argparse.Namespace) -> LaunchPlan:
                 warnings.append(f"--gpu_ids {gpu_ids} lists {len(specific_ids)} device(s) for {nproc_per_node} processes per machine: ranks will share devices")
         else:
             warnings.append(f"--gpu_ids {gpu_ids} is ignored: backend {backend.name!r} has no visible-devices variable")
-    if backend.name == "cpu":
-        env.setdefault("KMP_AFFINITY", "granularity=fine,compact,1,0")
-        env.setdefault("KMP_BLOCKTIME", "1")
+    if backend.name == "cpu":  # Intel OpenMP pinning, as Accelerate's CPU launch sets it; a user's own setting wins
+        for name, value in (("KMP_AFFINITY", "granularity=fine,compact,1,0"), ("KMP_BLOCKTIME", "1")):
+            if name not in os.environ:
+                env[name] = value
     for item in args.env or []:
         name, sep, value = item.partition("=")
         if not sep or not name:
