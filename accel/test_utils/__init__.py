@@ -17,6 +17,8 @@ __all__ = [*_testing.__all__, "RegressionDataset", "RegressionModel",
            "torch_device", "device_count", "memory_allocated_func", "DEFAULT_LAUNCH_COMMAND"]
 
 _LAZY = ("torch_device", "device_count", "memory_allocated_func", "DEFAULT_LAUNCH_COMMAND")
+#: accel's own multi-process check scripts, importable as in Accelerate (``from accel.test_utils import test_ops``)
+_SCRIPTS = ("test_script", "test_sync", "test_ops")
 
 
 def __getattr__(name: str) -> Any:
@@ -24,8 +26,14 @@ def __getattr__(name: str) -> Any:
         value = getattr(_testing, name)
         globals()[name] = value
         return value
+    if name in _SCRIPTS:
+        import importlib
+
+        module = importlib.import_module(f"{__name__}.scripts.{name}")
+        globals()[name] = module
+        return module
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(_SCRIPTS))
