@@ -613,13 +613,14 @@ def check_device_map(model: nn.Module, device_map: Mapping[str, Any]) -> None:
     unknown = [k for k in device_map if k != "" and k not in known]
     if unknown:
         warnings.warn(f"The following device_map keys do not match any submodules in the model: {unknown}", UserWarning)
-    keys = sorted(device_map, key=lambda k: (k.count(".") if k else -1, k))
-    for i, outer in enumerate(keys):
-        for inner in keys[i + 1 :]:
-            if inner != outer and _contains(outer, inner) and _hashable(device_map[outer]) != _hashable(device_map[inner]):
+    for inner in device_map:
+        probe = inner
+        while probe:  # every enclosing entry must agree with this one
+            probe = probe.rsplit(".", 1)[0] if "." in probe else ""
+            if probe in device_map and _hashable(device_map[probe]) != _hashable(device_map[inner]):
                 raise ValueError(
                     f"The device_map gives module {inner!r} two devices: {device_map[inner]!r} from its own entry and "
-                    f"{device_map[outer]!r} from {outer!r}. Give each module one device."
+                    f"{device_map[probe]!r} from {probe!r}. Give each module one device."
                 )
     if "" in device_map:
         return
