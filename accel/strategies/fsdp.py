@@ -210,7 +210,8 @@ def save_fsdp_optimizer(fsdp_plugin: Any, accelerator: Any, optimizer: Any, mode
 
     output_dir = Path(output_dir)
     sharded = fsdp_plugin.is_sharded_state_dict
-    state = get_optimizer_state_dict(model, _torch_optimizer(optimizer), options=_options(full=not sharded, model=model))
+    options = _options(full=not sharded, model=model, **({"flatten_optimizer_state_dict": True} if sharded else {}))
+    state = get_optimizer_state_dict(model, _torch_optimizer(optimizer), options=options)
     if sharded:
         target = output_dir / f"{OPTIMIZER_NAME}_{optimizer_index}"
         target.mkdir(parents=True, exist_ok=True)
@@ -237,9 +238,11 @@ def load_fsdp_optimizer(fsdp_plugin: Any, accelerator: Any, optimizer: Any, mode
         folder = input_dir if (input_dir / ".metadata").is_file() else input_dir / f"{OPTIMIZER_NAME}_{optimizer_index}"
         if not (folder / ".metadata").is_file():
             raise FileNotFoundError(f"no sharded FSDP optimizer checkpoint (DCP .metadata) in {folder}")
-        state = get_optimizer_state_dict(model, torch_optimizer, options=_options(full=False, model=model))
+        # flat keys (state.<param>.<name>, param_groups.<param>.<name>): DCP reshards each entry on its own
+        options = _options(full=False, model=model, flatten_optimizer_state_dict=True)
+        state = get_optimizer_state_dict(model, torch_optimizer, options=options)
         dcp.load({"optimizer": state}, checkpoint_id=str(folder))
-        set_optimizer_state_dict(model, torch_optimizer, state, options=_options(full=False, model=model))
+        set_optimizer_state_dict(model, torch_optimizer, state, options=options)
         return
     path = input_dir / _checkpoint_name(OPTIMIZER_NAME, optimizer_index, ".bin")
     if not path.is_file():
