@@ -93,7 +93,7 @@ def test_recursively_apply_keeps_structure_and_types():
     assert torch.equal(out["a"][0], torch.full((2,), 6.0)) and out["a"][1][1] == "text"
     assert type(out["a"][1]) is tuple and type(out["b"]) is Pair and out["b"].second == 3
     assert type(out["c"]) is OrderedDict and torch.equal(out["c"]["x"], torch.tensor([6.0]))
-    with pytest.raises(TypeError, match="Unsupported type 'str'"):
+    with pytest.raises(TypeError, match=r"Unsupported types \(<class 'str'>\)"):
         recursively_apply(lambda t: t, ["x"], error_on_other_type=True)
     ints = recursively_apply(lambda v: v + 1, [1, (2, "s")], test_type=lambda v: isinstance(v, int))
     assert ints == [2, (3, "s")]
@@ -237,7 +237,7 @@ def _all_operations():
         gather([torch.ones(1), "text"])
         raise AssertionError("gather accepted a string leaf")
     except TypeError as exc:
-        assert "Unsupported type 'str'" in str(exc)
+        assert "Unsupported types (<class 'str'>)" in str(exc)
     checks += 3
 
     # the fallbacks taken where a backend refuses the fused all-gather
@@ -408,3 +408,47 @@ def test_integer_mean_is_floating_point_on_one_process_too():
     result = reduce(torch.tensor([3, 1]), reduction="mean")
     assert result.dtype.is_floating_point and result.tolist() == [3.0, 1.0]
     AcceleratorState._reset_state(reset_partial_state=True)
+
+
+# ---------------------------------------------------------------------------- issue 16: grad-requiring tensors, pad_input_tensors
+def _gather_requires_grad():
+    from accel.accelerator import Accelerator
+    from accel.utils import gather
+
+    accelerator = Accelerator()
+    rank = accelerator.process_index
+    weight = torch.nn.Parameter(torch.tensor([1.0, 2.0]) * (rank + 1))
+    loss = (weight * 2).sum()
+    gathered_loss = gather(loss)
+    metrics = accelerator.gather_for_metrics(loss[None])
+    gathered_weight = gather({"w": weight})["w"]
+    # the fast path (a plain contiguous tensor) and the structured path both detach
+    return gathered_loss.tolist(), metrics.tolist(), gathered_weight.tolist(), gathered_loss.requires_grad
+
+
+def test_gather_of_tensors_that_require_grad_on_two_ranks():
+    results = run_distributed(_gather_requires_grad, 2, timeout=120)
+    for loss, metrics, weight, requires_grad in results:
+        assert loss == [6.0, 12.0] and metrics == [6.0, 12.0]
+        assert weight == [1.0, 2.0, 2.0, 4.0]
+        assert requires_grad is False  # gather is not differentiable, as in Accelerate
+
+
+@pytest.mark.parametrize("batch, processes, expected", [(1, 2, 2), (3, 2, 4), (4, 3, 6), (3, 4, 4), (4, 6, 6),
+                                                        (61, 6, 66), (8, 4, 8), (0, 3, 0)])
+def test_pad_input_tensors_pads_to_a_multiple_of_the_processes(batch, processes, expected):
+    from accel.utils import pad_input_tensors
+
+    data = torch.arange(batch * 2, dtype=torch.float32).reshape(batch, 2) + 1
+    padded = pad_input_tensors({"x": data, "y": [data[:, 0]]}, batch, processes)
+    assert padded["x"].shape == (expected, 2) and padded["y"][0].shape == (expected,)
+    assert torch.equal(padded["x"][:batch], data) and not padded["x"][batch:].any()
+
+
+def test_pad_input_tensors_rejects_bad_counts():
+    from accel.utils import pad_input_tensors
+
+    with pytest.raises(ValueError, match="num_processes"):
+        pad_input_tensors(torch.ones(2), 2, 0)
+    with pytest.raises(TypeError, match="Unsupported types"):
+        pad_input_tensors("text", 2, 2)

@@ -192,9 +192,19 @@ def test_the_table_is_consistent():
 
 def test_reference_decorators_exist_here():
     reference = pytest.importorskip("accelerate.test_utils", reason="the reference `accelerate` is not installed")
-    not_ported = {"require_pippy", "require_transformer_engine_mxfp8"}
-    wanted = {n for n in dir(reference) if n.startswith("require_")} - not_ported
+    wanted = {n for n in dir(reference) if n.startswith("require_")}
     assert wanted <= set(dir(tu)), sorted(wanted - set(dir(tu)))
+    # the decorators Accelerate's own tests import from the testing module, and its helper names there
+    testing_reference = pytest.importorskip("accelerate.test_utils.testing")
+    from accel.test_utils import testing as ours
+
+    wanted = {n for n in dir(testing_reference) if n.startswith("require_")}
+    assert wanted <= set(dir(ours)), sorted(wanted - set(dir(ours)))
+    for name in ("AccelerateTestCase", "TempDirTestCase", "MockingTestCase", "run_command", "get_launch_command",
+                 "path_in_accelerate_package", "is_hpu_available", "is_xpu_available", "capture_call_output"):
+        assert hasattr(ours, name), name
+    for name in ("test_script", "test_sync", "test_ops"):
+        assert callable(getattr(tu, name).main), name
     for name in ("slow", "skip", "run_first", "are_the_same_tensors", "get_launch_command", "execute_subprocess_async",
                  "torch_device", "device_count", "memory_allocated_func", "DEFAULT_LAUNCH_COMMAND"):
         assert hasattr(tu, name), name
@@ -310,3 +320,17 @@ def _same_tensors_rank():
 
 def test_are_the_same_tensors_across_two_ranks():
     assert run_distributed(_same_tensors_rank, 2) == [(True, False), (True, False)]
+
+
+def test_new_requirement_rows_follow_their_packages(monkeypatch):
+    from accel.test_utils import testing
+
+    real = testing._package
+    monkeypatch.setattr(testing, "_package", lambda name: name in ("wandb",) or (name != "comet_ml" and real(name)))
+    assert evaluate_requirement("require_trackers")[0] is True
+    monkeypatch.setattr(testing, "_package", lambda name: name in ("wandb", "comet_ml"))
+    satisfied, reason, code = evaluate_requirement("require_trackers")
+    assert (satisfied, code) == (False, "needs-package") and "comet_ml" in reason
+    monkeypatch.setattr(testing, "_package", lambda name: False)
+    assert evaluate_requirement("require_import_timer")[:1] == (False,)
+    assert evaluate_requirement("require_tp")[0] is False  # transformers missing

@@ -139,8 +139,9 @@ def recursively_apply(
         return func(data, *args, **kwargs)
     if error_on_other_type:
         raise TypeError(
-            f"Unsupported type {type(data).__name__!r} passed to `{getattr(func, '__name__', func)}`: only nested "
-            f"lists/tuples/dicts of objects accepted by `{getattr(test_type, '__name__', test_type)}` can be used."
+            # Accelerate's wording, which users' tests match on
+            f"Unsupported types ({type(data)}) passed to `{getattr(func, '__name__', func)}`. Only nested "
+            f"list/tuple/dicts of objects that are valid for `{getattr(test_type, '__name__', test_type)}` should be passed."
         )
     return data
 
