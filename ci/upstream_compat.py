@@ -2,7 +2,8 @@
 
     python -m ci.upstream_compat --upstream accelerate==1.15.0 --out compat [-n 2] [--min-share 0.95]
 
-Runs ``accel qualify --upstream SPEC --against PROJECT,accel --no-bench --json`` into ``OUT/qualify``
+Runs ``accel qualify --upstream SPEC --against PROJECT,accel --no-bench --json --known-issues
+ci/upstream_known_issues.yaml`` into ``OUT/qualify``
 (fetching the sdist from the package index, installing its test dependencies with torch pinned),
 then writes ``OUT/compat.md``: the share of the tests passing against the project that also pass
 against accel, per comparison, followed by the report's Markdown (vendor table, what still differs
@@ -24,11 +25,19 @@ from typing import Sequence
 __all__ = ["build_command", "main", "summarise"]
 
 
-def build_command(upstream: str, out: Path, *, project: str | None, workers: int, extra: Sequence[str] = ()) -> list[str]:
+#: environment-caused failures of the measure (both sides), clustered under their own ids in the report
+KNOWN_ISSUES = Path(__file__).with_name("upstream_known_issues.yaml")
+
+
+def build_command(upstream: str, out: Path, *, project: str | None, workers: int, extra: Sequence[str] = (),
+                  known_issues: Path | None = None, test_timeout: float = 180.0) -> list[str]:
     """The ``accel qualify`` command line for both sides of the measure."""
     sides = f"{project},accel" if project else "accel"
-    return [sys.executable, "-m", "accel.commands.cli", "qualify", "--upstream", upstream, "--against", sides,
-            "--no-bench", "--json", "-o", str(out), "-n", str(workers), *extra]
+    cmd = [sys.executable, "-m", "accel.commands.cli", "qualify", "--upstream", upstream, "--against", sides,
+           "--no-bench", "--json", "-o", str(out), "-n", str(workers), "--test-timeout", f"{test_timeout:g}"]
+    if known_issues is not None:
+        cmd += ["--known-issues", str(known_issues)]
+    return cmd + list(extra)
 
 
 def summarise(results: Path, report_md: Path | None = None) -> tuple[list[str], list[float | None]]:
@@ -53,12 +62,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--project", help="the project's import name, the reference side (default: NAME of --upstream)")
     parser.add_argument("--out", default="compat", help="output folder (default ./compat; must not exist or be empty)")
     parser.add_argument("-n", "--workers", type=int, default=2, help="pytest-xdist workers (default 2)")
+    parser.add_argument("--known-issues", default=str(KNOWN_ISSUES),
+                        help="known-issues file for the environment's own failures (default ci/upstream_known_issues.yaml; '' for none)")
+    parser.add_argument("--test-timeout", type=float, default=180.0, help="per-test timeout in seconds (default 180)")
     parser.add_argument("--min-share", type=float, default=None, help="fail (exit 1) below this share, e.g. 0.95")
     parser.add_argument("--qualify-args", default="", help="more arguments for accel qualify (e.g. '--pip-args \"--index-url URL\"')")
     args = parser.parse_args(argv)
     out = Path(args.out)
     project = args.project or _project_of(args.upstream)
-    cmd = build_command(args.upstream, out / "qualify", project=project, workers=args.workers, extra=shlex.split(args.qualify_args))
+    cmd = build_command(args.upstream, out / "qualify", project=project, workers=args.workers, extra=shlex.split(args.qualify_args),
+                        known_issues=Path(args.known_issues) if args.known_issues else None, test_timeout=args.test_timeout)
     print("$ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
     subprocess.run(cmd, check=False)  # its exit status says "failures"; the share below is the verdict
     results = out / "qualify" / "results"

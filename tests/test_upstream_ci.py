@@ -17,11 +17,24 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_command_runs_both_sides_without_benchmarks(tmp_path):
     cmd = upstream_compat.build_command("accelerate==1.15.0", tmp_path / "q", project="accelerate", workers=2,
-                                        extra=["--pip-args", "--index-url http://mirror"])
+                                        extra=["--pip-args", "--index-url http://mirror"], known_issues=upstream_compat.KNOWN_ISSUES)
     assert cmd[:4] == [sys.executable, "-m", "accel.commands.cli", "qualify"]
     assert cmd[cmd.index("--upstream") + 1] == "accelerate==1.15.0"
     assert cmd[cmd.index("--against") + 1] == "accelerate,accel"
     assert "--no-bench" in cmd and "--json" in cmd and cmd[-2:] == ["--pip-args", "--index-url http://mirror"]
+    assert cmd[cmd.index("--known-issues") + 1] == str(REPO / "ci" / "upstream_known_issues.yaml")
+
+
+def test_the_environment_known_issues_load_and_name_the_examples_gap():
+    from harness.known_issues import load_known_issues
+
+    known = load_known_issues(upstream_compat.KNOWN_ISSUES)
+    assert known.match_test("tests/test_examples.py::ExampleDifferenceTests::test_nlp_examples",
+                            "tests/test_examples.py::ExampleDifferenceTests::test_nlp_examples", "cpu", "2.13.0")
+    issue = known.match_failure("tests/test_tracking.py::MLflowTest::test_log", "tests/test_tracking.py::MLflowTest::test_log",
+                                "cpu", "2.13.0", "mlflow.exceptions.MlflowException: The filesystem tracking backend "
+                                "(e.g., './mlruns') is in maintenance mode")
+    assert issue is not None and issue.id == "mlflow-file-store"
     assert upstream_compat._project_of("Some-Project==2.0") == "some_project" and upstream_compat._project_of("/x/tests") is None
 
 
