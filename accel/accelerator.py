@@ -20,6 +20,7 @@ from .precision import AutocastForward, autocast_context
 from .resolve import strategy_class
 from .scheduler import AcceleratedScheduler
 from .state import AcceleratorState, GradientState, PartialState, _env
+from .utils.imports import is_bitsandbytes_multi_backend_available, is_xpu_available
 from .utils.dataclasses import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -312,6 +313,8 @@ class Accelerator:
             elif kind is not None:
                 kinds[kind].append(i)
         placement = [self.device_placement if device_placement[i] is None else device_placement[i] for i in range(len(args))]
+        for i in kinds["model"]:
+            placement[i] = placement[i] and self._check_quantized(args[i])
         models, optimizers, schedulers = self.strategy.prepare(
             [args[i] for i in kinds["model"]], [args[i] for i in kinds["optimizer"]], [args[i] for i in kinds["scheduler"]],
             model_placement=[placement[i] for i in kinds["model"]],
@@ -355,11 +358,25 @@ class Accelerator:
             self._register_prepared(model)
             return model
         placement = self.device_placement if device_placement is None else device_placement
+        placement = placement and self._check_quantized(model)
         (prepared,), _, _ = self.strategy.prepare([model], [], [], model_placement=[placement], optimizer_placement=[],
                                                    evaluation_mode=evaluation_mode)
         self._models.append(prepared)
         prepared._is_accelerate_prepared = True
         return prepared
+
+    def _check_quantized(self, model: torch.nn.Module) -> bool:
+        """8/4-bit models stay where their device map put them; offloaded ones cannot train. Returns placement."""
+        if not (getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False)):
+            return True
+        device_map = getattr(model, "hf_device_map", None) or {}
+        if any(str(d) in ("cpu", "disk") for d in device_map.values()) and not (
+                is_bitsandbytes_multi_backend_available() or is_xpu_available()):
+            raise ValueError(
+                "You can't train a model that has been loaded in 8-bit or 4-bit precision with CPU or disk offload: "
+                f"its device map puts modules on {sorted({str(d) for d in device_map.values()})}"
+            )
+        return False  # bitsandbytes placed the weights already
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> AcceleratedOptimizer:
         """Prepare one optimizer: it steps only when gradients are synchronised, through the grad scaler."""
@@ -403,6 +420,8 @@ class Accelerator:
             use_seedable_sampler=cfg.use_seedable_sampler,
             data_seed=cfg.data_seed,
             non_blocking=cfg.non_blocking,
+            use_stateful_dataloader=cfg.use_stateful_dataloader,
+            torch_device_mesh=getattr(self, "torch_device_mesh", None),
         )
         self._dataloaders.append(prepared)
         prepared._is_accelerate_prepared = True
@@ -594,15 +613,26 @@ class Accelerator:
 
     # ------------------------------------------------------------------ models and memory
     def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> torch.nn.Module:
-        inner = self.strategy.unwrap_model(model)
-        if not keep_torch_compile and hasattr(inner, "_orig_mod"):
-            inner = inner._orig_mod
+        """The user's model inside the strategy's wrappers (DDP, DataParallel, DeepSpeed, FSDP).
+
+        A ``torch.compile``'d model stays compiled around the unwrapped module unless
+        ``keep_torch_compile=False``; ``keep_fp32_wrapper=False`` restores the forward that mixed
+        precision replaced.
+        """
+        from .utils.other import extract_model_from_parallel, is_compiled_module
+
+        compiled = model if is_compiled_module(model) else None
+        inner = compiled._orig_mod if compiled is not None else model
+        inner = extract_model_from_parallel(self.strategy.unwrap_model(inner), keep_torch_compile=False)
         if not keep_fp32_wrapper and isinstance(getattr(inner, "forward", None), AutocastForward):
             original = inner.forward.original
             if getattr(original, "__self__", None) is inner:
                 del inner.forward  # the class's forward is the original
             else:
                 inner.forward = original
+        if compiled is not None and keep_torch_compile:
+            compiled._orig_mod = inner
+            return compiled
         return inner
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
@@ -666,11 +696,13 @@ class Accelerator:
         save_model(self, model, save_directory, max_shard_size=max_shard_size, safe_serialization=safe_serialization)
 
     def register_for_checkpointing(self, *objects: Any) -> None:
-        invalid = [obj for obj in objects if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"))]
+        """Save and restore these objects (anything with ``state_dict``/``load_state_dict``) with ``save_state``."""
+        invalid = [f"- Item at index {i}, `{type(obj).__name__}`" for i, obj in enumerate(objects)
+                   if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)))]
         if invalid:
             raise ValueError(
-                "register_for_checkpointing needs objects with state_dict() and load_state_dict(); got "
-                + ", ".join(type(o).__name__ for o in invalid)
+                "All `objects` must include a `state_dict` and `load_state_dict` function to be stored. The following "
+                "inputs are invalid:\n" + "\n".join(invalid)
             )
         self._custom_objects.extend(objects)
 

@@ -440,6 +440,9 @@ def _dataloader_state(loader: Any) -> dict[str, Any]:
     if isinstance(sampler, SeedableRandomSampler):
         state["sampler"] = {"type": "SeedableRandomSampler", "epoch": int(sampler.epoch),
                             "initial_seed": int(sampler.initial_seed)}
+    if getattr(loader, "use_stateful_dataloader", False):
+        # torchdata's StatefulDataLoader knows its position inside the epoch: resume mid-epoch exactly
+        state["stateful"] = loader.state_dict()
     return state
 
 
@@ -979,6 +982,11 @@ def _restore_dataloader(loader: Any, state: Any) -> None:
             loader.set_epoch(int(state["iteration"]))
         else:
             loader.iteration = int(state["iteration"])
+    if "stateful" in state:
+        if not getattr(loader, "use_stateful_dataloader", False):
+            raise CheckpointError("the checkpoint holds a stateful data loader position but this loader is not stateful "
+                                  "(DataLoaderConfiguration(use_stateful_dataloader=True))")
+        loader.load_state_dict(state["stateful"])
     sampler_state = state.get("sampler")
     if sampler_state:
         sampler = _sampler_of(loader)

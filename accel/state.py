@@ -112,6 +112,23 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+#: attributes a live PartialState holds (after ``_reset_state()`` reading one names the reset)
+_PARTIAL_FIELDS = frozenset({
+    "hardware_backend", "debug", "fork_launched", "layout", "num_processes", "process_index", "local_process_index",
+    "backend", "distributed_type", "device", "_initialized",
+})
+#: the same for AcceleratorState's own attributes
+_ACCELERATOR_FIELDS = frozenset({
+    "_mixed_precision", "dynamo_plugin", "deepspeed_plugins", "fsdp_plugin", "parallelism_config", "run_plan",
+    "megatron_lm_plugin", "torch_tp_plugin",
+})
+
+
+def _reset_message(cls: str, name: str) -> str:
+    return (f"`{cls}` object has no attribute `{name}`. This happens if `{cls}._reset_state()` was called and "
+            f"an `Accelerator` or `PartialState` was not reinitialized.")
+
+
 class SharedDict(dict):
     """Marker type for the class-level dict every instance of a state class shares."""
 
@@ -163,6 +180,9 @@ class PartialState:
 
         count = backend.device_count()
         self.device = backend.device(self.local_process_index % count if count else None)
+        forced = _env("ACCEL_TORCH_DEVICE", "ACCELERATE_TORCH_DEVICE")
+        if forced is not None:  # Accelerate's override of the device this process uses
+            self.device = torch.device(forced)
         if backend.device_type != "cpu":
             backend.set_device(self.device.index or 0)
 
@@ -198,6 +218,12 @@ class PartialState:
         dist.init_process_group(**options)
         # a process that exits with a live gloo group can abort (SIGABRT) in torch 2.13: close it
         atexit.register(_destroy_if_initialized)
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for missing attributes: after _reset_state() the shared fields are gone
+        if name in _PARTIAL_FIELDS and not name.startswith("__"):
+            raise AttributeError(_reset_message("PartialState", name))
+        raise AttributeError(f"'PartialState' object has no attribute '{name}'")
 
     # ------------------------------------------------------------------ identity
     def __repr__(self) -> str:
@@ -452,7 +478,11 @@ class AcceleratorState:
             raise AttributeError(name)
         partial = self.__dict__.get("_partial")
         if partial is None:
-            raise AttributeError(f"AcceleratorState has no attribute {name!r} (it is not initialised)")
+            if name in _PARTIAL_FIELDS or name in _ACCELERATOR_FIELDS:
+                raise AttributeError(_reset_message("AcceleratorState", name))
+            raise AttributeError(f"'AcceleratorState' object has no attribute '{name}'")
+        if name not in _PARTIAL_FIELDS and name not in partial.__dict__ and not hasattr(type(partial), name):
+            raise AttributeError(f"'AcceleratorState' object has no attribute '{name}'")
         return getattr(partial, name)
 
     def __repr__(self) -> str:

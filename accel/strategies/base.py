@@ -164,7 +164,13 @@ class Strategy:
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
         """The full state dict. Where ``state_dict_is_collective``, every rank must call this."""
-        return (self.unwrap_model(model) if unwrap else model).state_dict()
+        target = self.unwrap_model(model) if unwrap else model
+        from ..utils.modeling import get_state_dict_offloaded_model, has_offloaded_params
+
+        if any(has_offloaded_params(m) for m in target.modules()):
+            # big-model hooks keep weights on the meta device: read them back from where they were offloaded
+            return get_state_dict_offloaded_model(target)
+        return target.state_dict()
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, output_dir: Path, **kwargs: Any) -> StrategyCheckpoint | None:

@@ -181,6 +181,15 @@ def is_bnb_available() -> bool:
     return _package("bitsandbytes")
 
 
+def is_bitsandbytes_multi_backend_available() -> bool:
+    """Whether the installed bitsandbytes runs on devices other than CUDA (its multi-backend build)."""
+    if not is_bnb_available():
+        return False
+    import bitsandbytes
+
+    return "multi_backend" in getattr(bitsandbytes, "features", set())
+
+
 def is_weights_only_available() -> bool:
     return is_torch_version(">=", "2.4.0")
 
