@@ -65,9 +65,10 @@ def _install_spec(version: str) -> str:
 def build_gcloud_command(args: argparse.Namespace) -> list[str]:
     """The gcloud command for ``args`` (flags first, then the config file); ValueError when something is missing."""
     from accel.commands.config.config_args import load_config_from_file
-    from accel.commands.config_file import default_config_path
+    from accel.commands.config_file import CONFIG_ENV, default_config_path
 
-    if args.config_file is not None or default_config_path().is_file():
+    # a missing file named by --config_file or $ACCEL_CONFIG_FILE is an error (FileNotFoundError naming it)
+    if args.config_file is not None or default_config_path().is_file() or os.environ.get(CONFIG_ENV):
         defaults = load_config_from_file(args.config_file)
         if not args.command_file and getattr(defaults, "command_file", None) and not args.command:
             args.command_file = defaults.command_file
@@ -119,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         tpu_command_launcher(args)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, OSError) as exc:
         if isinstance(exc, UsageError):
             raise
         raise UsageError(str(exc)) from None
