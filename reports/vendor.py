@@ -120,6 +120,7 @@ def vendor_table(tests: pd.DataFrame, runs: pd.DataFrame, known: KnownIssues | N
         }
         row["headline"] = _headline(row)
         rows.append(row)
+    rows.sort(key=lambda r: (r["suite"], not r["reference"], r["subject"], r["torch_version"], r["backend"]))  # reference first
     return pd.DataFrame(rows, columns=VENDOR_COLUMNS)
 
 
@@ -131,7 +132,7 @@ def _headline(row: Mapping[str, Any]) -> str:
     if row["status"] == "no-tests":
         return f"{where}: no tests were collected."
     text = (f"{where}: {row['failed']} failed, {row['passed']} passed, {row['skipped']} skipped"
-            + (f", {row['error']} errors" if row["error"] else "") + f" ({_pct(row['pass_rate'])}).")
+            + (f", {row['error']} error{'' if row['error'] == 1 else 's'}" if row["error"] else "") + f" ({_pct(row['pass_rate'])}).")
     if row["import_errors"]:
         text += f" {row['import_errors']} test module(s) fail to import."
     failures = row["failed"] + row["error"]

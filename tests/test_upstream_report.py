@@ -56,7 +56,9 @@ def test_upstream_runs_are_separate_cells_named_by_their_subject(tmp_path):
 
 
 def test_vendor_table_counts_clusters_and_skip_reasons(tmp_path):
-    table = _report(tmp_path).vendor.set_index("against")
+    vendor = _report(tmp_path).vendor
+    assert list(vendor["reference"]) == [True, False]  # the project itself first, then what it is compared with
+    table = vendor.set_index("against")
     ref, acc = table.loc["accelerate 1.15.0"], table.loc["accel 0.1.0"]
     assert (ref["passed"], ref["failed"], ref["error"], ref["skipped"]) == (4, 1, 0, 1)
     assert ref["pass_rate"] == 0.8 and ref["reference"] and not acc["reference"]
@@ -65,7 +67,7 @@ def test_vendor_table_counts_clusters_and_skip_reasons(tmp_path):
     assert (acc["passed"], acc["failed"], acc["error"], acc["import_errors"]) == (1, 2, 1, 1)
     assert acc["not_installed"] == ["bitsandbytes"]
     assert sum(c["count"] for c in acc["clusters"]) == 3
-    assert "accelerate 1.15.0 against accel 0.1.0 on PyTorch 2.13.0, cpu: 2 failed, 1 passed, 0 skipped, 1 errors (25.0%)" in acc["headline"]
+    assert "accelerate 1.15.0 against accel 0.1.0 on PyTorch 2.13.0, cpu: 2 failed, 1 passed, 0 skipped, 1 error (25.0%)" in acc["headline"]
     assert "1 test module(s) fail to import" in acc["headline"]
 
 
