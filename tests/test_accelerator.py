@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from accel import Accelerator
-from accel.state import AcceleratorState, GradientState
+from accel.state import AcceleratorState, GradientState, PartialState
 from accel.utils.dataclasses import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -302,3 +302,61 @@ def test_ddp_wrapping_and_no_sync():
     results = run_distributed(_ddp_rank, 2)
     assert all(r[0] and r[2] for r in results)
     assert results[0][1] != results[1][1]  # no_sync: each rank kept its own gradient
+
+
+# ---------------------------------------------------------------- Accelerate semantics (issue 16)
+def test_reset_state_errors_name_the_reset():
+    state = PartialState()
+    with pytest.raises(AttributeError, match="'PartialState' object has no attribute 'nothing'"):
+        state.nothing
+    PartialState._reset_state()
+    with pytest.raises(AttributeError, match=r"`PartialState` object has no attribute `num_processes`.*_reset_state\(\)"):
+        state.num_processes
+    accelerator = Accelerator()
+    with pytest.raises(AttributeError, match="'AcceleratorState' object has no attribute 'nothing'"):
+        accelerator.state.nothing
+    accelerator.state._reset_state()
+    with pytest.raises(AttributeError, match=r"`AcceleratorState` object has no attribute `num_processes`"):
+        accelerator.num_processes
+    accelerator.state.custom = "kept"
+    assert accelerator.state.custom == "kept"
+
+
+def test_accelerate_torch_device_overrides_the_device(monkeypatch):
+    monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "cpu:3")
+    assert str(Accelerator(cpu=True).device) == "cpu:3"
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_unwrap_model_sees_through_compile_and_data_parallel(keep):
+    model = torch.nn.Linear(2, 2)
+    compiled = torch.compile(torch.nn.DataParallel(model))
+    unwrapped = Accelerator().unwrap_model(compiled, keep_torch_compile=keep)
+    assert (unwrapped._orig_mod if keep else unwrapped) is model
+    assert (unwrapped is compiled) is keep
+
+
+def test_register_for_checkpointing_names_every_bad_item():
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError) as info:
+        Accelerator().register_for_checkpointing(torch.ones(1), model, "text")
+    message = str(info.value)
+    assert "Item at index 0, `Tensor`" in message and "Item at index 2, `str`" in message
+    assert "Item at index 1" not in message
+
+
+def test_stateful_loader_resumes_mid_epoch(tmp_path):
+    """Unshuffled, as Accelerate's own test; a shuffled mid-epoch resume draws a new order (also in Accelerate 1.15)."""
+    pytest.importorskip("torchdata")
+    from accel.utils import DataLoaderConfiguration as Config
+
+    accelerator = Accelerator(dataloader_config=Config(use_stateful_dataloader=True))
+    loader = accelerator.prepare(DataLoader(TensorDataset(torch.arange(20.0)), batch_size=2))
+    seen = []
+    for step, (batch,) in enumerate(loader):
+        if step == 2:
+            accelerator.save_state(tmp_path / "ck")
+        if step >= 3:
+            seen.append(batch.tolist())
+    accelerator.load_state(tmp_path / "ck")
+    assert [batch.tolist() for (batch,) in loader] == seen and seen[0] == [6.0, 7.0]
