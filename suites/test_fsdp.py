@@ -107,7 +107,7 @@ def test_hsdp_two_replicas_of_two_shards_matches_ddp(device, world_size, rank):
     assert mesh.mesh_dim_names == ("dp_replicate", "dp_shard") and tuple(mesh.shape) == (2, 2)
     assert mesh.device_type == device.type
     assert (accelerator.data_parallel_rank, accelerator.data_parallel_shard_rank) == divmod(rank, 2)
-    weight = accelerator.unwrap_model(model)[0].weight
+    weight = model[0].weight  # FSDP2 shards in place: the prepared model is the user's module
     assert tuple(weight.placements) == (Replicate(), Shard(0)), weight.placements
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ddp_losses), **FP32_TOLERANCE)
     weights = accelerator.get_state_dict(model)

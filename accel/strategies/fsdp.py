@@ -17,6 +17,7 @@ Everything from torch.distributed.fsdp is imported when first used.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -345,11 +346,11 @@ class FSDPStrategy(Strategy):
             self.state.parallelism_config = config
         if config is None:
             return
-        if self.state.num_processes > 1 or config.total_size > 1:
-            config.get_device_mesh(self.accelerator.backend.device_type)
-        config._validate_accelerator(self.accelerator)
         if not self.is_fsdp2 and config.total_size > 1:
             raise ValueError("ParallelismConfig (HSDP/TP meshes) needs FSDP2: pass FullyShardedDataParallelPlugin(fsdp_version=2)")
+        config._validate_accelerator(self.accelerator)  # sizes against the process count, before any group is made
+        if self.state.num_processes > 1 or config.total_size > 1:
+            config.get_device_mesh(self.accelerator.backend.device_type)
 
     @property
     def device_mesh(self) -> Any:
@@ -375,13 +376,17 @@ class FSDPStrategy(Strategy):
         """accel's autocast as for DDP, plus FSDP's own mixed precision policy for the same dtype (as Accelerate).
 
         Parameters are all-gathered and computed in the low precision (``param_dtype``), gradients reduced
-        in it; the sharded fp32 master weights stay in fp32. fp16 gets a ShardedGradScaler, so every rank
-        skips the same steps.
+        in it; the sharded fp32 master weights stay in fp32, and (FSDP2) the model's outputs come back in
+        fp32 as under DDP. fp16 gets a ShardedGradScaler, so every rank skips the same steps. A policy set
+        on the plugin is used as it is.
         """
         plan = super().plan_precision(requested, autocast_handler, scaler_handler)
         plugin = self.plugin
         if plan.dtype is not None and plugin.mixed_precision_policy is None:
             plugin.set_mixed_precision(plan.used)
+            if plugin.fsdp_version == 2:
+                # outputs in fp32, as accel's autocast forward hands them back under DDP (losses are not computed in bf16)
+                plugin.mixed_precision_policy = dataclasses.replace(plugin.mixed_precision_policy, output_dtype=torch.float32)
         if plan.scaler is not None:
             kwargs = scaler_handler.to_kwargs() if scaler_handler is not None else {}
             plan.scaler = get_fsdp2_grad_scaler(device=self.accelerator.backend.autocast_device_type(), **kwargs)
