@@ -66,8 +66,12 @@ class Accelerator:
     ):
         if deepspeed_plugin is not None and deepspeed_plugins is not None:
             raise ValueError("pass deepspeed_plugin or deepspeed_plugins, not both")
-        if dynamo_backend not in (None, "no", "NO") or dynamo_plugin is not None:
-            raise NotImplementedError("torch.compile through Accelerator(dynamo_backend=...) is not supported by accel yet; call torch.compile yourself")
+        if dynamo_backend is not None and dynamo_plugin is not None:
+            raise ValueError("pass dynamo_backend or dynamo_plugin, not both")
+        from .utils.dataclasses import TorchDynamoPlugin
+
+        # unset: ACCELERATE_DYNAMO_* from the launcher, else no compilation
+        dynamo_plugin = dynamo_plugin or TorchDynamoPlugin(backend=dynamo_backend)
 
         self.project_configuration = project_config or ProjectConfiguration()
         if project_dir is not None:
@@ -83,7 +87,7 @@ class Accelerator:
         self.state = AcceleratorState(
             mixed_precision=mixed_precision, cpu=cpu, deepspeed_plugin=deepspeed_plugins or deepspeed_plugin,
             fsdp_plugin=fsdp_plugin, torch_tp_plugin=torch_tp_plugin, megatron_lm_plugin=megatron_lm_plugin,
-            parallelism_config=parallelism_config, _from_accelerator=True, **init_kwargs,
+            parallelism_config=parallelism_config, dynamo_plugin=dynamo_plugin, _from_accelerator=True, **init_kwargs,
         )
         self.backend = self.state.hardware_backend
         self.gradient_state = GradientState(self._accumulation_plugin(gradient_accumulation_steps, gradient_accumulation_plugin))
@@ -321,6 +325,7 @@ class Accelerator:
             optimizer_placement=[placement[i] for i in kinds["optimizer"]],
             dataloaders=loaders,
         )
+        models = [self._compile(m) for m in models]
         for kind, prepared, store in (("model", models, self._models), ("optimizer", optimizers, self._optimizers),
                                       ("scheduler", schedulers, self._schedulers)):
             for i, obj in zip(kinds[kind], prepared):
@@ -361,9 +366,26 @@ class Accelerator:
         placement = placement and self._check_quantized(model)
         (prepared,), _, _ = self.strategy.prepare([model], [], [], model_placement=[placement], optimizer_placement=[],
                                                    evaluation_mode=evaluation_mode)
+        prepared = self._compile(prepared)
         self._models.append(prepared)
         prepared._is_accelerate_prepared = True
         return prepared
+
+    def _compile(self, model: torch.nn.Module) -> torch.nn.Module:
+        """``torch.compile`` (or regional compilation) as the dynamo plugin asks; once per model."""
+        from .utils.dataclasses import DynamoBackend
+        from .utils.other import compile_regions, has_compiled_regions, is_compiled_module
+
+        plugin = self.state.dynamo_plugin
+        if plugin is None or plugin.backend == DynamoBackend.NO or is_compiled_module(model) or has_compiled_regions(model):
+            return model
+        if not self.strategy.compiles_models:
+            warnings.warn(f"dynamo_backend={plugin.backend.value.lower()!r} is ignored: the {self.strategy.name} strategy "
+                          "compiles through its own engine config", stacklevel=3)
+            return model
+        if plugin.use_regional_compilation:
+            return compile_regions(model, **plugin.to_kwargs())
+        return torch.compile(model, **plugin.to_kwargs())
 
     def _check_quantized(self, model: torch.nn.Module) -> bool:
         """8/4-bit models stay where their device map put them; offloaded ones cannot train. Returns placement."""

@@ -1,5 +1,6 @@
 """The Accelerator: training equivalence across process counts, accumulation, precision, wrappers."""
 
+import copy
 import warnings
 
 import pytest
@@ -360,3 +361,51 @@ def test_stateful_loader_resumes_mid_epoch(tmp_path):
             seen.append(batch.tolist())
     accelerator.load_state(tmp_path / "ck")
     assert [batch.tolist() for (batch,) in loader] == seen and seen[0] == [6.0, 7.0]
+
+
+# ---------------------------------------------------------------- torch.compile through the Accelerator
+def test_dynamo_backend_compiles_prepared_models_once():
+    from accel.utils.other import is_compiled_module
+
+    accelerator = Accelerator(dynamo_backend="eager")
+    assert accelerator.state.dynamo_plugin.backend.value == "EAGER"
+    model = accelerator.prepare(torch.nn.Linear(3, 2))
+    assert is_compiled_module(model)
+    assert accelerator.prepare(model) is model  # prepared already: not compiled twice
+    assert accelerator.unwrap_model(model, keep_torch_compile=False).__class__ is torch.nn.Linear
+
+
+def test_dynamo_backend_and_plugin_together_are_refused():
+    from accel.utils import TorchDynamoPlugin
+
+    with pytest.raises(ValueError, match="dynamo_backend or dynamo_plugin, not both"):
+        Accelerator(dynamo_backend="eager", dynamo_plugin=TorchDynamoPlugin())
+
+
+def test_launcher_dynamo_environment_is_honoured(monkeypatch):
+    from accel.utils.other import is_compiled_module
+
+    monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "AOT_EAGER")
+    model = Accelerator().prepare(torch.nn.Linear(3, 2))
+    assert is_compiled_module(model)
+
+
+def test_inductor_trains_like_eager_on_this_backend():
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    compiled = copy.deepcopy(eager)
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+    accelerator = Accelerator(dynamo_backend="inductor")
+    opt = torch.optim.SGD(compiled.parameters(), lr=0.1)
+    compiled, opt = accelerator.prepare(compiled, opt)
+    ref_opt = torch.optim.SGD(eager.parameters(), lr=0.1)
+    for _ in range(3):
+        loss = F.mse_loss(compiled(x), y)
+        accelerator.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        ref = F.mse_loss(eager(x), y)
+        ref.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)

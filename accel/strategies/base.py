@@ -50,6 +50,8 @@ class Strategy:
     name = "base"
     #: True where ``get_state_dict`` gathers shards: every rank must call it (save_model does)
     state_dict_is_collective = False
+    #: whether the Accelerator's dynamo plugin compiles the prepared models (an engine may compile itself)
+    compiles_models = True
 
     def __init__(self, accelerator: "Accelerator"):
         self.accelerator = accelerator

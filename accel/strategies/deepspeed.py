@@ -57,6 +57,7 @@ class DeepSpeedStrategy(Strategy):
     """Models become DeepSpeed engines; DeepSpeed owns backward, step, precision and ZeRO sharding."""
 
     name = "deepspeed"
+    compiles_models = False  # DeepSpeed compiles through its config ("compile" section)
 
     def __init__(self, accelerator: Any):
         super().__init__(accelerator)
