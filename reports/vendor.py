@@ -124,10 +124,15 @@ def vendor_table(tests: pd.DataFrame, runs: pd.DataFrame, known: KnownIssues | N
     return pd.DataFrame(rows, columns=VENDOR_COLUMNS)
 
 
+def _short(text: Any, limit: int = 140) -> str:
+    text = str(text)
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
 def _headline(row: Mapping[str, Any]) -> str:
     where = f"{row['suite']} against {row['against']} on PyTorch {row['torch_version']}, {row['backend']}"
     if row["status"] == "collection-failed":
-        first = row["clusters"][0]["key"] if row["clusters"] else "no test could be collected"
+        first = _short(row["clusters"][0]["key"]) if row["clusters"] else "no test could be collected"
         return f"{where}: the suite fails at collection ({row['import_errors']} module(s) cannot be imported; {first})."
     if row["status"] == "no-tests":
         return f"{where}: no tests were collected."
@@ -138,7 +143,9 @@ def _headline(row: Mapping[str, Any]) -> str:
     failures = row["failed"] + row["error"]
     if row["clusters"] and failures:
         top = row["clusters"][0]
-        what = (f"known issue {top['key']}" + (f" ({top['url']})" if top.get("url") else "")) if top["kind"] == "known issue" else f"one cause: {top['key']}"
+        what = (f"known issue {top['key']}" + (f" ({top['url']})" if top.get("url") else f" ({_short(top['title'], 100)})" if top.get("title") else "")) \
+            if top["kind"] == "known issue" \
+            else f"one cause: {_short(top['key'])}"
         text += f" {top['count']} of the {failures} failures are {what}." if top["count"] > 1 else ""
     if row["skip_reasons"]:
         needs = ", ".join(f"{s['needs']} ({s['count']})" for s in row["skip_reasons"][:3])

@@ -121,3 +121,24 @@ def test_renderers_show_the_vendor_table_and_leave_other_reports_alone(tmp_path)
     assert other.vendor.empty and other.compat.empty
     assert "Upstream suites" not in render_markdown(other) and 'id="upstream"' not in render_html(other)
     assert other.loaded.runs["upstream"].isna().all()
+
+
+def test_vendor_clusters_link_known_issues_and_escape_what_they_show(tmp_path):
+    from harness.known_issues import KnownIssues
+
+    _run(tmp_path, "ref", "accelerate", REFERENCE)
+    _run(tmp_path, "acc", "accel", ACCEL + [("tests/test_d.py::test_<script>alert(1)</script>", "failed", "E   ValueError: <img src=x onerror=alert(1)>")])
+    known = KnownIssues.from_data({"issues": [{"id": "hub-offline", "url": "https://example.org/hub-offline", "title": "hub offline",
+                                               "error": "couldn't connect"}]}, "known.yaml")
+    report = build_report(load_results([tmp_path]), known=known)
+    ref = report.vendor[report.vendor["reference"]].iloc[0]
+    assert ref["clusters"][0] == {"count": 1, "kind": "known issue", "key": "hub-offline", "url": "https://example.org/hub-offline",
+                                  "title": "hub offline", "example": "tests/test_c.py::test_5"}
+    assert "All" not in ref["headline"] and "failures are" not in ref["headline"]  # one failure: no "N of M" sentence
+    md = render_markdown(report)
+    assert "1 × [hub-offline](<https://example.org/hub-offline>)" in md
+    html = render_html(report)
+    section = html[html.index('<section id="upstream">'):]
+    section = section[:section.index("</section>")]
+    assert '<a href="https://example.org/hub-offline"' in section
+    assert "<img src=x" not in section and "&lt;img src=x onerror=alert(1)&gt;" in section
