@@ -470,6 +470,9 @@ def _validate_launch_command(args: argparse.Namespace) -> tuple[argparse.Namespa
             args.dynamo_backend = "no"
     if args.num_machines is None:
         args.num_machines = 1
+    for name in ("debug", "quiet", "module", "no_python"):  # Accelerate leaves these None until here
+        if getattr(args, name, None) is None:
+            setattr(args, name, False)
     if getattr(args, "use_cpu", None) is None:
         args.use_cpu = bool(args.cpu)
     return args, defaults, mp_from_config
