@@ -10,7 +10,9 @@ hits both alike), every measurement in a fresh Python process:
 * **load**: ``load_checkpoint_and_dispatch(model, ckpt, device_map="auto", max_memory={"cpu": ~half})``
   on an ``init_empty_weights`` model: wall time of that call; half the blocks end up on disk.
 * **forward**: the same dispatched model (half of the blocks on disk), forward passes per second over a
-  fixed batch, after one warm-up pass; and the process peak RSS (VmHWM) over load and forwards. The
+  fixed batch (default 1 sequence of 16 tokens: the decode-like regime of big-model inference, where the
+  cost of bringing offloaded weights in dominates over the matmuls; ``--batch``/``--seq`` change it),
+  after one warm-up pass; and the process peak RSS (VmHWM) over load and forwards. The
   peak is taken after the forwards, not right after loading: weights read lazily (memory-mapped) only
   count in RSS once touched, so a peak taken after loading would flatter a lazy loader.
 
@@ -33,7 +35,6 @@ import tempfile
 import time
 
 HIDDEN = 1024
-BATCH, SEQ = 4, 64
 
 
 def _block_bytes(hidden: int) -> int:
@@ -112,7 +113,7 @@ def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def child(lib: str, mode: str, ckpt: str, num_blocks: int, cpu_budget: int, forwards: int) -> dict:
+def child(lib: str, mode: str, ckpt: str, num_blocks: int, cpu_budget: int, forwards: int, batch: int, seq: int) -> dict:
     """One measurement in this (fresh) process."""
     import torch
 
@@ -137,7 +138,7 @@ def child(lib: str, mode: str, ckpt: str, num_blocks: int, cpu_budget: int, forw
         result = {"lib": lib, "mode": mode, "load_s": load_s, "peak_rss": _peak_rss(),
                   "device_map": {k: str(v) for k, v in model.hf_device_map.items()}}
         if mode == "forward":
-            x = torch.randn(BATCH, SEQ, HIDDEN, generator=torch.Generator().manual_seed(1))
+            x = torch.randn(batch, seq, HIDDEN, generator=torch.Generator().manual_seed(1))
             with torch.no_grad():
                 out = model(x)  # warm-up
                 start = time.perf_counter()
@@ -154,7 +155,8 @@ def child(lib: str, mode: str, ckpt: str, num_blocks: int, cpu_budget: int, forw
 
 def _run_child(args: argparse.Namespace, lib: str, mode: str, ckpt: str, num_blocks: int, budget: int) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", lib, mode, "--ckpt", ckpt,
-           "--blocks", str(num_blocks), "--cpu-budget", str(budget), "--forwards", str(args.forwards)]
+           "--blocks", str(num_blocks), "--cpu-budget", str(budget), "--forwards", str(args.forwards),
+           "--batch", str(args.batch), "--seq", str(args.seq)]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     if proc.returncode != 0:
@@ -166,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-mb", type=int, default=1024, help="approximate checkpoint size")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--forwards", type=int, default=3, help="timed forward passes per forward measurement")
+    parser.add_argument("--forwards", type=int, default=5, help="timed forward passes per forward measurement")
+    parser.add_argument("--batch", type=int, default=1, help="sequences per forward pass")
+    parser.add_argument("--seq", type=int, default=16, help="tokens per sequence")
     parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "accel-big-model-bench"))
     parser.add_argument("--child", nargs=2, metavar=("LIB", "MODE"), help=argparse.SUPPRESS)
     parser.add_argument("--ckpt", help=argparse.SUPPRESS)
@@ -175,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.child:
-        print(json.dumps(child(args.child[0], args.child[1], args.ckpt, args.blocks, args.cpu_budget, args.forwards)))
+        print(json.dumps(child(args.child[0], args.child[1], args.ckpt, args.blocks, args.cpu_budget, args.forwards, args.batch, args.seq)))
         return 0
 
     num_blocks = max(2, round(args.size_mb * 2**20 / _block_bytes(HIDDEN)))
@@ -183,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     generate(ckpt, num_blocks, shard_blocks=4)
     total = sum(os.path.getsize(os.path.join(ckpt, f)) for f in os.listdir(ckpt) if f.endswith(".safetensors"))
-    print(f"checkpoint: {ckpt} ({total / 2**20:.0f} MiB, {num_blocks} blocks, ready in {time.perf_counter() - t0:.1f}s)")
+    print(f"checkpoint: {ckpt} ({total / 2**20:.0f} MiB, {num_blocks} blocks, ready in {time.perf_counter() - t0:.1f}s); "
+          f"forward batch {args.batch} x {args.seq} tokens, {args.forwards} timed passes, {args.rounds} rounds")
     for name in os.listdir(ckpt):  # warm the page cache for both libraries alike
         with open(os.path.join(ckpt, name), "rb") as fh:
             while fh.read(1 << 24):
