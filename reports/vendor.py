@@ -10,7 +10,8 @@ measurement are two cells of the usual matrix and grid.
 
 This module adds, from those frames:
 
-* :func:`vendor_table`: one row per suite x subject x torch version x backend: status, passed /
+* :func:`vendor_table`: one row per suite x subject x torch version x backend (each test counted
+  once, from its latest run): status, passed /
   failed / errors / skipped, pass rate, modules that failed to import, root-cause clusters (known
   issues linked) and skip reasons by code: the table a vendor's qualification report shows;
 * :func:`compatibility`: where one suite ran against its own project and against another
@@ -72,6 +73,15 @@ def _runs_with_upstream(runs: pd.DataFrame) -> pd.DataFrame:
     return runs[runs["upstream"].map(lambda b: isinstance(b, dict))]
 
 
+def _latest_per_test(frame: pd.DataFrame) -> pd.DataFrame:
+    """One record per test id: the one from the latest run (by start time), so re-measuring one
+    side and reporting it with an older run of the other counts each test once."""
+    if frame.empty:
+        return frame
+    ordered = frame.assign(_order=frame["start_time"].fillna("")).sort_values("_order", kind="mergesort")
+    return ordered.drop_duplicates("test_id", keep="last").drop(columns="_order")
+
+
 def _pct(value: float | None) -> str:
     return "–" if value is None else f"{100 * value:.1f}%"
 
@@ -95,7 +105,7 @@ def vendor_table(tests: pd.DataFrame, runs: pd.DataFrame, known: KnownIssues | N
     rows = []
     for (suite, subject, torch_version, backend), group in info.groupby(["_suite", "_subject", "_torch", "_backend"], sort=True):
         blocks = list(group["_block"])
-        mine = tests[tests["run_id"].isin(set(group["run_id"]))] if not tests.empty else tests
+        mine = _latest_per_test(tests[tests["run_id"].isin(set(group["run_id"]))]) if not tests.empty else tests
         counts = mine["outcome"].value_counts() if not mine.empty else pd.Series(dtype=int)
         count = {o: int(counts.get(o, 0)) for o in ("passed", "failed", "error", "skipped", "xfailed", "xpassed")}
         executed = count["passed"] + count["failed"] + count["error"]
@@ -170,11 +180,11 @@ def compatibility(tests: pd.DataFrame, vendor: pd.DataFrame, causes: int = 15) -
             continue
         ref_subject = refs.iloc[0]["subject"]
         cell = tests[(tests["backend"] == backend) & (tests["torch_version"] == torch_version)]
-        ref = cell[cell["accel_version"] == ref_subject]
+        ref = _latest_per_test(cell[cell["accel_version"] == ref_subject])
         ref_passed = set(ref.loc[ref["outcome"] == "passed", "test_id"])
         for _, other in others.iterrows():
-            theirs = cell[cell["accel_version"] == other["subject"]]
-            latest = theirs.drop_duplicates("test_id", keep="last").set_index("test_id")
+            theirs = _latest_per_test(cell[cell["accel_version"] == other["subject"]])
+            latest = theirs.set_index("test_id")
             modules = latest[~latest.index.str.contains("::")]
             also = {t for t in ref_passed if t in latest.index and latest.at[t, "outcome"] == "passed"}
             grouped: dict[str, list[str]] = {}

@@ -10,11 +10,12 @@ from reports.render import render_html, render_markdown
 from reports.vendor import subject_label, vendor_lines
 
 
-def _run(folder, name, against, records, *, status="completed", torch="2.13.0", backend="cpu", version="1.15.0"):
+def _run(folder, name, against, records, *, status="completed", torch="2.13.0", backend="cpu", version="1.15.0",
+         start="2026-01-01T00:00:00+00:00"):
     block = {"project": "accelerate", "version": version, "against": against,
              "against_version": "1.15.0" if against == "accelerate" else "0.1.0", "status": status,
              "exit_code": 1, "collection_errors": 0, "install": {"failed": {"bitsandbytes": "no wheel"}} if against == "accel" else None}
-    header = RunHeader(run_id=f"run-{name}", start_time="2026-01-01T00:00:00+00:00", torch_version=torch,
+    header = RunHeader(run_id=f"run-{name}", start_time=start, torch_version=torch,
                        accel_version="0.1.0", backends=[backend], extra={"upstream": block})
     with RecordWriter(folder / f"{name}.jsonl", header) as writer:
         for nodeid, outcome, text in records:
@@ -142,3 +143,14 @@ def test_vendor_clusters_link_known_issues_and_escape_what_they_show(tmp_path):
     section = section[:section.index("</section>")]
     assert '<a href="https://example.org/hub-offline"' in section
     assert "<img src=x" not in section and "&lt;img src=x onerror=alert(" in section
+
+
+def test_a_side_measured_again_counts_each_test_once_from_its_latest_run(tmp_path):
+    _run(tmp_path, "ref", "accelerate", REFERENCE)
+    _run(tmp_path, "acc-new", "accel", [(t, "passed", None) for t, *_ in REFERENCE[:4]], start="2026-01-02T00:00:00+00:00")
+    _run(tmp_path, "acc-old", "accel", ACCEL)
+    report = build_report(load_results([tmp_path]))
+    acc = report.vendor[~report.vendor["reference"]].iloc[0]
+    assert acc["runs"] == 2 and (acc["passed"], acc["failed"], acc["error"]) == (4, 1, 1)  # test_c and test_b.py only in the old run
+    row = report.compat.iloc[0]
+    assert (row["reference_passed"], row["also_passed"]) == (4, 4)
