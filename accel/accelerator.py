@@ -82,6 +82,8 @@ class Accelerator:
         self.scaler_handler: GradScalerKwargs | None = handlers.get(GradScalerKwargs)
         self.autocast_handler: AutocastKwargs | None = handlers.get(AutocastKwargs)
         self.init_handler: InitProcessGroupKwargs | None = handlers.get(InitProcessGroupKwargs)
+        self.profile_handler = next((h for k, h in handlers.items() if k.__name__ == "ProfileKwargs"), None)
+        self.fp8_recipe_handler = next((h for k, h in handlers.items() if "Recipe" in k.__name__), None)
 
         init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
         self.state = AcceleratorState(
@@ -130,8 +132,11 @@ class Accelerator:
 
     @staticmethod
     def _sort_handlers(handlers: Iterable[KwargsHandler]) -> dict[type, KwargsHandler]:
+        from .utils.dataclasses import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, ProfileKwargs, TERecipeKwargs
+
         found: dict[type, KwargsHandler] = {}
-        known = (DistributedDataParallelKwargs, GradScalerKwargs, AutocastKwargs, InitProcessGroupKwargs)
+        known = (DistributedDataParallelKwargs, GradScalerKwargs, AutocastKwargs, InitProcessGroupKwargs, ProfileKwargs,
+                 FP8RecipeKwargs, TERecipeKwargs, AORecipeKwargs, MSAMPRecipeKwargs)
         for handler in handlers:
             kind = next((k for k in known if isinstance(handler, k)), None)
             if kind is None:
@@ -494,6 +499,22 @@ class Accelerator:
         """Clip every gradient element to ``[-clip_value, clip_value]`` (after unscaling)."""
         self.strategy.clip_grad_value_(parameters, clip_value)
 
+    @contextlib.contextmanager
+    def profile(self, profile_handler: Any = None):
+        """Run the block under ``torch.profiler`` (``ProfileKwargs``); yields the profiler.
+
+        With ``output_trace_dir`` every process writes ``profile_<rank>.json`` (a Chrome trace) there.
+        """
+        from .utils.dataclasses import ProfileKwargs
+
+        handler = profile_handler or self.profile_handler or ProfileKwargs()
+        with handler.build() as profiler:
+            yield profiler
+        if handler.output_trace_dir is not None:
+            os.makedirs(handler.output_trace_dir, exist_ok=True)
+            profiler.export_chrome_trace(os.path.join(handler.output_trace_dir, f"profile_{self.process_index}.json"))
+        self.wait_for_everyone()
+
     def autocast(self, autocast_handler: AutocastKwargs | None = None) -> contextlib.AbstractContextManager:
         """Autocast for the precision really in use (a null context in full precision)."""
         return autocast_context(self.precision, self.backend, autocast_handler or self.autocast_handler)
@@ -613,19 +634,34 @@ class Accelerator:
 
     @contextlib.contextmanager
     def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None):
-        """Let DDP processes with fewer batches join early instead of hanging (``torch.distributed.algorithms.Join``)."""
+        """Let DDP processes with fewer batches join early instead of hanging (``torch.distributed.algorithms.Join``).
+
+        ``even_batches`` overrides the prepared map-style loaders' setting for the block (iterable
+        loaders cannot change it: a warning says so). Under other strategies it warns and does nothing.
+        """
         if not self.use_distributed:
+            yield
+            return
+        if self.strategy.name != "ddp":
+            warnings.warn(f"join_uneven_inputs only works with DistributedDataParallel; the {self.strategy.name} "
+                          "strategy runs the block as it is", stacklevel=3)
             yield
             return
         from torch.distributed.algorithms.join import Join
 
         previous = []
         if even_batches is not None:
+            iterable_seen = False
             for loader in self._dataloaders:
                 sampler = getattr(loader, "batch_sampler", None)
                 if sampler is not None and hasattr(sampler, "even_batches"):
                     previous.append((sampler, sampler.even_batches))
                     sampler.even_batches = even_batches
+                else:
+                    iterable_seen = True
+            if iterable_seen:
+                warnings.warn("Overriding even_batches is only supported for map-style datasets, yet some "
+                              "dataloaders given were iterable", stacklevel=3)
         try:
             with Join(joinables):
                 yield

@@ -87,9 +87,13 @@ def plan_precision(
     if requested not in PrecisionType.list():
         raise ValueError(f"mixed_precision must be one of {PrecisionType.list()}, got {requested!r}")
     if requested == "fp8":
-        raise NotImplementedError(
-            "mixed_precision='fp8' is not supported by accel yet (no fp8 training path); use 'bf16' or 'fp16'"
-        )
+        from .backends import UnsupportedFeatureError
+
+        capability = backend.supports_fp8
+        reason = capability.reason if not capability else (
+            "the device has fp8 matmuls, but accel has no fp8 training path yet (torchao / Transformer Engine "
+            "conversion is not integrated); use 'bf16'")
+        raise UnsupportedFeatureError(backend.name, "mixed_precision='fp8'", reason)
     if requested == "no":
         return PrecisionPlan("no", "no", "full precision requested")
 

@@ -166,11 +166,6 @@ def test_unsupported_precision_warns_and_records_what_ran(monkeypatch):
     assert accelerator.scaler is None
 
 
-def test_fp8_is_refused_clearly():
-    with pytest.raises(NotImplementedError, match="fp8"):
-        Accelerator(mixed_precision="fp8")
-
-
 def test_fp16_scaler_skips_step_on_inf_and_unwrap_restores_forward():
     accelerator = Accelerator(mixed_precision="fp16", kwargs_handlers=[GradScalerKwargs(init_scale=1024.0)])
     model = torch.nn.Linear(2, 1)
@@ -409,3 +404,44 @@ def test_inductor_trains_like_eager_on_this_backend():
         ref_opt.step()
         ref_opt.zero_grad()
         torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_profile_writes_a_trace_per_process(tmp_path):
+    from accel.utils import ProfileKwargs
+
+    accelerator = Accelerator(kwargs_handlers=[ProfileKwargs(activities=["cpu"], output_trace_dir=str(tmp_path))])
+    with accelerator.profile() as prof:
+        torch.nn.Linear(4, 4)(torch.ones(2, 4)).sum()
+    assert any("addmm" in e.key or "linear" in e.key for e in prof.key_averages())
+    assert (tmp_path / "profile_0.json").stat().st_size > 0
+
+
+def test_fp8_is_a_capability_error_naming_the_reason():
+    from accel.backends import UnsupportedFeatureError
+
+    with pytest.raises(UnsupportedFeatureError, match="mixed_precision='fp8'"):
+        Accelerator(mixed_precision="fp8")
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter(torch.arange(8.0)[:, None])
+
+
+def _join_rank():
+    accelerator = Accelerator()
+    model = accelerator.prepare(torch.nn.Linear(1, 1))
+    accelerator.prepare(DataLoader(TensorDataset(torch.arange(6.0)[:, None]), batch_size=1),
+                        DataLoader(_Stream(), batch_size=1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with accelerator.join_uneven_inputs([model], even_batches=False):
+            pass
+    sampler = accelerator._dataloaders[0].batch_sampler
+    return [str(w.message) for w in caught], sampler.even_batches
+
+
+def test_join_uneven_inputs_warns_for_iterable_loaders_and_restores_even_batches():
+    for messages, even in run_distributed(_join_rank, 2):
+        assert any("only supported for map-style datasets" in m for m in messages), messages
+        assert even is True  # the override ends with the block
