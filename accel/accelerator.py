@@ -162,42 +162,52 @@ class Accelerator:
     # ------------------------------------------------------------------ state passthrough
     @property
     def device(self) -> torch.device:
+        """The device this process trains on (from the active backend, or ``ACCELERATE_TORCH_DEVICE``)."""
         return self.state.device
 
     @property
     def distributed_type(self) -> DistributedType:
+        """How processes are organised (``NO``, ``MULTI_CPU``, ``MULTI_GPU``, ``DEEPSPEED``, ``FSDP``, ...)."""
         return self.state.distributed_type
 
     @property
     def num_processes(self) -> int:
+        """How many processes take part in the run."""
         return self.state.num_processes
 
     @property
     def process_index(self) -> int:
+        """This process's global rank."""
         return self.state.process_index
 
     @property
     def local_process_index(self) -> int:
+        """This process's rank on its node."""
         return self.state.local_process_index
 
     @property
     def is_main_process(self) -> bool:
+        """Whether this is global rank 0."""
         return self.state.is_main_process
 
     @property
     def is_local_main_process(self) -> bool:
+        """Whether this is rank 0 on its node."""
         return self.state.is_local_main_process
 
     @property
     def is_last_process(self) -> bool:
+        """Whether this is the process with the highest rank."""
         return self.state.is_last_process
 
     @property
     def use_distributed(self) -> bool:
+        """Whether several processes run with a process group."""
         return self.state.use_distributed
 
     @property
     def multi_device(self) -> bool:
+        """Whether several processes run on accelerator devices (not the CPU)."""
         return self.use_distributed and self.device.type != "cpu"
 
     @property
@@ -207,14 +217,17 @@ class Accelerator:
 
     @property
     def split_batches(self) -> bool:
+        """Whether the loader's batch size is the global one, split over processes."""
         return self.dataloader_config.split_batches
 
     @property
     def dispatch_batches(self) -> bool | None:
+        """Whether the main process reads batches and sends each process its slice."""
         return self.dataloader_config.dispatch_batches
 
     @property
     def even_batches(self) -> bool:
+        """Whether the last batches are padded so every process gets the same number."""
         return self.dataloader_config.even_batches
 
     @even_batches.setter
@@ -223,30 +236,37 @@ class Accelerator:
 
     @property
     def use_seedable_sampler(self) -> bool:
+        """Whether shuffling samplers are seeded per epoch (reproducible across resumes)."""
         return self.dataloader_config.use_seedable_sampler
 
     @property
     def non_blocking(self) -> bool:
+        """Whether batches are copied to the device with ``non_blocking=True``."""
         return self.dataloader_config.non_blocking
 
     @property
     def use_stateful_dataloader(self) -> bool:
+        """Whether prepared loaders are torchdata ``StatefulDataLoader`` (mid-epoch position in checkpoints)."""
         return self.dataloader_config.use_stateful_dataloader
 
     @property
     def project_dir(self) -> str | None:
+        """The project folder (``ProjectConfiguration.project_dir``), used by automatic checkpoint naming."""
         return self.project_configuration.project_dir
 
     @property
     def logging_dir(self) -> str | None:
+        """Where trackers write (``ProjectConfiguration.logging_dir``)."""
         return self.project_configuration.logging_dir
 
     @property
     def save_iteration(self) -> int:
+        """The number the next automatically named checkpoint gets."""
         return self.project_configuration.iteration
 
     @property
     def gradient_accumulation_steps(self) -> int:
+        """Batches whose gradients add up before one optimizer step."""
         return self.gradient_state.num_steps
 
     @gradient_accumulation_steps.setter
@@ -255,6 +275,7 @@ class Accelerator:
 
     @property
     def sync_gradients(self) -> bool:
+        """Whether this step synchronises gradients (False while accumulating)."""
         return self.gradient_state.sync_gradients
 
     @sync_gradients.setter
@@ -263,37 +284,48 @@ class Accelerator:
 
     @property
     def optimizer_step_was_skipped(self) -> bool:
+        """Whether the last optimizer step was skipped (fp16 overflow)."""
         return any(opt.step_was_skipped for opt in self._optimizers)
 
     # process control, as in PartialState
     def wait_for_everyone(self) -> None:
+        """Barrier: wait until every process reaches this point."""
         self.state.wait_for_everyone()
 
     def main_process_first(self):
+        """Context manager: the main process runs the block first, then the others (download once)."""
         return self.state.main_process_first()
 
     def local_main_process_first(self):
+        """Context manager: the local main process runs the block first, then the others on its node."""
         return self.state.local_main_process_first()
 
     def split_between_processes(self, inputs: Any, apply_padding: bool = False):
+        """Context manager yielding this process's share of ``inputs``."""
         return self.state.split_between_processes(inputs, apply_padding=apply_padding)
 
     def on_main_process(self, function: Callable[..., Any] | None = None):
+        """Decorator: run the function only on the main process."""
         return PartialState().on_main_process(function)
 
     def on_local_main_process(self, function: Callable[..., Any] | None = None):
+        """Decorator: run the function only on each node's main process."""
         return PartialState().on_local_main_process(function)
 
     def on_last_process(self, function: Callable[..., Any]):
+        """Decorator: run the function only on the last process."""
         return PartialState().on_last_process(function)
 
     def on_process(self, function: Callable[..., Any] | None = None, process_index: int | None = None):
+        """Decorator: run the function only on the given global rank."""
         return PartialState().on_process(function, process_index=process_index)
 
     def on_local_process(self, function: Callable[..., Any] | None = None, local_process_index: int | None = None):
+        """Decorator: run the function only on the given local rank."""
         return PartialState().on_local_process(function, local_process_index=local_process_index)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the local main process only."""
         self.state.print(*args, **kwargs)
 
     # ------------------------------------------------------------------ prepare
@@ -428,6 +460,7 @@ class Accelerator:
 
     def prepare_data_loader(self, data_loader: torch.utils.data.DataLoader, device_placement: bool | None = None,
                             slice_fn_for_dispatch: Callable[..., Any] | None = None) -> Any:
+        """Shard a data loader over the processes (or dispatch from the main one) and move batches to the device."""
         from .data_loader import prepare_data_loader
 
         if device_placement is None:
@@ -586,6 +619,7 @@ class Accelerator:
 
     # ------------------------------------------------------------------ collectives
     def gather(self, tensor: Any) -> Any:
+        """Concatenate ``tensor`` (or a nest of tensors) from every process along dim 0."""
         from .utils.operations import gather
 
         return gather(tensor)
@@ -608,11 +642,13 @@ class Accelerator:
         return recursively_apply(lambda t: t[:keep], data)
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """Sum (or average with ``reduction='mean'``) ``tensor`` over all processes, times ``scale``."""
         from .utils.operations import reduce
 
         return reduce(tensor, reduction=reduction, scale=scale)
 
     def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+        """Pad ``tensor`` on ``dim`` to the largest size over all processes, so it can be gathered."""
         from .utils.operations import pad_across_processes
 
         return pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
@@ -622,6 +658,7 @@ class Accelerator:
         self.flag_tensor = torch.tensor(1, device=self.device)
 
     def check_trigger(self) -> bool:
+        """Whether any process called ``set_trigger`` since the last check (a collective; resets the flag)."""
         from .utils.operations import reduce
 
         if self.flag_tensor is None:
@@ -712,43 +749,51 @@ class Accelerator:
         return released
 
     def clear(self, *objects: Any) -> list[Any]:
+        """Alias of ``free_memory`` (Accelerate's older name)."""
         return self.free_memory(*objects)
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+        """A loader that skips the first ``num_batches`` batches (resume mid-epoch)."""
         from .data_loader import skip_first_batches
 
         return skip_first_batches(dataloader, num_batches=num_batches)
 
     # ------------------------------------------------------------------ trackers
     def init_trackers(self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None) -> None:
+        """Start the trackers named in ``log_with`` on the main process, with the run's ``config``."""
         from .tracking import init_trackers
 
         init_trackers(self, project_name, config=config, init_kwargs=init_kwargs or {})
 
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The tracker named ``name`` (its underlying run object with ``unwrap=True``)."""
         from .tracking import get_tracker
 
         return get_tracker(self, name, unwrap=unwrap)
 
     def log(self, values: dict, step: int | None = None, log_kwargs: dict | None = None) -> None:
+        """Log ``values`` to every tracker at ``step`` (main process only)."""
         if not self.is_main_process:
             return
         for tracker in self.trackers:
             tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
 
     def end_training(self) -> None:
+        """Finish every tracker, then wait for all processes."""
         for tracker in self.trackers:
             tracker.finish()
         self.wait_for_everyone()
 
     # ------------------------------------------------------------------ saving and checkpoints
     def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
+        """Save ``obj`` to ``f`` once per node (main process), through a temporary file (safetensors with ``safe_serialization``)."""
         from .checkpointing import save
 
         save(self, obj, f, safe_serialization=safe_serialization)
 
     def save_model(self, model: torch.nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB",
                    safe_serialization: bool = True) -> None:
+        """Write the unwrapped model's weights (sharded with an index above ``max_shard_size``); collective under ZeRO-3/FSDP."""
         from .checkpointing import save_model
 
         save_model(self, model, save_directory, max_shard_size=max_shard_size, safe_serialization=safe_serialization)
@@ -765,21 +810,25 @@ class Accelerator:
         self._custom_objects.extend(objects)
 
     def register_save_state_pre_hook(self, hook: Callable[..., None]):
+        """Call ``hook(models, weights, output_dir)`` before ``save_state`` writes models; returns a removable handle."""
         from .checkpointing import register_hook
 
         return register_hook(self._save_model_state_pre_hook, hook)
 
     def register_load_state_pre_hook(self, hook: Callable[..., None]):
+        """Call ``hook(models, input_dir)`` before ``load_state`` loads models; returns a removable handle."""
         from .checkpointing import register_hook
 
         return register_hook(self._load_model_state_pre_hook, hook)
 
     def save_state(self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True, **save_model_func_kwargs: Any) -> str:
+        """Save models, optimizers, schedulers, loaders, scaler, RNG and registered objects atomically; collective."""
         from .checkpointing import save_state
 
         return save_state(self, output_dir, safe_serialization=safe_serialization, **save_model_func_kwargs)
 
     def load_state(self, input_dir: str | os.PathLike | None = None, load_kwargs: dict | None = None, **load_model_func_kwargs: Any) -> None:
+        """Restore what ``save_state`` wrote (the newest checkpoint with automatic naming); collective."""
         from .checkpointing import load_state
 
         load_state(self, input_dir, load_kwargs=load_kwargs, **load_model_func_kwargs)
