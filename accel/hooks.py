@@ -22,6 +22,7 @@ import torch.nn as nn
 
 from accel.utils.modeling import (
     _as_torch_device,
+    check_device_same,
     get_non_persistent_buffers,
     named_module_tensors,
     set_module_tensor_to_device,
@@ -536,16 +537,10 @@ class CpuOffload(ModelHook):
                 clear_device_cache()
         device = _as_torch_device(self.execution_device)
         first = next(module.parameters(), None)
-        if first is not None and check_same(first.device, device):
+        if first is not None and check_device_same(first.device, device):
             return args, kwargs
         module.to(device)
         return send_to_device(args, device), send_to_device(kwargs, device)
-
-
-def check_same(a: torch.device, b: torch.device) -> bool:
-    from accel.utils.modeling import check_device_same
-
-    return check_device_same(a, b)
 
 
 class UserCpuOffloadHook:
