@@ -39,6 +39,7 @@ from accel.utils.modeling import (
     load_checkpoint_in_model,
     retie_parameters,
 )
+from accel.utils.constants import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
 from accel.utils.offload import OffloadedWeightsLoader, extract_submodules_state_dict, offload_state_dict
 
 logger = logging.getLogger(__name__)
@@ -53,18 +54,6 @@ __all__ = [
     "init_on_device",
     "load_checkpoint_and_dispatch",
 ]
-
-#: layers ``attach_layerwise_casting_hooks`` casts (Accelerate's SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING)
-SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING = (
-    nn.Conv1d,
-    nn.Conv2d,
-    nn.Conv3d,
-    nn.ConvTranspose1d,
-    nn.ConvTranspose2d,
-    nn.ConvTranspose3d,
-    nn.Linear,
-)
-
 
 def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on", "y", "t")
