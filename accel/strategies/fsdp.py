@@ -540,9 +540,10 @@ class FSDPStrategy(Strategy):
         predicate = self._wrap_predicate(plugin, model)
         if plugin.activation_checkpointing:
             self._apply_activation_checkpointing(model, predicate)
+        reshard = plugin.reshard_after_forward if plugin.reshard_after_forward is not None else True
         kwargs: dict[str, Any] = {
             "mesh": self._shard_mesh(),
-            "reshard_after_forward": plugin.reshard_after_forward if plugin.reshard_after_forward is not None else True,
+            "reshard_after_forward": reshard,
             "mp_policy": plugin.mixed_precision_policy or MixedPrecisionPolicy(),
             "offload_policy": plugin.cpu_offload,
         }
@@ -550,7 +551,9 @@ class FSDPStrategy(Strategy):
             kwargs["ignored_params"] = ignored_params
         for unit in self._units(model, predicate, ignored_ids):
             fully_shard(unit, **kwargs)
-        fully_shard(model, **kwargs)
+        # the root's parameters are needed again as soon as backward starts: with resharding on, torch's
+        # root heuristic (None) keeps them gathered instead of paying one more all-gather per step
+        fully_shard(model, **{**kwargs, "reshard_after_forward": None if reshard is True else reshard})
 
         if full_state is not None:
             model.to_empty(device="cpu" if plugin.offloads_params else device)
