@@ -40,3 +40,33 @@ def test_test_sync_fails_loudly_when_no_sync_synchronises(monkeypatch):
     with pytest.raises(Exception) as info:
         debug_launcher(test_sync.main, num_processes=2)
     assert "no_sync" in str(info.value) or "no_sync" in repr(info.value.__cause__)
+
+
+def _run(command, **env):
+    import os
+    import subprocess
+    import sys
+
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **env}
+    return subprocess.run([sys.executable, *command], capture_output=True, text=True, timeout=300, env=full_env)
+
+
+def test_cli_script_under_accel_launch_checks_the_world_size():
+    from accel.test_utils.testing import path_in_accelerate_package
+
+    script = str(path_in_accelerate_package("test_utils", "scripts", "test_cli.py"))
+    launch = ["-m", "accel.commands.cli", "launch", "--cpu", "--num_processes", "2", script]
+    ok = _run(launch, ACCEL_TEST_EXPECTED_WORLD_SIZE="2")
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert "process 0 of 2" in ok.stdout and "process 1 of 2" in ok.stdout
+    wrong = _run(launch, ACCEL_TEST_EXPECTED_WORLD_SIZE="3")
+    assert wrong.returncode != 0 and "expected 3 processes" in wrong.stdout + wrong.stderr
+
+
+def test_notebook_script_on_two_processes():
+    from accel.test_utils.testing import path_in_accelerate_package
+
+    script = str(path_in_accelerate_package("test_utils", "scripts", "test_notebook.py"))
+    done = _run([script], ACCEL_NUM_PROCESSES="2")
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "4 passed" in done.stdout

@@ -109,6 +109,8 @@ _export(
     "model_has_dtensor", "recursive_getattr", "save", "wait_for_everyone", "write_basic_config",
 )
 _export("accel.utils.operations", "pad_input_tensors")
+_export("accel.utils.ao", "convert_model_to_fp8_ao", "has_ao_layers")
+_export("accel.utils.transformer_engine", "has_transformer_engine_layers")
 _export("accel.utils.memory", "clear_device_cache", "should_reduce_batch_size")
 _export(
     "accel.utils.dataclasses",

@@ -1,0 +1,52 @@
+"""notebook_launcher situations, run with pytest in a fresh interpreter (``python -m pytest test_notebook.py``).
+
+``ACCEL_NUM_PROCESSES`` (or Accelerate's ``ACCELERATE_NUM_PROCESSES``) sets the number of processes
+(default 1). Checked: a plain launch sees the world size it asked for, a worker's failure reaches
+the caller, and the static and c10d rendezvous work.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from accel import PartialState, notebook_launcher
+
+NUM_PROCESSES = int(os.environ.get("ACCEL_NUM_PROCESSES") or os.environ.get("ACCELERATE_NUM_PROCESSES") or 1)
+require_multi_process = pytest.mark.skipif(NUM_PROCESSES < 2, reason="needs at least 2 processes (ACCEL_NUM_PROCESSES)")
+
+
+def world_size_function(expected: int) -> None:
+    state = PartialState()
+    if state.num_processes != expected:
+        raise RuntimeError(f"launched {expected} processes, PartialState sees {state.num_processes}")
+
+
+def failing_function() -> None:
+    if PartialState().process_index == 0:
+        raise RuntimeError("rank 0 fails on purpose")
+
+
+def test_can_initialize():
+    notebook_launcher(world_size_function, (NUM_PROCESSES,), num_processes=NUM_PROCESSES)
+
+
+def test_a_failing_worker_reaches_the_caller():
+    with pytest.raises(Exception, match="fails on purpose|failed"):
+        notebook_launcher(failing_function, (), num_processes=NUM_PROCESSES)
+
+
+@require_multi_process
+@pytest.mark.parametrize("rdzv_backend", ["static", "c10d"])
+def test_rendezvous_backends(rdzv_backend):
+    notebook_launcher(world_size_function, (NUM_PROCESSES,), num_processes=NUM_PROCESSES, rdzv_backend=rdzv_backend)
+
+
+def main() -> None:
+    """Run this file's tests with pytest; exit with pytest's status."""
+    raise SystemExit(pytest.main([__file__, "-q", "-p", "no:cacheprovider"]))
+
+
+if __name__ == "__main__":
+    main()
