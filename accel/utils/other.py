@@ -7,6 +7,7 @@ import os
 import platform
 import re
 import socket
+import sys
 from collections import OrderedDict
 from types import MethodType
 from typing import Any
@@ -113,9 +114,8 @@ def compile_regions(module: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.
 # ---------------------------------------------------------------------------- unwrapping
 def _wrapper_types() -> tuple[type, ...]:
     types: list[type] = [torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel]
-    from .imports import is_deepspeed_available
-
-    if is_deepspeed_available():
+    # a DeepSpeed engine exists only if deepspeed was imported already: never import it (seconds) just to look
+    if "deepspeed" in sys.modules:
         try:
             from deepspeed import DeepSpeedEngine
 
