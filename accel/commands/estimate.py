@@ -91,30 +91,43 @@ def add_timm_hub_prefix(model_name: str) -> str:
     return f"hf-hub:{model_name}"
 
 
+def verify_on_hub(repo: str, token: Optional[str] = None) -> Any:
+    """The Hub's model info for ``repo``, or "gated" / "repo" when it is gated / missing (Accelerate's contract)."""
+    from huggingface_hub import model_info
+    from huggingface_hub.utils import GatedRepoError, RepositoryNotFoundError
+
+    try:
+        return model_info(repo, token=token, timeout=10)
+    except GatedRepoError:
+        return "gated"
+    except RepositoryNotFoundError:
+        return "repo"
+
+
 def _hub_info(repo: str, token: Optional[str]) -> Any:
     """The Hub's model info for ``repo``; a clear ``OSError`` when the Hub cannot be reached or lacks it."""
     try:
-        from huggingface_hub import model_info
-        from huggingface_hub.utils import GatedRepoError, RepositoryNotFoundError
+        import huggingface_hub  # noqa: F401
     except ImportError as exc:
         raise OSError(f"`{repo}` looks like a Hub repository, but huggingface_hub is not installed") from exc
     try:
-        return model_info(repo, token=token, timeout=10)
-    except GatedRepoError as exc:
-        raise OSError(
-            f"Repo for model `{repo}` is gated. You must be authenticated to access it. Please run `hf auth login`."
-        ) from exc
-    except RepositoryNotFoundError as exc:
-        raise OSError(
-            f"Repo for model `{repo}` does not exist on the Hub. If you are trying to access a private repo,"
-            " make sure you are authenticated and have access."
-        ) from exc
+        info = verify_on_hub(repo, token)
     except Exception as exc:  # offline mode, DNS, timeouts, proxies (the HTTP client's own error classes)
         raise OSError(
             f"Cannot reach the Hugging Face Hub to look up `{repo}` ({type(exc).__name__}: {exc}). "
             "Without network, pass a local folder with the model's config.json, a timm architecture name "
             "(--library_name timm), or a Python module:Class."
         ) from exc
+    if info == "gated":
+        raise OSError(
+            f"Repo for model `{repo}` is gated. You must be authenticated to access it. Please run `hf auth login`."
+        )
+    if info == "repo":
+        raise OSError(
+            f"Repo for model `{repo}` does not exist on the Hub. If you are trying to access a private repo,"
+            " make sure you are authenticated and have access."
+        )
+    return info
 
 
 def _build_transformers(source: str, trust_remote_code: bool, token: Optional[str], auto_map: Any = None):
