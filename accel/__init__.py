@@ -24,6 +24,8 @@ _LAZY = {
     "InitProcessGroupKwargs": "accel.utils.dataclasses",
     "ProjectConfiguration": "accel.utils.dataclasses",
     "GradientAccumulationPlugin": "accel.utils.dataclasses",
+    "ProfileKwargs": "accel.utils.dataclasses",
+    "load_checkpoint_in_model": "accel.utils.modeling",
     "skip_first_batches": "accel.data_loader",
     "synchronize_rng_states": "accel.utils.random",
     "is_rich_available": "accel.utils.imports",
