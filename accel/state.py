@@ -398,6 +398,9 @@ class AcceleratorState:
         mixed_precision = str(mixed_precision).lower()
         if mixed_precision not in PrecisionType.list():
             raise ValueError(f"mixed_precision must be one of {PrecisionType.list()}, got {mixed_precision!r}")
+        if self.initialized and not PartialState._shared_state.get("_initialized", False):
+            # PartialState alone was reset (a test, a notebook): bring the ranks and device back
+            self._partial = PartialState(cpu, **kwargs)
         if self.initialized:
             given = {"deepspeed_plugin": deepspeed_plugin, "fsdp_plugin": fsdp_plugin, "parallelism_config": parallelism_config}
             current = {"deepspeed_plugin": self.__dict__.get("deepspeed_plugins"), "fsdp_plugin": self.fsdp_plugin,

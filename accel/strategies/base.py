@@ -15,6 +15,7 @@ models/optimizers itself in a checkpoint (DeepSpeed's engine files, FSDP's DCP s
 from __future__ import annotations
 
 import contextlib
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
@@ -54,7 +55,16 @@ class Strategy:
     compiles_models = True
 
     def __init__(self, accelerator: "Accelerator"):
-        self.accelerator = accelerator
+        # a weak reference: the Accelerator owns its strategy, and a cycle would keep both (and every
+        # prepared loader) alive until the garbage collector runs
+        self._accelerator = weakref.ref(accelerator)
+
+    @property
+    def accelerator(self) -> "Accelerator":
+        accelerator = self._accelerator()
+        if accelerator is None:
+            raise RuntimeError("the Accelerator this strategy belonged to no longer exists")
+        return accelerator
 
     # ------------------------------------------------------------------ context
     @property
