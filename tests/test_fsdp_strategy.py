@@ -186,6 +186,21 @@ def _features_on_ranks():
     out["bf16_policy"] = accelerator.state.fsdp_plugin.mixed_precision_policy.param_dtype
     out["master_dtype"] = model.inp.weight.dtype
     out["bf16_out"] = model(torch.randn(2, 4)).dtype
+
+    # fp16: a ShardedGradScaler, so every rank agrees on skipping a step
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    accelerator = Accelerator(mixed_precision="fp16", fsdp_plugin=_plugin(2))
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    before = accelerator.get_state_dict(model)
+    x, y = _data(rank, 0)
+    accelerator.backward(F.mse_loss(model(x), y))
+    optimizer.step()
+    out["fp16_scaler"] = type(accelerator.scaler).__name__
+    after = accelerator.get_state_dict(model)  # a collective: every rank calls it
+    out["fp16_moved"] = before != {} and any(not torch.equal(before[k], v) for k, v in after.items())
     return out
 
 
@@ -209,6 +224,7 @@ def test_checkpointing_ignored_modules_accumulation_rank0_loading_and_bf16():
     _close(r0["loaded"], Net(seed=0).state_dict(), "cpu_ram_efficient_loading")
     assert r0["bf16_policy"] == torch.bfloat16 and r0["master_dtype"] == torch.float32
     assert r0["bf16_out"] == torch.float32  # accel's forward hands back fp32 outputs, as for DDP
+    assert r0["fp16_scaler"] == "ShardedGradScaler" and r0["fp16_moved"]
 
 
 class TPNet(torch.nn.Module):

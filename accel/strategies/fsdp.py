@@ -389,7 +389,7 @@ class FSDPStrategy(Strategy):
                 plugin.mixed_precision_policy = dataclasses.replace(plugin.mixed_precision_policy, output_dtype=torch.float32)
         if plan.scaler is not None:
             kwargs = scaler_handler.to_kwargs() if scaler_handler is not None else {}
-            plan.scaler = get_fsdp2_grad_scaler(device=self.accelerator.backend.autocast_device_type(), **kwargs)
+            plan.scaler = get_fsdp2_grad_scaler(device=self.accelerator.backend.autocast_device_type, **kwargs)
         return plan
 
     # ------------------------------------------------------------------ prepare
