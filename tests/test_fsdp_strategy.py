@@ -4,8 +4,6 @@ precision, rank-0 loading, ignored modules, activation checkpointing, tensor par
 from __future__ import annotations
 
 import copy
-from types import SimpleNamespace
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -195,9 +193,14 @@ def _features_on_ranks():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     model, optimizer = accelerator.prepare(model, optimizer)
     before = accelerator.get_state_dict(model)
-    x, y = _data(rank, 0)
-    accelerator.backward(F.mse_loss(model(x), y))
-    optimizer.step()
+    skipped = []
+    for step in range(4):  # the first steps may overflow at the initial scale of 2**16 and are skipped
+        x, y = _data(rank, step)
+        accelerator.backward(F.mse_loss(model(x), y))
+        optimizer.step()
+        optimizer.zero_grad()
+        skipped.append(optimizer.step_was_skipped)
+    out["fp16_skipped"] = skipped
     out["fp16_scaler"] = type(accelerator.scaler).__name__
     after = accelerator.get_state_dict(model)  # a collective: every rank calls it
     out["fp16_moved"] = before != {} and any(not torch.equal(before[k], v) for k, v in after.items())
@@ -225,6 +228,7 @@ def test_checkpointing_ignored_modules_accumulation_rank0_loading_and_bf16():
     assert r0["bf16_policy"] == torch.bfloat16 and r0["master_dtype"] == torch.float32
     assert r0["bf16_out"] == torch.float32  # accel's forward hands back fp32 outputs, as for DDP
     assert r0["fp16_scaler"] == "ShardedGradScaler" and r0["fp16_moved"]
+    assert results[0]["fp16_skipped"] == results[1]["fp16_skipped"]  # the ranks agree on every skip
 
 
 class TPNet(torch.nn.Module):
@@ -293,7 +297,10 @@ def test_a_backend_without_collectives_is_refused():
     from accel.backends.mps import MPSBackend
     from accel.strategies.fsdp import FSDPStrategy
 
-    fake = SimpleNamespace(backend=MPSBackend())
+    class Owner:  # the strategy keeps a weak reference to its accelerator
+        backend = MPSBackend()
+
+    fake = Owner()
     with pytest.raises(UnsupportedFeatureError, match="FSDP.*collective"):
         FSDPStrategy(fake)
 
