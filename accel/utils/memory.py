@@ -71,20 +71,26 @@ def release_memory(*objects: Any) -> list[None]:
     return released
 
 
-#: device-neutral out-of-memory wording ("CUDA out of memory.", "XPU out of memory.", "CPU out of
-#: memory."): the form allocators and device extensions use, and the one Accelerate matches
-_GENERIC_OOM = " out of memory."
+def _device_oom_wording(backend: Any) -> tuple[str, ...]:
+    """``"<DEVICE> out of memory."``: the form torch's allocators and device extensions use ("CUDA out of
+    memory.", "XPU out of memory.", "CPU out of memory."), for this backend's device type and name."""
+    names = {str(getattr(backend, "device_type", "") or ""), str(getattr(backend, "name", "") or "")} - {""}
+    return tuple(f"{name.upper()} out of memory." for name in sorted(names))
 
 
 def should_reduce_batch_size(exception: BaseException) -> bool:
     """True if ``exception`` is an out-of-memory error of the active backend (or of the host).
 
-    Besides each backend's own messages, a RuntimeError whose message contains
-    ``"<DEVICE> out of memory."`` counts, as in Accelerate.
+    Each backend's own messages count, and a RuntimeError saying ``"<DEVICE> out of memory."`` for
+    the active backend's device or the host (as Accelerate matches it); another device's wording does
+    not, since no such device runs in this process.
     """
-    if isinstance(exception, RuntimeError) and exception.args and _GENERIC_OOM in str(exception.args[0]):
-        return True
-    return any(backend.is_oom_error(exception) for backend in _oom_backends())
+    backends = _oom_backends()
+    if isinstance(exception, RuntimeError) and exception.args:
+        text = str(exception.args[0])
+        if any(w in text for b in backends for w in _device_oom_wording(b)):
+            return True
+    return any(backend.is_oom_error(exception) for backend in backends)
 
 
 def _check_call(function: Callable[..., Any], args: tuple) -> None:
