@@ -152,12 +152,13 @@ def _features_on_ranks():
     # activation checkpointing + ignored modules (regex) + accumulation over 2 micro-batches
     accelerator = Accelerator(gradient_accumulation_steps=2, fsdp_plugin=_plugin(
         2, auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap=["Block"],
-        activation_checkpointing=True, ignored_modules="out"))
+        activation_checkpointing=True, activation_checkpointing_offload=True, ignored_modules="out"))
     rank = accelerator.process_index
     model = Net()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model, optimizer = accelerator.prepare(model, optimizer)
     out["checkpointed"] = sum(isinstance(m, CheckpointWrapper) for m in model.modules())
+    out["offloaded"] = sum(type(m).__name__ == "OffloadWrapper" for m in model.modules())
     out["units"] = sum(isinstance(m, FSDPModule) for m in model.modules())
     out["ignored_plain"] = not isinstance(model.out.weight, DTensor) and isinstance(model.inp.weight, DTensor)
     for step in range(2):  # one optimizer step: the ignored module's rank-local update cannot feed back
@@ -210,7 +211,7 @@ def _features_on_ranks():
 def test_checkpointing_ignored_modules_accumulation_rank0_loading_and_bf16():
     results = run_distributed(_features_on_ranks, 2, timeout=120)
     r0 = results[0]
-    assert r0["checkpointed"] == 2 and r0["units"] == 3  # two Blocks wrapped in checkpointing and sharded, plus the root
+    assert r0["checkpointed"] == 2 and r0["offloaded"] == 2 and r0["units"] == 3  # two Blocks wrapped in checkpointing and sharded, plus the root
     assert all(r["ignored_plain"] for r in results)
     # accumulation of 2 micro-batches of 2 samples per rank = one step on the 8 samples of both ranks' micro-batches
     model = Net()

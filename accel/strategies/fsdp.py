@@ -511,9 +511,14 @@ class FSDPStrategy(Strategy):
                            "set transformer_cls_names_to_wrap or min_num_params")
             return model
         targets = {id(m) for m in self._units(model, predicate, set())}
-        apply_activation_checkpointing(
-            model, checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
-            check_fn=lambda m: id(m) in targets)
+        wrap = functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+        if self.plugin.activation_checkpointing_offload:
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import offload_wrapper
+
+            # the input each checkpoint keeps for its recompute moves to host memory (save_on_cpu)
+            plain = wrap
+            wrap = lambda module: offload_wrapper(plain(module))  # noqa: E731
+        apply_activation_checkpointing(model, checkpoint_wrapper_fn=wrap, check_fn=lambda m: id(m) in targets)
         return model
 
     def _fully_shard(self, model: torch.nn.Module, device_placement: bool) -> torch.nn.Module:
