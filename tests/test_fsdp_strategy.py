@@ -276,21 +276,34 @@ def test_tensor_parallelism_with_the_models_plan_on_gloo():
     _close(results[0][2], expected, "tensor parallel")
 
 
-def _bad_wrap_class():
+def _sync_control_and_bad_wrap_class():
     from accel import Accelerator
 
     accelerator = Accelerator(fsdp_plugin=_plugin(2, auto_wrap_policy="transformer_based_wrap",
                                                   transformer_cls_names_to_wrap=["DecoderLayer"]))
     try:
         accelerator.prepare(Net())
+        message = None
     except ValueError as exc:
-        return str(exc)
-    return None
+        message = str(exc)
+    accelerator.state.fsdp_plugin.transformer_cls_names_to_wrap = ["Block"]
+    model = accelerator.prepare(Net())
+    rank = accelerator.process_index
+    grads = []
+    with accelerator.no_sync(model):
+        accelerator.backward(F.mse_loss(model(*_data(rank, 0)[:1]), _data(rank, 0)[1]))
+        grads.append(model.inp.weight.grad is None)  # gradients stay unreduced, outside the shards
+        with accelerator.trigger_sync_in_backward(model):
+            accelerator.backward(F.mse_loss(model(*_data(rank, 1)[:1]), _data(rank, 1)[1]))
+        grads.append(model.inp.weight.grad is not None)  # this backward reduced into the shards
+    return message, grads
 
 
-def test_wrap_policy_naming_a_class_not_in_the_model_is_an_error():
-    message = run_distributed(_bad_wrap_class, 2)[0]
+def test_sync_control_and_a_wrap_policy_naming_a_class_not_in_the_model():
+    results = run_distributed(_sync_control_and_bad_wrap_class, 2)
+    message, grads = results[0]
     assert "Could not find the transformer layer class DecoderLayer in the model" in message and "Block" in message
+    assert all(r[1] == [True, True] for r in results)
 
 
 def test_a_backend_without_collectives_is_refused():

@@ -299,6 +299,8 @@ class FSDPStrategy(Strategy):
         self._param_map: dict[int, torch.nn.Parameter] = {}
         #: FSDP1 without use_orig_params: (ids of a model's original parameters, its flat parameters)
         self._flat_groups: list[tuple[frozenset[int], list[torch.nn.Parameter]]] = []
+        #: ids of FSDP2 models inside no_sync (trigger_sync_in_backward restores that state)
+        self._unsynced: set[int] = set()
         self._settle_parallelism_config()
 
     # ------------------------------------------------------------------ identity
@@ -667,23 +669,27 @@ class FSDPStrategy(Strategy):
             return
         if _is_fsdp2(model):
             model.set_requires_gradient_sync(False)
+            self._unsynced.add(id(model))
             try:
                 yield
             finally:
+                self._unsynced.discard(id(model))
                 model.set_requires_gradient_sync(True)
             return
         yield
 
     @contextlib.contextmanager
     def trigger_sync_in_backward(self, model: torch.nn.Module):
-        if _is_fsdp2(model):
-            model.set_requires_gradient_sync(True)
+        """FSDP2: the next backward reduces gradients even inside ``no_sync``. FSDP1 (as Accelerate, which only
+        does this for DDP): a no-op, so leave the ``no_sync`` block for the synchronising backward."""
+        if not _is_fsdp2(model):
             yield
             return
-        if _is_fsdp1(model):
-            raise UnsupportedFeatureError(self.accelerator.backend.name, "trigger_sync_in_backward under FSDP1",
-                                          "leave the no_sync block for the synchronising backward instead")
-        yield
+        model.set_requires_gradient_sync(True)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(id(model) not in self._unsynced)
 
     # ------------------------------------------------------------------ models and state
     def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
