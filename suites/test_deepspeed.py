@@ -175,3 +175,27 @@ def test_bf16_runs_through_deepspeed(device, world_size, backend):
     assert_weights_close(_full_weights(accelerator, model), expected, "bf16 ZeRO-2", rtol=3e-2, atol=3e-2)
     assert losses[-1] < losses[0] * 0.5
     accelerator.free_memory()
+
+
+OFFLOAD = [
+    pytest.param(2, {"offload_optimizer": {"device": "cpu"}}, id="zero2-offload-optimizer"),
+    pytest.param(3, {"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}, id="zero3-offload-params"),
+]
+
+
+@pytest.mark.world_size(1, 2)
+@pytest.mark.parametrize("stage, offload", OFFLOAD)
+def test_cpu_offload_trains_like_the_reference(device, world_size, stage, offload):
+    # a torch optimizer on offloaded states: DeepSpeed's CPU Adam is not forced (it needs a C++ build)
+    config = {"zero_optimization": {"stage": stage, **offload}, "zero_force_ds_cpu_optimizer": False}
+    fresh_state()
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config, gradient_clipping=CLIP))
+    assert accelerator.state.deepspeed_plugin.hf_ds_config.is_offload()
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    loader = DataLoader(make_dataset(), batch_size=GLOBAL_BATCH // world_size)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    _train(accelerator, model, optimizer, loader, EPOCHS)
+    expected, _ = reference_training(device, EPOCHS, max_norm=CLIP)
+    assert_weights_close(_full_weights(accelerator, model), expected, f"ZeRO-{stage} with {sorted(offload)}")
+    accelerator.free_memory()
