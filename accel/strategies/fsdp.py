@@ -739,6 +739,8 @@ class FSDPStrategy(Strategy):
             "fsdp_version": plugin.fsdp_version, "state_dict_type": plugin.state_dict_type.name,
             "num_models": len(self.accelerator._models), "num_optimizers": len(self.accelerator._optimizers),
             "world_size": self.state.num_processes,
+            # DCP shards and full state dicts both load at another world size
+            "reshardable": True,
         })
 
     def load_checkpoint(self, input_dir: Path, saved: dict[str, Any], **kwargs: Any) -> None:
