@@ -168,8 +168,8 @@ def _headline(row: Mapping[str, Any]) -> str:
 def compatibility(tests: pd.DataFrame, vendor: pd.DataFrame, causes: int = 15) -> pd.DataFrame:
     """For each suite/torch/backend with a reference run (against its own project) and another
     subject: the tests passing on the reference, how many of them pass on the other subject, and
-    the rest grouped by cause (the failure signature, or the import error of a module that did
-    not load)."""
+    the rest grouped by cause (the known issue, else the failure signature, or the import error
+    of a module that did not load)."""
     if vendor.empty or tests.empty:
         return pd.DataFrame(columns=COMPAT_COLUMNS)
     rows = []
@@ -191,8 +191,13 @@ def compatibility(tests: pd.DataFrame, vendor: pd.DataFrame, causes: int = 15) -
             for test in sorted(ref_passed - also):
                 if test in latest.index:
                     rec = latest.loc[test]
-                    key = f"{rec['outcome']}: {rec['signature'] or rec['message'] or '(no text)'}" if rec["outcome"] != "skipped" else \
-                        f"skipped [{rec['reason_code']}]: {rec['message'] or ''}"
+                    issue = rec["known_issue"] if isinstance(rec["known_issue"], str) and rec["known_issue"] else None
+                    if issue:
+                        key = f"{rec['outcome']}: known issue {issue}"
+                    elif rec["outcome"] == "skipped":
+                        key = f"skipped [{rec['reason_code']}]: {rec['message'] or ''}"
+                    else:
+                        key = f"{rec['outcome']}: {rec['signature'] or rec['message'] or '(no text)'}"
                 else:
                     module = test.split("::")[0]
                     sig = modules.at[module, "signature"] if module in modules.index else None

@@ -154,3 +154,13 @@ def test_a_side_measured_again_counts_each_test_once_from_its_latest_run(tmp_pat
     assert acc["runs"] == 2 and (acc["passed"], acc["failed"], acc["error"]) == (4, 1, 1)  # test_c and test_b.py only in the old run
     row = report.compat.iloc[0]
     assert (row["reference_passed"], row["also_passed"]) == (4, 4)
+
+
+def test_compatibility_names_a_known_issue_as_the_cause(tmp_path):
+    from harness.known_issues import KnownIssues
+
+    _run(tmp_path, "ref", "accelerate", REFERENCE)
+    _run(tmp_path, "acc", "accel", [("tests/test_a.py::T::test_1", "failed", "E   Failed: Timeout (>180.0s) from pytest-timeout.")])
+    known = KnownIssues.from_data({"issues": [{"id": "slow-box", "error": "Timeout"}]}, "known.yaml")
+    row = build_report(load_results([tmp_path]), known=known).compat.iloc[0]
+    assert {"cause": "failed: known issue slow-box", "count": 1, "examples": ["tests/test_a.py::T::test_1"]} in row["causes"]
