@@ -62,6 +62,7 @@ __all__ = [
     "junit_collection_errors",
     "load_skip_table",
     "locate_tests",
+    "unpack_sdist",
     "parse_spec",
     "pinned_constraints",
     "prepare_suite",
@@ -158,6 +159,7 @@ def classify_skip(message: str | None, rules: Sequence[SkipRule] | None = None) 
 
 
 # ---------------------------------------------------------------------------- what to run
+_ARCHIVES = (".tar.gz", ".tgz", ".zip")
 _SPEC = re.compile(r"\A(?P<name>[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)==(?P<version>[A-Za-z0-9][A-Za-z0-9.+!_-]*)\Z")
 
 
@@ -165,7 +167,7 @@ _SPEC = re.compile(r"\A(?P<name>[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)==(?P
 class Spec:
     """What ``--upstream`` names: a release on the package index, or a folder at hand."""
 
-    kind: str  # "index" or "path"
+    kind: str  # "index", "archive" (an sdist file at hand) or "path" (a folder)
     name: str | None = None
     version: str | None = None
     path: Path | None = None
@@ -176,17 +178,19 @@ class Spec:
 
 
 def parse_spec(text: str) -> Spec:
-    """``NAME==VERSION`` (a release on the package index) or an existing folder."""
+    """``NAME==VERSION`` (a release on the package index), an sdist file at hand, or an existing folder."""
     value = (text or "").strip()
     if value and os.path.isdir(value):
         return Spec("path", path=Path(value).resolve())
+    if value and os.path.isfile(value) and value.endswith(_ARCHIVES):
+        return Spec("archive", path=Path(value).resolve())
     match = _SPEC.match(value)
     if match:
         return Spec("index", name=match.group("name"), version=match.group("version"))
     if value and (os.sep in value or value.startswith(".")) or os.path.exists(value):
         raise UpstreamError(f"--upstream {value!r}: no such folder (a PATH must be a test folder or a source tree with tests/)")
-    raise UpstreamError(f"--upstream takes NAME==VERSION (a release on the package index, e.g. accelerate==1.15.0) "
-                        f"or the path of a test folder; got {value!r}")
+    raise UpstreamError(f"--upstream takes NAME==VERSION (a release on the package index, e.g. accelerate==1.15.0), "
+                        f"an sdist file (.tar.gz/.zip) or the path of a test folder; got {value!r}")
 
 
 @dataclass
@@ -231,16 +235,23 @@ def fetch_sdist(name: str, version: str, dest: str | os.PathLike[str], *, pip_ar
     dest.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
            f"{name}=={version}", "-d", str(dest), *pip_args]
-    proc = runner(cmd)
-    archives = sorted(p for p in dest.iterdir() if p.is_file() and (p.name.endswith((".tar.gz", ".tgz", ".zip"))))
+    proc = runner(cmd)  # first with the build backend installed here (no downloads for it) ...
+    if proc.returncode != 0:  # ... else the normal way (pip fetches the sdist's build backend)
+        proc = runner([c for c in cmd if c != "--no-build-isolation"])
+    archives = sorted(p for p in dest.iterdir() if p.is_file() and p.name.endswith(_ARCHIVES))
     if proc.returncode != 0 or not archives:
         raise UpstreamError(f"cannot download the sdist of {name}=={version}: {_tail(proc.stdout + proc.stderr) or 'pip found nothing'}")
     wanted = _normalise(name)
     archive = next((a for a in archives if _normalise(a.name).startswith(wanted)), archives[0])
-    unpacked = dest / "src"
+    return archive, unpack_sdist(archive, dest / "src")
+
+
+def unpack_sdist(archive: str | os.PathLike[str], unpacked: str | os.PathLike[str]) -> Path:
+    """Unpack an sdist (``.tar.gz``/``.tgz``/``.zip``) into the fresh folder ``unpacked``: its source root."""
+    archive, unpacked = Path(archive), Path(unpacked)
     if unpacked.exists():
         shutil.rmtree(unpacked)
-    unpacked.mkdir()
+    unpacked.mkdir(parents=True)
     if archive.name.endswith(".zip"):
         with zipfile.ZipFile(archive) as zf:
             for member in zf.namelist():
@@ -255,8 +266,7 @@ def fetch_sdist(name: str, version: str, dest: str | os.PathLike[str], *, pip_ar
         except (tarfile.TarError, OSError) as exc:
             raise UpstreamError(f"cannot unpack {archive}: {exc}") from None
     tops = [p for p in unpacked.iterdir() if p.is_dir()]
-    root = tops[0] if len(tops) == 1 else unpacked
-    return archive, root
+    return tops[0] if len(tops) == 1 else unpacked
 
 
 def locate_tests(root: str | os.PathLike[str]) -> Path:
@@ -463,15 +473,22 @@ def prepare_suite(spec: Spec, workdir: str | os.PathLike[str], *, pip_args: Sequ
         requirements, used = test_requirements(root, extras)
         name = project or _import_name(root, spec.name)
         return Suite(name, spec.version, locate_tests(root), root, requirements, used, source=str(archive))
-    root = spec.path
+    if spec.kind == "archive":  # an sdist at hand (an air-gapped lab): unpack it, then as a folder
+        root = unpack_sdist(spec.path, workdir / "sdist" / "src")
+        return _folder_suite(root, extras, project, source=str(spec.path))
+    return _folder_suite(spec.path, extras, project, source=str(spec.path))
+
+
+def _folder_suite(root: Path, extras: Sequence[str] | None, project: str | None, source: str) -> Suite:
+    """A suite from a source tree or test folder at hand (its metadata, if any, names project and version)."""
     tests = locate_tests(root)
-    requirements, used = test_requirements(root if tests != root else root, extras)
+    requirements, used = test_requirements(root, extras)
     meta = _metadata(root)
     version = meta.get("Version") if meta is not None else None
     name = project or (meta.get("Name") if meta is not None else None) or _guess_project(tests)
     if not name:
         raise UpstreamError(f"{root}: cannot tell which project these tests are for; pass --upstream-project NAME")
-    return Suite(_normalise(name).replace("-", "_"), version, tests, root, requirements, used, source=str(root))
+    return Suite(_normalise(name).replace("-", "_"), version, tests, root, requirements, used, source=source)
 
 
 def _import_name(root: Path, dist_name: str) -> str:

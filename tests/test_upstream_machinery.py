@@ -251,12 +251,23 @@ def test_fetch_sdist_unpacks_what_pip_downloaded(tmp_path):
     assert up.test_requirements(root)[0] == ["pytest>=7", "parameterized"]
 
 
+def test_an_sdist_file_at_hand_is_a_suite(tmp_path):
+    source = _sdist(tmp_path / "fakeproj-2.0.tar.gz", {"PKG-INFO": PKG_INFO, "tests/test_x.py": "def test_x(): pass\n"})
+    spec = up.parse_spec(str(source))
+    assert spec.kind == "archive" and spec.path == source.resolve()
+    suite = up.prepare_suite(spec, tmp_path / "work")
+    assert (suite.project, suite.version, suite.requirements) == ("fakeproj", "2.0", ["pytest>=7", "parameterized"])
+    assert suite.tests_dir == tmp_path / "work" / "sdist" / "src" / "fakeproj-2.0" / "tests" and suite.source == str(source.resolve())
+
+
 def test_fetch_sdist_failure_and_hostile_archive_are_clear_errors(tmp_path):
     def failing(cmd, **kwargs):
         return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found for fakeproj==9.9")
 
+    calls = []
     with pytest.raises(up.UpstreamError, match="No matching distribution found"):
-        up.fetch_sdist("fakeproj", "9.9", tmp_path / "a", runner=failing)
+        up.fetch_sdist("fakeproj", "9.9", tmp_path / "a", runner=lambda cmd, **kw: calls.append(cmd) or failing(cmd))
+    assert "--no-build-isolation" in calls[0] and "--no-build-isolation" not in calls[1]  # tried both ways
     evil = _sdist(tmp_path / "evil-1.0.tar.gz", {"../../escape.py": "x = 1\n"}, top="")
 
     def hostile(cmd, **kwargs):

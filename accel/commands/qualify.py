@@ -7,7 +7,7 @@ everything is. Each step runs as its own process, so one step's crash cannot hid
 Exit status: 0 when the suites passed, 1 when any suite test failed (or a step crashed), 2 for a
 usage error (e.g. the results folder exists and is not empty).
 
-``--upstream accelerate==1.15.0`` (or ``--upstream PATH``) qualifies with an upstream project's own
+``--upstream accelerate==1.15.0`` (or ``--upstream PATH``: a test folder or an sdist file) qualifies with an upstream project's own
 test suite instead (see :mod:`harness.upstream`): fetch its sdist, install its test dependencies
 with the installed torch pinned, run it on each selected backend with the harness's records
 (``--against accel``: with its imports pointed at accel, to measure accel's compatibility;
@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     up = parser.add_argument_group("upstream suites")
     up.add_argument("--upstream", metavar="NAME==VERSION|PATH",
                     help="run an upstream project's own tests instead of accel's suites: a release on the package index "
-                         "(its sdist's tests/) or a test folder at hand")
+                         "(its sdist's tests/), an sdist file, or a test folder at hand")
     up.add_argument("--against", action="append", metavar="NAME",
                     help="what the upstream tests import (repeatable or comma-separated; default: the project itself); "
                          "'accel' rewrites their imports to accel")
