@@ -155,7 +155,8 @@ def run_upstream(args: argparse.Namespace, backends: list[str], out: Path) -> in
         raise UsageError(str(exc)) from None
     pip_args = shlex.split(args.pip_args or "")
     extras = _split([args.upstream_extras]) if args.upstream_extras else None
-    out.mkdir(parents=True, exist_ok=True)
+    for folder in (out / "results", out / "logs"):  # a report (possibly partial) always has a place to come from
+        folder.mkdir(parents=True, exist_ok=True)
     print(f"accel qualify: upstream {spec.label}; backends {', '.join(backends)}; output {out}", flush=True)
     try:
         suite = up.prepare_suite(spec, out / "upstream", pip_args=pip_args, extras=extras, project=args.upstream_project)
