@@ -7,9 +7,10 @@ import pytest
 from accel import debug_launcher
 from accel.test_utils import test_ops, test_script, test_sync
 from accel.test_utils.scripts import test_distributed_data_loop
+from accel.test_utils.scripts.external_deps import test_metrics
 
 
-@pytest.mark.parametrize("script", [test_ops, test_sync, test_script, test_distributed_data_loop],
+@pytest.mark.parametrize("script", [test_ops, test_sync, test_script, test_distributed_data_loop, test_metrics],
                          ids=lambda m: m.__name__.rsplit(".", 1)[-1])
 def test_scripts_pass_on_two_cpu_processes(script):
     debug_launcher(script.main, num_processes=2)
