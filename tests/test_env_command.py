@@ -399,3 +399,16 @@ def test_installed_console_script_runs(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "accel.commands.cli", "env"], capture_output=True, text=True, timeout=300, env=env, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "backends (probe order)" in proc.stdout.splitlines()
+
+
+def test_env_shows_the_run_plan_the_launcher_environment_asks_for(monkeypatch, clean_environment):
+    from accel.commands.env import collect_environment, render_text
+
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    env = collect_environment(include_deepspeed=False)
+    assert env["run_plan"]["strategy"] == "deepspeed" and env["run_plan"]["distributed_type"] == "DEEPSPEED"
+    assert "ACCELERATE_USE_DEEPSPEED=true" in render_text(env)
+    monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert collect_environment(include_deepspeed=False)["run_plan"]["strategy"] == "ddp"

@@ -114,6 +114,7 @@ def collect_environment(include_deepspeed: bool = True, config_file: str | None 
         "backends": _guard(lambda: _backends(_usable(registry))),
         "selected_backend": _guard(lambda: _selected_backend(_usable(registry))),
         "distributed": _guard(_distributed_info),
+        "run_plan": _guard(lambda: _run_plan(_usable(registry))),
         "deepspeed": _guard(lambda: _deepspeed_info(_usable(registry), include_deepspeed)),
         "plugins": _guard(lambda: _plugins(_usable(registry))),
         "environment_variables": _guard(lambda: _environment_variables(registry)),
@@ -297,6 +298,18 @@ def _selected_backend(registry: Any) -> dict[str, Any]:
     return info
 
 
+def _run_plan(registry: Any) -> dict[str, Any]:
+    """The strategy an Accelerator started here would run, from the launcher's environment (accel.resolve)."""
+    from accel.resolve import resolve_run
+    from accel.state import ProcessLayout
+
+    layout = ProcessLayout.from_environment()
+    backend = registry.select()
+    plan = resolve_run(layout.world_size, backend.distributed_type)
+    return {"strategy": plan.strategy, "distributed_type": str(plan.distributed_type), "num_processes": layout.world_size,
+            "launcher": layout.source, "reasons": dict(plan.reasons)}
+
+
 def _deepspeed_info(registry: Any, ask: bool = True) -> dict[str, Any]:
     """DeepSpeed's own accelerator choice next to accel's selection (``installed: False`` without DeepSpeed)."""
     from accel.backends.deepspeed_agreement import compare, deepspeed_installed, probe_deepspeed
@@ -409,6 +422,7 @@ def render_text(env: dict[str, Any]) -> str:
                 sections.append((f"backend {info.get('name')}", _backend_detail_rows(info)))
     sections += [
         ("distributed", _distributed_rows(env.get("distributed"))),
+        ("run plan (without Accelerator arguments)", _run_plan_rows(env.get("run_plan"))),
         ("deepspeed", _deepspeed_rows(env.get("deepspeed"))),
         ("plug-ins", _plugin_rows(env.get("plugins"))),
         ("environment variables", _env_var_rows(env.get("environment_variables"))),
@@ -574,6 +588,16 @@ def _distributed_rows(section: Any) -> Rows:
     oneccl = section.get(ONECCL_MODULE)
     rows.append(("oneCCL bindings", _fmt(oneccl) if _is_error(oneccl) else ("installed" if oneccl else "not installed")))
     rows.append(("default per device", _fmt(section.get("default_device_backend_map"))))
+    return rows
+
+
+def _run_plan_rows(section: Any) -> Rows:
+    error = _section_error(section)
+    if error:
+        return error
+    rows = [("strategy", section.get("strategy")), ("distributed type", section.get("distributed_type")),
+            ("processes", f"{section.get('num_processes')} ({section.get('launcher')})")]
+    rows += [(f"why ({key})", value) for key, value in (section.get("reasons") or {}).items()]
     return rows
 
 
