@@ -8,8 +8,15 @@ Two promises beyond Accelerate's:
   rename). A crash at any moment leaves the previous checkpoint intact and loadable; leftovers are
   ignored by ``load_state`` and cleaned up (or, for a moved-aside checkpoint whose replacement never
   arrived, put back) by the next ``save_state``. ``total_limit`` rotation deletes old checkpoints only
-  after the new one is in place. ``save`` and ``save_model`` write each file through a temporary file
-  and ``os.replace``.
+  after the new one is in place, and retires the folders Accelerate would (lowest numbers first, counted
+  before the save), never the one just written. A replaced or retired folder is deleted even when it
+  is read-only; one that cannot be deleted is named in a warning. ``save`` and ``save_model`` write each
+  file through a temporary file and ``os.replace``.
+* **Verified.** The manifest records every file's sha256 and size (the strategy's own files, e.g.
+  DeepSpeed engine folders, included); ``load_state`` checks them before reading anything and raises
+  :class:`CheckpointError` naming the file that changed. For very large checkpoints,
+  ``load_state(..., verify_checksums=False)`` skips the check, and ``ACCEL_CHECKPOINT_CHECKSUMS=0``
+  skips both writing and checking (cost on 1 GB: suites/benchmarks/checkpoint_checksum.py).
 * **Nothing from a checkpoint is unpickled as code.** Tensors are safetensors files; everything else is
   written with ``torch.save`` and read back with ``torch.load(weights_only=True)`` (tensors, numbers,
   strings, lists, tuples, dicts only), and RNG states are JSON. A file holding anything else is refused
@@ -72,7 +79,7 @@ from typing import Any, Callable
 import torch
 
 from .strategies.base import Strategy
-from .utils.files import atomic_write, fsync_dir, fsync_file
+from .utils.files import atomic_write, file_digest, fsync_dir, fsync_file, remove_tree
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +110,10 @@ MANIFEST_NAME = "accel_checkpoint.json"
 CHECKPOINTS_FOLDER = "checkpoints"
 FORMAT = "accel-checkpoint"
 FORMAT_VERSION = 1
+#: hashlib algorithm of the per-file checksums in the manifest ("checksums": {relative path: {algorithm: hex, "size": n}})
+CHECKSUM_ALGORITHM = "sha256"
+#: set to 0/false/no/off to neither write nor verify checksums (very large checkpoints); see load_state(verify_checksums=)
+CHECKSUM_ENV = "ACCEL_CHECKPOINT_CHECKSUMS"
 
 _CHECKPOINT_DIR = re.compile(r"checkpoint_(\d+)")
 _LEFTOVER = re.compile(r"\.(?P<name>.+)\.(?P<kind>tmp|old|del)-(?P<token>[0-9a-f]+-[0-9a-f]+)")
@@ -365,7 +376,13 @@ def _clean_leftovers(parent: Path, names: Callable[[str], bool]) -> None:
             logger.warning("restoring %s, moved aside by a save that did not finish", original)
             os.replace(entry, original)
             continue
-        shutil.rmtree(entry, ignore_errors=True)
+        _remove_or_warn(entry, "left by an interrupted save")
+
+
+def _remove_or_warn(path: Path, why: str) -> None:
+    """Delete a hidden working folder; one that cannot be deleted is named in a warning, never left silently."""
+    if not remove_tree(path):
+        warnings.warn(f"could not delete {path} ({why}); remove it by hand to free its space", stacklevel=4)
 
 
 def _carry_user_files(old: Path, new: Path) -> None:
@@ -390,22 +407,24 @@ def _link_or_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
         shutil.copy2(src, dst)
 
 
-def _commit(tmp: Path, target: Path, token: str) -> None:
-    """Rename the finished ``tmp`` onto ``target``; an existing ``target`` is moved aside, then deleted."""
+def _commit(tmp: Path, target: Path, token: str, carry: bool = True) -> None:
+    """Rename the finished ``tmp`` onto ``target``; an existing ``target`` is moved aside, then deleted
+    (read-only parts included). ``carry``: keep the user's own files of the replaced ``target``."""
     if not tmp.exists():
         if target.is_dir():
             return  # another node's local main already renamed it (shared file system)
         raise CheckpointError(f"the checkpoint being written at {tmp} disappeared before it could be renamed to {target}")
     aside = None
     if target.exists():
-        _carry_user_files(target, tmp)
-        fsync_dir(tmp)
+        if carry:
+            _carry_user_files(target, tmp)
+            fsync_dir(tmp)
         aside = target.parent / f".{target.name}.old-{token}"
         os.replace(target, aside)
     os.replace(tmp, target)
     fsync_dir(target.parent)
     if aside is not None:
-        shutil.rmtree(aside, ignore_errors=True)
+        _remove_or_warn(aside, f"the previous {target.name}, replaced")
 
 
 def _checkpoints(root: Path) -> list[tuple[int, Path]]:
@@ -420,12 +439,22 @@ def _checkpoints(root: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def _rotate(root: Path, limit: int, token: str) -> None:
+def _rotation(root: Path, limit: int) -> list[Path]:
+    """The checkpoints ``total_limit`` retires to make room for the next one, as Accelerate picks them:
+    of the ``checkpoint_N`` folders present *before* the save, the lowest N first, so many that the new
+    one makes ``limit``. The checkpoint being written is never among them (it does not exist yet, or it
+    is the folder it replaces)."""
     existing = _checkpoints(root)
-    for _, path in existing[: max(0, len(existing) - limit)]:
-        doomed = root / f".{path.name}.del-{token}"
-        os.replace(path, doomed)  # gone from view at once; a crash mid-delete leaves only a hidden dir
-        shutil.rmtree(doomed, ignore_errors=True)
+    return [path for _, path in existing[: max(0, len(existing) + 1 - limit)]]
+
+
+def _rotate(doomed: list[Path], keep: Path, limit: int, token: str) -> None:
+    for path in doomed:
+        if path.name == keep.name or not path.is_dir():
+            continue
+        hidden = path.parent / f".{path.name}.del-{token}"
+        os.replace(path, hidden)  # gone from view at once; a crash mid-delete leaves only a hidden dir
+        _remove_or_warn(hidden, f"checkpoint {path.name} retired by total_limit={limit}")
         logger.info("total_limit=%d: deleted %s", limit, path)
 
 
@@ -504,6 +533,7 @@ def save_state(accelerator: Any, output_dir: str | os.PathLike | None = None, sa
     cfg = accelerator.project_configuration
     automatic = cfg.automatic_checkpoint_naming
     strategy = accelerator.strategy
+    doomed: list[Path] = []  # checkpoints total_limit retires once this one is in place
     if save_model_func_kwargs and type(strategy).save_checkpoint is Strategy.save_checkpoint:
         warnings.warn(
             f"save_state: {sorted(save_model_func_kwargs)} are used by DeepSpeed's save_checkpoint only and are "
@@ -519,7 +549,9 @@ def save_state(accelerator: Any, output_dir: str | os.PathLike | None = None, sa
                 f"{cfg.project_dir}/{CHECKPOINTS_FOLDER}/checkpoint_<iteration>", stacklevel=3,
             )
         target = Path(os.path.expanduser(cfg.project_dir)) / CHECKPOINTS_FOLDER / f"checkpoint_{cfg.iteration}"
-        if target.exists():
+        if cfg.total_limit is not None:
+            doomed = _rotation(target.parent, cfg.total_limit)
+        if target.exists() and target.name not in {p.name for p in doomed}:
             raise ValueError(
                 f"checkpoint directory {target} already exists (iteration {cfg.iteration}); set "
                 "accelerator.project_configuration.iteration to the number to continue from"
@@ -564,20 +596,89 @@ def save_state(accelerator: Any, output_dir: str | os.PathLike | None = None, sa
         _json_save(_rng_state(accelerator), tmp / f"{RNG_STATE_NAME}_{accelerator.process_index}.json")
         accelerator.wait_for_everyone()  # every rank's files are in before the manifest marks it complete
         if writer:
+            if _checksums_enabled():
+                manifest["checksums"] = _checksums(tmp)
             _json_save(manifest, tmp / MANIFEST_NAME)
             fsync_dir(tmp)
-            _commit(tmp, target, token)
+            # a folder total_limit retires anyway is replaced outright, as Accelerate deletes it first
+            _commit(tmp, target, token, carry=target.name not in {p.name for p in doomed})
     except BaseException:
         if writer:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
     accelerator.wait_for_everyone()
     if automatic and cfg.total_limit is not None and accelerator.is_main_process:
-        _rotate(target.parent, cfg.total_limit, token)
+        _rotate(doomed, target, cfg.total_limit, token)
     accelerator.wait_for_everyone()
     cfg.iteration += 1
     logger.info("state saved in %s", target)
     return returned
+
+
+# ---------------------------------------------------------------------------------------------- checksums
+def _checksums_enabled() -> bool:
+    return os.environ.get(CHECKSUM_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _checksums(folder: Path) -> dict[str, dict[str, Any]]:
+    """``{relative path: {CHECKSUM_ALGORITHM: hex digest, "size": bytes}}`` for every file under ``folder``
+    (the strategy's own files, e.g. DeepSpeed engine folders, included); files hashed on a few threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.is_symlink() and p.name != MANIFEST_NAME)
+    workers = max(1, min(4, len(files), os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        digests = list(pool.map(lambda p: file_digest(p, CHECKSUM_ALGORITHM), files))
+    return {p.relative_to(folder).as_posix(): {CHECKSUM_ALGORITHM: d, "size": p.stat().st_size}
+            for p, d in zip(files, digests)}
+
+
+def _verify_checksums(folder: Path, checksums: Any) -> str | None:
+    """None when every file listed in the manifest has its recorded size and digest; else the problem, naming the file."""
+    import hashlib
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not isinstance(checksums, dict):
+        return f"{folder / MANIFEST_NAME}: 'checksums' is not a mapping"
+    jobs = []
+    for name, entry in sorted(checksums.items()):
+        path = folder / name
+        if not isinstance(entry, dict):
+            return f"{folder / MANIFEST_NAME}: the checksum entry of {name} is malformed"
+        algorithm = next((a for a in entry if a != "size"), None)
+        if algorithm not in hashlib.algorithms_available:
+            return f"{path}: checksum algorithm {algorithm!r} is not available in this Python's hashlib"
+        if not path.is_file():
+            return f"{path} is missing (it is listed in {MANIFEST_NAME})"
+        size = path.stat().st_size
+        if "size" in entry and size != entry["size"]:
+            return f"{path} has {size} bytes but {entry['size']} were saved (truncated or replaced)"
+        jobs.append((path, algorithm, entry[algorithm]))
+    workers = max(1, min(4, len(jobs), os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        found = list(pool.map(lambda job: file_digest(job[0], job[1]), jobs))
+    for (path, algorithm, expected), actual in zip(jobs, found):
+        if actual != expected:
+            return (f"{path} does not match its {algorithm} checksum in {MANIFEST_NAME} (saved {expected[:16]}..., "
+                    f"found {actual[:16]}...): the file changed or is corrupt since it was saved")
+    return None
+
+
+def _check_integrity(accelerator: Any, folder: Path, manifest: dict[str, Any], verify: bool) -> None:
+    """Verify the manifest's checksums on each node's local main process; a mismatch is raised on every process."""
+    checksums = manifest.get("checksums")
+    if not verify or checksums is None:
+        return
+    problem = _verify_checksums(folder, checksums) if accelerator.is_local_main_process else None
+    if accelerator.use_distributed:
+        from .utils.operations import gather_object
+
+        problem = next((p for p in gather_object([problem]) if p), None)
+    if problem:
+        raise CheckpointError(
+            f"checkpoint {folder} failed verification: {problem}. To load it anyway, pass "
+            f"load_state(..., verify_checksums=False) or set {CHECKSUM_ENV}=0"
+        )
 
 
 def _accel_version() -> str:
@@ -792,6 +893,8 @@ def _plural(n: int, word: str) -> str:
 def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, load_kwargs: dict | None = None,
                **load_model_func_kwargs: Any) -> None:
     """Restore what ``save_state`` saved, in place; see the module docstring for what is and is not restored."""
+    verify = load_model_func_kwargs.pop("verify_checksums", None)
+    verify = _checksums_enabled() if verify is None else bool(verify)
     folder = _pick_input_dir(accelerator, input_dir)
     logger.info("loading state from %s", folder)
     manifest_path = folder / MANIFEST_NAME
@@ -815,6 +918,7 @@ def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, loa
             )
         warnings.warn(f"{folder} has no {MANIFEST_NAME}: reading it as a checkpoint written by Accelerate", stacklevel=3)
         manifest = _legacy_manifest(accelerator, folder, models)
+    _check_integrity(accelerator, folder, manifest, verify)
 
     # --- the strategy's own part: the same strategy must load it
     saved_strategy = manifest.get("strategy")

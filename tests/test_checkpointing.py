@@ -131,7 +131,7 @@ def test_load_state_runs_in_place_with_strict_matching(tmp_path):
     s.accelerator.save_state(tmp_path / "ck")
     C.save(s.accelerator, {"0.weight": torch.zeros(8, 4)}, tmp_path / "ck" / "model.safetensors", safe_serialization=True)
     with pytest.raises(CheckpointError, match=r"(?s)model\.safetensors does not fit model 0.*Missing key"):
-        s.accelerator.load_state(tmp_path / "ck")
+        s.accelerator.load_state(tmp_path / "ck", verify_checksums=False)  # the file was replaced on purpose
 
 
 # ---------------------------------------------------------------------------------------------- crashes
@@ -360,7 +360,7 @@ def test_pickled_code_is_refused(tmp_path, name, container):
     s.train(max_steps=1)
     trained = s.weights()
     with pytest.raises(CheckpointError) as info:
-        s.accelerator.load_state(folder)
+        s.accelerator.load_state(folder, verify_checksums=False)  # the loader's own refusal, not the checksum's
     assert str(folder / name) in str(info.value)
     assert "refused" in str(info.value) or "corrupt" in str(info.value)
     assert not marker.exists()
@@ -394,9 +394,14 @@ def test_corrupt_or_missing_files_are_named(tmp_path, name, damage, message):
     s.train(max_steps=1)
     trained = s.weights()
     with pytest.raises(CheckpointError, match=message) as info:
-        s.accelerator.load_state(folder)
+        s.accelerator.load_state(folder, verify_checksums=False)  # each loader's own check, below the checksums
     assert str(path) in str(info.value)
     assert same_weights(s.weights(), trained)
+    if name != C.MANIFEST_NAME:  # with verification (the default) the damaged file is named before anything is read
+        with pytest.raises(CheckpointError, match="failed verification") as info:
+            s.accelerator.load_state(folder)
+        assert str(path) in str(info.value)
+        assert same_weights(s.weights(), trained)
 
 
 def test_checkpoint_must_fit_what_was_prepared(tmp_path):
@@ -682,3 +687,97 @@ def test_reads_a_checkpoint_written_by_accelerate(tmp_path):
         ours.load_state(tmp_path / "acc")
     assert torch.equal(model2.weight, expected_weight) and counter.value == 7
     assert sched2.state_dict()["last_epoch"] == 3 and torch.equal(torch.rand(2), expected_rand)
+
+
+# ---------------------------------------------------------------------------------------------- issue 20: faults
+ROTATION_SCRIPT = REPO / "tests" / "scripts" / "rotation_fresh.py"
+
+
+def _rotation_in_fresh_process(lib: str, base: Path) -> dict[str, dict]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    env.pop("ACCEL_DEVICE", None)
+    done = subprocess.run([sys.executable, str(ROTATION_SCRIPT), lib, str(base)], env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {row["scenario"]: row for row in map(json.loads, done.stdout.splitlines())}
+
+
+def test_total_limit_in_a_fresh_process_keeps_the_checkpoint_it_wrote(tmp_path):
+    """A new process (no load_state) saving into a project that already holds checkpoints: each save
+    returns a folder that exists, and rotation retires the folders Accelerate retires, in its order."""
+    ours = _rotation_in_fresh_process("accel", tmp_path / "accel")
+    for row in ours.values():
+        for path, exists in row["saves"]:
+            assert path == "error" or exists, row
+    # the issue's case: checkpoint_5..7 exist; checkpoint_0 is written and kept (5, then 0, retired later)
+    assert ours["gap"]["saves"] == [["checkpoints/checkpoint_0", True], ["checkpoints/checkpoint_1", True]]
+    assert ours["gap"]["left"] == {"checkpoint_1": "new", "checkpoint_6": "old", "checkpoint_7": "old"}
+    assert ours["over"]["left"] == {"checkpoint_1": "new", "checkpoint_3": "old", "checkpoint_4": "old"}
+    # checkpoint_0..2 exist: the first save replaces checkpoint_0 (retired anyway); the second finds
+    # checkpoint_1 in its way and raises before deleting anything (Accelerate deletes the new checkpoint_0 first)
+    assert ours["full"]["saves"] == [["checkpoints/checkpoint_0", True], ["error", True]]
+    assert ours["full"]["left"] == {"checkpoint_0": "new", "checkpoint_1": "old", "checkpoint_2": "old"}
+    if __import__("importlib").util.find_spec("accelerate") is not None:
+        reference = _rotation_in_fresh_process("accelerate", tmp_path / "accelerate")
+        for name in ("gap", "over"):
+            assert ours[name] == reference[name]
+        assert ours["full"]["saves"] == reference["full"]["saves"]
+
+
+def test_replacing_a_read_only_checkpoint_leaves_no_old_copy(tmp_path):
+    s = make()
+    folder = tmp_path / "ck"
+    s.accelerator.save_state(folder)
+    (folder / "notes.txt").write_text("mine")
+    (folder / "sub").mkdir()
+    (folder / "sub" / "kept.txt").write_text("mine too")
+    for path in [folder / "sub", folder]:
+        for entry in path.iterdir():
+            entry.chmod(0o444) if entry.is_file() else None
+        path.chmod(0o555)
+    try:
+        s.train(max_steps=1)
+        s.accelerator.save_state(folder)
+    finally:
+        for path in [folder, folder / "sub"]:
+            if path.exists():
+                path.chmod(0o755)
+    assert hidden(tmp_path) == []  # no .ck.old-* (nor .tmp-*) folder left behind
+    assert (folder / "notes.txt").read_text() == "mine" and (folder / "sub" / "kept.txt").read_text() == "mine too"
+    s.accelerator.load_state(folder)
+
+
+def test_manifest_has_a_checksum_per_file(tmp_path):
+    s = make()
+    folder = Path(s.accelerator.save_state(tmp_path / "ck"))
+    manifest = json.loads((folder / C.MANIFEST_NAME).read_text())
+    files = sorted(p.name for p in folder.iterdir() if p.name != C.MANIFEST_NAME)
+    assert sorted(manifest["checksums"]) == files
+    import hashlib
+
+    for name, entry in manifest["checksums"].items():
+        data = (folder / name).read_bytes()
+        assert entry == {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+
+
+def test_a_flipped_bit_is_detected_and_named(tmp_path, monkeypatch):
+    s = make()
+    folder = Path(s.accelerator.save_state(tmp_path / "ck"))
+    path = folder / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x10  # one bit of the last weight: still a valid safetensors file, same size
+    path.write_bytes(bytes(data))
+    s.train(max_steps=1)
+    trained = s.weights()
+    with pytest.raises(CheckpointError, match="does not match its sha256 checksum") as info:
+        s.accelerator.load_state(folder)
+    assert str(path) in str(info.value) and "verify_checksums=False" in str(info.value)
+    assert same_weights(s.weights(), trained)  # nothing applied
+    # the escape hatches for very large checkpoints: the argument, or the environment variable
+    s.accelerator.load_state(folder, verify_checksums=False)
+    assert not same_weights(s.weights(), trained)
+    monkeypatch.setenv(C.CHECKSUM_ENV, "0")
+    s.accelerator.load_state(folder)
+    monkeypatch.setenv(C.CHECKSUM_ENV, "0")
+    s.accelerator.save_state(tmp_path / "unchecked")
+    assert "checksums" not in json.loads((tmp_path / "unchecked" / C.MANIFEST_NAME).read_text())
