@@ -149,3 +149,33 @@ def test_a_run_past_its_session_timeout_is_stopped_and_keeps_what_finished(tmp_p
     assert "# stopped: session timeout" in run.log.read_text()
     header, records, _ = read_records(run.results)
     assert header["interrupted"] and header["extra"]["upstream"]["status"] == "interrupted"
+
+
+def test_ctrl_c_stops_the_suite_and_still_renders_a_partial_report(tmp_path):
+    import signal
+    import time
+
+    root, _ = _project(tmp_path)
+    (root / "tests" / "test_slow.py").write_text("import time\n\ndef test_slow():\n    time.sleep(120)\n")
+    out = tmp_path / "q"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root / "src")}
+    env.pop("ACCEL_DEVICE", None)
+    proc = subprocess.Popen([sys.executable, "-m", "accel.commands.cli", "qualify", "--upstream", str(root), "--no-install",
+                             "--no-bench", "-o", str(out)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    raw = out / "work" / "fakeproj-2.0-against-fakeproj-cpu" / "raw"
+    while time.monotonic() < deadline:  # wait until the quick tests are recorded and the slow one runs
+        files = list(raw.glob("*.jsonl")) if raw.is_dir() else []
+        if files and files[0].read_text().count('"type":"test"') >= 4:
+            break
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    text, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, text
+    assert "interrupted; rendering a partial report" in text
+    header, records, _ = read_records(out / "results" / "fakeproj-2.0-against-fakeproj-cpu.jsonl")
+    assert header["interrupted"] and header["extra"]["upstream"]["status"] == "interrupted"
+    assert {r["outcome"] for r in records} >= {"passed"} and not any("test_slow" in r["nodeid"] for r in records)
+    md = (out / "report" / "report.md").read_text()
+    assert "cut short" in md and "| interrupted |" in md
