@@ -2,13 +2,14 @@
 
 One run starts ``--world-size`` ranks (gloo, one torch thread each) once. Inside them:
 
-* **speed**: rounds alternate the two variants (accel first in even rounds, hand-written first in odd
-  ones) so drift hits both alike. Each round builds a fresh model of ``Block`` layers, shards every
-  block and the root with ``fully_shard`` (accel: ``FullyShardedDataParallelPlugin(fsdp_version=2,
-  transformer_cls_names_to_wrap=["Block"])`` through ``Accelerator.prepare``; hand-written: the same
-  calls by hand), runs warm-up steps, then times ``--steps`` AdamW steps on pre-made batches. A round's
-  wall time is the slowest rank's; its CPU time is the sum over ranks (steadier on a shared host).
-  Reported: median steps/s and steps per CPU-second per variant, and accel / hand-written for each.
+* **speed**: each round builds a fresh model of ``Block`` layers per variant, every block and the root
+  sharded with ``fully_shard`` (accel: ``FullyShardedDataParallelPlugin(fsdp_version=2,
+  transformer_cls_names_to_wrap=["Block"])`` through ``Accelerator.prepare``, optimizer created
+  before prepare; hand-written: the same calls by hand, optimizer after), then runs their AdamW steps
+  alternately one by one on the same pre-made batches (which variant goes first flips every step and
+  every round), so both see the same host load. Warm-up steps are not timed. Per variant a round
+  sums wall time (slowest rank) and CPU time (all ranks; steadier on a shared host). Reported: median
+  over rounds of steps/s and steps per CPU-second per variant, and accel / hand-written for each.
 * **memory**: the bytes each rank holds for parameters and optimizer state after one AdamW step
   (local shards of DTensors counted, nothing else), for a model whose parameters dominate (wide
   Linear blocks, tiny batch), under FSDP2 and under DDP. Reported: the ratio FSDP2 / DDP per rank
@@ -54,58 +55,65 @@ def _batches(rank: int, count: int, width: int):
     return [(torch.randn(BATCH, width, generator=g), torch.randn(BATCH, 1, generator=g)) for _ in range(count)]
 
 
-def _timed(step, batches, warmup: int) -> tuple[float, float]:
-    import torch.distributed as dist
+def _hand_model(mesh):
     import torch
-
-    for x, y in batches[:warmup]:
-        step(x, y)
-    dist.barrier()
-    start, cpu_start = time.perf_counter(), time.process_time()
-    for x, y in batches[warmup:]:
-        step(x, y)
-    wall = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-    cpu = torch.tensor([time.process_time() - cpu_start], dtype=torch.float64)
-    dist.all_reduce(wall, op=dist.ReduceOp.MAX)  # a step is done when the slowest rank is
-    dist.all_reduce(cpu, op=dist.ReduceOp.SUM)  # CPU seconds of all ranks: steady on a loaded host
-    return float(wall), float(cpu)
-
-
-def _hand(mesh, batches, warmup: int) -> tuple[float, float]:
-    import torch
-    import torch.nn.functional as F
     from torch.distributed.fsdp import fully_shard
 
     model = _model(WIDTH, DEPTH)
     for block in list(model)[:-1]:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-
-    def step(x, y):
-        F.mse_loss(model(x), y).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-
-    return _timed(step, batches, warmup)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
 
 
-def _accel(accelerator, batches, warmup: int) -> tuple[float, float]:
+def _accel_model(accelerator):
     import torch
-    import torch.nn.functional as F
 
     model = _model(WIDTH, DEPTH)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)  # before prepare: accel switches it to the shards
-    model, optimizer = accelerator.prepare(model, optimizer)
+    return accelerator.prepare(model, optimizer)
 
-    def step(x, y):
-        accelerator.backward(F.mse_loss(model(x), y))
-        optimizer.step()
-        optimizer.zero_grad()
 
-    elapsed = _timed(step, batches, warmup)
+def _round(accelerator, mesh, batches, warmup: int, accel_first: bool) -> dict[str, list[float]]:
+    """Fresh models of both variants, then their steps alternate one by one (paired under the same load).
+
+    Returns per variant [wall seconds (slowest rank), CPU seconds (all ranks)] summed over the timed steps.
+    """
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    hand_model, hand_opt = _hand_model(mesh)
+    accel_model, accel_opt = _accel_model(accelerator)
+
+    def hand_step(x, y):
+        F.mse_loss(hand_model(x), y).backward()
+        hand_opt.step()
+        hand_opt.zero_grad()
+
+    def accel_step(x, y):
+        accelerator.backward(F.mse_loss(accel_model(x), y))
+        accel_opt.step()
+        accel_opt.zero_grad()
+
+    steps = {"accel": accel_step, "hand": hand_step}
+    order = ("accel", "hand") if accel_first else ("hand", "accel")
+    totals = {v: torch.zeros(2, dtype=torch.float64) for v in order}
+    for i, (x, y) in enumerate(batches):
+        for variant in (order if i % 2 == 0 else order[::-1]):
+            dist.barrier()
+            wall, cpu = time.perf_counter(), time.process_time()
+            steps[variant](x, y)
+            if i >= warmup:
+                totals[variant] += torch.tensor([time.perf_counter() - wall, time.process_time() - cpu], dtype=torch.float64)
+    out = {}
+    for variant, total in totals.items():
+        wall, cpu = total[:1].clone(), total[1:].clone()
+        dist.all_reduce(wall, op=dist.ReduceOp.MAX)  # a step is done when the slowest rank is
+        dist.all_reduce(cpu, op=dist.ReduceOp.SUM)  # CPU seconds of all ranks: steady on a loaded host
+        out[variant] = [float(wall), float(cpu)]
     accelerator.free_memory()
-    return elapsed
+    return out
 
 
 def _state_bytes(model, optimizer) -> int:
@@ -166,14 +174,10 @@ def _rank(rank: int, world: int, store: str, args: dict, queue) -> None:
             fsdp_version=2, auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap=["Block"]))
         mesh = init_device_mesh("cpu", (world,))
         batches = _batches(rank, args["warmup"] + args["steps"], WIDTH)
-        times: dict[str, list[float]] = {"accel": [], "hand": []}
+        times: dict[str, list[list[float]]] = {"accel": [], "hand": []}
         for r in range(args["rounds"]):
-            order = ("accel", "hand") if r % 2 == 0 else ("hand", "accel")
-            for variant in order:
-                if variant == "accel":
-                    times["accel"].append(_accel(accelerator, batches, args["warmup"]))
-                else:
-                    times["hand"].append(_hand(mesh, batches, args["warmup"]))
+            for variant, pair in _round(accelerator, mesh, batches, args["warmup"], accel_first=r % 2 == 0).items():
+                times[variant].append(pair)
         memory = _memory(mesh, rank)
         dist.destroy_process_group()
         queue.put((rank, "ok", {"times": times, "memory": memory}))
