@@ -73,3 +73,19 @@ def test_notebook_script_on_two_processes():
     done = _run([script], ACCEL_NUM_PROCESSES="2")
     assert done.returncode == 0, done.stdout[-3000:]
     assert "4 passed" in done.stdout
+
+
+def test_ddp_comm_hook_script_on_two_cpu_processes(capfd):
+    from accel.test_utils.scripts import test_ddp_comm_hook
+
+    debug_launcher(test_ddp_comm_hook.main, num_processes=2)
+    out = capfd.readouterr().out
+    for hook in ("no", "fp16", "power_sgd", "batched_power_sgd"):
+        assert f"test_ddp_comm_hook: {hook} on 2 processes" in out
+
+
+def test_ddp_comm_hook_script_needs_two_processes():
+    from accel.test_utils.scripts import test_ddp_comm_hook
+
+    with pytest.raises(Exception):
+        debug_launcher(test_ddp_comm_hook.main, num_processes=1)
