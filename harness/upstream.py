@@ -771,10 +771,10 @@ def run_suite(suite: Suite, backend: str, out_dir: str | os.PathLike[str], *, ag
             fh.write(f"\n# stopped: {'session timeout' if isinstance(exc, subprocess.TimeoutExpired) else 'interrupted'}\n")
             exit_code = None
             if isinstance(exc, KeyboardInterrupt):
-                _finish(suite, backend, side, raw_dir, junit, results / f"{tag}.jsonl", exit_code, install, rewritten)
+                _finish(suite, backend, side, raw_dir, junit, results / f"{tag}.jsonl", exit_code, install, rewritten, log)
                 raise
     final = results / f"{tag}.jsonl"
-    block = _finish(suite, backend, side, raw_dir, junit, final, exit_code, install, rewritten)
+    block = _finish(suite, backend, side, raw_dir, junit, final, exit_code, install, rewritten, log)
     from .records import read_records
 
     _, recs, _ = read_records(final)
@@ -821,15 +821,21 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def _finish(suite: Suite, backend: str, side: str, raw_dir: Path, junit: Path, final: Path, exit_code: int | None,
-            install: InstallResult | None, rewritten: int) -> dict[str, Any]:
+            install: InstallResult | None, rewritten: int, log: Path | None = None) -> dict[str, Any]:
     raws = sorted(raw_dir.glob("*.jsonl")) if raw_dir.is_dir() else []
+    collection = junit_collection_errors(junit)
+    if not raws and not collection and exit_code not in (0, 1, 5, None) and log is not None and log.is_file():
+        # pytest stopped before its session began (a conftest or plugin that does not import, a
+        # usage error): the log's tail is the reason, recorded against the test folder itself
+        tail = "\n".join(log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-40:])
+        collection = [{"nodeid": suite.tests_dir.name, "outcome": "error", "text": tail}]
     against_version = _installed_version(side)
     upstream = {"project": suite.project, "version": suite.version, "against": side, "against_version": against_version,
                 "suite": suite.label, "source": suite.source, "rewritten_files": rewritten,
                 "install": install.to_dict() if install is not None else None}
     defaults = _header_defaults()
     return complete_records(raws[-1] if raws else None, final, backend=backend, upstream=upstream, exit_code=exit_code,
-                            collection=junit_collection_errors(junit), header_defaults=defaults)
+                            collection=collection, header_defaults=defaults)
 
 
 def _installed_version(name: str) -> str | None:

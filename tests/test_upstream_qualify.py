@@ -122,6 +122,10 @@ def test_qualify_upstream_suite_that_fails_at_collection(tmp_path):
     assert header["extra"]["upstream"]["status"] == "collection-failed"
     md = (out / "report" / "report.md").read_text()
     assert "| collection-failed |" in md and "the suite fails at collection" in md
+    assert "the suite fails at collection (1 module(s) cannot be imported; AttributeError: module 'torch.xpu' has no attribute " \
+           "'no\\_such\\_memory\\_op')" in md  # the reason, from pytest's output
+    assert [(r["nodeid"], r["outcome"], r["signature"]) for r in records] == [
+        ("tests", "error", "AttributeError: module 'torch.xpu' has no attribute 'no_such_memory_op'")]
 
 
 @pytest.mark.parametrize("spec, needle", [("fakeproj", "NAME==VERSION"), ("./missing-folder", "no such folder")])
