@@ -31,7 +31,7 @@ TOP_LEVEL_KEYS = {
     "plugins",
     "environment_variables",
     "config_file",
-}
+ "run_plan",}
 
 SECTIONS = (
     "accel",
