@@ -23,8 +23,9 @@ import math
 import os
 import re
 import socket
+import weakref
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -295,10 +296,10 @@ class FSDPStrategy(Strategy):
             self.state.fsdp_plugin = FullyShardedDataParallelPlugin()
         self._ensure_process_group()
         self._mesh: Any = None
-        #: id(original parameter) -> sharded parameter, for optimizers prepared after their model
-        self._param_map: dict[int, torch.nn.Parameter] = {}
-        #: FSDP1 without use_orig_params: (ids of a model's original parameters, its flat parameters)
-        self._flat_groups: list[tuple[frozenset[int], list[torch.nn.Parameter]]] = []
+        #: id(original parameter) -> (weak ref to it, its sharded parameter), for optimizers prepared after their model
+        self._param_map: dict[int, tuple[Any, torch.nn.Parameter]] = {}
+        #: FSDP1 without use_orig_params: (weak refs to a model's original parameters, its flat parameters)
+        self._flat_groups: list[tuple[list[Any], list[torch.nn.Parameter]]] = []
         #: ids of FSDP2 models inside no_sync (trigger_sync_in_backward restores that state)
         self._unsynced: set[int] = set()
         self._settle_parallelism_config()
@@ -395,15 +396,7 @@ class FSDPStrategy(Strategy):
         return plan
 
     # ------------------------------------------------------------------ prepare
-    def prepare(self, models: Sequence[torch.nn.Module], optimizers: Sequence[Any], schedulers: Sequence[Any],
-                model_placement: Sequence[bool], optimizer_placement: Sequence[bool],
-                evaluation_mode: bool = False, dataloaders: Sequence[Any] = ()) -> tuple[list[Any], list[Any], list[Any]]:
-        prepared_models = [self.setup_model(m, p, evaluation_mode) for m, p in zip(models, model_placement)]
-        prepared_optimizers = [self.setup_optimizer(o, p) for o, p in zip(optimizers, optimizer_placement)]
-        known = list(self.accelerator._optimizers) + prepared_optimizers
-        prepared_schedulers = [self.setup_scheduler(s, known) for s in schedulers]
-        return prepared_models, prepared_optimizers, prepared_schedulers
-
+    # (the base prepare sets up models first, so optimizers of the same call find their sharded parameters)
     def setup_model(self, model: torch.nn.Module, device_placement: bool, evaluation_mode: bool = False) -> torch.nn.Module:
         if _is_fsdp1(model) or _is_fsdp2(model):
             return model
@@ -416,17 +409,21 @@ class FSDPStrategy(Strategy):
     def setup_optimizer(self, optimizer: Any, device_placement: bool) -> Any:
         torch_optimizer = _torch_optimizer(optimizer)
         if isinstance(torch_optimizer, torch.optim.Optimizer) and self._param_map:
-            stale = [p for g in torch_optimizer.param_groups for p in g["params"] if id(p) in self._param_map]
-            if stale:
-                fsdp2_switch_optimizer_parameters(
-                    torch_optimizer, {id(p): self._param_map.get(id(p), p) for g in torch_optimizer.param_groups for p in g["params"]})
+            mapping = {}
+            for group in torch_optimizer.param_groups:
+                for p in group["params"]:
+                    original, sharded = self._param_map.get(id(p), (None, None))
+                    mapping[id(p)] = sharded if original is not None and original() is p else p
+            if any(mapping[id(p)] is not p for g in torch_optimizer.param_groups for p in g["params"]):
+                fsdp2_switch_optimizer_parameters(torch_optimizer, mapping)
         if isinstance(torch_optimizer, torch.optim.Optimizer):
             self._switch_to_flat_parameters(torch_optimizer)
         return super().setup_optimizer(optimizer, device_placement)
 
     def _switch_to_flat_parameters(self, optimizer: torch.optim.Optimizer) -> None:
         """FSDP1 (use_orig_params=False): a param group holding a model's parameters steps its flat parameters."""
-        for originals, flat in self._flat_groups:
+        for refs, flat in self._flat_groups:
+            originals = {id(p) for p in (r() for r in refs) if p is not None}  # only originals still alive count
             for group in optimizer.param_groups:
                 ids = {id(p) for p in group["params"]}
                 if not ids & originals:
@@ -456,7 +453,9 @@ class FSDPStrategy(Strategy):
         for pid, name in old_names.items():
             new = new_named.get(name)
             if new is not None and new is not old_params[pid]:
-                self._param_map[pid] = new
+                # weakly: the unsharded original must be freed once no optimizer holds it, and a dead entry
+                # must not match a new tensor that happens to get the same id
+                self._param_map[pid] = (weakref.ref(old_params[pid]), new)
         return wrapped
 
     # FSDP2 ---------------------------------------------------------------
@@ -607,7 +606,7 @@ class FSDPStrategy(Strategy):
         from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
 
         plugin = self.plugin
-        originals = frozenset(id(p) for p in model.parameters())
+        originals = [weakref.ref(p) for p in model.parameters()]
         predicate = self._wrap_predicate(plugin, model)
         auto_wrap = None
         if predicate is not None:
