@@ -79,6 +79,7 @@ from typing import Any, Callable
 import torch
 
 from .strategies.base import Strategy
+from .utils import heartbeat
 from .utils.files import atomic_write, file_digest, fsync_dir, fsync_file, remove_tree
 
 logger = logging.getLogger(__name__)
@@ -149,6 +150,7 @@ def _torch_save(obj: Any, path: Path) -> None:
         torch.save(obj, fh)
         fh.flush()
         os.fsync(fh.fileno())
+    heartbeat.alive()  # a long save is work, not a hang (accel launch's watchdog)
 
 
 def _safetensors_save(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
@@ -156,6 +158,7 @@ def _safetensors_save(tensors: dict[str, torch.Tensor], path: Path, metadata: di
 
     save_file(tensors, str(path), metadata={"format": "pt", **(metadata or {})})
     fsync_file(path)
+    heartbeat.alive()  # a long save is work, not a hang (accel launch's watchdog)
 
 
 def _json_save(data: Any, path: Path) -> None:
@@ -163,6 +166,7 @@ def _json_save(data: Any, path: Path) -> None:
         json.dump(data, fh, indent=1)
         fh.flush()
         os.fsync(fh.fileno())
+    heartbeat.alive()  # a long save is work, not a hang (accel launch's watchdog)
 
 
 def _tensors_for_safetensors(obj: Any, what: str) -> dict[str, torch.Tensor]:
@@ -628,7 +632,7 @@ def _checksums(folder: Path) -> dict[str, dict[str, Any]]:
     files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.is_symlink() and p.name != MANIFEST_NAME)
     workers = max(1, min(4, len(files), os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        digests = list(pool.map(lambda p: file_digest(p, CHECKSUM_ALGORITHM), files))
+        digests = list(pool.map(lambda p: (file_digest(p, CHECKSUM_ALGORITHM), heartbeat.alive())[0], files))
     return {p.relative_to(folder).as_posix(): {CHECKSUM_ALGORITHM: d, "size": p.stat().st_size}
             for p, d in zip(files, digests)}
 
@@ -656,7 +660,7 @@ def _verify_checksums(folder: Path, checksums: Any) -> str | None:
         jobs.append((path, algorithm, entry[algorithm]))
     workers = max(1, min(4, len(jobs), os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        found = list(pool.map(lambda job: file_digest(job[0], job[1]), jobs))
+        found = list(pool.map(lambda job: (file_digest(job[0], job[1]), heartbeat.alive())[0], jobs))
     for (path, algorithm, expected), actual in zip(jobs, found):
         if actual != expected:
             return (f"{path} does not match its {algorithm} checksum in {MANIFEST_NAME} (saved {expected[:16]}..., "

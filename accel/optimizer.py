@@ -7,6 +7,7 @@ from typing import Any, Callable
 import torch
 
 from .state import GradientState
+from .utils import heartbeat
 
 
 def _move_state(state: Any, device: torch.device) -> Any:
@@ -106,6 +107,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
                 self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        heartbeat.beat()  # progress for accel launch's hang watchdog (a no-op outside it)
         if not self.gradient_state.sync_gradients:
             return None
         self._accelerate_step_called = True

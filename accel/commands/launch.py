@@ -42,6 +42,7 @@ import argparse
 import contextlib
 import copy
 import os
+import re
 import shutil
 import socket
 import sys
@@ -49,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from accel.commands import UsageError
+from accel.utils import heartbeat
 
 __all__ = [
     "LAUNCH_OPTIONS",
@@ -65,6 +67,14 @@ __all__ = [
 ]
 
 DEFAULT_PORT = 29500
+#: the launcher's pid, so a rank started after the launcher died exits at once
+LAUNCHER_PID_ENV = "ACCEL_LAUNCHER_PID"
+#: seconds without progress on any rank before `accel launch` ends the job as hung: NCCL's own collective
+#: timeout, which training users already live with; a step, an accel collective or a checkpoint file resets it
+DEFAULT_HANG_TIMEOUT = 600.0
+HANG_TIMEOUT_ENV = "ACCEL_HANG_TIMEOUT"
+#: exit status of a launch ended by the hang watchdog (as `timeout` exits)
+HANG_EXIT_CODE = 124
 #: traceback lines shown for the failing rank
 TRACEBACK_LINES = 15
 _THIS_FILE = os.path.abspath(__file__)
@@ -155,6 +165,10 @@ LAUNCH_OPTIONS: list[tuple[str | None, list[tuple[tuple[str, ...], dict[str, Any
         (("--rdzv_conf",), dict(type=str, default="", metavar="K=V,...", help="extra rendezvous settings, passed to torch elastic")),
         (("--max_restarts",), dict(type=int, default=0, metavar="N", help="restarts of the whole group before failing")),
         (("--monitor_interval",), dict(type=float, default=0.1, metavar="SECONDS", help="how often the agent checks the ranks")),
+        (("--hang_timeout",), dict(type=float, default=None, metavar="SECONDS",
+                                   help=f"accel: end the job, with every rank's Python stack, when no rank has made progress (an "
+                                        f"optimizer step, an accel collective, a checkpoint file) for SECONDS (default: "
+                                        f"${HANG_TIMEOUT_ENV}, else {DEFAULT_HANG_TIMEOUT:g}; 0: never)")),
     ]),
     ("TPU", [
         (("--tpu_cluster",), dict(action="store_true", dest="tpu_use_cluster", default=False, help="refused: " + _TPU)),
@@ -514,6 +528,8 @@ class LaunchPlan:
     command: list[str] | None = None
     log_dir: str | None = None
     quiet: bool = False
+    #: seconds without progress before the job is ended as hung (0: never)
+    hang_timeout: float = DEFAULT_HANG_TIMEOUT
 
     @property
     def num_processes(self) -> int:
@@ -588,6 +604,7 @@ def build_plan(args: argparse.Namespace) -> LaunchPlan:
         raise UsageError(f"--max_restarts must be 0 or more, got {args.max_restarts}")
     if not args.monitor_interval > 0:
         raise UsageError(f"--monitor_interval must be above 0 seconds, got {args.monitor_interval}")
+    hang_timeout = _hang_timeout(getattr(args, "hang_timeout", None))
     threads = args.num_cpu_threads_per_process
     if threads is not None and threads < 1:
         raise UsageError(f"--num_cpu_threads_per_process must be at least 1, got {threads}")
@@ -695,7 +712,25 @@ def build_plan(args: argparse.Namespace) -> LaunchPlan:
         command=command,
         log_dir=args.log_dir,
         quiet=bool(args.quiet),
+        hang_timeout=hang_timeout,
     )
+
+
+def _hang_timeout(value: Any) -> float:
+    """--hang_timeout, else $ACCEL_HANG_TIMEOUT, else the default; a negative or unreadable value is a usage error."""
+    where = "--hang_timeout"
+    if value is None:
+        text = os.environ.get(HANG_TIMEOUT_ENV, "").strip()
+        if not text:
+            return DEFAULT_HANG_TIMEOUT
+        where = HANG_TIMEOUT_ENV
+        try:
+            value = float(text)
+        except ValueError:
+            raise UsageError(f"{HANG_TIMEOUT_ENV} must be a number of seconds, got {text!r}") from None
+    if not value >= 0:
+        raise UsageError(f"{where} must be 0 (never) or more seconds, got {value}")
+    return float(value)
 
 
 def _other_launcher(args: argparse.Namespace, env: dict[str, str], host: str, port: int) -> list[str] | None:
@@ -917,12 +952,21 @@ def execute(plan: LaunchPlan) -> int:
         api_logger.addFilter(quiet)
     # torch elastic's per-rank error files go to --log_dir when given, else a private folder removed afterwards
     folder = contextlib.nullcontext(plan.log_dir) if plan.log_dir else tempfile.TemporaryDirectory(prefix="accel_launch_")
-    with folder as log_dir, patched_environ(plan.env):
+    # shared with the ranks: heartbeats, stacks on demand, failure times (see accel.utils.heartbeat)
+    run_folder = tempfile.TemporaryDirectory(prefix="accel_run_")
+    with folder as log_dir, run_folder as run_dir, patched_environ(
+            {**plan.env, heartbeat.RUN_DIR_ENV: run_dir, LAUNCHER_PID_ENV: str(os.getpid())}):
+        watchdog = HangWatchdog(run_dir, plan.hang_timeout)
+        watchdog.start()
         try:
             targs = torchrun.parse_args(["--log-dir", log_dir, *plan.torchrun_args])
             torchrun.run(targs)
         except ChildFailedError as err:
-            report, code = failure_report(err, plan.debug)
+            watchdog.stop()
+            if watchdog.report is not None:
+                print(watchdog.report, file=sys.stderr)
+                return HANG_EXIT_CODE
+            report, code = failure_report(err, plan.debug, run_dir)
             if plan.quiet:
                 report = report.splitlines()[0]
             print(report, file=sys.stderr)
@@ -934,8 +978,165 @@ def execute(plan: LaunchPlan) -> int:
             print(f"accel launch: the launch failed: {type(exc).__name__}: {exc}", file=sys.stderr)
             return 1
         finally:
+            watchdog.stop()
             api_logger.removeFilter(quiet)
+    if watchdog.report is not None:  # ended as hung, though every rank's exit looked clean to the agent
+        print(watchdog.report, file=sys.stderr)
+        return HANG_EXIT_CODE
     return 0
+
+
+# ---------------------------------------------------------------------------- hang watchdog
+class HangWatchdog:
+    """A thread in the launcher that ends the job when no rank has made progress for ``timeout`` seconds.
+
+    Progress is each rank's heartbeat (:mod:`accel.utils.heartbeat`); the watch starts once a rank has
+    passed its first progress point, so a script that never steps or calls an accel collective is never
+    ended. On a hang: every rank writes its Python stack (``faulthandler`` on the heartbeat's signal),
+    the rank that is behind is named (:func:`hung_rank`), every rank is killed, and ``report`` holds
+    the text ``accel launch`` prints before exiting with :data:`HANG_EXIT_CODE`.
+    """
+
+    def __init__(self, run_dir: str, timeout: float, poll: float | None = None):
+        import threading
+
+        self.run_dir = run_dir
+        self.timeout = float(timeout)
+        self.poll = poll if poll is not None else min(1.0, max(self.timeout / 20, 0.05))
+        self.report: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="accel-hang-watchdog", daemon=True)
+
+    def start(self) -> None:
+        if self.timeout > 0:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _watch(self) -> None:
+        import time
+
+        while not self._stop.wait(self.poll):
+            beats = heartbeat.read(self.run_dir)
+            progressed = [b.last for b in beats.values() if b.count > 0]
+            if not progressed or any(heartbeat.read_failure(self.run_dir, r) for r in beats):
+                continue  # not armed yet, or a rank failed: the agent's failure report takes over
+            idle = time.monotonic() - max(progressed)
+            if idle >= self.timeout:
+                self.report = self._end(beats, idle)
+                return
+
+    def _end(self, beats: dict[int, heartbeat.Beat], idle: float) -> str:
+        import signal
+        import time
+
+        alive = {rank: b for rank, b in beats.items() if _is_our_rank(b.pid)}
+        for b in alive.values():
+            with contextlib.suppress(OSError):
+                os.kill(b.pid, heartbeat.STACK_SIGNAL)
+        stacks = _collect_stacks(self.run_dir, list(alive), deadline=time.monotonic() + 3.0)
+        rank = hung_rank(beats, stacks)
+        for b in alive.values():
+            with contextlib.suppress(OSError):
+                os.kill(b.pid, signal.SIGKILL)
+        return hang_report(beats, stacks, rank, idle, self.timeout)
+
+
+def _is_our_rank(pid: int) -> bool:
+    """Whether ``pid`` is alive and a child of this launcher (a stale heartbeat's pid may be reused)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        return fields[0] != "Z" and int(fields[1]) == os.getpid()
+    except (OSError, IndexError, ValueError):
+        try:
+            os.kill(pid, 0)
+            return True
+        except OSError:
+            return False
+
+
+def _collect_stacks(run_dir: str, ranks: list[int], deadline: float) -> dict[int, str]:
+    """Each rank's stack file once it has stopped growing (faulthandler writes it from a signal handler)."""
+    import time
+
+    from pathlib import Path
+
+    sizes: dict[int, int] = {}
+    while True:
+        now = {r: (Path(run_dir) / f"stack-{r}.txt").stat().st_size if (Path(run_dir) / f"stack-{r}.txt").exists() else 0
+               for r in ranks}
+        if all(now[r] > 0 and now[r] == sizes.get(r) for r in ranks) or time.monotonic() > deadline:
+            break
+        sizes = now
+        time.sleep(0.1)
+    stacks = {}
+    for r in ranks:
+        with contextlib.suppress(OSError):
+            stacks[r] = (Path(run_dir) / f"stack-{r}.txt").read_text(errors="replace")
+    return stacks
+
+
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line \d+ in (?P<func>\S+)')
+
+
+def _top_frames(stack: str) -> list[tuple[str, str]]:
+    """(file, function) of the innermost frame of each thread in a faulthandler dump."""
+    tops: list[tuple[str, str]] = []
+    expect = False
+    for line in stack.splitlines():
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            expect = True
+            continue
+        match = _FRAME.match(line)
+        if expect and match:
+            tops.append((match.group("file"), match.group("func")))
+            expect = False
+    return tops
+
+
+def waiting_in_collective(stack: str | None) -> bool:
+    """Whether a rank's stack shows it blocked inside torch.distributed (waiting for its peers)."""
+    if not stack:
+        return False
+    sep = os.sep
+    return any(f"{sep}torch{sep}distributed{sep}" in path for path, _ in _top_frames(stack))
+
+
+def hung_rank(beats: dict[int, heartbeat.Beat], stacks: dict[int, str]) -> int:
+    """The rank a hang is blamed on: the one that passed the fewest progress points (its peers went
+    on to a collective it never reached); among equals, one not blocked in a collective; then the one
+    whose last progress is oldest; then the lowest rank."""
+    least = min(b.count for b in beats.values())
+    behind = [r for r, b in beats.items() if b.count == least]
+    outside = [r for r in behind if not waiting_in_collective(stacks.get(r))]
+    candidates = outside or behind
+    return min(candidates, key=lambda r: (beats[r].last, r))
+
+
+def hang_report(beats: dict[int, heartbeat.Beat], stacks: dict[int, str], rank: int, idle: float, timeout: float) -> str:
+    """What `accel launch` prints for a hang: the blamed rank and why, then every rank's Python stack."""
+    import time
+
+    now = time.monotonic()
+    b = beats[rank]
+    others = ", ".join(f"rank {r}: {o.count}" for r, o in sorted(beats.items()) if r != rank)
+    lines = [
+        f"accel launch: rank {rank} (pid {b.pid}) hung: no rank made progress for {idle:.0f} s (--hang_timeout "
+        f"{timeout:g}); rank {rank} is behind: {b.count} progress point(s), last {now - b.last:.0f} s ago"
+        + (f" (others: {others})" if others else "") + "; the job was ended",
+    ]
+    if waiting_in_collective(stacks.get(rank)):
+        lines.append(f"accel launch: rank {rank} is itself blocked in a collective: a peer on another machine may be the cause")
+    for r in sorted(beats):
+        state = "waiting in a collective" if waiting_in_collective(stacks.get(r)) else "not in a collective"
+        lines.append(f"accel launch: --- rank {r} (pid {beats[r].pid}, {beats[r].count} progress points, {state}) Python stack:")
+        text = stacks.get(r)
+        lines += [f"  {line}" for line in text.rstrip().splitlines()] if text else ["  (no stack: the rank had already exited)"]
+    return "\n".join(lines)
 
 
 def _run_command(plan: LaunchPlan) -> int:
@@ -962,11 +1163,17 @@ def _exit_code(exitcode: int) -> int:
     return 1
 
 
-def _root_failure(failures: dict[int, Any]) -> tuple[int, Any]:
-    """The rank that failed first. Ranks the agent killed afterwards (negative exit codes) come
-    last; among the rest, the earliest recorded failure in the agent's order."""
+def _root_failure(failures: dict[int, Any], times: dict[int, int] | None = None) -> tuple[int, Any]:
+    """The rank that failed first, by event order: the earliest failure time a rank recorded itself
+    (``times``: monotonic ns, written by the bootstrap before the rank's exit, so a peer that failed
+    because of it always comes later, whichever exit the agent saw first). Ranks with no record
+    follow; among them, ranks the agent killed afterwards (negative exit codes) come last, then the
+    agent's timestamp (whole seconds) and order."""
     order = list(failures)
-    return min(failures.items(), key=lambda item: (item[1].exitcode <= 0, item[1].timestamp, order.index(item[0])))
+    times = times or {}
+    never = float("inf")
+    return min(failures.items(), key=lambda item: (
+        times.get(item[0], never), item[1].exitcode <= 0, item[1].timestamp, order.index(item[0])))
 
 
 def _error_details(failure: Any) -> tuple[str | None, str | None]:
@@ -1005,16 +1212,23 @@ def clean_traceback(callstack: str) -> list[str]:
     return out
 
 
-def failure_report(err: Any, debug: bool = False) -> tuple[str, int]:
+def failure_report(err: Any, debug: bool = False, run_dir: str | None = None) -> tuple[str, int]:
     """A short summary of a ChildFailedError: the failing rank, its exit code and the end of its
-    traceback; returns (text, exit code for `accel launch`)."""
+    traceback; returns (text, exit code for `accel launch`). ``run_dir``: the folder where ranks
+    recorded when they failed (the first to fail is named)."""
     failures: dict[int, Any] = dict(err.failures)
     if not failures:
         return f"accel launch: {err}", 1
-    rank, root = _root_failure(failures)
+    times = {}
+    if run_dir:
+        times = {r: t for r in failures if (t := heartbeat.read_failure(run_dir, r)) is not None}
+    rank, root = _root_failure(failures, times)
     exitcode = root.exitcode
     how = f"exit code {exitcode}"
-    if exitcode < 0:
+    if exitcode < 0 and rank in times:  # it failed first, then was stopped while exiting (e.g. slow atexit work)
+        how = f"an error (then stopped by {root.signal_name()} while exiting, after a peer's failure)"
+        exitcode = 1
+    elif exitcode < 0:
         how = f"signal {-exitcode} ({root.signal_name()})"
     lines = [f"accel launch: rank {rank} (local rank {root.local_rank}, pid {root.pid}) failed with {how}"]
     message, callstack = _error_details(root)
@@ -1070,6 +1284,8 @@ def worker_main(argv: list[str]) -> None:
         sys.exit("accel.commands.launch: nothing to run (this module is the bootstrap of `accel launch`)")
     target, rest = argv[0], argv[1:]
     sys.argv = [target, *rest]
+    _die_with_launcher()
+    heartbeat.start()
     try:
         if module:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
@@ -1077,14 +1293,39 @@ def worker_main(argv: list[str]) -> None:
             sys.path[0] = os.path.dirname(os.path.abspath(target))  # as `python script.py` does
             runpy.run_path(target, run_name="__main__")
     except SystemExit as exc:
-        _finish(_exit_status(exc.code))
+        status = _exit_status(exc.code)
+        if status:
+            heartbeat.record_failure()
+        _finish(status)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:
+        heartbeat.record_failure()  # first: the moment of failure, before anything a peer could notice
         _record_error(exc)
         traceback.print_exception(type(exc), exc, _trim(exc.__traceback__))
         _finish(1)
     _finish(0)
+
+
+def _die_with_launcher() -> None:
+    """Make the kernel kill this rank (SIGKILL) when the launcher dies, whatever killed the launcher
+    (SIGKILL included), so no rank is left running without an owner. Linux only (prctl
+    PR_SET_PDEATHSIG); a rank whose launcher is already gone exits at once."""
+    expected = os.environ.get(LAUNCHER_PID_ENV)
+    if not expected or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        if libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0) != 0:
+            return
+    except (OSError, AttributeError):
+        return
+    if str(os.getppid()) != expected:  # the launcher died before the death signal was armed
+        os._exit(1)
 
 
 def _exit_status(code: Any) -> int:
