@@ -215,50 +215,62 @@ def is_import_timer_available() -> bool:
 
 
 def is_aim_available() -> bool:
+    """Whether the aim package is installed."""
     return _package("aim")
 
 
 def is_clearml_available() -> bool:
+    """Whether the clearml package is installed."""
     return _package("clearml")
 
 
 def is_dvclive_available() -> bool:
+    """Whether the dvclive package is installed."""
     return _package("dvclive")
 
 
 def is_swanlab_available() -> bool:
+    """Whether the swanlab package is installed."""
     return _package("swanlab")
 
 
 def is_trackio_available() -> bool:
+    """Whether the trackio package is installed."""
     return _package("trackio")
 
 
 def is_matplotlib_available() -> bool:
+    """Whether the matplotlib package is installed."""
     return _package("matplotlib")
 
 
 def is_boto3_available() -> bool:
+    """Whether the boto3 package is installed."""
     return _package("boto3")
 
 
 def is_sagemaker_available() -> bool:
+    """Whether the sagemaker package is installed."""
     return _package("sagemaker")
 
 
 def is_schedulefree_available() -> bool:
+    """Whether the schedulefree package is installed."""
     return _package("schedulefree")
 
 
 def is_lomo_available() -> bool:
+    """Whether the lomo_optim package is installed."""
     return _package("lomo_optim")
 
 
 def is_msamp_available() -> bool:
+    """Whether the msamp package is installed."""
     return _package("msamp")
 
 
 def is_triton_available() -> bool:
+    """Whether the triton package is installed."""
     return _package("triton")
 
 
@@ -268,6 +280,7 @@ def is_pippy_available() -> bool:
 
 
 def is_megatron_lm_available() -> bool:
+    """Whether the megatron package is installed."""
     return _package("megatron")
 
 
@@ -287,6 +300,7 @@ def is_torchao_available() -> bool:
 
 
 def is_torchdata_available() -> bool:
+    """Whether the torchdata package is installed."""
     return _package("torchdata")
 
 
@@ -296,20 +310,25 @@ def is_torchdata_stateful_dataloader_available() -> bool:
 
 
 def is_4bit_bnb_available() -> bool:
+    """Whether the 4bit_bnb package is installed."""
     return is_bnb_available() and _package_version_at_least("bitsandbytes", "0.39.0")
 
 
 def is_8bit_bnb_available() -> bool:
+    """Whether the 8bit_bnb package is installed."""
     return is_bnb_available() and _package_version_at_least("bitsandbytes", "0.37.2")
 
 
 def is_pynvml_available() -> bool:
+    """Whether the pynvml package is installed."""
     return _package("pynvml")
 
 
 def is_sdaa_available(check_device: bool = False) -> bool:
+    """Whether the sdaa backend is available."""
     return _backend_available("sdaa")
 
 
 def is_neuron_available(check_device: bool = False) -> bool:
+    """Whether the neuron backend is available."""
     return _backend_available("neuron")
