@@ -169,7 +169,7 @@ def test_root_failure_goes_by_recorded_time_not_by_exit_order():
 
 # ---------------------------------------------------------------------------------------------- the pieces
 def _beat(rank: int, pid: int, count: int, last: float) -> heartbeat.Beat:
-    return heartbeat.Beat(rank, pid, count, last)
+    return heartbeat.Beat(rank, pid, count, 0, last)
 
 
 WAITING = 'Current thread 0x1 (most recent call first):\n  File "/x/torch/distributed/distributed_c10d.py", line 9 in barrier\n  File "t.py", line 1 in <module>\n'
@@ -199,14 +199,13 @@ def test_heartbeat_file_round_trip(tmp_path, monkeypatch):
         heartbeat.beat()
         heartbeat.beat()
         before = heartbeat.read(tmp_path)[3]
-        assert before.pid == os.getpid() and before.count == 2
-        time.sleep(0.01)
-        heartbeat.alive()  # time moves, the count does not
+        assert before.pid == os.getpid() and before.count == 2 and before.busy == 0
+        heartbeat.alive()  # busy moves, the progress count does not
         after = heartbeat.read(tmp_path)[3]
-        assert after.count == 2 and after.last > before.last
+        assert after.count == 2 and after.busy == 1
     finally:
         faulthandler.unregister(heartbeat.STACK_SIGNAL)
-        heartbeat._map = None
+        heartbeat._view = heartbeat._map = None
     monkeypatch.setenv(heartbeat.RUN_DIR_ENV, str(tmp_path))
     heartbeat.record_failure()
     assert heartbeat.read_failure(tmp_path, 3) is not None and heartbeat.read_failure(tmp_path, 0) is None

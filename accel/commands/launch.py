@@ -1019,12 +1019,18 @@ class HangWatchdog:
     def _watch(self) -> None:
         import time
 
+        seen: dict[int, tuple[int, int, int, float]] = {}  # rank -> (pid, count, busy, when first seen)
         while not self._stop.wait(self.poll):
+            now = time.monotonic()
             beats = heartbeat.read(self.run_dir)
-            progressed = [b.last for b in beats.values() if b.count > 0]
-            if not progressed or any(heartbeat.read_failure(self.run_dir, r) for r in beats):
+            for rank, b in beats.items():
+                old = seen.get(rank)
+                if old is None or old[:3] != (b.pid, b.count, b.busy):
+                    seen[rank] = (b.pid, b.count, b.busy, now)
+                b.last = seen[rank][3]
+            if not any(b.count > 0 for b in beats.values()) or any(heartbeat.read_failure(self.run_dir, r) for r in beats):
                 continue  # not armed yet, or a rank failed: the agent's failure report takes over
-            idle = time.monotonic() - max(progressed)
+            idle = now - max(b.last for b in beats.values())
             if idle >= self.timeout:
                 self.report = self._end(beats, idle)
                 return
