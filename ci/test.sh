@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 status=0
-python -m pytest tests -q -n 2 "$@" || status=$?
-python -m pytest suites -m cpu -q -n 2 --ignore=suites/benchmarks "$@" || status=$((status ? status : $?))
+# --timeout: a test that hangs fails with every thread's stack instead of stalling the whole run
+python -m pytest tests -q -n 2 --timeout 900 "$@" || status=$?
+python -m pytest suites -m cpu -q -n 2 --timeout 900 --ignore=suites/benchmarks "$@" || status=$((status ? status : $?))
 exit "$status"
