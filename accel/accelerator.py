@@ -97,6 +97,9 @@ class Accelerator:
 
         # the strategy owns distribution; it also decides who runs the precision (accel or an engine)
         self.strategy = strategy_class(self.state.run_plan.strategy)(self)
+        if parallelism_config is not None and self.state.run_plan.strategy != "fsdp":
+            # sizes against the process count now (the FSDP strategy checks it while building its mesh)
+            parallelism_config._validate_accelerator(self)
         # what runs, not just what was asked: a fallback is warned about and recorded
         self.precision = self.strategy.plan_precision(self.state.mixed_precision, self.autocast_handler, self.scaler_handler)
         self.state._mixed_precision = self.precision.used

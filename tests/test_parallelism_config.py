@@ -113,3 +113,11 @@ def test_fsdp_without_a_shard_dimension_is_refused():
 def test_meshes_need_fsdp2():
     message = run_distributed(_accelerator_with, 2, {"dp_shard_size": 2}, 1)[0]
     assert "needs FSDP2" in message
+
+
+def test_a_mesh_that_does_not_fit_the_process_count_is_refused_at_construction():
+    from accel import Accelerator
+    from accel.parallelism_config import ParallelismConfig
+
+    with pytest.raises(ValueError, match=r"total_size \(2\) does not match num_processes \(1\)"):
+        Accelerator(parallelism_config=ParallelismConfig(tp_size=2))
