@@ -475,6 +475,18 @@ class AcceleratorState:
 
     enable_deepspeed_plugin = select_deepspeed_plugin
 
+    @property
+    def is_fsdp2(self) -> bool:
+        """Whether this run shards with FSDP2 (``fully_shard``)."""
+        plugin = self.__dict__.get("fsdp_plugin")
+        return self.distributed_type == DistributedType.FSDP and plugin is not None and getattr(plugin, "fsdp_version", 1) == 2
+
+    @property
+    def device_mesh(self) -> Any:
+        """The ParallelismConfig's DeviceMesh once built, else None."""
+        config = self.__dict__.get("parallelism_config")
+        return getattr(config, "device_mesh", None)
+
     def __getattr__(self, name: str) -> Any:
         # ranks, device and process control come from the shared PartialState
         if name.startswith("__") or name in ("_partial", "_shared_state"):
