@@ -103,7 +103,8 @@ def test_hung_rank_is_named_when_the_peer_waits_in_a_plain_barrier(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- a killed launcher
-@pytest.mark.parametrize("how", [signal.SIGKILL])
+@pytest.mark.parametrize("how", [signal.SIGKILL, pytest.param(signal.SIGTERM, marks=pytest.mark.slow),
+                                 pytest.param(signal.SIGINT, marks=pytest.mark.slow)])
 def test_ranks_die_with_the_launcher(tmp_path, how):
     out = tmp_path / "out"
     out.mkdir()

@@ -28,6 +28,21 @@ runs the script (or module) as ``__main__`` and, when it raises, records the exc
 elastic's per-rank error file. When a rank fails, ``accel launch`` prints which rank, its exit code
 and the end of its traceback, and exits with that rank's exit code.
 
+Faults (the ranks share a private folder with the launcher, ``$ACCEL_LAUNCH_RUN_DIR``; see
+:mod:`accel.utils.heartbeat`):
+
+* **the first rank to fail is named**, by event order: each rank records the monotonic time it failed
+  before it exits, and the earliest record wins, whichever exit the agent noticed first (a peer whose
+  collective broke because of it exits later in time, even when it reaches the agent first);
+* **a hang ends the job**: ranks pass progress points (optimizer steps, accel's ``gather``; checkpoint
+  writes count as busy) through a memory-mapped counter; when no rank has moved for ``--hang_timeout``
+  seconds (default 600, ``$ACCEL_HANG_TIMEOUT``, 0 never; the watch starts at a rank's first progress
+  point) every rank's Python stack is collected (faulthandler on SIGUSR2), the rank that is behind is
+  named (fewest progress points; among equals, the one not blocked inside torch.distributed), every
+  rank is killed and the launch exits with 124;
+* **no orphans**: each rank asks the kernel to SIGKILL it when the launcher dies (Linux
+  ``PR_SET_PDEATHSIG``), so even a SIGKILLed launcher leaves no rank running.
+
 Besides the variables above, every rank gets ``ACCEL_DEVICE`` (when the backend was chosen by flag or
 config), ``OMP_NUM_THREADS`` (unless set: usable cores divided by local processes), the backend's
 visible-devices variable for ``--gpu_ids`` and, for single-node CPU runs, ``GLOO_SOCKET_IFNAME`` bound
@@ -972,6 +987,10 @@ def execute(plan: LaunchPlan) -> int:
             print(report, file=sys.stderr)
             return code
         except SignalException as exc:
+            watchdog.stop()
+            if watchdog.report is not None:  # the watchdog stopped the agent (no restart of a hung job)
+                print(watchdog.report, file=sys.stderr)
+                return HANG_EXIT_CODE
             print(f"accel launch: stopped by signal {exc.sigval.name}; the ranks were terminated", file=sys.stderr)
             return 128 + int(exc.sigval)
         except Exception as exc:
@@ -1033,6 +1052,7 @@ class HangWatchdog:
             idle = now - max(b.last for b in beats.values())
             if idle >= self.timeout:
                 self.report = self._end(beats, idle)
+                self._stop_agent()
                 return
 
     def _end(self, beats: dict[int, heartbeat.Beat], idle: float) -> str:
@@ -1045,10 +1065,18 @@ class HangWatchdog:
                 os.kill(b.pid, heartbeat.STACK_SIGNAL)
         stacks = _collect_stacks(self.run_dir, list(alive), deadline=time.monotonic() + 3.0)
         rank = hung_rank(beats, stacks)
+        report = hang_report(beats, stacks, rank, idle, self.timeout)
         for b in alive.values():
             with contextlib.suppress(OSError):
                 os.kill(b.pid, signal.SIGKILL)
-        return hang_report(beats, stacks, rank, idle, self.timeout)
+        return report
+
+    def _stop_agent(self) -> None:
+        """Stop the elastic agent as SIGTERM does, so it restarts nothing (--max_restarts) and returns."""
+        import signal
+
+        with contextlib.suppress(OSError):
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _is_our_rank(pid: int) -> bool:

@@ -80,6 +80,10 @@ def start(run_dir: str | os.PathLike | None = None) -> bool:
     if not folder or not os.path.isdir(folder):
         return False
     rank = _rank()
+    try:
+        failure_path(folder, rank).unlink()  # a failure of an earlier attempt (--max_restarts) is not this one's
+    except OSError:
+        pass
     fd = os.open(Path(folder) / f"rank-{rank}.hb", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.ftruncate(fd, _SIZE)
