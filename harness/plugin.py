@@ -25,6 +25,8 @@ from . import markers as harness_markers
 BACKEND_PARAM = "accel_backend_name"
 WORLD_SIZE_PARAM = "accel_world_size"
 _STASH_CONTEXT = pytest.StashKey["HarnessContext"]()
+_STASH_MARKER_LINES = pytest.StashKey[set]()
+_STASH_PROJECT_MARKERS = pytest.StashKey[set]()
 
 
 #: accel's built-in backends (``accel.backends.registry``), named here so that configuring pytest
@@ -92,22 +94,33 @@ class HarnessContext:
             raise pytest.UsageError(f"accel harness: {exc}{where}") from None
 
     def explicitly_requested(self) -> bool:
-        """The selection is checked at start-up when ``--backend``, ``ACCEL_DEVICE`` or a backend in ``-m`` asks for one."""
-        if self.config.getoption("accel_backends") or os.environ.get("ACCEL_DEVICE", "").strip():
-            return True
+        """``--backend`` or ``ACCEL_DEVICE`` asked for a backend: the selection is checked at start-up."""
+        return bool(self.config.getoption("accel_backends") or os.environ.get("ACCEL_DEVICE", "").strip())
+
+    #: set once collection shows harness tests: only then does ``-m <backend>`` select backends
+    markexpr_counts = False
+
+    def markexpr_backends(self) -> list[str]:
+        """Backends the ``-m`` expression asks for, leaving out marker names the project registered itself."""
         markexpr = self.config.getoption("markexpr") or ""
         if not markexpr:
-            return False
+            return []
+        mine = project_markers(self.config)
         # with accel.backends already imported (a conftest registered a backend), the registry is cheap
         names = self.names if "accel.backends.registry" in sys.modules else marker_backend_names()
-        return bool(_backends_named_in_markexpr(markexpr, names))
+        names = [n for n in names if n not in mine]
+        found = _backends_named_in_markexpr(markexpr, names)
+        if found and "accel.backends.registry" not in sys.modules:  # plug-ins registered in code
+            found = _backends_named_in_markexpr(markexpr, [n for n in self.names if n not in mine])
+        return found
 
     def _select_backends(self, config: pytest.Config) -> list[str]:
         requested: list[str] = []
         for value in config.getoption("accel_backends") or []:
             requested.extend(v.strip().lower() for v in value.split(",") if v.strip())
         explicit = list(requested)
-        requested_by_mark = _backends_named_in_markexpr(config.getoption("markexpr") or "", self.names)
+        # ``-m xpu`` selects a backend when the session uses the harness (always when --backend is given)
+        requested_by_mark = self.markexpr_backends() if (self.explicitly_requested() or self.markexpr_counts) else []
         if not requested:
             requested = ["auto"] if requested_by_mark else [self.registry.select().name]
         if "auto" in requested:
@@ -129,6 +142,26 @@ class HarnessContext:
                 returncode=pytest.ExitCode.USAGE_ERROR,
             )
         return [n for n in dict.fromkeys(requested + requested_by_mark) if self.registry.get(n).is_available()]
+
+    def judge_plain(self, marks: list[Any], where: str) -> Any:
+        """The skip reason for a test with requirement marks that is not parametrized over backends.
+
+        It is judged against the session's selected backend(s) (default: the detected one) at world
+        size 1: it runs when one of them meets every requirement, and otherwise skips with the first
+        selected backend's reason (its code), naming the others' reasons too when several are selected.
+        """
+        reasons = []
+        for name in self.selected:
+            reason = harness_markers.evaluate(marks, self.backend(name), world_size=1, where=where)
+            if reason is None:
+                return None
+            reasons.append((name, reason))
+        if not reasons:
+            return harness_markers.SkipReason(harness_markers.BACKEND_UNAVAILABLE, "no selected backend is available")
+        if len(reasons) == 1:
+            return reasons[0][1]
+        text = "; ".join(f"{name}: {reason.message}" for name, reason in reasons)
+        return harness_markers.SkipReason(reasons[0][1].code, f"on every selected backend: {text}")
 
     def backend(self, name: str) -> Any:
         return self.registry.get(name)
@@ -164,30 +197,81 @@ def _backends_named_in_markexpr(expr: str, names: list[str]) -> list[str]:
 
 
 # ---------------------------------------------------------------------- pytest hooks
+#: (prefixed option, short form, argparse settings). The prefixed ``--accel-*`` names are always
+#: there; the short forms (``--backend``, ``--results-dir``, ...) are kept for the conformance suites,
+#: CI and ``accel qualify`` unless the project under test defines an option of that name itself, in
+#: which case the project's option wins and the harness answers to its prefixed name only.
+OPTIONS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("--accel-backend", "--backend", dict(
+        action="append", dest="accel_backends", metavar="NAME",
+        help="backend(s) to run on (repeatable or comma-separated; 'auto' = every available one; "
+             "default: the detected backend)")),
+    ("--accel-world-sizes", "--world-sizes", dict(
+        dest="accel_world_sizes", metavar="N,N", help="only run multi-process tests at these world sizes")),
+    ("--accel-results-dir", "--results-dir", dict(
+        dest="accel_results_dir", metavar="DIR", help="write a JSON Lines result file for this run into DIR")),
+    ("--accel-known-issues", "--known-issues", dict(
+        dest="accel_known_issues", metavar="YAML", help="known-issues file: matching failures are recorded with the issue id")),
+    ("--accel-known-issues-xfail", "--known-issues-xfail", dict(
+        dest="accel_known_issues_xfail", action="store_true",
+        help="report failures matching a known issue (with xfail: true) as xfailed")),
+    ("--accel-dist-timeout", "--dist-timeout", dict(
+        dest="accel_dist_timeout", type=float, default=120.0, metavar="SECONDS",
+        help="a multi-process test that runs longer is ended with every rank's stack (default 120)")),
+    ("--accel-allow-missing-backends", "--allow-missing-backends", dict(
+        dest="accel_allow_missing_backends", action="store_true",
+        help="record tests of requested but unavailable backends as skipped instead of stopping")),
+)
+_GROUP = "accel"
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("accel", "accel qualification harness")
-    group.addoption("--backend", action="append", dest="accel_backends", metavar="NAME",
-                    help="backend(s) to run on (repeatable or comma-separated; 'auto' = every available one; "
-                         "default: the detected backend)")
-    group.addoption("--world-sizes", dest="accel_world_sizes", metavar="N,N",
-                    help="only run multi-process tests at these world sizes")
-    group.addoption("--results-dir", dest="accel_results_dir", metavar="DIR",
-                    help="write a JSON Lines result file for this run into DIR")
-    group.addoption("--known-issues", dest="accel_known_issues", metavar="YAML",
-                    help="known-issues file: matching failures are recorded with the issue id")
-    group.addoption("--known-issues-xfail", dest="accel_known_issues_xfail", action="store_true",
-                    help="report failures matching a known issue (with xfail: true) as xfailed")
-    group.addoption("--dist-timeout", dest="accel_dist_timeout", type=float, default=120.0, metavar="SECONDS",
-                    help="a multi-process test that runs longer is ended with every rank's stack (default 120)")
-    group.addoption("--allow-missing-backends", dest="accel_allow_missing_backends", action="store_true",
-                    help="record tests of requested but unavailable backends as skipped instead of stopping")
+    group = parser.getgroup(_GROUP, "accel qualification harness (short forms give way to a project's own options)")
+    for prefixed, short, settings in OPTIONS:
+        group.addoption(prefixed, short, **settings)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]):
+    """Let the project's conftests define options named like our short forms.
+
+    pytest has already read the command line once with our short forms (so ``--backend cpu`` did not
+    leave ``cpu`` among the paths that decide which conftests load). They are taken out while the
+    initial conftests add their options, then put back where no project option took the name.
+    """
+    actions = _short_form_actions(parser)
+    table = parser.optparser._option_string_actions
+    for short, action in actions:
+        if table.get(short) is action:
+            del table[short]
+            action.option_strings.remove(short)
+    try:
+        return (yield)
+    finally:
+        for short, action in actions:
+            if short not in table:
+                table[short] = action
+                action.option_strings.append(short)
+
+
+def _short_form_actions(parser: pytest.Parser) -> list[tuple[str, Any]]:
+    """(short form, the argparse action it names) for each short form registered by this plugin."""
+    shorts = {short: prefixed for prefixed, short, _ in OPTIONS}
+    table = parser.optparser._option_string_actions
+    found = []
+    for short, prefixed in shorts.items():
+        action = table.get(prefixed)
+        if action is not None and short in action.option_strings:
+            found.append((short, action))
+    return found
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    ours = config.stash.setdefault(_STASH_MARKER_LINES, set())
     for name, description in harness_markers.MARKERS.items():
-        config.addinivalue_line("markers", f"{name}: {description}")
+        _add_marker_line(config, f"{name}: {description}")
     for name in marker_backend_names():
-        config.addinivalue_line("markers", f"{name}: test instances that run on the {name} backend")
+        _add_marker_line(config, _backend_marker_line(name))
     if config.option.help or getattr(config.option, "markers", False):
         return
     ctx = HarnessContext(config)
@@ -197,6 +281,65 @@ def pytest_configure(config: pytest.Config) -> None:
     from .reporting import ResultReporter
 
     config.pluginmanager.register(ResultReporter(ctx), "accel-result-reporter")
+
+
+def _backend_marker_line(name: str) -> str:
+    return f"{name}: test instances that run on the {name} backend"
+
+
+def _add_marker_line(config: pytest.Config, line: str) -> None:
+    """Register a marker line, remembering it as ours (a project's own line of that name stays the project's)."""
+    config.stash.setdefault(_STASH_MARKER_LINES, set()).add(line)
+    config.addinivalue_line("markers", line)
+
+
+def project_markers(config: pytest.Config) -> set[str]:
+    """Marker names the project registered itself (ini ``markers`` or its conftest), not this plugin."""
+    ours = config.stash.get(_STASH_MARKER_LINES, set())
+    names = set()
+    for line in config.getini("markers"):
+        if line in ours:
+            continue
+        name = re.split(r"[:(]", line, maxsplit=1)[0].strip()
+        if name:
+            names.add(name)
+    return names
+
+
+def uses_harness(item: pytest.Item) -> bool:
+    """Whether this collected test takes part in the harness: a backend instance or a requirement mark on it."""
+    if _item_backend(item)[0] is not None:
+        return True
+    return bool(_requirement_marks(item))
+
+
+#: harness marks that are not requirements (``slow`` is everyone's; ``world_size`` parametrizes instead)
+_NOT_REQUIREMENTS = frozenset({"slow", "world_size"})
+
+
+def _requirement_marks(item: pytest.Item) -> list[Any]:
+    mine = item.config.stash.get(_STASH_PROJECT_MARKERS, None)
+    if mine is None:
+        mine = item.config.stash[_STASH_PROJECT_MARKERS] = project_markers(item.config)
+    return [m for m in item.iter_markers()
+            if harness_markers.is_harness_mark(m.name) and m.name not in _NOT_REQUIREMENTS and m.name not in mine]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A backend named in ``-m`` is checked once the collected tests show the harness is used.
+
+    ``-m cuda`` in a project that never uses the harness (or that registered its own ``cuda``
+    marker) is that project's business: no torch import, no availability check.
+    """
+    ctx = config.stash.get(_STASH_CONTEXT, None)
+    if ctx is None or ctx.explicitly_requested() or not (config.getoption("markexpr") or ""):
+        return
+    if not any(uses_harness(item) for item in items):
+        return
+    ctx.markexpr_counts = True
+    if ctx.markexpr_backends():
+        _ = ctx.selected
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -303,7 +446,13 @@ def _item_backend(item: pytest.Item) -> tuple[str | None, int | None]:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     ctx = item.config.stash.get(_STASH_CONTEXT, None)
     name, world = _item_backend(item)
-    if ctx is None or name is None:
+    if ctx is None:
+        return
+    if name is None:
+        marks = _requirement_marks(item)
+        reason = ctx.judge_plain(marks, item.nodeid) if marks else None
+        if reason is not None:  # reported at the test's own line, as pytest's skipif marks are
+            raise pytest.skip.Exception(harness_markers.format_skip(reason), _use_item_location=True)
         return
     backend = ctx.backend(name)
     reason = None
