@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> dict:
         "checkpoint_bytes": size,
         "rounds": args.rounds,
         "median_s": med,
+        "samples_s": times,
         "save_overhead_s": med["save_checksums"] - med["save_plain"],
         "load_overhead_s": med["load_verify"] - med["load_plain"],
         "sha256_GBps_model_file": weights_bytes / 1e9 / sha if sha else None,
@@ -112,6 +113,8 @@ def main(argv: list[str] | None = None) -> dict:
           f"(+{result['save_overhead_s']:.2f} s, {100 * result['save_overhead_s'] / med['save_plain']:+.0f} %)")
     print(f"  load_state  verifying      {med['load_verify']:.2f} s   without {med['load_plain']:.2f} s   "
           f"(+{result['load_overhead_s']:.2f} s, {100 * result['load_overhead_s'] / med['load_plain']:+.0f} %)")
+    for name, values in times.items():
+        print(f"  {name:15s} samples: {', '.join(f'{v:.2f}' for v in values)}")
     print(f"  raw sha256 over model.safetensors: {result['sha256_GBps_model_file']:.2f} GB/s"
           + (f"; xxh3_128: {result['xxh3_128_GBps_model_file']:.2f} GB/s" if xxh else "; xxhash not installed"))
     if args.json:
