@@ -1,0 +1,213 @@
+"""The harness plugin as a good citizen: requirement marks on plain tests, and an unrelated project
+in the same environment sees no option clash, keeps its own markers and does not pay for torch."""
+
+import os
+import sys
+import textwrap
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+
+def _run(pytester, *args, timeout=120):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rs", *args, timeout=timeout)
+
+
+PLAIN_MARKED = textwrap.dedent(
+    """
+    import pytest
+    from harness.markers import require_cuda, require_multi_gpu
+
+    @pytest.mark.require_non_cpu
+    def test_not_on_cpu():
+        pass
+
+    @pytest.mark.require_backend("cuda")
+    def test_cuda_only():
+        pass
+
+    @pytest.mark.require_devices(2)
+    def test_two_devices():
+        pass
+
+    @pytest.mark.require_package("no_such_package_xyz")
+    def test_missing_package():
+        pass
+
+    @require_cuda
+    def test_accelerate_alias():
+        pass
+
+    @require_multi_gpu
+    class TestOnTwoGpus:
+        def test_inside_class(self):
+            pass
+
+    @pytest.mark.require_backend("cpu")
+    @pytest.mark.require_package("packaging>=20")
+    def test_met_requirements_run():
+        pass
+
+    def test_unmarked():
+        pass
+    """
+)
+
+
+def _skip_lines(result):
+    return [line for line in result.stdout.lines if line.startswith("SKIPPED")]
+
+
+def test_requirement_marks_skip_a_plain_test_with_reason_codes(pytester):
+    pytester.makepyfile(test_plain=PLAIN_MARKED)
+    result = _run(pytester)
+    result.assert_outcomes(passed=2, skipped=6)
+    text = "\n".join(_skip_lines(result))
+    assert text.count("[not-on-backend]") == 3, text  # require_non_cpu, require_backend('cuda'), require_cuda
+    assert text.count("[needs-devices]") == 2, text  # require_devices(2), require_multi_gpu
+    assert text.count("[needs-package]") == 1 and "no_such_package_xyz" in text
+    # the skip points at the test file, as pytest's own skipif does, not into the plugin
+    assert all("test_plain.py" in line for line in _skip_lines(result)), text
+
+
+def test_plain_marks_are_judged_against_every_selected_backend(pytester):
+    """With two backends selected, a plain test runs when one of them meets its requirements."""
+    pytester.makeconftest(textwrap.dedent(
+        """
+        from accel.backends import register_backend
+        from accel.backends.cpu import CPUBackend
+
+        class SimBackend(CPUBackend):
+            name = "sim"
+            priority = 900
+
+        register_backend(SimBackend)
+        """))
+    pytester.makepyfile(test_plain=textwrap.dedent(
+        """
+        import pytest
+
+        @pytest.mark.require_non_cpu
+        def test_not_on_cpu():
+            pass
+
+        @pytest.mark.require_backend("xpu")
+        def test_xpu_only():
+            pass
+        """))
+    both = _run(pytester, "--backend", "cpu,sim")
+    both.assert_outcomes(passed=1, skipped=1)
+    skip = "\n".join(_skip_lines(both))
+    assert "[not-on-backend]" in skip and "cpu:" in skip and "sim:" in skip, skip
+    only_cpu = _run(pytester, "--accel-backend", "cpu")
+    only_cpu.assert_outcomes(skipped=2)
+
+
+def test_a_bad_requirement_mark_on_a_plain_test_is_an_error_naming_it(pytester):
+    pytester.makepyfile(test_bad="import pytest\n\n@pytest.mark.require_devices('two')\ndef test_x():\n    pass\n")
+    result = _run(pytester)
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*test_bad.py::test_x*require_devices('two')*"])
+
+
+OWN_OPTIONS = textwrap.dedent(
+    """
+    import sys
+
+    def pytest_addoption(parser):
+        parser.addoption("--backend", default="project-default", help="the project's own backend option")
+        parser.addoption("--results-dir", default="project-results")
+
+    def pytest_configure(config):
+        config.addinivalue_line("markers", "cuda: the project's own cuda tests")
+
+    def pytest_unconfigure(config):
+        with open("seen.txt", "w") as fh:
+            fh.write(f"{config.getoption('backend')}|{config.getoption('results_dir')}|{'torch' in sys.modules}")
+    """
+)
+
+
+def test_a_project_that_defines_backend_and_results_dir_itself(pytester):
+    pytester.makeconftest(OWN_OPTIONS)
+    pytester.makepyfile(test_mine="def test_it():\n    pass\n")
+    result = _run(pytester, "--backend", "mine", "--results-dir", "out")
+    result.assert_outcomes(passed=1)
+    assert (pytester.path / "seen.txt").read_text() == "mine|out|False"  # the project's values, no torch
+    assert not (pytester.path / "out").exists()  # the harness did not take --results-dir
+    # the harness still answers to its prefixed names
+    pytester.makepyfile(test_harness="def test_on(backend):\n    assert backend.name == 'cpu'\n")
+    result = _run(pytester, "--backend", "mine", "--accel-backend", "cpu", "--accel-results-dir", "records")
+    result.assert_outcomes(passed=2, skipped=4)
+    assert list((pytester.path / "records").glob("*.jsonl")), "the harness wrote its records under --accel-results-dir"
+    assert (pytester.path / "seen.txt").read_text().startswith("mine|project-results|")
+
+
+def test_short_forms_still_work_where_nothing_clashes(pytester):
+    pytester.makepyfile(test_harness="def test_on(backend):\n    assert backend.name == 'cpu'\n")
+    result = _run(pytester, "-m", "cpu", "--backend", "cpu", "--results-dir", "records", "--world-sizes", "1")
+    result.assert_outcomes(passed=1, deselected=4)
+    assert list((pytester.path / "records").glob("*.jsonl"))
+
+
+def test_a_projects_own_cuda_marker_is_left_to_it(pytester):
+    pytester.makeconftest(OWN_OPTIONS)
+    pytester.makepyfile(test_mine=textwrap.dedent(
+        """
+        import pytest
+
+        @pytest.mark.cuda
+        def test_mine_on_cuda():
+            pass
+
+        def test_other():
+            pass
+        """))
+    result = _run(pytester, "-m", "cuda", "--strict-markers")
+    assert result.ret == 0
+    result.assert_outcomes(passed=1, deselected=1)
+    # also with harness tests collected: -m cuda is the project's marker, not a request for the cuda backend
+    pytester.makepyfile(test_harness="def test_on(backend):\n    pass\n")
+    result = _run(pytester, "-m", "cuda")
+    assert result.ret == 0, result.stdout.str()
+    assert "requested backend(s) not available" not in result.stdout.str() + result.stderr.str()
+
+
+TORCH_PROBE = textwrap.dedent(
+    """
+    import sys
+
+    def pytest_unconfigure(config):
+        with open("torch_loaded.txt", "w") as fh:
+            fh.write(str("torch" in sys.modules))
+    """
+)
+
+
+@pytest.mark.parametrize("args", [("-m", "cpu"), ("-m", "cuda or xpu"), ()])
+def test_an_unrelated_project_does_not_import_torch(pytester, args):
+    pytester.makeconftest(TORCH_PROBE)
+    pytester.makepyfile(test_plain=textwrap.dedent(
+        """
+        import pytest
+
+        @pytest.mark.cpu
+        def test_fast():
+            pass
+
+        @pytest.mark.slow
+        def test_slow():
+            pass
+        """))
+    result = _run(pytester, *args)
+    assert result.ret in (0, pytest.ExitCode.NO_TESTS_COLLECTED)
+    assert (pytester.path / "torch_loaded.txt").read_text() == "False"
+
+
+def test_the_plugin_can_be_switched_off(pytester):
+    pytester.makepyfile(test_plain="import pytest\n\n@pytest.mark.require_non_cpu\ndef test_x():\n    pass\n")
+    result = _run(pytester, "-p", "no:accel")
+    result.assert_outcomes(passed=1)  # no plugin, no requirement marks: the test simply runs
+    assert "--accel-backend" not in _run(pytester, "-p", "no:accel", "--help").stdout.str()
