@@ -40,7 +40,7 @@ def _command(*args: str) -> list[str]:
 
 def _launch(tmp_path: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     out = tmp_path / "out"
-    out.mkdir(exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     return subprocess.run(_command(*args), capture_output=True, text=True, timeout=timeout, env=_env(out), cwd=tmp_path)
 
 
