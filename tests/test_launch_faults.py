@@ -2,7 +2,8 @@
 
 Real launches run `python -m accel.commands.cli launch ...` in a subprocess with 2 CPU ranks; the
 ranks write their pids (and the hanging rank the time it started hanging) into $ACCEL_TEST_OUT.
-The 20-run blame check is marked slow; one run of it is in the default suite.
+The 20-run blame check is slow (marker ``slow``, opt-in with RUN_SLOW=1 as accel.test_utils.slow is);
+one run of it is in the default suite.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ from accel.utils import heartbeat
 SCRIPTS = Path(__file__).parent / "scripts"
 REPO = Path(__file__).resolve().parents[1]
 HANG_TIMEOUT = 4
+#: slow tests run only when asked (RUN_SLOW=1), as accel.test_utils.slow; CI's default run stays short
+OPT_IN = pytest.mark.skipif(os.environ.get("RUN_SLOW", "").strip().lower() not in ("1", "true", "yes", "on"),
+                            reason="[opt-in] test is slow: set RUN_SLOW=1 to run it")
+SLOW = [pytest.mark.slow, OPT_IN]
 
 
 def _env(out: Path) -> dict[str, str]:
@@ -97,14 +102,15 @@ def test_hung_rank_is_named_with_every_stack_and_ended(tmp_path):
 
 
 @pytest.mark.slow
+@OPT_IN
 def test_hung_rank_is_named_when_the_peer_waits_in_a_plain_barrier(tmp_path):
     """wait_for_everyone passes no progress point: both ranks are even, the stacks tell the waiter apart."""
     _check_hang(tmp_path, "barrier")
 
 
 # ---------------------------------------------------------------------------------------------- a killed launcher
-@pytest.mark.parametrize("how", [signal.SIGKILL, pytest.param(signal.SIGTERM, marks=pytest.mark.slow),
-                                 pytest.param(signal.SIGINT, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("how", [signal.SIGKILL, pytest.param(signal.SIGTERM, marks=SLOW),
+                                 pytest.param(signal.SIGINT, marks=SLOW)])
 def test_ranks_die_with_the_launcher(tmp_path, how):
     out = tmp_path / "out"
     out.mkdir()
@@ -143,6 +149,7 @@ def test_the_first_rank_to_fail_is_named(tmp_path):
 
 
 @pytest.mark.slow
+@OPT_IN
 def test_the_first_rank_to_fail_is_named_in_every_run(tmp_path):
     wrong = []
     for i in range(20):
