@@ -781,3 +781,30 @@ def test_a_flipped_bit_is_detected_and_named(tmp_path, monkeypatch):
     monkeypatch.setenv(C.CHECKSUM_ENV, "0")
     s.accelerator.save_state(tmp_path / "unchecked")
     assert "checksums" not in json.loads((tmp_path / "unchecked" / C.MANIFEST_NAME).read_text())
+
+
+def _two_ranks_load_a_damaged_checkpoint(folder: str) -> list[str]:
+    from accel import Accelerator
+
+    accelerator = Accelerator()
+    model, optimizer = accelerator.prepare(torch.nn.Linear(4, 1), torch.optim.SGD(torch.nn.Linear(4, 1).parameters(), lr=0.1))
+    path = Path(accelerator.save_state(folder))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:  # only the verifying process could notice: every process must raise
+        rng = path / "random_states_1.json"
+        rng.write_text(rng.read_text().replace("1", "2", 1))
+    accelerator.wait_for_everyone()
+    errors = []
+    try:
+        accelerator.load_state(path)
+    except CheckpointError as exc:
+        errors.append(str(exc))
+    accelerator.load_state(path, verify_checksums=False)  # the ranks are still in step afterwards
+    return errors
+
+
+def test_a_damaged_file_fails_the_load_on_every_rank(tmp_path):
+    rank0, rank1 = run_distributed(_two_ranks_load_a_damaged_checkpoint, 2, str(tmp_path / "ck"), timeout=60)
+    for errors in (rank0, rank1):
+        assert len(errors) == 1 and str(tmp_path / "ck" / "random_states_1.json") in errors[0], errors
+        assert "does not match its sha256 checksum" in errors[0]
