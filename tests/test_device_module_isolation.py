@@ -6,7 +6,9 @@ excluded by path, so either safeguard alone is enough.
 
 from __future__ import annotations
 
+import io
 import re
+import tokenize
 from pathlib import Path
 from typing import Iterable
 
@@ -46,10 +48,32 @@ def find_device_module_references(root: Path, dirs: Iterable[str] = SCANNED_DIRS
             if any(part in {".venv", "__pycache__", ".git"} for part in path.relative_to(root).parts):
                 continue
             text = path.read_text(encoding="utf-8", errors="replace")
-            for lineno, line in enumerate(text.splitlines(), start=1):
-                if DEVICE_MODULE_PATTERN.search(line):
+            for lineno, (line, code) in enumerate(zip(text.splitlines(), _code_only(text).splitlines()), start=1):
+                if DEVICE_MODULE_PATTERN.search(code):
                     hits.append(f"{path.relative_to(root).as_posix()}:{lineno}: {line.strip()}")
     return hits
+
+
+def _code_only(text: str) -> str:
+    """``text`` with string literals and comments blanked (same lines): quoted error messages are data."""
+    lines = text.splitlines(keepends=True)
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return text
+    blank = [list(line) for line in lines]
+    for tok in tokens:
+        if tok.type not in (tokenize.STRING, tokenize.COMMENT) and not getattr(tokenize, "FSTRING_MIDDLE", None) == tok.type:
+            continue
+        (srow, scol), (erow, ecol) = tok.start, tok.end
+        for row in range(srow, erow + 1):
+            chars = blank[row - 1]
+            start = scol if row == srow else 0
+            end = ecol if row == erow else len(chars)
+            for i in range(start, min(end, len(chars))):
+                if chars[i] != "\n":
+                    chars[i] = " "
+    return "".join("".join(chars) for chars in blank)
 
 
 def test_no_device_module_outside_backends():
@@ -94,6 +118,7 @@ def test_checker_catches_violations(tmp_path):
         f"v = torch.version.{device}\n"  # a version string, not the device module
         f"w = torch.{device}rt\n"  # a different name
         f"backend_name = '{device}'\n"
+        f"message = \"module 'torch.{device}' has no attribute 'x'\"  # quoted upstream error text is data\n"
         f"# from torch import nn  # {device} mentioned in a comment only after the import list\n"
     )
     allowed = tmp_path / "accel" / "backends"
