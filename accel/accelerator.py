@@ -20,6 +20,7 @@ from .precision import AutocastForward, autocast_context
 from .resolve import strategy_class
 from .scheduler import AcceleratedScheduler
 from .state import AcceleratorState, GradientState, PartialState, _env
+from .utils import heartbeat
 from .utils.imports import is_bitsandbytes_multi_backend_available, is_xpu_available
 from .utils.dataclasses import (
     AutocastKwargs,
@@ -493,6 +494,7 @@ class Accelerator:
     # ------------------------------------------------------------------ training step
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``loss.backward()`` for this strategy: divided for accumulation, scaled for fp16, or the engine's."""
+        heartbeat.beat()  # a progress point for accel launch's hang watchdog (every rank passes it alike)
         self.strategy.backward(loss, **kwargs)
 
     def _do_sync(self) -> None:
@@ -831,7 +833,12 @@ class Accelerator:
         return save_state(self, output_dir, safe_serialization=safe_serialization, **save_model_func_kwargs)
 
     def load_state(self, input_dir: str | os.PathLike | None = None, load_kwargs: dict | None = None, **load_model_func_kwargs: Any) -> None:
-        """Restore what ``save_state`` wrote (the newest checkpoint with automatic naming); collective."""
+        """Restore what ``save_state`` wrote (the newest checkpoint with automatic naming); collective.
+
+        Every file is checked against the manifest's sha256 first (a damaged file is named);
+        ``verify_checksums=False`` skips that for very large checkpoints, ``ACCEL_CHECKPOINT_CHECKSUMS=0``
+        neither writes nor checks them.
+        """
         from .checkpointing import load_state
 
         load_state(self, input_dir, load_kwargs=load_kwargs, **load_model_func_kwargs)

@@ -265,9 +265,13 @@ class PartialState:
 
     # ------------------------------------------------------------------ synchronisation
     def wait_for_everyone(self) -> None:
+        """Barrier: wait until every process reaches this point."""
         if self.use_distributed:
             import torch.distributed as dist
 
+            from .utils import heartbeat
+
+            heartbeat.beat()  # a progress point for accel launch's hang watchdog
             dist.barrier()
 
     @contextlib.contextmanager

@@ -96,9 +96,12 @@ def _check_hang(tmp_path: Path, mode: str) -> str:
 
 
 def test_hung_rank_is_named_with_every_stack_and_ended(tmp_path):
-    """Rank 1 hangs after 3 steps while rank 0 waits in accel's gather: rank 1 is behind by one progress point."""
+    """Rank 1 hangs after 3 steps while rank 0 waits in accel's gather: rank 1 is behind by one progress point.
+
+    Each step passes two points (``backward`` and the optimizer step), the gather one more.
+    """
     err = _check_hang(tmp_path, "gather")
-    assert "rank 1 is behind: 3 progress point(s)" in err and "rank 0: 4" in err
+    assert "rank 1 is behind: 6 progress point(s)" in err and "rank 0: 7" in err
 
 
 @pytest.mark.slow
