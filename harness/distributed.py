@@ -10,6 +10,18 @@ test function and its arguments and waits on all ranks' pipes and process sentin
 - a hang ends at the timeout with every rank's Python stack (faulthandler on SIGUSR1);
 - after any of these the pool is torn down and rebuilt for the next test;
 - ranks die with the controller (PR_SET_PDEATHSIG on Linux, EOF on their pipe otherwise).
+
+Hygiene between the tests a pool runs:
+
+- processes a test starts and leaves running are killed after it, and the test gets a
+  ``LeftoverProcessWarning`` naming them (a warning, not a failure: the test's own result stands);
+  a rank's remaining descendants are killed with it when the pool closes;
+- before each test a rank gets back the state it started with: the default dtype and device,
+  grad mode, deterministic-algorithms mode, the Python / NumPy / torch random generators,
+  the environment variables and the working directory;
+- a rank that crashes on a fatal signal (segfault, abort) is reported with its faulthandler stack;
+- each pool folder (``accel-pool-*`` under the temp dir) records its owner; folders whose owner
+  is gone (a session killed with SIGKILL cannot clean up) are removed when the next pool starts.
 """
 
 from __future__ import annotations
@@ -55,6 +67,8 @@ class RankOutcome:
     message: str = ""
     traceback: str = ""
     duration: float = 0.0
+    #: processes the test left running (killed after it): "pid name: command line"
+    leftovers: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -67,6 +81,11 @@ class PoolResult:
     outcomes: list[RankOutcome] = field(default_factory=list)
     stacks: dict[int, str] = field(default_factory=dict)
     exitcode: int | None = None
+
+    @property
+    def leftovers(self) -> dict[int, list[str]]:
+        """Per rank, the processes the test left running (they have been killed)."""
+        return {o.rank: o.leftovers for o in self.outcomes if o.leftovers}
 
 
 class PoolStartError(RuntimeError):
@@ -94,7 +113,9 @@ class RankPool:
         import multiprocessing as mp
 
         ctx = mp.get_context(self.start_method)
-        self.tmpdir = tempfile.mkdtemp(prefix=f"accel-pool-{self.backend_name}-{self.world_size}-")
+        remove_stale_pool_dirs()
+        self.tmpdir = tempfile.mkdtemp(prefix=f"{POOL_DIR_PREFIX}{self.backend_name}-{self.world_size}-")
+        _write_owner(self.tmpdir)
         store = os.path.join(self.tmpdir, "store")
         for rank in range(self.world_size):
             parent, child = ctx.Pipe()
@@ -141,9 +162,11 @@ class RankPool:
                     pass
             for proc in self.procs:
                 proc.join(timeout=2)
+        descendants = _descendants([p.pid for p in self.procs if p.is_alive()])
         for proc in self.procs:
             if proc.is_alive():
                 proc.kill()
+        _kill_all(descendants)
         for proc in self.procs:
             proc.join(timeout=5)
         for conn in self.conns:
@@ -185,25 +208,23 @@ class RankPool:
                 if obj is self.procs[rank].sentinel:
                     if self.conns[rank].poll():  # it sent its outcome, then died: read that first
                         continue
-                    self.procs[rank].join(timeout=1)  # the sentinel fires before exitcode is known
-                    code = self.procs[rank].exitcode
-                    self.close(kill=True)
-                    return PoolResult("crashed", f"rank {rank} died with exit code {code}{_signal_name(code)}",
-                                      rank=rank, outcomes=list(outcomes.values()), exitcode=code)
+                    return self._crashed(rank, outcomes)
                 try:
                     outcome: RankOutcome = self.conns[rank].recv()
-                except EOFError:
-                    continue  # the sentinel reports the death
+                except (EOFError, OSError):
+                    # its end of the pipe is gone: the rank died (the pipe can report it before the sentinel)
+                    return self._crashed(rank, outcomes)
                 outcomes[rank] = outcome
                 if outcome.status == "failed":
                     # fail fast: other ranks may be blocked in a collective that will never complete
                     if len(outcomes) < self.world_size:
                         crashed = self._crashed_peer(outcomes, outcome)
+                        stacks = self._crash_stacks([crashed[0]]) if crashed is not None else {}
                         self.close(kill=True)
                         if crashed is not None:  # this failure is the echo of a peer's death
                             peer, code = crashed
                             return PoolResult("crashed", f"rank {peer} died with exit code {code}{_signal_name(code)}",
-                                              rank=peer, outcomes=list(outcomes.values()), exitcode=code)
+                                              rank=peer, outcomes=list(outcomes.values()), exitcode=code, stacks=stacks)
                     return PoolResult("failed", outcome.message, rank=rank, outcomes=list(outcomes.values()))
         ordered = [outcomes[r] for r in range(self.world_size)]
         for status in ("xfailed", "skipped"):
@@ -227,6 +248,29 @@ class RankPool:
                 proc.join(timeout=grace)  # a closed pipe means it is exiting: wait for its status
                 return r, proc.exitcode
         return None
+
+    def _crashed(self, rank: int, outcomes: dict[int, RankOutcome]) -> PoolResult:
+        self.procs[rank].join(timeout=5)  # the sentinel or EOF comes before the exit code is known
+        code = self.procs[rank].exitcode
+        stacks = self._crash_stacks([rank])
+        self.close(kill=True)
+        return PoolResult("crashed", f"rank {rank} died with exit code {code}{_signal_name(code)}",
+                          rank=rank, outcomes=list(outcomes.values()), exitcode=code, stacks=stacks)
+
+    def _crash_stacks(self, ranks: list[int]) -> dict[int, str]:
+        """The faulthandler stack each crashed rank wrote on its fatal signal (read before the folder goes)."""
+        stacks = {}
+        for rank in ranks:
+            text = ""
+            if self.tmpdir:
+                try:
+                    with open(os.path.join(self.tmpdir, f"stack-{rank}.txt"), errors="replace") as fh:
+                        text = fh.read()
+                except OSError:
+                    pass
+            head = text.rfind("Fatal Python error")
+            stacks[rank] = text[head:].rstrip() if head >= 0 else "(no stack: the rank ended without a fatal signal, e.g. os._exit or SIGKILL)"
+        return stacks
 
     def _pipe_closed(self, rank: int) -> bool:
         """True when ``rank``'s end of its pipe is gone (the process is exiting or has exited)."""
@@ -287,6 +331,111 @@ def _last_dump(text: str) -> str:
     return text[head:] if head >= 0 else text
 
 
+POOL_DIR_PREFIX = "accel-pool-"
+_OWNER_FILE = "owner"
+#: a pool folder without an owner file (written by an older harness) is stale after this long
+_LEGACY_STALE_S = 3600.0
+
+
+def _process_start(pid: int) -> float | None:
+    try:
+        import psutil
+
+        return psutil.Process(pid).create_time()
+    except Exception:
+        return None
+
+
+def _write_owner(folder: str) -> None:
+    """Record which process owns a pool folder (pid and its start time, so a reused pid is not mistaken)."""
+    with open(os.path.join(folder, _OWNER_FILE), "w") as fh:
+        fh.write(f"{os.getpid()} {_process_start(os.getpid())!r}\n")
+
+
+def _owner_alive(folder: str) -> bool:
+    try:
+        with open(os.path.join(folder, _OWNER_FILE)) as fh:
+            pid_text, started_text = fh.read().split()
+    except FileNotFoundError:
+        try:
+            return time.time() - os.stat(folder).st_mtime < _LEGACY_STALE_S
+        except OSError:
+            return False
+    except (OSError, ValueError):
+        return False  # an unreadable owner record: nobody can claim it
+    try:
+        pid = int(pid_text)
+        started = None if started_text == "None" else float(started_text)
+    except ValueError:
+        return False
+    now_started = _process_start(pid)
+    if now_started is None:
+        return False
+    return started is None or abs(now_started - started) < 1.0
+
+
+def remove_stale_pool_dirs(root: str | None = None) -> list[str]:
+    """Remove ``accel-pool-*`` folders under ``root`` (the temp dir) whose owning session is gone."""
+    root = root or tempfile.gettempdir()
+    removed = []
+    try:
+        entries = os.listdir(root)
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.startswith(POOL_DIR_PREFIX):
+            continue
+        path = os.path.join(root, entry)
+        if os.path.isdir(path) and not os.path.islink(path) and not _owner_alive(path):
+            shutil.rmtree(path, ignore_errors=True)
+            if not os.path.exists(path):
+                removed.append(path)
+    return removed
+
+
+def _descendants(pids: list[int]) -> list[Any]:
+    """psutil processes below the given ones (collected before they die and their children are re-parented)."""
+    try:
+        import psutil
+    except ImportError:
+        return []
+    found = []
+    for pid in pids:
+        try:
+            found.extend(psutil.Process(pid).children(recursive=True))
+        except Exception:
+            pass
+    return found
+
+
+def _describe(proc: Any) -> str:
+    try:
+        command = " ".join(proc.cmdline()) or proc.name()
+    except Exception:
+        command = "?"
+    return f"pid {proc.pid}: {command[:200]}"
+
+
+def _kill_all(procs: list[Any], grace: float = 1.0) -> None:
+    """Terminate, wait ``grace`` seconds, then kill what is left."""
+    if not procs:
+        return
+    import psutil
+
+    for proc in procs:
+        try:
+            proc.terminate()
+        except Exception:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for proc in alive:
+        try:
+            proc.kill()
+        except Exception:
+            pass
+    psutil.wait_procs(alive, timeout=grace)
+
+
 # ---------------------------------------------------------------------- rank side
 def _die_with_parent() -> None:
     if sys.platform.startswith("linux"):
@@ -310,6 +459,7 @@ def _rank_main(rank: int, world_size: int, backend_name: str, store: str, conn: 
     import faulthandler
 
     stack_fh = open(stack_file, "w")
+    faulthandler.enable(file=stack_fh, all_threads=True)  # a fatal signal writes the crashing stack
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, file=stack_fh, all_threads=True)
     try:
@@ -335,6 +485,7 @@ def _rank_main(rank: int, world_size: int, backend_name: str, store: str, conn: 
         conn.send(("error", traceback.format_exc()))
         return
     conn.send(("ready",))
+    baseline = _RankBaseline.capture()
     try:
         while True:
             try:
@@ -343,12 +494,112 @@ def _rank_main(rank: int, world_size: int, backend_name: str, store: str, conn: 
                 break
             if message[0] == "stop":
                 break
-            conn.send(_run_task(message[1], rank, world_size, backend))
+            baseline.restore()
+            before = _own_children()
+            outcome = _run_task(message[1], rank, world_size, backend)
+            outcome.leftovers = _end_leftovers(before)
+            conn.send(outcome)
     finally:
         try:
             dist.destroy_process_group()
         except Exception:
             pass
+
+
+def _own_children() -> set[tuple[int, float]]:
+    import psutil
+
+    found = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            found.add((child.pid, child.create_time()))
+        except Exception:
+            pass
+    return found
+
+
+def _end_leftovers(before: set[tuple[int, float]]) -> list[str]:
+    """Kill the processes started during the test that still run; describe them."""
+    import psutil
+
+    left = []
+    keep = _multiprocessing_helpers()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if (child.pid, child.create_time()) not in before and child.pid not in keep:
+                left.append(child)
+        except Exception:
+            pass
+    described = [_describe(p) for p in left]
+    _kill_all(left)
+    return described
+
+
+def _multiprocessing_helpers() -> set[int]:
+    """multiprocessing's own long-lived helpers (resource tracker, fork server): not a test's leftovers."""
+    pids = set()
+    tracker = sys.modules.get("multiprocessing.resource_tracker")
+    pid = getattr(getattr(tracker, "_resource_tracker", None), "_pid", None)
+    if pid:
+        pids.add(pid)
+    forkserver = sys.modules.get("multiprocessing.forkserver")
+    pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+    if pid:
+        pids.add(pid)
+    return pids
+
+
+class _RankBaseline:
+    """What a rank looked like before its first test, put back before every test."""
+
+    def __init__(self) -> None:
+        import random
+
+        import torch
+
+        self.environ = dict(os.environ)
+        self.cwd = os.getcwd()
+        self.dtype = torch.get_default_dtype()
+        self.default_device = torch.get_default_device() if hasattr(torch, "get_default_device") else None
+        self.grad = torch.is_grad_enabled()
+        self.deterministic = torch.are_deterministic_algorithms_enabled()
+        self.torch_seed = torch.initial_seed()
+        self.torch_rng = torch.get_rng_state()
+        self.python_rng = random.getstate()
+        numpy = sys.modules.get("numpy")
+        self.numpy_rng = numpy.random.get_state() if numpy is not None else None
+
+    @classmethod
+    def capture(cls) -> "_RankBaseline":
+        return cls()
+
+    def restore(self) -> None:
+        import random
+
+        import torch
+
+        if dict(os.environ) != self.environ:
+            os.environ.clear()
+            os.environ.update(self.environ)
+        try:
+            os.chdir(self.cwd)
+        except OSError:
+            pass
+        torch.set_default_dtype(self.dtype)
+        if self.default_device is not None and torch.get_default_device() != self.default_device:
+            torch.set_default_device(self.default_device)
+        torch.set_grad_enabled(self.grad)
+        if torch.are_deterministic_algorithms_enabled() != self.deterministic:
+            torch.use_deterministic_algorithms(self.deterministic)
+        torch.manual_seed(self.torch_seed)  # every device's generator, as in a fresh process
+        torch.set_rng_state(self.torch_rng)
+        random.setstate(self.python_rng)
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:
+            if self.numpy_rng is not None:
+                numpy.random.set_state(self.numpy_rng)
+            else:
+                numpy.random.seed(None)
 
 
 def _resolve(task: Task) -> Any:

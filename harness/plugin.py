@@ -16,6 +16,7 @@ import re
 import sys
 import time
 import uuid
+import warnings
 from typing import Any
 
 import pytest
@@ -477,6 +478,10 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     return True
 
 
+class LeftoverProcessWarning(pytest.PytestWarning):
+    """A multi-process test left processes running in a rank; the harness killed them after the test."""
+
+
 def _run_in_ranks(ctx: HarnessContext, item: pytest.Function, backend_name: str, world: int) -> None:
     from .distributed import RANK_LOCAL_ARGS, Task
 
@@ -496,6 +501,9 @@ def _run_in_ranks(ctx: HarnessContext, item: pytest.Function, backend_name: str,
     env = _visible_devices_env(backend, world)
     pool = ctx.pool_manager().get(backend_name, world, backend.start_method, env=env)
     result = pool.run(task)
+    for rank, leftovers in sorted(result.leftovers.items()):
+        warnings.warn(LeftoverProcessWarning(
+            f"rank {rank} of {world}: the test left {len(leftovers)} process(es) running; killed: " + "; ".join(leftovers)))
     if result.status == "passed":
         return
     if result.status == "skipped":
@@ -506,7 +514,9 @@ def _run_in_ranks(ctx: HarnessContext, item: pytest.Function, backend_name: str,
         failing = next(o for o in result.outcomes if o.rank == result.rank)
         pytest.fail(f"rank {result.rank} of {world} failed: {result.message}\n\n{failing.traceback}", pytrace=False)
     if result.status == "crashed":
-        pytest.fail(f"{result.message} (world size {world}, backend {backend_name})", pytrace=False)
+        stacks = "\n".join(f"--- rank {r} ---\n{text}" for r, text in sorted(result.stacks.items()))
+        pytest.fail(f"{result.message} (world size {world}, backend {backend_name})" + (f"\n{stacks}" if stacks else ""),
+                    pytrace=False)
     stacks = "\n".join(f"--- rank {r} ---\n{text}" for r, text in sorted(result.stacks.items()))
     pytest.fail(f"timeout: {result.message} (--dist-timeout={ctx.timeout:g})\n{stacks}", pytrace=False)
 

@@ -1,0 +1,171 @@
+"""Rank-pool hygiene: leftover processes, state reset between pooled tests, stale folders, crash stacks."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from harness.distributed import POOL_DIR_PREFIX, _write_owner, remove_stale_pool_dirs
+
+pytest_plugins = ["pytester"]
+
+
+def _run(pytester, *args, timeout=180):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rs", "--backend", "cpu", "-m", "cpu", *args,
+                                         timeout=timeout)
+
+
+def test_a_process_left_running_is_killed_and_warned_about(pytester):
+    pytester.makepyfile(test_leak=textwrap.dedent(
+        """
+        import subprocess, sys
+        import pytest
+
+        @pytest.mark.world_size(2)
+        def test_starts_a_sleeper(backend, rank):
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+            with open(f"child-{rank}.pid", "w") as fh:
+                fh.write(str(child.pid))
+
+        @pytest.mark.world_size(2)
+        def test_next_one_runs(backend, rank):
+            pass
+        """))
+    result = _run(pytester)
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*LeftoverProcessWarning: rank 0 of 2: the test left 1 process(es) running; killed: pid *sleep(120)*"])
+    assert "rank 1 of 2" in result.stdout.str()
+    for rank in (0, 1):
+        pid = int((pytester.path / f"child-{rank}.pid").read_text())
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_state_set_by_one_pooled_test_does_not_reach_the_next(pytester):
+    pytester.makepyfile(test_state=textwrap.dedent(
+        """
+        import os, random
+        import pytest
+        import torch
+
+        def _fingerprint():
+            return (str(torch.get_default_dtype()), os.environ.get("ACCEL_LEAK"), os.getcwd(),
+                    torch.rand(3).tolist(), random.random(), torch.is_grad_enabled())
+
+        @pytest.mark.world_size(2)
+        def test_a_changes_everything(backend, rank):
+            with open(f"a-{rank}.txt", "w") as fh:
+                fh.write(repr(_fingerprint()))
+            torch.set_default_dtype(torch.float64)
+            os.environ["ACCEL_LEAK"] = "1"
+            os.chdir("/")
+            torch.manual_seed(1234)
+            random.seed(99)
+            torch.set_grad_enabled(False)
+
+        @pytest.mark.world_size(2)
+        def test_b_sees_a_fresh_rank(backend, rank):
+            seen = _fingerprint()
+            first = open(os.path.join(os.environ["PYTEST_STATE_DIR"], f"a-{rank}.txt")).read()
+            assert repr(seen) == first
+        """))
+    os.environ["PYTEST_STATE_DIR"] = str(pytester.path)
+    try:
+        result = _run(pytester)
+    finally:
+        del os.environ["PYTEST_STATE_DIR"]
+    result.assert_outcomes(passed=2)
+
+
+def test_a_segfaulting_rank_is_reported_with_its_stack(pytester):
+    pytester.makepyfile(test_crash=textwrap.dedent(
+        """
+        import ctypes
+        import pytest
+
+        def _crash_here():
+            ctypes.string_at(0)
+
+        @pytest.mark.world_size(2)
+        def test_rank_1_segfaults(backend, rank):
+            if rank == 1:
+                _crash_here()
+        """))
+    result = _run(pytester)
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "rank 1 died with exit code -11 (SIGSEGV)" in out
+    assert "Fatal Python error: Segmentation fault" in out
+    assert "_crash_here" in out and "test_rank_1_segfaults" in out
+
+
+def test_stale_pool_folders_are_removed_and_live_ones_kept(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f"{POOL_DIR_PREFIX}cpu-2-stale"
+    stale.mkdir()
+    (stale / "owner").write_text(f"{dead.pid} 1.0\n")
+    (stale / "store").write_text("x")
+    live = tmp_path / f"{POOL_DIR_PREFIX}cpu-2-live"
+    live.mkdir()
+    _write_owner(str(live))
+    reused = tmp_path / f"{POOL_DIR_PREFIX}cpu-4-reused"  # our pid, but another start time: a reused pid
+    reused.mkdir()
+    (reused / "owner").write_text(f"{os.getpid()} 12345.0\n")
+    legacy = tmp_path / f"{POOL_DIR_PREFIX}cpu-1-legacy"  # no owner record: stale after an hour
+    legacy.mkdir()
+    os.utime(legacy, (time.time() - 7200, time.time() - 7200))
+    fresh_legacy = tmp_path / f"{POOL_DIR_PREFIX}cpu-1-recent"
+    fresh_legacy.mkdir()
+    other = tmp_path / "not-ours"
+    other.mkdir()
+    removed = remove_stale_pool_dirs(str(tmp_path))
+    assert sorted(os.path.basename(p) for p in removed) == sorted([stale.name, reused.name, legacy.name])
+    assert live.exists() and fresh_legacy.exists() and other.exists()
+
+
+def test_pool_folders_of_a_killed_session_are_removed_by_the_next(pytester, tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    pytester.makepyfile(test_slow=textwrap.dedent(
+        """
+        import time
+        import pytest
+
+        @pytest.mark.world_size(2)
+        def test_sleeps(backend, rank):
+            time.sleep(60)
+        """))
+    env = {**os.environ, "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1"}
+    session = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--backend", "cpu",
+                                "-m", "cpu"], cwd=pytester.path, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not any(p.name.startswith(POOL_DIR_PREFIX) for p in tmp.iterdir()):
+            time.sleep(0.2)
+        left = [p for p in tmp.iterdir() if p.name.startswith(POOL_DIR_PREFIX)]
+        assert left, "the session never started its pool"
+        time.sleep(1)
+    finally:
+        session.send_signal(signal.SIGKILL)
+        session.wait()
+    assert all(p.exists() for p in left)  # SIGKILL: nobody could clean up
+    pytester.makepyfile(test_slow=textwrap.dedent(
+        """
+        import pytest
+
+        @pytest.mark.world_size(2)
+        def test_quick(backend, rank):
+            pass
+        """))
+    rerun = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--backend", "cpu", "-m", "cpu"],
+                           cwd=pytester.path, env=env, capture_output=True, text=True, timeout=180)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert not any(p.exists() for p in left)
+    assert not [p for p in tmp.iterdir() if p.name.startswith(POOL_DIR_PREFIX)]  # and its own folder went too
