@@ -891,7 +891,7 @@ def _legacy_manifest(accelerator: Any, folder: Path, models: list[Any]) -> dict[
 
 
 def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
+    return f"{n} {word}{'' if n == 1 else ('es' if word.endswith('s') else 's')}"
 
 
 def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, load_kwargs: dict | None = None,
@@ -993,7 +993,17 @@ def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, loa
         scaler_state = _torch_load(folder / manifest["scaler"], "the grad scaler's state_dict", load_kwargs)
     elif manifest.get("scaler") is not None:
         logger.warning("%s: the checkpoint has a grad scaler state but this run has no scaler; ignored", folder)
-    rng = _read_rng(folder, accelerator.process_index, saved_processes)
+    # a strategy whose shards reshard (FSDP's DCP) may resume at another world size; the per-process RNG
+    # files belong to the old layout then, and every rank decides this alike from the manifest
+    resharding = (saved_processes is not None and saved_processes != accelerator.num_processes
+                  and bool(saved_strategy and saved_strategy.get("reshardable")))
+    rng = None if resharding else _read_rng(folder, accelerator.process_index, saved_processes)
+    if resharding and accelerator.is_main_process:
+        warnings.warn(
+            f"{folder} was saved by {_plural(saved_processes, 'process')} and is resumed by "
+            f"{_plural(accelerator.num_processes, 'process')}: the {saved_strategy.get('name')} shards are resharded, "
+            "but per-process RNG states are not restored", stacklevel=3,
+        )
 
     # --- apply
     if saved_strategy is not None:
@@ -1017,7 +1027,8 @@ def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, loa
         _restore_dataloader(loader, state)
     for obj, state in zip(accelerator._custom_objects, custom_states):
         obj.load_state_dict(state)
-    _restore_rng(accelerator, rng, folder)
+    if rng is not None:
+        _restore_rng(accelerator, rng, folder)
 
     cfg = accelerator.project_configuration
     if cfg.automatic_checkpoint_naming and cfg.project_dir is not None:
