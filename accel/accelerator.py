@@ -843,6 +843,10 @@ class Accelerator:
 
         load_state(self, input_dir, load_kwargs=load_kwargs, **load_model_func_kwargs)
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.strategy._attach(self)  # its weak reference to this Accelerator was dropped when pickled
+
     def __repr__(self) -> str:
         return (f"Accelerator(backend={self.backend.name!r}, distributed_type={self.distributed_type}, "
                 f"num_processes={self.num_processes}, mixed_precision={self.mixed_precision!r})")

@@ -360,8 +360,18 @@ def _split(inputs: Any, parts: int, index: int, pad: bool) -> Any:
         if len(set(lengths.values())) > 1:
             raise ValueError(f"split_between_processes needs dict values of one length, got {lengths}")
         return {k: _split(v, parts, index, pad) for k, v in inputs.items()}
+    if type(inputs).__module__.startswith("datasets") and hasattr(inputs, "select"):
+        # a Hugging Face datasets.Dataset: the same contiguous share, as rows (padded with the last row)
+        total = len(inputs)
+        base, extra = divmod(total, parts)
+        start = index * base + min(index, extra)
+        rows = list(range(start, start + base + (1 if index < extra else 0)))
+        if pad and total:
+            rows += [total - 1] * (base + (1 if extra else 0) - len(rows))
+        return inputs.select(rows)
     if not isinstance(inputs, (list, tuple, torch.Tensor)):
-        raise TypeError(f"split_between_processes splits lists, tuples, tensors or dicts of them, not {type(inputs).__name__}")
+        raise TypeError(f"split_between_processes splits lists, tuples, tensors, datasets.Dataset or dicts of them, "
+                        f"not {type(inputs).__name__}")
     total = len(inputs)
     base, extra = divmod(total, parts)
     start = index * base + min(index, extra)

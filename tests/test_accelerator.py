@@ -445,3 +445,22 @@ def test_join_uneven_inputs_warns_for_iterable_loaders_and_restores_even_batches
     for messages, even in run_distributed(_join_rank, 2):
         assert any("only supported for map-style datasets" in m for m in messages), messages
         assert even is True  # the override ends with the block
+
+
+def test_an_accelerator_pickles_with_its_strategy():
+    import pickle
+
+    accelerator = Accelerator()
+    loader = accelerator.prepare(DataLoader(TensorDataset(torch.arange(4.0)), batch_size=2))
+    restored = pickle.loads(pickle.dumps(accelerator))
+    assert restored.strategy.accelerator is restored and restored.num_processes == accelerator.num_processes
+    assert [b.tolist() for (b,) in pickle.loads(pickle.dumps(loader))] == [[0.0, 1.0], [2.0, 3.0]]
+
+
+def test_split_between_processes_takes_a_datasets_dataset():
+    datasets = pytest.importorskip("datasets")
+    from accel.state import _split
+
+    data = datasets.Dataset.from_dict({"x": list(range(5))})
+    assert _split(data, 2, 0, False)["x"] == [0, 1, 2]
+    assert _split(data, 2, 1, True)["x"] == [3, 4, 4]

@@ -59,9 +59,18 @@ class Strategy:
         # prepared loader) alive until the garbage collector runs
         self._accelerator = weakref.ref(accelerator)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # a weak reference does not pickle; the Accelerator re-attaches itself when it is unpickled
+        state = self.__dict__.copy()
+        state["_accelerator"] = None
+        return state
+
+    def _attach(self, accelerator: "Accelerator") -> None:
+        self._accelerator = weakref.ref(accelerator)
+
     @property
     def accelerator(self) -> "Accelerator":
-        accelerator = self._accelerator()
+        accelerator = self._accelerator() if self._accelerator is not None else None
         if accelerator is None:
             raise RuntimeError("the Accelerator this strategy belonged to no longer exists")
         return accelerator
