@@ -145,7 +145,8 @@ def test_host_timer_synchronizes_before_each_clock_read(monkeypatch):
 
 def test_elapsed_includes_the_rounds_queued_work_and_excludes_earlier_work():
     backend = QueueBackend()
-    queued_before, per_call = 0.12, 0.02
+    # far apart, so a loaded host's oversleeping (seen: 0.02 s taking 0.22 s) cannot blur the two
+    queued_before, per_call = 0.6, 0.02
     m = timing.measure(backend, lambda: backend.enqueue(per_call), iterations=1, rounds=4, warmup_rounds=1,
                        setup=lambda: backend.enqueue(queued_before))
     for sample in m.samples:
