@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ..optimizer import AcceleratedOptimizer
+from ..scheduler import AcceleratedScheduler
 
 __all__ = [
     "DeepSpeedEngineWrapper",
@@ -511,29 +512,14 @@ class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
         return bool(getattr(self.optimizer, "overflow", False))
 
 
-class DeepSpeedSchedulerWrapper:
+class DeepSpeedSchedulerWrapper(AcceleratedScheduler):
     """The scheduler handed to ``deepspeed.initialize``: the engine steps it, so ``step`` is a no-op."""
 
     def __init__(self, scheduler: Any, optimizers: Any):
-        self.scheduler = scheduler
-        self.optimizers = optimizers
+        super().__init__(scheduler, optimizers)
 
     def step(self, *args: Any, **kwargs: Any) -> None:
         """No-op: the engine steps its scheduler in ``engine.step``."""
-
-    def get_last_lr(self) -> list[float]:
-        return self.scheduler.get_last_lr()
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.scheduler.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.scheduler.load_state_dict(state_dict)
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "scheduler":
-            raise AttributeError(name)
-        return getattr(self.scheduler, name)
 
 
 def map_pytorch_optim_to_deepspeed(optimizer: torch.optim.Optimizer) -> Any:
