@@ -109,11 +109,7 @@ class HarnessContext:
         mine = project_markers(self.config)
         # with accel.backends already imported (a conftest registered a backend), the registry is cheap
         names = self.names if "accel.backends.registry" in sys.modules else marker_backend_names()
-        names = [n for n in names if n not in mine]
-        found = _backends_named_in_markexpr(markexpr, names)
-        if found and "accel.backends.registry" not in sys.modules:  # plug-ins registered in code
-            found = _backends_named_in_markexpr(markexpr, [n for n in self.names if n not in mine])
-        return found
+        return _backends_named_in_markexpr(markexpr, [n for n in names if n not in mine])
 
     def _select_backends(self, config: pytest.Config) -> list[str]:
         requested: list[str] = []
@@ -267,8 +263,8 @@ def _short_form_actions(parser: pytest.Parser) -> list[tuple[str, Any]]:
     return found
 
 
+@pytest.hookimpl(trylast=True)  # after the project's conftests registered their own markers
 def pytest_configure(config: pytest.Config) -> None:
-    ours = config.stash.setdefault(_STASH_MARKER_LINES, set())
     for name, description in harness_markers.MARKERS.items():
         _add_marker_line(config, f"{name}: {description}")
     for name in marker_backend_names():
@@ -279,9 +275,18 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_STASH_CONTEXT] = ctx
     if ctx.explicitly_requested():
         _ = ctx.selected  # resolving it stops the session now on unknown or unavailable requested backends
+    elif _is_xdist_controller(config) and any(n != "cpu" for n in ctx.markexpr_backends()):
+        # the xdist controller collects nothing, so ``-m xpu`` is checked here (workers cannot stop a
+        # session cleanly); cpu is always available and needs no check (nor torch)
+        ctx.markexpr_counts = True
+        _ = ctx.selected
     from .reporting import ResultReporter
 
     config.pluginmanager.register(ResultReporter(ctx), "accel-result-reporter")
+
+
+def _is_xdist_controller(config: pytest.Config) -> bool:
+    return not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") not in (None, "no")
 
 
 def _backend_marker_line(name: str) -> str:

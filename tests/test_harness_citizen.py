@@ -211,3 +211,36 @@ def test_the_plugin_can_be_switched_off(pytester):
     result = _run(pytester, "-p", "no:accel")
     result.assert_outcomes(passed=1)  # no plugin, no requirement marks: the test simply runs
     assert "--accel-backend" not in _run(pytester, "-p", "no:accel", "--help").stdout.str()
+
+
+def test_dash_m_on_a_missing_backend_under_xdist_stops_cleanly(pytester):
+    pytester.makepyfile(test_harness="def test_on(backend):\n    pass\n")
+    result = _run(pytester, "-n", "2", "-m", "xpu")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    output = "\n".join(result.stdout.lines + result.stderr.lines)
+    assert "requested backend(s) not available" in output and "INTERNALERROR" not in output
+
+
+def test_accel_test_utils_decorators_skip_plain_tests_with_codes(pytester):
+    pytester.makepyfile(test_decorated=textwrap.dedent(
+        """
+        import unittest
+        from accel.test_utils import require_cuda, require_multi_device, require_non_cpu
+
+        @require_non_cpu
+        def test_accelerator_only():
+            pass
+
+        @require_cuda
+        def test_cuda():
+            pass
+
+        class TestCase(unittest.TestCase):
+            @require_multi_device
+            def test_two_devices(self):
+                pass
+        """))
+    result = _run(pytester)
+    result.assert_outcomes(skipped=3)
+    text = "\n".join(_skip_lines(result))
+    assert "[not-on-backend]" in text and "[backend-unavailable]" in text and "[needs-devices]" in text
