@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from accel.backends import get_backend
 from accel.commands import cli
@@ -111,8 +112,8 @@ def answer_with(monkeypatch, answers: list[str]) -> list[str]:
 
 def test_questions_show_defaults_and_ask_again_after_a_bad_answer(tmp_path, monkeypatch, capsys):
     target = tmp_path / "asked.yaml"
-    # backend, machines (bad, then good), processes (bad, then good), mixed precision (bad, then good), debug
-    prompts = answer_with(monkeypatch, ["cpu", "zero", "", "0", "3", "fp32", "bf16", ""])
+    # backend, machines (bad, then good), processes (bad, then good), mixed precision (bad, then good), debug, strategy
+    prompts = answer_with(monkeypatch, ["cpu", "zero", "", "0", "3", "fp32", "bf16", "", ""])
     code, out, err = run_config(["--config_file", str(target)], capsys)
     assert code == 0, err
     config = load_config(target)
@@ -127,7 +128,7 @@ def test_questions_show_defaults_and_ask_again_after_a_bad_answer(tmp_path, monk
 
 def test_questions_for_several_machines(tmp_path, monkeypatch, capsys):
     target = tmp_path / "nodes.yaml"
-    answer_with(monkeypatch, ["cpu", "2", "5", "1", "10.0.0.7", "", "c10d", "yes", "3", "4", "no", "n"])
+    answer_with(monkeypatch, ["cpu", "2", "5", "1", "10.0.0.7", "", "c10d", "yes", "3", "4", "no", "n", "ddp"])
     code, out, err = run_config(["--config_file", str(target)], capsys)
     assert code == 0, err
     config = load_config(target)
@@ -246,3 +247,36 @@ def test_save_refuses_an_invalid_config_and_keeps_the_old_file(tmp_path):
     with pytest.raises(ConfigError, match="mixed_precision"):
         save_config(LaunchConfig(mixed_precision="fp32"), path)
     assert path.read_text() == before
+
+
+def test_the_wizard_asks_for_deepspeed_and_writes_accelerates_keys(tmp_path, monkeypatch, capsys):
+    target = tmp_path / "ds.yaml"
+    # backend, machines, processes, precision, debug, strategy (bad, then good), config file, stage, optimizer, params,
+    # zero3 init, 16-bit save, accumulation
+    prompts = answer_with(monkeypatch, ["cpu", "", "2", "bf16", "", "megatron", "deepspeed", "none", "3", "cpu", "", "", "",
+                                        "4"])
+    code, out, err = run_config(["--config_file", str(target)], capsys)
+    assert code == 0, err
+    data = yaml.safe_load(target.read_text())
+    assert data["distributed_type"] == "DEEPSPEED"
+    assert data["deepspeed_config"] == {"zero_stage": 3, "offload_optimizer_device": "cpu", "offload_param_device": "none",
+                                        "zero3_init_flag": False, "zero3_save_16bit_model": True,
+                                        "gradient_accumulation_steps": 4}
+    assert "answer one of ddp, deepspeed, fsdp, not 'megatron'" in out
+    assert any(p.startswith("ZeRO stage") for p in prompts)
+
+
+def test_the_wizard_asks_for_fsdp_and_offers_the_current_answers(tmp_path, monkeypatch, capsys):
+    target = tmp_path / "fsdp.yaml"
+    answer_with(monkeypatch, ["cpu", "", "2", "", "", "fsdp", "2", "SIZE_BASED_WRAP", "1000", "no", "", "", "", "no"])
+    assert run_config(["--config_file", str(target)], capsys)[0] == 0
+    data = yaml.safe_load(target.read_text())
+    assert data["distributed_type"] == "FSDP"
+    assert data["fsdp_config"] == {"fsdp_version": 2, "fsdp_auto_wrap_policy": "SIZE_BASED_WRAP", "fsdp_min_num_params": 1000,
+                                   "fsdp_reshard_after_forward": False, "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+                                   "fsdp_offload_params": False, "fsdp_activation_checkpointing": False,
+                                   "fsdp_cpu_ram_efficient_loading": False}
+    prompts = answer_with(monkeypatch, [""] * 20)  # again, taking every default: the file's answers come back
+    assert run_config(["--config_file", str(target)], capsys)[0] == 0
+    assert yaml.safe_load(target.read_text())["fsdp_config"] == data["fsdp_config"]
+    assert any(p.startswith("Which training strategy") and p.endswith("[fsdp]: ") for p in prompts)

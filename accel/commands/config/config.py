@@ -20,6 +20,7 @@ Three ways to make one, all writing atomically to ``--config_file`` or the defau
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -347,6 +348,92 @@ def _field(key: str) -> Callable[[str], Any]:
     return FIELDS[key]
 
 
+#: the wizard's strategy answer -> the distributed_type it writes (ddp: the one the backend implies)
+_STRATEGIES = {"ddp": None, "deepspeed": "DEEPSPEED", "fsdp": "FSDP"}
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[str], str]:
+    def check(text: str) -> str:
+        word = text.strip()
+        match = next((o for o in options if o.lower() == word.lower()), None)
+        if match is None:
+            raise ValueError(f"answer one of {', '.join(options)}, not {text!r}")
+        return match
+    return check
+
+
+def _count(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    def check(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"expected a whole number, got {text!r}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            raise ValueError(f"expected {minimum}..{maximum if maximum is not None else ''}, got {value}")
+        return value
+    return check
+
+
+def _ask_strategy(config: LaunchConfig, old: LaunchConfig, has_current: bool) -> None:
+    """DDP, DeepSpeed or FSDP, and the questions of the one chosen (Accelerate's config keys)."""
+    current = {v: k for k, v in _STRATEGIES.items() if v}.get(old.distributed_type, "ddp") if has_current else "ddp"
+    strategy = _ask("Which training strategy? (ddp, deepspeed, fsdp)", _choice(tuple(_STRATEGIES)), current)
+    config.extra.pop("deepspeed_config", None)
+    config.extra.pop("fsdp_config", None)
+    if strategy == "ddp":
+        if config.distributed_type in _STRATEGIES.values():
+            config.distributed_type = _distributed_type(_resolve_backend(config.backend, config.use_cpu), config.num_processes)
+        return
+    config.distributed_type = _STRATEGIES[strategy]
+    was = dict(old.extra.get(f"{strategy}_config") or {}) if has_current and current == strategy else {}
+    yes_no = lambda value: "yes" if value else "no"  # noqa: E731
+    if strategy == "deepspeed":
+        section: dict[str, Any] = {}
+        path = _ask("A DeepSpeed config file (JSON) to use? (a path, or 'none' to answer the questions)",
+                    str, was.get("deepspeed_config_file", "none"))
+        if path.strip().lower() != "none":
+            if not os.path.isfile(os.path.expanduser(path)):
+                print(f"  note: {path} does not exist yet; accel launch will need it")
+            section["deepspeed_config_file"] = path
+        else:
+            stage = _ask("ZeRO stage? (0, 1, 2, 3)", _count(0, 3), was.get("zero_stage", 2))
+            section["zero_stage"] = stage
+            section["offload_optimizer_device"] = _ask("Offload optimizer states to? (none, cpu, nvme)",
+                                                       _choice(("none", "cpu", "nvme")), was.get("offload_optimizer_device", "none"))
+            if stage == 3:
+                section["offload_param_device"] = _ask("Offload parameters to? (none, cpu, nvme)", _choice(("none", "cpu", "nvme")),
+                                                       was.get("offload_param_device", "none"))
+                section["zero3_init_flag"] = _ask("Create the model already partitioned (zero3_init_flag)? (yes/no)", _yes_no,
+                                                  yes_no(was.get("zero3_init_flag", False)))
+                section["zero3_save_16bit_model"] = _ask("Gather a 16-bit model in save_model (zero3_save_16bit_model)? (yes/no)",
+                                                         _yes_no, yes_no(was.get("zero3_save_16bit_model", True)))
+            section["gradient_accumulation_steps"] = _ask("Gradient accumulation steps?", _count(1),
+                                                          was.get("gradient_accumulation_steps", 1))
+        config.extra["deepspeed_config"] = section
+        return
+    version = _ask("FSDP version? (1, 2)", _count(1, 2), was.get("fsdp_version", 2))
+    policy = _ask("Auto-wrap policy? (TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP, NO_WRAP)",
+                  _choice(("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")), was.get("fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP"))
+    section = {"fsdp_version": version, "fsdp_auto_wrap_policy": policy}
+    if policy == "TRANSFORMER_BASED_WRAP":
+        names = _ask("Layer classes to wrap (comma-separated; 'auto' for the model's _no_split_modules)", str,
+                     was.get("fsdp_transformer_layer_cls_to_wrap", "auto"))
+        if names.strip().lower() != "auto":
+            section["fsdp_transformer_layer_cls_to_wrap"] = names
+    elif policy == "SIZE_BASED_WRAP":
+        section["fsdp_min_num_params"] = _ask("Minimum parameters per wrapped unit?", _count(1), was.get("fsdp_min_num_params", 100_000_000))
+    section["fsdp_reshard_after_forward"] = _ask("Reshard parameters after forward (FULL_SHARD; no = SHARD_GRAD_OP)? (yes/no)",
+                                                 _yes_no, yes_no(was.get("fsdp_reshard_after_forward", True)))
+    section["fsdp_state_dict_type"] = _ask("Checkpoint state dict? (SHARDED_STATE_DICT, FULL_STATE_DICT)",
+                                           _choice(("SHARDED_STATE_DICT", "FULL_STATE_DICT")), was.get("fsdp_state_dict_type", "SHARDED_STATE_DICT"))
+    section["fsdp_offload_params"] = _ask("Offload parameters to the CPU? (yes/no)", _yes_no, yes_no(was.get("fsdp_offload_params", False)))
+    section["fsdp_activation_checkpointing"] = _ask("Activation checkpointing? (yes/no)", _yes_no,
+                                                    yes_no(was.get("fsdp_activation_checkpointing", False)))
+    section["fsdp_cpu_ram_efficient_loading"] = _ask("Load weights on rank 0 only and broadcast (cpu_ram_efficient_loading)? (yes/no)",
+                                                     _yes_no, yes_no(was.get("fsdp_cpu_ram_efficient_loading", True)))
+    config.extra["fsdp_config"] = section
+
+
 def ask_questions(current: LaunchConfig | None = None) -> LaunchConfig:
     """Ask for each value with ``input()``, showing defaults and re-asking on a bad answer.
 
@@ -427,6 +514,8 @@ def ask_questions(current: LaunchConfig | None = None) -> LaunchConfig:
     config.distributed_type = _distributed_type(backend, config.num_processes)
     if current is not None and current.distributed_type not in _DERIVED_TYPES:
         config.distributed_type = current.distributed_type  # e.g. FSDP or DEEPSPEED chosen earlier: kept
+    if multiprocess:
+        _ask_strategy(config, old, current is not None)
     try:
         return config.validate()
     except ConfigError as exc:
