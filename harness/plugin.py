@@ -469,8 +469,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             "backend-not-selected", f"{name} is available but not selected (selected: {', '.join(ctx.selected)}; use --backend)")
     else:
         reason = harness_markers.evaluate(list(item.iter_markers()), backend, world_size=world, where=item.nodeid)
-    if reason is not None:
-        pytest.skip(harness_markers.format_skip(reason))
+    if reason is not None:  # reported at the test's own line, not inside the plugin
+        raise pytest.skip.Exception(harness_markers.format_skip(reason), _use_item_location=True)
 
 
 @pytest.hookimpl(tryfirst=True)
