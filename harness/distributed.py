@@ -347,27 +347,34 @@ def _process_start(pid: int) -> float | None:
 
 
 def _write_owner(folder: str) -> None:
-    """Record which process owns a pool folder (pid and its start time, so a reused pid is not mistaken)."""
-    with open(os.path.join(folder, _OWNER_FILE), "w") as fh:
+    """Record which process owns a pool folder (pid and its start time, so a reused pid is not mistaken).
+
+    Written to a side file and renamed into place, so another session never reads half a record."""
+    path = os.path.join(folder, _OWNER_FILE)
+    with open(path + ".tmp", "w") as fh:
         fh.write(f"{os.getpid()} {_process_start(os.getpid())!r}\n")
+    os.replace(path + ".tmp", path)
+
+
+def _young(folder: str) -> bool:
+    try:
+        return time.time() - os.stat(folder).st_mtime < _LEGACY_STALE_S
+    except OSError:
+        return False
 
 
 def _owner_alive(folder: str) -> bool:
+    """Whether the session that made ``folder`` may still use it.
+
+    No owner record (a folder just being made, or one from an older harness) or an unreadable one:
+    judged by age instead."""
     try:
         with open(os.path.join(folder, _OWNER_FILE)) as fh:
             pid_text, started_text = fh.read().split()
-    except FileNotFoundError:
-        try:
-            return time.time() - os.stat(folder).st_mtime < _LEGACY_STALE_S
-        except OSError:
-            return False
-    except (OSError, ValueError):
-        return False  # an unreadable owner record: nobody can claim it
-    try:
         pid = int(pid_text)
         started = None if started_text == "None" else float(started_text)
-    except ValueError:
-        return False
+    except (OSError, ValueError):
+        return _young(folder)
     now_started = _process_start(pid)
     if now_started is None:
         return False

@@ -122,11 +122,14 @@ def test_stale_pool_folders_are_removed_and_live_ones_kept(tmp_path):
     os.utime(legacy, (time.time() - 7200, time.time() - 7200))
     fresh_legacy = tmp_path / f"{POOL_DIR_PREFIX}cpu-1-recent"
     fresh_legacy.mkdir()
+    half_written = tmp_path / f"{POOL_DIR_PREFIX}cpu-2-starting"  # another session between mkdir and its record
+    half_written.mkdir()
+    (half_written / "owner").write_text("")
     other = tmp_path / "not-ours"
     other.mkdir()
     removed = remove_stale_pool_dirs(str(tmp_path))
     assert sorted(os.path.basename(p) for p in removed) == sorted([stale.name, reused.name, legacy.name])
-    assert live.exists() and fresh_legacy.exists() and other.exists()
+    assert live.exists() and fresh_legacy.exists() and half_written.exists() and other.exists()
 
 
 def test_pool_folders_of_a_killed_session_are_removed_by_the_next(pytester, tmp_path):
