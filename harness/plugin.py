@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from . import markers as harness_markers
+from .params import BACKEND_PARAM, WORLD_SIZE_PARAM  # noqa: F401  (also imported from here by tests and suites)
+from .params import item_backend as _item_backend
 
-BACKEND_PARAM = "accel_backend_name"
-WORLD_SIZE_PARAM = "accel_world_size"
 _STASH_CONTEXT = pytest.StashKey["HarnessContext"]()
 _STASH_MARKER_LINES = pytest.StashKey[set]()
 _STASH_PROJECT_MARKERS = pytest.StashKey[set]()
@@ -439,13 +439,6 @@ def world_size(accel_world_size: int) -> int:
 def rank() -> int:
     """The rank inside a multi-process test (0 in a single-process test)."""
     return 0
-
-
-def _item_backend(item: pytest.Item) -> tuple[str | None, int | None]:
-    callspec = getattr(item, "callspec", None)
-    if callspec is None:
-        return None, None
-    return callspec.params.get(BACKEND_PARAM), callspec.params.get(WORLD_SIZE_PARAM)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from .params import item_backend
 from .records import RecordWriter, RunHeader, make_record
 
 
@@ -44,9 +45,7 @@ class ResultReporter:
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
         outcome = yield
         report = outcome.get_result()
-        from .plugin import _item_backend
-
-        backend, world = _item_backend(item)
+        backend, world = item_backend(item)
         if backend is None:
             return
         report.user_properties.append(("accel_backend", backend))
