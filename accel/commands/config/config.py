@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from accel.commands import UsageError
+from accel.commands.config.config_utils import _convert_yes_no_to_bool
 from accel.commands.config_file import (
     DISTRIBUTED_TYPES,
     FIELDS,
@@ -335,13 +336,12 @@ def _ask(question: str, check: Callable[[str], Any], default: Any = None) -> Any
             print(f"  {exc}; please try again")
 
 
-def _yes_no(text: str) -> bool:
-    word = text.strip().lower()
-    if word in ("y", "yes", "true", "1"):
-        return True
-    if word in ("n", "no", "false", "0"):
-        return False
-    raise ValueError(f"answer yes or no, not {text!r}")
+_yes_no = _convert_yes_no_to_bool  # one parser of yes/no answers for every question
+
+
+def _yes_no_text(value: bool) -> str:
+    """A bool as the answer the questions offer as a default."""
+    return "yes" if value else "no"
 
 
 def _field(key: str) -> Callable[[str], Any]:
@@ -386,7 +386,7 @@ def _ask_strategy(config: LaunchConfig, old: LaunchConfig, has_current: bool) ->
         return
     config.distributed_type = _STRATEGIES[strategy]
     was = dict(old.extra.get(f"{strategy}_config") or {}) if has_current and current == strategy else {}
-    yes_no = lambda value: "yes" if value else "no"  # noqa: E731
+    yes_no = _yes_no_text
     if strategy == "deepspeed":
         section: dict[str, Any] = {}
         path = _ask("A DeepSpeed config file (JSON) to use? (a path, or 'none' to answer the questions)",
@@ -449,8 +449,7 @@ def ask_questions(current: LaunchConfig | None = None) -> LaunchConfig:
         value = getattr(old, key) if current is not None else None
         return fallback if value is None else value
 
-    def yes_no(value: bool) -> str:
-        return "yes" if value else "no"
+    yes_no = _yes_no_text
 
     detected_name = was("backend", None) or ("cpu" if old.use_cpu else None) or _resolve_backend(None, False).name
     detected = registry.get(detected_name) if detected_name in registry.names() else _resolve_backend(None, False)
