@@ -50,7 +50,7 @@ class RunPlan:
 
 
 def resolve_run(num_processes: int, backend_distributed_type: str, *, deepspeed_plugins: Any = None,
-                fsdp_plugin: Any = None, parallelism_config: Any = None) -> RunPlan:
+                fsdp_plugin: Any = None) -> RunPlan:
     """Decide the strategy for ``num_processes`` ranks on a backend whose multi-process type is given."""
     ds_env = _flag("ACCEL_USE_DEEPSPEED", "ACCELERATE_USE_DEEPSPEED")
     fsdp_env = _flag("ACCEL_USE_FSDP", "ACCELERATE_USE_FSDP")

@@ -454,7 +454,7 @@ class AcceleratorState:
 
         self.run_plan = resolve_run(
             self._partial.num_processes, self._partial.hardware_backend.distributed_type,
-            deepspeed_plugins=self.deepspeed_plugins, fsdp_plugin=fsdp_plugin, parallelism_config=parallelism_config,
+            deepspeed_plugins=self.deepspeed_plugins, fsdp_plugin=fsdp_plugin,
         )
         self.distributed_type = self.run_plan.distributed_type
         if self.deepspeed_plugins:
