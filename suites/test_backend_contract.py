@@ -319,7 +319,7 @@ def test_deepspeed_detects_the_backend_accel_selects(backend):
 
     from accel.backends import get_registry
     from accel.backends.deepspeed_agreement import compare, probe_deepspeed
-    from harness import markers
+    from accel_harness import markers
 
     if os.environ.get("ACCEL_DEVICE", "").strip():
         pytest.skip(markers.format_skip(markers.SkipReason(

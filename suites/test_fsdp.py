@@ -222,7 +222,7 @@ def _env(folder: Path) -> dict[str, str]:
 
 
 def _launch(backend, folder: Path, processes: int, *args: str) -> None:
-    from harness.markers import evaluate, format_skip
+    from accel_harness.markers import evaluate, format_skip
 
     reason = evaluate([pytest.mark.world_size(processes).mark], backend)
     if reason is not None:

@@ -6,7 +6,7 @@ backend and can all-reduce; a rank that fails must fail the launch with its own 
 
 A two-rank launch needs what a ``world_size(2)`` test needs: a collective backend, and on backends
 whose ranks cannot share a device, two devices. The skip decision is the harness's own for that
-marker (``harness.markers.evaluate``), so the reason codes are the same (``needs-multiprocess``,
+marker (``accel_harness.markers.evaluate``), so the reason codes are the same (``needs-multiprocess``,
 ``needs-devices``).
 """
 
@@ -19,7 +19,7 @@ import textwrap
 
 import pytest
 
-from harness.markers import evaluate, format_skip
+from accel_harness.markers import evaluate, format_skip
 
 LAUNCH_TIMEOUT_S = 180
 

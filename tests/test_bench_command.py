@@ -110,7 +110,7 @@ def test_quick_bench_writes_json_with_the_extra_info_schema(quick_run):
 
 def test_the_report_loader_reads_the_json(quick_run):
     pytest.importorskip("pandas")
-    from reports.loaders import load_benchmark_json
+    from accel_reports.loaders import load_benchmark_json
 
     _proc, files = quick_run
     rows, problems = load_benchmark_json(files[0])
@@ -153,15 +153,33 @@ def test_unknown_backend_and_missing_suites_are_usage_errors(tmp_path, capsys):
     assert main(["bench", "--repeat", "0"]) == 2
 
 
-def test_suites_not_found_next_to_the_package_is_a_clear_error(monkeypatch, tmp_path):
-    import accel
+def test_suites_not_found_is_a_clear_error_naming_where_it_looked(monkeypatch, tmp_path):
+    from accel_harness import suites_location
 
     monkeypatch.delenv(bench_command.SUITES_ENV, raising=False)
-    monkeypatch.setattr(accel, "__file__", str(tmp_path / "site-packages" / "accel" / "__init__.py"))
-    with pytest.raises(UsageError, match="source checkout"):
+    monkeypatch.delenv(suites_location.SUITES_ENV, raising=False)
+    monkeypatch.setattr(suites_location, "_PACKAGE_DIR", tmp_path / "site-packages" / "accel_harness")
+    with pytest.raises(UsageError, match="cannot find the conformance suites") as excinfo:
         bench_command.locate_suites()
-    monkeypatch.setattr(accel, "__file__", str(REPO / "accel" / "__init__.py"))
+    assert str(tmp_path / "site-packages" / "accel_harness" / "suites") in str(excinfo.value)
+    assert "--suites DIR" in str(excinfo.value)
+    monkeypatch.setattr(suites_location, "_PACKAGE_DIR", REPO / "accel_harness")
     assert bench_command.locate_suites() == SUITES
+
+
+def test_a_wheel_copy_of_the_suites_is_found_without_a_checkout(monkeypatch, tmp_path):
+    from accel_harness import suites_location
+
+    monkeypatch.delenv(suites_location.SUITES_ENV, raising=False)
+    shipped = tmp_path / "site-packages" / "accel_harness"
+    (shipped / "suites" / "benchmarks").mkdir(parents=True)
+    (shipped / "suites" / "test_training.py").write_text("")
+    (shipped / "suites" / "benchmarks" / "conftest.py").write_text("")
+    monkeypatch.setattr(suites_location, "_PACKAGE_DIR", shipped)
+    assert suites_location.suites_root() == shipped / "suites"
+    assert suites_location.benchmarks_root() == shipped / "suites" / "benchmarks"
+    monkeypatch.setenv(suites_location.SUITES_ENV, str(REPO / "suites"))
+    assert suites_location.suites_root() == REPO / "suites"
 
 
 def test_no_match_and_failing_benchmarks_give_a_nonzero_exit(tmp_path):

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Iterable
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SCANNED_DIRS = ("accel", "harness", "reports", "ci", "suites", "tests")
+SCANNED_DIRS = ("accel", "accel_harness", "accel_reports", "ci", "suites", "tests")
 EXEMPT_DIR = Path("accel", "backends")
 
 _DEVICES = "(cuda|xpu|mps|hpu|npu)"
@@ -102,18 +102,18 @@ def test_this_file_would_not_match_itself():
 def test_checker_catches_violations(tmp_path):
     device = "cu" + "da"
     gaudi = "habana" + "_frame" + "works"
-    (tmp_path / "harness").mkdir()
-    (tmp_path / "harness" / "bad.py").write_text(
+    (tmp_path / "accel_harness").mkdir()
+    (tmp_path / "accel_harness" / "bad.py").write_text(
         "import torch\n"
         f"if torch.{device}.is_available():\n"
         "    pass\n"
         f"import {gaudi}.torch.core\n"
     )
-    (tmp_path / "harness" / "imports.py").write_text(f"from torch import nn, {device}\n")
-    (tmp_path / "reports").mkdir()
-    (tmp_path / "reports" / "nested").mkdir()
-    (tmp_path / "reports" / "nested" / "deep.py").write_text("x = 1\n" * 4 + "y = torch.x" + "pu.device_count()\n")
-    (tmp_path / "reports" / "clean.py").write_text(
+    (tmp_path / "accel_harness" / "imports.py").write_text(f"from torch import nn, {device}\n")
+    (tmp_path / "accel_reports").mkdir()
+    (tmp_path / "accel_reports" / "nested").mkdir()
+    (tmp_path / "accel_reports" / "nested" / "deep.py").write_text("x = 1\n" * 4 + "y = torch.x" + "pu.device_count()\n")
+    (tmp_path / "accel_reports" / "clean.py").write_text(
         "import torch\n"
         f"v = torch.version.{device}\n"  # a version string, not the device module
         f"w = torch.{device}rt\n"  # a different name
@@ -133,10 +133,10 @@ def test_checker_catches_violations(tmp_path):
     hits = find_device_module_references(tmp_path, exclude=[excluded])
     locations = [h.split(": ", 1)[0] for h in hits]
     assert locations == [
-        "harness/bad.py:2",
-        "harness/bad.py:4",
-        "harness/imports.py:1",
-        "reports/nested/deep.py:5",
+        "accel_harness/bad.py:2",
+        "accel_harness/bad.py:4",
+        "accel_harness/imports.py:1",
+        "accel_reports/nested/deep.py:5",
     ], hits
     assert hits[0].endswith(f"if torch.{device}.is_available():")
     # without the exclusion the excluded file is reported too

@@ -18,7 +18,7 @@ def _run(pytester, *args, timeout=120):
 PLAIN_MARKED = textwrap.dedent(
     """
     import pytest
-    from harness.markers import require_cuda, require_multi_gpu
+    from accel_harness.markers import require_cuda, require_multi_gpu
 
     @pytest.mark.require_non_cpu
     def test_not_on_cpu():

@@ -1,4 +1,4 @@
-"""harness.known_issues: loading the YAML file with clear errors, and matching failures and passes."""
+"""accel_harness.known_issues: loading the YAML file with clear errors, and matching failures and passes."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import textwrap
 
 import pytest
 
-from harness.known_issues import KnownIssues, KnownIssuesError, load_known_issues
-from harness.records import device_neutral_id
+from accel_harness.known_issues import KnownIssues, KnownIssuesError, load_known_issues
+from accel_harness.records import device_neutral_id
 
 EXAMPLE = """\
 issues:

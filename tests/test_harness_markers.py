@@ -1,4 +1,4 @@
-"""harness.markers: the marker table, Accelerate aliases, skip texts and per-instance evaluation."""
+"""accel_harness.markers: the marker table, Accelerate aliases, skip texts and per-instance evaluation."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 
 from accel.backends.base import Availability, Backend, Capability
 from accel.backends.cpu import CPUBackend
-from harness import markers
-from harness.markers import (
+from accel_harness import markers
+from accel_harness.markers import (
     ACCELERATE_ALIASES,
     MARKERS,
     SKIP_CODES,
@@ -145,7 +145,7 @@ def test_as_decorator_builds_the_canonical_mark(alias, marker, args):
 
 
 def test_aliases_import_like_accelerate_test_utils():
-    from harness.markers import require_cuda, require_devices, require_multi_gpu
+    from accel_harness.markers import require_cuda, require_devices, require_multi_gpu
 
     assert (require_cuda.mark.name, require_cuda.mark.args) == ("require_backend", ("cuda",))
     assert (require_multi_gpu.mark.name, require_multi_gpu.mark.args) == ("require_devices", (2,))

@@ -225,7 +225,7 @@ KNOWN_SUITE = textwrap.dedent(
 
 
 def test_records_and_known_issues(pytester):
-    from harness.records import read_records
+    from accel_harness.records import read_records
 
     pytester.makepyfile(test_known=KNOWN_SUITE)
     (pytester.path / "known.yaml").write_text(KNOWN)
@@ -324,7 +324,7 @@ def test_an_unknown_accel_device_stops_the_session_once(pytester, monkeypatch):
 
 def test_builtin_names_for_markers_match_the_registry():
     from accel.backends.registry import _builtin_factories
-    from harness.plugin import BUILTIN_BACKEND_NAMES, marker_backend_names
+    from accel_harness.plugin import BUILTIN_BACKEND_NAMES, marker_backend_names
 
     assert sorted(BUILTIN_BACKEND_NAMES) == sorted(factory.name for factory in _builtin_factories())
     assert set(BUILTIN_BACKEND_NAMES) <= set(marker_backend_names())

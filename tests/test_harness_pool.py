@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from harness.distributed import POOL_DIR_PREFIX, _write_owner, remove_stale_pool_dirs
+from accel_harness.distributed import POOL_DIR_PREFIX, _write_owner, remove_stale_pool_dirs
 
 pytest_plugins = ["pytester"]
 

@@ -1,4 +1,4 @@
-"""harness.records: device-neutral ids, failure signatures, the JSON Lines writer and reader."""
+"""accel_harness.records: device-neutral ids, failure signatures, the JSON Lines writer and reader."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness import records
-from harness.records import (
+from accel_harness import records
+from accel_harness.records import (
     SCHEMA,
     SCHEMA_VERSION,
     RecordWriter,
@@ -378,7 +378,7 @@ def test_killed_process_keeps_every_finished_record(tmp_path):
     script = textwrap.dedent(f"""
         import os, signal, sys
         sys.path.insert(0, {str(REPO_ROOT)!r})
-        from harness.records import RecordWriter, RunHeader, make_record
+        from accel_harness.records import RecordWriter, RunHeader, make_record
         w = RecordWriter({str(path)!r}, RunHeader(run_id="k", start_time="t"))
         for i in range(3):
             w.write(make_record(run_id="k", nodeid=f"t.py::test_{{i}}[cpu-ws1]", backend="cpu", outcome="passed"))
@@ -501,7 +501,7 @@ def test_run_ids_are_unique_and_times_are_utc():
 
 
 def test_records_module_does_not_import_torch():
-    code = f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r}); import harness.records, harness.known_issues; print('torch' in sys.modules)"
+    code = f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r}); import accel_harness.records, accel_harness.known_issues; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False"
 

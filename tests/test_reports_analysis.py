@@ -1,4 +1,4 @@
-"""reports.analysis: summary matrix, clustering, skips, per-test grid, baseline diff, known issues."""
+"""accel_reports.analysis: summary matrix, clustering, skips, per-test grid, baseline diff, known issues."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from harness.known_issues import KnownIssues
-from reports.analysis import (
+from accel_harness.known_issues import KnownIssues
+from accel_reports.analysis import (
     apply_known_issues,
     build_report,
     diff_runs,
@@ -18,7 +18,7 @@ from reports.analysis import (
     skip_groups,
     summary_matrix,
 )
-from reports.loaders import load_results
+from accel_reports.loaders import load_results
 
 from _report_data import KNOWN_YAML, bench_file, clustered, oom, rec, run_file
 

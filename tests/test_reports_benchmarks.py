@@ -1,4 +1,4 @@
-"""reports.benchmarks: the noise-aware regression rule, directions, tables and geometric means."""
+"""accel_reports.benchmarks: the noise-aware regression rule, directions, tables and geometric means."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from reports.benchmarks import (
+from accel_reports.benchmarks import (
     benchmark_row,
     compare_benchmarks,
     compare_samples,
@@ -18,8 +18,8 @@ from reports.benchmarks import (
     mann_whitney_greater,
     summarise_benchmarks,
 )
-from reports.loaders import load_results
-from reports.synthetic import bench_entry
+from accel_reports.loaders import load_results
+from accel_reports.synthetic import bench_entry
 
 from _report_data import bench_file
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.known_issues import KnownIssues
-from reports.analysis import build_report
-from reports.loaders import load_results
-from reports.render import write_report
+from accel_harness.known_issues import KnownIssues
+from accel_reports.analysis import build_report
+from accel_reports.loaders import load_results
+from accel_reports.render import write_report
 
 from _report_data import KNOWN_YAML, XSS_IMG, XSS_MARKER, XSS_SCRIPT, bench_file, clustered, rec, run_file
 

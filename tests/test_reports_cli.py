@@ -8,7 +8,7 @@ import pytest
 
 from accel.commands import report as report_command
 from accel.commands.cli import main
-from harness.records import SCHEMA
+from accel_harness.records import SCHEMA
 
 from _report_data import KNOWN_YAML, bench_file, clustered, rec, run_file
 

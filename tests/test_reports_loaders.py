@@ -1,4 +1,4 @@
-"""reports.loaders: harness JSONL, JUnit XML and pytest-benchmark JSON into tidy frames, tolerantly."""
+"""accel_reports.loaders: harness JSONL, JUnit XML and pytest-benchmark JSON into tidy frames, tolerantly."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.records import SCHEMA
-from reports.loaders import SchemaVersionError, TEST_COLUMNS, load_benchmark_json, load_junit, load_results
+from accel_harness.records import SCHEMA
+from accel_reports.loaders import SchemaVersionError, TEST_COLUMNS, load_benchmark_json, load_junit, load_results
 
 from _report_data import bench_file, clustered, rec, run_file
 

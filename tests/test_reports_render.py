@@ -1,4 +1,4 @@
-"""reports.render: everything escaped (HTML and Markdown), self-contained HTML, Markdown tables intact."""
+"""accel_reports.render: everything escaped (HTML and Markdown), self-contained HTML, Markdown tables intact."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.known_issues import KnownIssues
-from reports.analysis import build_report
-from reports.loaders import load_results
-from reports.render import md_escape, render_html, render_markdown, safe_url, write_report
+from accel_harness.known_issues import KnownIssues
+from accel_reports.analysis import build_report
+from accel_reports.loaders import load_results
+from accel_reports.render import md_escape, render_html, render_markdown, safe_url, write_report
 
 from _report_data import XSS_IMG, XSS_MARKER, XSS_SCRIPT, bench_file, clustered, rec, run_file
 

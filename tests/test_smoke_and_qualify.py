@@ -72,7 +72,7 @@ def test_accel_qualify_end_to_end(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = list((out / "results").glob("*.jsonl"))
     assert len(results) == 1 and (out / "results" / "junit.xml").is_file()
-    from harness.records import read_records
+    from accel_harness.records import read_records
 
     header, records, problems = read_records(results[0])
     assert not problems and header["run_id"]

@@ -26,7 +26,7 @@ def test_command_runs_both_sides_without_benchmarks(tmp_path):
 
 
 def test_the_environment_known_issues_load_and_name_the_examples_gap():
-    from harness.known_issues import load_known_issues
+    from accel_harness.known_issues import load_known_issues
 
     known = load_known_issues(upstream_compat.KNOWN_ISSUES)
     assert known.match_test("tests/test_examples.py::ExampleDifferenceTests::test_nlp_examples",

@@ -1,4 +1,4 @@
-"""harness.upstream: spec parsing, the skip table, requirements, pinned installs, the import rewrite,
+"""accel_harness.upstream: spec parsing, the skip table, requirements, pinned installs, the import rewrite,
 sdist unpacking and how a harness-recorded session of an upstream suite is completed."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness import upstream as up
-from harness.records import RecordWriter, RunHeader, make_record, read_records
+from accel_harness import upstream as up
+from accel_harness.records import RecordWriter, RunHeader, make_record, read_records
 
 pytest_plugins = ["pytester"]
 
@@ -71,7 +71,7 @@ def test_default_table_maps_unittest_style_messages(message, code):
 
 
 def test_default_table_is_valid_and_every_code_is_a_harness_code():
-    from harness.markers import SKIP_CODES
+    from accel_harness.markers import SKIP_CODES
 
     rules = up.load_skip_table()
     assert len(rules) >= 5 and all(rule.code in SKIP_CODES for rule in rules)

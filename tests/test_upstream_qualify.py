@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.records import read_records
+from accel_harness.records import read_records
 
 PKG_INFO = """\
 Metadata-Version: 2.1
@@ -140,7 +140,7 @@ def test_against_without_upstream_is_a_usage_error(tmp_path):
 
 
 def test_a_run_past_its_session_timeout_is_stopped_and_keeps_what_finished(tmp_path):
-    from harness import upstream as up
+    from accel_harness import upstream as up
 
     tests = tmp_path / "suite" / "tests"
     tests.mkdir(parents=True)

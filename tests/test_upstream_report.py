@@ -1,13 +1,13 @@
-"""reports.vendor: the vendor table and the compatibility comparison of upstream-suite runs, through
+"""accel_reports.vendor: the vendor table and the compatibility comparison of upstream-suite runs, through
 the existing loaders, analysis and renderers."""
 
 from __future__ import annotations
 
-from harness.records import RecordWriter, RunHeader, make_record
-from reports.analysis import build_report, cell_label
-from reports.loaders import load_results
-from reports.render import render_html, render_markdown
-from reports.vendor import subject_label, vendor_lines
+from accel_harness.records import RecordWriter, RunHeader, make_record
+from accel_reports.analysis import build_report, cell_label
+from accel_reports.loaders import load_results
+from accel_reports.render import render_html, render_markdown
+from accel_reports.vendor import subject_label, vendor_lines
 
 
 def _run(folder, name, against, records, *, status="completed", torch="2.13.0", backend="cpu", version="1.15.0",
@@ -125,7 +125,7 @@ def test_renderers_show_the_vendor_table_and_leave_other_reports_alone(tmp_path)
 
 
 def test_vendor_clusters_link_known_issues_and_escape_what_they_show(tmp_path):
-    from harness.known_issues import KnownIssues
+    from accel_harness.known_issues import KnownIssues
 
     _run(tmp_path, "ref", "accelerate", REFERENCE)
     _run(tmp_path, "acc", "accel", ACCEL + [("tests/test_d.py::test_<script>alert(1)</script>", "failed", "E   ValueError: <img src=x onerror=alert(1)>")])
@@ -157,7 +157,7 @@ def test_a_side_measured_again_counts_each_test_once_from_its_latest_run(tmp_pat
 
 
 def test_compatibility_names_a_known_issue_as_the_cause(tmp_path):
-    from harness.known_issues import KnownIssues
+    from accel_harness.known_issues import KnownIssues
 
     _run(tmp_path, "ref", "accelerate", REFERENCE)
     _run(tmp_path, "acc", "accel", [("tests/test_a.py::T::test_1", "failed", "E   Failed: Timeout (>180.0s) from pytest-timeout.")])

@@ -45,12 +45,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run the suites N times (one JSON each) and show the spread between runs")
     parser.add_argument("--threads", type=int, metavar="N",
                         help="torch threads in the benchmarking process (default: torch's choice); recorded in the results")
-    parser.add_argument("--suites", metavar="DIR", help=f"benchmark suites folder (default: ${SUITES_ENV} or the checkout's suites/benchmarks)")
+    parser.add_argument("--suites", metavar="DIR", help=f"benchmark suites folder (default: ${SUITES_ENV}, else the suites shipped with accel)")
 
 
 def locate_suites(explicit: str | None = None) -> Path:
-    """The benchmark suites folder: ``explicit``, ``$ACCEL_BENCH_SUITES``, or ``suites/benchmarks`` of the checkout."""
-    import accel
+    """The benchmark suites folder: ``explicit``, ``$ACCEL_BENCH_SUITES``, else the shipped (or checkout) suites."""
+    from accel_harness.suites_location import SuitesNotFound, benchmarks_root
 
     given = explicit or os.environ.get(SUITES_ENV)
     if given:
@@ -58,14 +58,10 @@ def locate_suites(explicit: str | None = None) -> Path:
         if not path.is_dir():
             raise UsageError(f"benchmark suites folder {path} does not exist")
         return path
-    checkout = Path(accel.__file__).resolve().parent.parent
-    path = checkout / "suites" / "benchmarks"
-    if not (path / "conftest.py").is_file():
-        raise UsageError(
-            f"the benchmark suites were not found at {path}: they ship with the accel source checkout, not "
-            f"with an installed wheel. Install accel from a checkout (pip install -e .) or pass --suites DIR "
-            f"(or set {SUITES_ENV})")
-    return path
+    try:
+        return benchmarks_root()
+    except SuitesNotFound as exc:
+        raise UsageError(f"{exc} (or pass --suites DIR, or set {SUITES_ENV})") from None
 
 
 def _backend_name(requested: str | None) -> str:
@@ -152,7 +148,7 @@ def summary_table(runs: list[list[dict[str, Any]]]) -> str:
     far the probe moved between the runs (``host``) and the spread of their throughput relative to
     the probe (``vs host``): a large raw spread with a small ``vs host`` one is the machine drifting.
     """
-    from reports.benchmarks import host_reference_value
+    from accel_reports.benchmarks import host_reference_value
 
     names: dict[str, None] = {}
     by_run: list[dict[str, dict[str, Any]]] = []

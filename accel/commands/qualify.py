@@ -8,7 +8,7 @@ Exit status: 0 when the suites passed, 1 when any suite test failed (or a step c
 usage error (e.g. the results folder exists and is not empty).
 
 ``--upstream accelerate==1.15.0`` (or ``--upstream PATH``: a test folder or an sdist file) qualifies with an upstream project's own
-test suite instead (see :mod:`harness.upstream`): fetch its sdist, install its test dependencies
+test suite instead (see :mod:`accel_harness.upstream`): fetch its sdist, install its test dependencies
 with the installed torch pinned, run it on each selected backend with the harness's records
 (``--against accel``: with its imports pointed at accel, to measure accel's compatibility;
 ``--against accelerate,accel``: both, side by side) and render the vendor table.
@@ -28,17 +28,13 @@ from accel.commands import UsageError
 
 
 def suites_dir() -> Path:
-    """The conformance suites: ``$ACCEL_SUITES_DIR``, else ``suites/`` beside the accel package."""
-    configured = os.environ.get("ACCEL_SUITES_DIR")
-    candidates = [Path(configured)] if configured else []
-    candidates.append(Path(__file__).resolve().parents[2] / "suites")
-    for path in candidates:
-        if path.is_dir():
-            return path
-    raise UsageError(
-        "cannot find the conformance suites (looked in: " + ", ".join(str(p) for p in candidates)
-        + "); run from an accel checkout or set ACCEL_SUITES_DIR"
-    )
+    """The conformance suites (see :mod:`accel_harness.suites_location`), or a usage error naming where it looked."""
+    from accel_harness.suites_location import SuitesNotFound, suites_root
+
+    try:
+        return suites_root()
+    except SuitesNotFound as exc:
+        raise UsageError(str(exc)) from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -145,7 +141,7 @@ def run_upstream(args: argparse.Namespace, backends: list[str], out: Path) -> in
     """``accel qualify --upstream``: an upstream project's own suite on each backend, then the vendor report."""
     import shlex
 
-    from harness import upstream as up
+    from accel_harness import upstream as up
 
     if args.known_issues and not os.path.isfile(args.known_issues):
         raise UsageError(f"known-issues file not found: {args.known_issues}")
@@ -215,16 +211,16 @@ def run_upstream(args: argparse.Namespace, backends: list[str], out: Path) -> in
 def _print_vendor_lines(results: Path, known_issues: str | None) -> None:
     """Print the report's upstream headline sentences (the vendor table in words)."""
     try:
-        from reports.analysis import build_report
-        from reports.loaders import load_results
+        from accel_reports.analysis import build_report
+        from accel_reports.loaders import load_results
 
         known = None
         if known_issues:
-            from harness.known_issues import load_known_issues
+            from accel_harness.known_issues import load_known_issues
 
             known = load_known_issues(known_issues)
         report = build_report(load_results([results]), known=known)
-        from reports.vendor import vendor_lines
+        from accel_reports.vendor import vendor_lines
 
         for line in vendor_lines(report.vendor, report.compat):
             print(f"  {line}")
@@ -234,7 +230,7 @@ def _print_vendor_lines(results: Path, known_issues: str | None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "upstream", None):  # a bad spec is reported before torch is imported
-        from harness.upstream import UpstreamError, parse_spec
+        from accel_harness.upstream import UpstreamError, parse_spec
 
         try:
             parse_spec(args.upstream)

@@ -15,7 +15,7 @@ Exit codes (the first that applies, in this order):
   0  nothing the gate checks failed
   1  new-failures: failures without a known issue that are new against the baseline
      (with no --baseline: any failure without a known issue)
-  3  regressions: a confirmed benchmark regression (see reports.benchmarks for the rule)
+  3  regressions: a confirmed benchmark regression (see accel_reports.benchmarks for the rule)
   4  collection-drop (only when asked with --fail-on): fewer tests than in the baseline
   2  usage or input error: bad options, no results found, a results file with an unknown schema
      version, an unreadable known-issues file (no report is written)
@@ -91,11 +91,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.known_issues import KnownIssuesError, load_known_issues
-    from reports.analysis import build_report
-    from reports.benchmarks import DEFAULT_THRESHOLD
-    from reports.loaders import SchemaVersionError, load_results
-    from reports.render import write_report
+    from accel_harness.known_issues import KnownIssuesError, load_known_issues
+    from accel_reports.analysis import build_report
+    from accel_reports.benchmarks import DEFAULT_THRESHOLD
+    from accel_reports.loaders import SchemaVersionError, load_results
+    from accel_reports.render import write_report
 
     for path in [*args.results, *(args.baseline or [])]:
         if not Path(path).exists():

@@ -125,7 +125,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def _selected_backends(config: pytest.Config) -> list[str]:
     try:
-        from harness.plugin import _context
+        from accel_harness.plugin import _context
 
         return list(_context(config).selected)
     except Exception:

@@ -1,6 +1,6 @@
 """Time `accel report` at scale: 50 runs × 2,000 tests (100,000 records) plus benchmark files.
 
-Generates the results once with ``reports.synthetic`` (not timed), then times the whole report
+Generates the results once with ``accel_reports.synthetic`` (not timed), then times the whole report
 (load every file, apply the known issues, analyse, render HTML and Markdown) ``--repeats`` times
 and prints the median with its parts and the sizes of the files written. Targets: under 5 s and an
 HTML file under 5 MB (pytest-html needs about 40 s to open 4,000 tests).
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", dest="json_path", help="write the figures here")
     args = parser.parse_args(argv)
 
-    from reports.synthetic import generate
+    from accel_reports.synthetic import generate
 
     with tempfile.TemporaryDirectory(prefix="accel-report-bench-") as tmp:
         results = Path(tmp) / "results"
@@ -40,10 +40,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"generated {len(generated.runs)} runs × {args.tests} tests and {len(generated.benchmarks)} benchmark files "
               f"in {time.perf_counter() - start:.1f} s ({sum(p.stat().st_size for p in results.iterdir()) / 2**20:.1f} MiB)")
 
-        from harness.known_issues import load_known_issues
-        from reports.analysis import build_report
-        from reports.loaders import load_results
-        from reports.render import write_report
+        from accel_harness.known_issues import load_known_issues
+        from accel_reports.analysis import build_report
+        from accel_reports.loaders import load_results
+        from accel_reports.render import write_report
 
         timings = []
         for repeat in range(args.repeats):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import timing
-from harness import markers
+from accel_harness import markers
 
 DTYPES = ["float32", "bfloat16", "float16"]
 #: matrix side: (full, quick) on the host CPU and on accelerators

@@ -21,7 +21,7 @@ import torch
 
 import host_reference
 import timing
-from harness import markers
+from accel_harness import markers
 
 #: buffer bytes: (full, quick) on the host CPU and on accelerators. Full sizes are well beyond the
 #: last-level cache (tens of MiB on server CPUs, ~50 MiB L2 on large GPUs), so memory is measured.

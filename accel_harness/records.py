@@ -385,7 +385,7 @@ class TestRecord:
     outcome: str
     duration: float
     when: str = "call"
-    #: skips: reason code (harness.markers.SKIP_CODES or "unspecified") and message
+    #: skips: reason code (accel_harness.markers.SKIP_CODES or "unspecified") and message
     reason_code: str | None = None
     #: skips: the reason; failures/errors: the first error line; xfail: the xfail reason
     message: str | None = None

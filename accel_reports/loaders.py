@@ -2,20 +2,20 @@
 
 Three inputs are understood:
 
-* harness JSON Lines (``*.jsonl``, :mod:`harness.records`): read with
-  :func:`harness.records.read_records`; an unknown schema (major) version raises
-  :class:`harness.records.SchemaVersionError` (the file is refused, never half-understood);
+* harness JSON Lines (``*.jsonl``, :mod:`accel_harness.records`): read with
+  :func:`accel_harness.records.read_records`; an unknown schema (major) version raises
+  :class:`accel_harness.records.SchemaVersionError` (the file is refused, never half-understood);
 * pytest ``--junitxml`` files (``*.xml``), parsed with :mod:`xml.etree.ElementTree`, which never
   fetches external entities or DTDs; the harness' ``accel_backend``/``accel_world_size``/
   ``accel_known_issue`` test properties and ``run_id``/``torch_version``/``accel_version``/
   ``backend`` suite properties are used when present. A file cut short keeps the test cases read
   before the break;
-* pytest-benchmark JSON (``*.json`` with a ``benchmarks`` list), see :mod:`reports.benchmarks` for
+* pytest-benchmark JSON (``*.json`` with a ``benchmarks`` list), see :mod:`accel_reports.benchmarks` for
   the ``extra_info`` keys read. The empty file pytest-benchmark leaves under pytest-xdist is noted
   and skipped.
 
 Nothing unreadable stops the rest: every loader returns its rows and a list of
-:class:`~harness.records.Problem` ``(path, line, message)`` (line 0: the file as a whole).
+:class:`~accel_harness.records.Problem` ``(path, line, message)`` (line 0: the file as a whole).
 
 Frames (columns in :data:`TEST_COLUMNS`, :data:`RUN_COLUMNS`, :data:`BENCH_COLUMNS`):
 
@@ -25,7 +25,7 @@ Frames (columns in :data:`TEST_COLUMNS`, :data:`RUN_COLUMNS`, :data:`BENCH_COLUM
 * ``runs``: run_id, source, format, backends, torch_version, torch_build, accel_version, host,
   start_time, end_time, interrupted, records, device_models, git_commit, upstream (the header's
   ``extra["upstream"]`` block of an upstream-suite run, else None; such a run's ``accel_version``
-  is its subject, e.g. ``accelerate 1.15.0 tests → accel 0.1.0``, see :mod:`reports.vendor`);
+  is its subject, e.g. ``accelerate 1.15.0 tests → accel 0.1.0``, see :mod:`accel_reports.vendor`);
 * ``benchmarks``: see :data:`BENCH_COLUMNS`.
 """
 
@@ -42,7 +42,7 @@ from typing import Any, Iterable, Sequence
 
 import pandas as pd
 
-from harness.records import (
+from accel_harness.records import (
     OUTCOMES,
     Problem,
     SchemaVersionError,
@@ -269,7 +269,7 @@ def _junit_case(case: ET.Element, suite_props: dict[str, str]) -> dict[str, Any]
             if (child.get("type") or "") == "pytest.xfail":
                 outcome, message = "xfailed", child.get("message")
             else:
-                from harness.markers import parse_skip
+                from accel_harness.markers import parse_skip
 
                 outcome = "skipped"
                 reason = parse_skip(child.get("message") or (child.text or ""))

@@ -1,7 +1,7 @@
 """The vendor table: upstream test suites (``accel qualify --upstream``) by version, torch and backend.
 
 An upstream run's results file carries ``extra["upstream"]`` in its header (see
-:mod:`harness.upstream`): the project and version of the suite, what it ran against (the project
+:mod:`accel_harness.upstream`): the project and version of the suite, what it ran against (the project
 itself, or accel through the import rewrite), the run's status (``completed``,
 ``collection-failed``, ``no-tests``, ``interrupted``) and what could not be installed. The loader
 puts that block in the ``upstream`` column of the runs frame and makes the run's cell version the
@@ -26,7 +26,7 @@ from typing import Any, Mapping
 
 import pandas as pd
 
-from harness.known_issues import KnownIssues
+from accel_harness.known_issues import KnownIssues
 
 __all__ = ["VENDOR_COLUMNS", "COMPAT_COLUMNS", "compatibility", "subject_label", "upstream_block", "vendor_lines", "vendor_table"]
 

@@ -8,10 +8,10 @@ skips on old-torch MPS (``unsupported-dtype``); ``all_gather`` fails on xpu with
 ``accel-17``, fixed in 0.2.0, so it is reported as passing there); large-memory tests run out of
 memory on cuda (one signature whatever the size); a few tests time out at random.
 
-Files are written with the harness' own :class:`harness.records.RecordWriter`, so they are exactly
+Files are written with the harness' own :class:`accel_harness.records.RecordWriter`, so they are exactly
 what a run writes. Everything is deterministic for a given ``seed``.
 
-    python -m reports.synthetic OUT_DIR [--runs 50] [--tests 2000] [--seed 0]
+    python -m accel_reports.synthetic OUT_DIR [--runs 50] [--tests 2000] [--seed 0]
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from harness.known_issues import KnownIssues
-from harness.records import RecordWriter, RunHeader, TestRecord, make_record
+from accel_harness.known_issues import KnownIssues
+from accel_harness.records import RecordWriter, RunHeader, TestRecord, make_record
 
 __all__ = [
     "ACCEL_VERSIONS",
@@ -218,7 +218,7 @@ def bench_entry(
     keep_data: bool = True,
     host: tuple[str, float] | None = None,
 ) -> dict[str, Any]:
-    """One pytest-benchmark entry with the ``extra_info`` keys :mod:`reports.benchmarks` reads.
+    """One pytest-benchmark entry with the ``extra_info`` keys :mod:`accel_reports.benchmarks` reads.
 
     ``host`` = (``host_bound`` kind, host probe figure) adds the host reference of that kind.
     """

@@ -187,7 +187,7 @@ def as_decorator(name: str) -> Any:
 
     ``as_decorator("require_cuda")`` is ``pytest.mark.require_backend("cuda")``;
     ``as_decorator("require_devices")`` is ``pytest.mark.require_devices`` (call it with ``n``).
-    The same names can be imported directly: ``from harness.markers import require_cuda``.
+    The same names can be imported directly: ``from accel_harness.markers import require_cuda``.
     """
     import pytest
 
@@ -213,7 +213,7 @@ def require_torch_min_version(test_case: Any = None, version: str | None = None)
     return decorator(test_case) if test_case is not None else decorator
 
 
-def __getattr__(name: str) -> Any:  # PEP 562: ``from harness.markers import require_cuda``
+def __getattr__(name: str) -> Any:  # PEP 562: ``from accel_harness.markers import require_cuda``
     if name in ACCELERATE_ALIASES or name in MARKERS:
         return as_decorator(name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""Analyses of loaded results: pure functions from frames (see :mod:`reports.loaders`) to frames.
+"""Analyses of loaded results: pure functions from frames (see :mod:`accel_reports.loaders`) to frames.
 
 A **cell** is one (backend, torch version, accel version) combination. Counts add up every record
 of the runs in a cell (shards of one run add up; pass the runs you want reported, e.g. one nightly
@@ -10,7 +10,7 @@ the latest (by run start time) and the grid marks the test as flaky when the rec
 * a failure is an outcome ``failed`` or ``error``; it is **tracked** when it carries a known issue
   (recorded by the harness or matched by ``--known-issues`` at report time), **untracked** otherwise;
 * failures are clustered by root cause: the known issue when there is one, else the signature
-  (the noise-stripped first error line, :func:`harness.records.failure_signature`);
+  (the noise-stripped first error line, :func:`accel_harness.records.failure_signature`);
 * the diff against a baseline matches each current cell with the baseline cell of the same
   backend and torch version (any accel version), else the same backend's newest torch version.
 """
@@ -25,7 +25,7 @@ from typing import Any, Iterable
 import pandas as pd
 from packaging.version import InvalidVersion, Version
 
-from harness.known_issues import KnownIssues
+from accel_harness.known_issues import KnownIssues
 
 from . import benchmarks as bench
 from .loaders import Loaded, Problem
@@ -448,7 +448,7 @@ class Report:
     known: KnownIssues | None = None
     baseline_files: list[str] = field(default_factory=list)
     threshold: float = bench.DEFAULT_THRESHOLD
-    #: upstream suites (reports.vendor): the vendor table and the compatibility comparisons
+    #: upstream suites (accel_reports.vendor): the vendor table and the compatibility comparisons
     vendor: pd.DataFrame = field(default_factory=pd.DataFrame)
     compat: pd.DataFrame = field(default_factory=pd.DataFrame)
 

@@ -1,4 +1,4 @@
-"""Render a :class:`reports.analysis.Report` as one self-contained HTML file and as Markdown.
+"""Render a :class:`accel_reports.analysis.Report` as one self-contained HTML file and as Markdown.
 
 HTML (``templates/report.html.j2``): inline CSS, one small inline script (sorting, filtering,
 opening a failure's details from the grid), inline SVG charts; no network request is needed to

@@ -74,7 +74,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from harness.records import device_neutral_id
+from accel_harness.records import device_neutral_id
 
 __all__ = [
     "DEFAULT_ALPHA",
