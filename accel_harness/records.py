@@ -45,6 +45,7 @@ __all__ = [
     "device_neutral_id",
     "failure_signature",
     "first_error_line",
+    "accel_commit",
     "git_commit",
     "make_record",
     "new_run_id",
@@ -104,6 +105,41 @@ def git_commit(cwd: str | os.PathLike[str] | None = None) -> str | None:
     if out.returncode != 0 or not re.fullmatch(r"[0-9a-f]{40,64}", commit):
         return None
     return commit
+
+
+def _installed_commit(distribution: str = "accel") -> str | None:
+    """The VCS commit an installed wheel was built from (PEP 610 ``direct_url.json``), or None."""
+    try:
+        from importlib.metadata import PackageNotFoundError, distribution as find
+
+        text = find(distribution).read_text("direct_url.json")
+    except (ImportError, PackageNotFoundError, OSError, ValueError):
+        return None
+    try:
+        info = json.loads(text) if text else None
+    except ValueError:
+        return None
+    vcs = info.get("vcs_info") if isinstance(info, dict) else None
+    commit = vcs.get("commit_id") if isinstance(vcs, dict) else None
+    return commit if isinstance(commit, str) and re.fullmatch(r"[0-9a-f]{40,64}", commit) else None
+
+
+def accel_commit(cwd: str | os.PathLike[str] | None = None) -> str | None:
+    """The commit of the code under test, for a run's header.
+
+    The checkout in ``cwd`` when it is one; else the checkout accel itself is imported from (a run
+    started outside the repository, e.g. ``accel qualify`` in a scratch folder); else the commit an
+    installed wheel records in its ``direct_url.json``; else None.
+    """
+    commit = git_commit(cwd)
+    if commit:
+        return commit
+    package = Path(__file__).resolve().parent.parent  # the folder holding accel_harness/ (and accel/)
+    if (package / ".git").exists():
+        commit = git_commit(package)
+        if commit:
+            return commit
+    return _installed_commit("accel")
 
 
 def _jsonable(value: Any) -> Any:
@@ -286,6 +322,8 @@ class RunHeader:
     torch_build: str | None = None
     python: str | None = None
     os: str | None = None
+    #: the operating system's kernel release (``platform.release()``, e.g. ``6.8.0-45-generic``)
+    kernel: str | None = None
     host: str | None = None
     git_commit: str | None = None
     #: backends selected for the run, in probe order
@@ -345,8 +383,9 @@ class RunHeader:
             torch_build=torch_info.get("build"),
             python=py.get("version") or platform.python_version(),
             os=plat.get("platform") or platform.platform(),
+            kernel=plat.get("release") or platform.release() or None,
             host=plat.get("host") or platform.node(),
-            git_commit=git_commit(cwd),
+            git_commit=accel_commit(cwd),
             extra=dict(extra or {}),
         )
         errors: dict[str, str] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import platform
 import subprocess
 import sys
 import textwrap
@@ -261,7 +262,9 @@ def test_header_from_environment_and_backends(tmp_path):
     assert data["accel_version"] == "9.9.9"
     assert (data["torch_version"], data["torch_build"]) == ("2.7.1+xpu", "XPU 20250101")
     assert (data["python"], data["os"], data["host"]) == ("3.11.7", "Linux-6.8-x86_64", "rig-7")
-    assert data["git_commit"] is None  # tmp_path is no git checkout
+    # tmp_path is no git checkout: the commit is the one of the checkout accel is imported from
+    assert data["git_commit"] == records.git_commit(REPO_ROOT)
+    assert data["kernel"] == platform.release()  # FAKE_ENV has no release: the running kernel
     assert data["backends"] == ["xpu", "hpu"]
     assert data["device_models"] == {"xpu": ["Intel(R) Data Center GPU Max 1550"] * 2}
     assert data["device_count"] == {"xpu": 2}
@@ -504,6 +507,37 @@ def test_records_module_does_not_import_torch():
     code = f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r}); import accel_harness.records, accel_harness.known_issues; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_accel_commit_falls_back_to_the_package_checkout_then_the_wheel(tmp_path, monkeypatch):
+    head = records.git_commit(REPO_ROOT)
+    assert head and records.accel_commit(tmp_path) == head  # cwd is no checkout; accel's own is
+    # an installed wheel (no checkout next to the package): PEP 610 direct_url.json's commit
+    monkeypatch.setattr(records, "git_commit", lambda cwd=None: None)
+    commit = "ab" * 20
+
+    class Dist:
+        def __init__(self, text):
+            self.text = text
+
+        def read_text(self, name):
+            assert name == "direct_url.json"
+            return self.text
+
+    import importlib.metadata as metadata
+
+    monkeypatch.setattr(metadata, "distribution", lambda name: Dist(json.dumps({"url": "git+https://x/accel",
+                                                                                   "vcs_info": {"vcs": "git", "commit_id": commit}})))
+    assert records.accel_commit(tmp_path) == commit
+    monkeypatch.setattr(metadata, "distribution", lambda name: Dist(json.dumps({"url": "file:///x", "dir_info": {}})))
+    assert records.accel_commit(tmp_path) is None  # a local install records no commit: None, not a guess
+    monkeypatch.setattr(metadata, "distribution", lambda name: Dist("{not json"))
+    assert records.accel_commit(tmp_path) is None
+
+
+def test_header_carries_the_kernel_release():
+    header = RunHeader.collect([], run_id="x", environment={"platform": {"platform": "Linux-6.8", "release": "6.8.0-45-generic"}}, cwd="/")
+    assert header.kernel == "6.8.0-45-generic" and header.to_dict()["kernel"] == "6.8.0-45-generic"
 
 
 def test_simple_namespace_backend_is_enough_for_the_header():
