@@ -35,7 +35,7 @@ import importlib.metadata
 import importlib.util
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -43,6 +43,7 @@ from packaging.version import InvalidVersion, Version
 
 __all__ = [
     "ACCELERATE_ALIASES",
+    "Alias",
     "BUILTIN_BACKENDS",
     "MARKERS",
     "SKIP_CODES",
@@ -104,7 +105,7 @@ MARKERS: dict[str, str] = {
     "require_fp16": "skip unless the backend computes in float16; require_fp16(amp=True) asks for fp16 autocast instead [unsupported-dtype]",
     "require_bf16": "skip unless the backend computes in bfloat16; require_bf16(amp=True) asks for bf16 autocast instead [unsupported-dtype]",
     "require_fp8": "skip unless the backend runs float8 (e4m3) matmuls [unsupported-dtype]",
-    "require_package": "require_package(name, ...): skip unless each package is installed; 'name>=1.2' also checks its version [needs-package]",
+    "require_package": "require_package(name, ..., any_of=False): skip unless each package (any_of=True: at least one) is installed; 'name>=1.2' also checks its version [needs-package]",
     "require_torch": "require_torch(spec): skip unless the installed torch matches the specifier, e.g. require_torch('>=2.5') [torch-version]",
     "require_deepspeed": "skip unless deepspeed is installed [needs-package]",
     "require_fsdp2": "skip unless torch >= 2.6 (fully_shard) and the backend has a collective backend [torch-version, needs-multiprocess]",
@@ -114,8 +115,16 @@ MARKERS: dict[str, str] = {
 }
 
 # ---------------------------------------------------------------------------- Accelerate aliases
-def _package(module: str) -> tuple[str, tuple[Any, ...]]:
-    return ("require_package", (module,))
+class Alias(NamedTuple):
+    """An Accelerate decorator as a harness mark: ``pytest.mark.<marker>(*args, **kwargs)``."""
+
+    marker: str
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = {}
+
+
+def _package(module: str) -> Alias:
+    return Alias("require_package", (module,))
 
 
 #: Accelerate ``accelerate.test_utils`` decorator name -> (harness marker, marker args).
@@ -123,37 +132,37 @@ def _package(module: str) -> tuple[str, tuple[Any, ...]]:
 #: "requires cuda" means "only the cuda instance runs". ``require_multi_gpu`` and friends mean
 #: two devices of whatever backend the instance runs on; ``require_single_device`` means "not on
 #: the host cpu" (a harness test runs at world size 1 on one device of its backend).
-ACCELERATE_ALIASES: dict[str, tuple[str, tuple[Any, ...]]] = {
-    "require_cpu": ("require_backend", ("cpu",)),
-    "require_cuda": ("require_backend", ("cuda",)),
-    "require_xpu": ("require_backend", ("xpu",)),
-    "require_mps": ("require_backend", ("mps",)),
-    "require_hpu": ("require_backend", ("hpu",)),
-    "require_npu": ("require_backend", ("npu",)),
-    "require_mlu": ("require_backend", ("mlu",)),
-    "require_musa": ("require_backend", ("musa",)),
-    "require_sdaa": ("require_backend", ("sdaa",)),
-    "require_neuron": ("require_backend", ("neuron",)),
-    "require_tpu": ("require_backend", ("xla",)),
-    "require_cuda_or_xpu": ("require_backend", ("cuda", "xpu")),
-    "require_cuda_or_hpu": ("require_backend", ("cuda", "hpu")),
-    "require_single_gpu": ("require_backend", ("cuda",)),
-    "require_single_xpu": ("require_backend", ("xpu",)),
-    "require_single_device": ("require_non_cpu", ()),
-    "require_non_cpu": ("require_non_cpu", ()),
-    "require_non_cuda": ("require_non_cuda", ()),
-    "require_non_xpu": ("require_non_xpu", ()),
-    "require_non_mps": ("require_non_mps", ()),
-    "require_non_hpu": ("require_non_hpu", ()),
-    "require_multi_device": ("require_devices", (2,)),
-    "require_multi_gpu": ("require_devices", (2,)),
-    "require_multi_xpu": ("require_devices", (2,)),
-    "require_multi_gpu_or_xpu": ("require_devices", (2,)),
-    "require_fp16": ("require_fp16", ()),
-    "require_bf16": ("require_bf16", ()),
-    "require_fp8": ("require_fp8", ()),
-    "require_deepspeed": ("require_deepspeed", ()),
-    "require_fsdp2": ("require_fsdp2", ()),
+ACCELERATE_ALIASES: dict[str, Alias] = {
+    "require_cpu": Alias("require_backend", ("cpu",)),
+    "require_cuda": Alias("require_backend", ("cuda",)),
+    "require_xpu": Alias("require_backend", ("xpu",)),
+    "require_mps": Alias("require_backend", ("mps",)),
+    "require_hpu": Alias("require_backend", ("hpu",)),
+    "require_npu": Alias("require_backend", ("npu",)),
+    "require_mlu": Alias("require_backend", ("mlu",)),
+    "require_musa": Alias("require_backend", ("musa",)),
+    "require_sdaa": Alias("require_backend", ("sdaa",)),
+    "require_neuron": Alias("require_backend", ("neuron",)),
+    "require_tpu": Alias("require_backend", ("xla",)),
+    "require_cuda_or_xpu": Alias("require_backend", ("cuda", "xpu")),
+    "require_cuda_or_hpu": Alias("require_backend", ("cuda", "hpu")),
+    "require_single_gpu": Alias("require_backend", ("cuda",)),
+    "require_single_xpu": Alias("require_backend", ("xpu",)),
+    "require_single_device": Alias("require_non_cpu", ()),
+    "require_non_cpu": Alias("require_non_cpu", ()),
+    "require_non_cuda": Alias("require_non_cuda", ()),
+    "require_non_xpu": Alias("require_non_xpu", ()),
+    "require_non_mps": Alias("require_non_mps", ()),
+    "require_non_hpu": Alias("require_non_hpu", ()),
+    "require_multi_device": Alias("require_devices", (2,)),
+    "require_multi_gpu": Alias("require_devices", (2,)),
+    "require_multi_xpu": Alias("require_devices", (2,)),
+    "require_multi_gpu_or_xpu": Alias("require_devices", (2,)),
+    "require_fp16": Alias("require_fp16", ()),
+    "require_bf16": Alias("require_bf16", ()),
+    "require_fp8": Alias("require_fp8", ()),
+    "require_deepspeed": Alias("require_deepspeed", ()),
+    "require_fsdp2": Alias("require_fsdp2", ()),
     "require_torchvision": _package("torchvision"),
     "require_pandas": _package("pandas"),
     "require_transformers": _package("transformers"),
@@ -177,8 +186,14 @@ ACCELERATE_ALIASES: dict[str, tuple[str, tuple[Any, ...]]] = {
     "require_datasets": _package("datasets"),
     "require_peft": _package("peft"),
     "require_torchdata_stateful_dataloader": _package("torchdata.stateful_dataloader"),
-    "require_huggingface_suite": ("require_package", ("transformers", "datasets")),
-    "slow": ("slow", ()),
+    "require_huggingface_suite": Alias("require_package", ("transformers", "datasets")),
+    "require_import_timer": _package("import_timer"),
+    "require_pippy": _package("torch.distributed.pipelining"),
+    "require_transformer_engine_mxfp8": Alias("require_package", ("transformer_engine>=2.0",)),
+    "require_tp": Alias("require_package", ("transformers>=4.52.0",)),
+    # Accelerate's choice of trackers; it also refuses when comet_ml is installed, which a marker cannot say
+    "require_trackers": Alias("require_package", ("wandb", "tensorboard", "trackio", "swanlab"), {"any_of": True}),
+    "slow": Alias("slow", ()),
 }
 
 
@@ -192,9 +207,9 @@ def as_decorator(name: str) -> Any:
     import pytest
 
     if name in ACCELERATE_ALIASES:
-        marker, args = ACCELERATE_ALIASES[name]
-        decorator = getattr(pytest.mark, marker)
-        return decorator(*args) if args else decorator
+        alias = ACCELERATE_ALIASES[name]
+        decorator = getattr(pytest.mark, alias.marker)
+        return decorator(*alias.args, **alias.kwargs) if alias.args or alias.kwargs else decorator
     if name in MARKERS or (name.startswith("require_non_") and len(name) > len("require_non_")):
         return getattr(pytest.mark, name)
     known = sorted(set(MARKERS) | set(ACCELERATE_ALIASES))
@@ -487,17 +502,21 @@ def _package_check(mark: _Mark, value: Any) -> Callable[[], str | None]:
 
 
 def _check_require_package(mark: _Mark) -> list[_Check]:
-    mark.only_kwargs()
+    mark.only_kwargs("any_of")
     if not mark.args:
         raise mark.error("(none)", "require_package needs at least one package name")
+    any_of = mark.kwargs.get("any_of", False)
+    if not isinstance(any_of, bool):
+        raise mark.error(f"any_of={any_of!r}", "expected True or False")
     probes = [_package_check(mark, v) for v in mark.args]
 
     def run(ctx: _Context) -> SkipReason | None:
-        for probe in probes:
-            problem = probe()
-            if problem:
-                return SkipReason(NEEDS_PACKAGE, problem)
-        return None
+        problems = [problem for problem in (probe() for probe in probes) if problem]
+        if not problems or (any_of and len(problems) < len(probes)):
+            return None
+        if any_of:
+            return SkipReason(NEEDS_PACKAGE, "test needs one of " + ", ".join(map(str, mark.args)) + "; none is installed")
+        return SkipReason(NEEDS_PACKAGE, problems[0])
 
     return [_Check(_RANK_PACKAGE, run)]
 

@@ -112,9 +112,37 @@ def test_marker_table_has_every_marker_with_a_one_line_description():
 
 
 def test_every_alias_points_at_a_registered_marker_with_valid_arguments():
-    for alias, (marker, args) in ACCELERATE_ALIASES.items():
-        assert marker in MARKERS, alias
-        validate([mark(marker, *args)], where=alias)  # raises on bad arguments
+    for alias, spec in ACCELERATE_ALIASES.items():
+        assert spec.marker in MARKERS, alias
+        validate([mark(spec.marker, *spec.args, **spec.kwargs)], where=alias)  # raises on bad arguments
+
+
+#: accel.test_utils decorators with no harness alias, and why
+_NOT_ALIASED = {
+    "require_torch_min_version": "takes version=; accel_harness.markers.require_torch_min_version is its own function",
+    "require_non_torch_xla": "about an installed package's absence, which no harness marker expresses",
+    "skip": "unconditional; pytest.mark.skip already is that",
+}
+
+
+def test_every_accel_test_utils_decorator_has_a_harness_alias():
+    """accel.test_utils.testing.REQUIREMENTS and ACCELERATE_ALIASES describe the same decorators: a
+    decorator added to one and not the other would make upstream suites skip differently under the harness."""
+    from accel.test_utils.testing import REQUIREMENTS
+
+    missing = set(REQUIREMENTS) - set(ACCELERATE_ALIASES) - set(_NOT_ALIASED)
+    assert not missing, f"decorators without a harness alias: {sorted(missing)}"
+    assert set(_NOT_ALIASED) <= set(REQUIREMENTS)
+
+
+def test_require_package_any_of_needs_only_one(cpu):
+    present, absent = "packaging", "no_such_package_xyz"
+    assert evaluate([mark("require_package", absent, present, any_of=True)], cpu) is None
+    reason = evaluate([mark("require_package", absent, "no_such_other_xyz", any_of=True)], cpu)
+    assert reason is not None and reason.code == "needs-package" and "one of" in reason.message
+    assert evaluate([mark("require_package", absent, present)], cpu) is not None
+    with pytest.raises(MarkerUsageError, match="any_of"):
+        validate([mark("require_package", present, any_of="yes")], where="t")
 
 
 @pytest.mark.parametrize("alias, marker, args", [
