@@ -33,6 +33,7 @@ from typing import Any, Iterable, Mapping, NamedTuple
 
 __all__ = [
     "OUTCOMES",
+    "PROBLEM_KINDS",
     "SCHEMA",
     "SCHEMA_VERSION",
     "WHEN",
@@ -47,6 +48,7 @@ __all__ = [
     "first_error_line",
     "accel_commit",
     "git_commit",
+    "json_type",
     "make_record",
     "new_run_id",
     "read_records",
@@ -576,12 +578,26 @@ class SchemaVersionError(ValueError):
     """A results file written under a schema this reader does not understand."""
 
 
+#: what a :class:`Problem` means for a CI gate (see ``accel report``'s exit codes)
+PROBLEM_KINDS = ("invalid", "unreadable", "note")
+
+
 class Problem(NamedTuple):
-    """A line that could not be loaded."""
+    """Something in an input that could not be loaded as it is: ``(path, line, message, kind)``.
+
+    ``line`` 0 means the file as a whole. ``kind`` says what was lost:
+
+    * ``"invalid"``: a line or field breaks the schema (garbage, a wrong type, a missing field);
+      the line was skipped or the field left empty, so results may be missing;
+    * ``"unreadable"``: the file, or its end, could not be read or parsed (empty, no header, cut
+      short); whatever was read before the break is kept;
+    * ``"note"``: nothing was lost (a duplicate copy, a harmless empty file, an odd file name).
+    """
 
     path: str
     line: int
     message: str
+    kind: str = "invalid"
 
 
 class Results(NamedTuple):
@@ -604,14 +620,138 @@ def _check_schema(path: Path, header: Mapping[str, Any]) -> None:
         raise SchemaVersionError(f"results file {path} has schema version {version}; this accel reads {_MAJOR}.x")
 
 
+# ---------------------------------------------------------------------------- field checks
+def json_type(value: Any) -> str:
+    """The JSON name of ``value``'s type, for messages: string, integer, number, boolean, ..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_object(value: Any) -> bool:
+    return isinstance(value, dict)
+
+
+def _is_texts(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _is_text_lists(value: Any) -> bool:
+    return isinstance(value, dict) and all(_is_texts(v) for v in value.values())
+
+
+# field -> (check, expected (in words), value used instead of a wrong one)
+_TEST_FIELDS: dict[str, tuple[Any, str, Any]] = {
+    "run_id": (_is_text, "a string", None),
+    "test_id": (_is_text, "a string", None),
+    "backend": (_is_text, "a string", None),
+    "world_size": (_is_int, "an integer", None),
+    "duration": (_is_number, "a finite number", None),
+    "when": (lambda v: v in WHEN, f"one of {', '.join(WHEN)}", None),
+    "reason_code": (_is_text, "a string", None),
+    "message": (_is_text, "a string", None),
+    "signature": (_is_text, "a string", None),
+    "traceback": (_is_text, "a string", None),
+    "known_issue": (_is_text, "a string", None),
+    "extra": (_is_object, "an object", {}),
+}
+_HEADER_FIELDS: dict[str, tuple[Any, str, Any]] = {
+    **{name: (_is_text, "a string", None) for name in (
+        "run_id", "start_time", "accel_version", "torch_version", "torch_build", "python", "os", "kernel",
+        "host", "git_commit")},
+    "backends": (_is_texts, "an array of strings", []),
+    "device_models": (_is_text_lists, "an object of arrays of strings", {}),
+    **{name: (_is_object, "an object", {}) for name in (
+        "device_count", "driver_versions", "runtime_versions", "comm_backends", "extra")},
+}
+_RUN_END_FIELDS: dict[str, tuple[Any, str, Any]] = {
+    "end_time": (_is_text, "a string", None),
+    "counts": (_is_object, "an object", {}),
+}
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _check_fields(obj: dict[str, Any], fields: Mapping[str, tuple[Any, str, Any]], what: str,
+                  where: str, number: int, problems: list[Problem]) -> None:
+    """Replace every field of ``obj`` with a wrong type by its empty value, reporting each."""
+    for name, (check, expected, empty) in fields.items():
+        value = obj.get(name)
+        if value is None or check(value):
+            continue
+        problems.append(Problem(where, number, f"{what}: field {name!r}: expected {expected}, got {json_type(value)} "
+                                               f"{_shown(value)}; the field is left empty", "invalid"))
+        obj[name] = empty
+
+
+def _check_test(obj: dict[str, Any], where: str, number: int, problems: list[Problem]) -> bool:
+    """Whether a test line can be used; fields of a wrong type are emptied (and reported)."""
+    nodeid = obj.get("nodeid")
+    outcome = obj.get("outcome")
+    missing = [k for k in ("nodeid", "outcome") if obj.get(k) is None]
+    if missing:
+        problems.append(Problem(where, number, f"test record without {', '.join(missing)}; ignored", "invalid"))
+        return False
+    if not isinstance(nodeid, str) or not nodeid:
+        problems.append(Problem(where, number, f"test record: field 'nodeid': expected a non-empty string, got "
+                                               f"{json_type(nodeid)} {_shown(nodeid)}; ignored", "invalid"))
+        return False
+    if outcome not in OUTCOMES:
+        problems.append(Problem(where, number, f"test record {nodeid!r}: field 'outcome': expected one of "
+                                               f"{', '.join(OUTCOMES)}, got {json_type(outcome)} {_shown(outcome)}; ignored",
+                                "invalid"))
+        return False
+    _check_fields(obj, _TEST_FIELDS, f"test record {nodeid!r}", where, number, problems)
+    return True
+
+
+def _utf8_problem(raw: bytes, where: str) -> Problem | None:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        return Problem(where, line, f"not valid UTF-8 (byte {exc.start}: {exc.reason}); undecodable bytes are read as U+FFFD",
+                       "invalid")
+    return None
+
+
 def read_records(path: str | os.PathLike[str]) -> Results:
     """Load a results file tolerantly: ``(header, records, problems)``.
 
     Lines that cannot be used (malformed JSON, a line cut short by a killed run, a line without a
-    ``type``, a test line without ``nodeid``/``outcome``) are reported in ``problems`` as
-    ``(path, line number, message)`` and the rest loads. Unknown line types are ignored (a newer
-    minor version may add some). The header dict gets ``end_time`` and ``run_end`` from the
-    ``run_end`` line and ``"interrupted": True`` when that line is missing.
+    ``type``, a test line without ``nodeid``/``outcome`` or with an unknown outcome) are reported in
+    ``problems`` as ``(path, line number, message, kind)`` and the rest loads. A field of another
+    type than the schema's (``duration`` a string, ``world_size`` a float, ...) is reported and
+    left empty (None, or an empty list/object), and its record still loads. Unknown line types and
+    fields are ignored (a newer minor version may add some). The header dict gets ``end_time`` and
+    ``run_end`` from the ``run_end`` line and ``"interrupted": True`` when that line is missing.
 
     Raises :class:`SchemaVersionError` for another schema or an unknown major version.
     """
@@ -623,8 +763,11 @@ def read_records(path: str | os.PathLike[str]) -> Results:
     run_end: dict[str, Any] | None = None
     where = str(path)
     if not raw.strip():
-        problems.append(Problem(where, 1, "empty file: no run header"))
+        problems.append(Problem(where, 1, "empty file: no run header", "unreadable"))
         return Results(None, records, problems)
+    bad_bytes = _utf8_problem(raw, where)
+    if bad_bytes is not None:
+        problems.append(bad_bytes)
     text = raw.decode("utf-8", errors="replace")
     lines = text.split("\n")
     last_content = max(i for i, line in enumerate(lines) if line.strip())
@@ -635,37 +778,40 @@ def read_records(path: str | os.PathLike[str]) -> Results:
             continue
         try:
             obj = json.loads(line)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:
             if index == last_content and cut_short:
-                problems.append(Problem(where, number, f"incomplete last line (the run was probably killed while writing it): {exc}"))
+                problems.append(Problem(where, number, f"incomplete last line (the run was probably killed while writing it): {exc}",
+                                        "unreadable"))
             else:
-                problems.append(Problem(where, number, f"not valid JSON: {exc}"))
+                problems.append(Problem(where, number, f"not valid JSON: {exc}", "invalid"))
             continue
         if not isinstance(obj, dict):
-            problems.append(Problem(where, number, f"expected a JSON object, got {type(obj).__name__}"))
+            problems.append(Problem(where, number, f"expected a JSON object, got {json_type(obj)}", "invalid"))
             continue
         kind = obj.get("type")
         if kind == "header":
             if header is not None:
-                problems.append(Problem(where, number, "a second run header; ignored (were two runs written into one file?)"))
+                problems.append(Problem(where, number, "a second run header; ignored (were two runs written into one file?)", "invalid"))
                 continue
             _check_schema(path, obj)
             if records:
-                problems.append(Problem(where, number, "the run header is not the first line"))
+                problems.append(Problem(where, number, "the run header is not the first line", "note"))
             header = dict(obj)
+            _check_fields(header, _HEADER_FIELDS, "run header", where, number, problems)
         elif kind == "test":
-            missing = [k for k in ("nodeid", "outcome") if k not in obj]
-            if missing:
-                problems.append(Problem(where, number, f"test record without {', '.join(missing)}; ignored"))
-                continue
-            records.append(obj)
+            if _check_test(obj, where, number, problems):
+                records.append(obj)
         elif kind == "run_end":
-            run_end = obj
+            run_end = dict(obj)
+            _check_fields(run_end, _RUN_END_FIELDS, "run end", where, number, problems)
         elif kind is None:
-            problems.append(Problem(where, number, "line has no \"type\" field; ignored"))
+            problems.append(Problem(where, number, "line has no \"type\" field; ignored", "invalid"))
+        elif not isinstance(kind, str):
+            problems.append(Problem(where, number, f"field 'type': expected a string, got {json_type(kind)} {_shown(kind)}; "
+                                                   "line ignored", "invalid"))
         # other types: added by a newer minor schema version; ignored
     if header is None:
-        problems.append(Problem(where, 1, "no run header found"))
+        problems.append(Problem(where, 1, "no run header found", "unreadable"))
     else:
         header["interrupted"] = run_end is None
         header["end_time"] = run_end.get("end_time") if run_end else None
