@@ -30,6 +30,7 @@ written for accel puts these keys in ``extra_info`` (all optional; each has a fa
                     for work that runs on the host CPU); absent or null when neither does
 ``host_reference``  the host probe bracketing the benchmark (``suites/benchmarks/host_reference.py``):
                     ``compute_gflops`` and ``memory_gbs`` of a fixed matmul and copy
+``quick``           True for a ``--quick`` run (else the machine info's ``bench_quick``; else False)
 ==================  ==========================================================================
 
 The samples compared are ``extra_info.samples`` if given, else the raw times converted to the
@@ -37,11 +38,54 @@ metric (``work_size / t`` for a throughput metric; ``work_size`` defaults to
 ``throughput * median time``), else the times themselves. Without raw data there is one sample (the
 median): such a benchmark can be listed and compared but never called a regression on its own.
 
-The regression rule
--------------------
+Quick runs
+----------
+A run made with ``accel bench --quick`` (``extra_info["quick"]``, else the machine info's
+``bench_quick``) measures smaller problems with fewer rounds: its figures are another quantity.
+Every row carries ``quick``; a quick run is compared only with quick runs and a full run only with
+full runs. A quick run whose only reference is full gets the status ``quick: not compared``.
+
+The regression rule with a history (``compare_benchmarks(..., history=frame)``)
+--------------------------------------------------------------------------------
+``history`` is every stored run of every benchmark (:meth:`accel_reports.history.History.benchmarks_frame`).
+For each benchmark of the latest current run, the **reference** is the same benchmark (same
+backend, torch version, device-neutral id and, when both name one, device model) in the last
+``window`` (default 10) earlier runs **of the same kind** (full or quick), never the run itself.
+
+* The **noise band** comes from those runs' own medians, not from one pair of runs: in log space,
+  ``centre = median(log m_i)`` and ``half = max(log(1 + threshold), BAND_K * 1.4826 * MAD(log m_i))``;
+  the band is ``[exp(centre - half), exp(centre + half)]``. Why this band: on a shared machine the
+  run-to-run scatter of a benchmark is its own (a 512² fp32 matmul moves a few per cent, a bf16
+  matmul or a 2-rank collective tens of per cent), so one band for all is wrong both ways; a
+  median and the median absolute deviation ignore a single wild run (the issue's "-95.7 %" bf16
+  matmul) where a min/max envelope or a standard deviation would let it widen the band for the
+  next ten runs; ``1.4826 * MAD`` estimates the standard deviation of normal scatter, and
+  ``BAND_K = 3`` sigmas keeps identical code inside (three sigmas on each of ~10 benchmarks of
+  one run gives one false excursion in a few hundred judgements, and one excursion alone never
+  gates, below); log space makes "2x slower" and "2x faster" equally far. The floor
+  ``threshold`` (10 %) keeps a benchmark with a very tight history from flagging changes nobody
+  cares about.
+* A run outside its band is only **suspect** (it never fails a report). It is a **regression**
+  (or an **improvement**) when it is **confirmed**: the previous run of the same kind was also
+  outside its own band, on the same side. A change that persists is therefore caught at its second
+  run; a one-off excursion (a neighbour hogging the CPU for a minute) never gates. ``accel bench
+  --repeat 2`` gets the confirmation in one session.
+* With fewer than ``MIN_HISTORY`` (3) earlier runs the band is shown but a run outside it stays
+  suspect: two or three medians cannot say how much a benchmark scatters.
+* ``spread`` is the relative interquartile range of the latest run's own samples; above
+  ``NOISY_SPREAD`` (25 %) an unconfirmed excursion is labelled ``too noisy`` instead of suspect.
+* Statuses: ``regression``, ``improvement`` (both confirmed), ``suspect``, ``too noisy``,
+  ``unchanged`` (inside the band), ``quick: not compared``, ``no reference``. Only ``regression``
+  fails a report.
+* Host probe: the band already holds the machine's own drift (it is measured on the same shared
+  machine, run after run), so under this rule the probe does not change a status; its figures stay
+  in ``host_change``/``adjusted_change`` as evidence.
+
+The rule against a baseline file (no history)
+---------------------------------------------
 For each benchmark (same backend, torch version and device-neutral id) the latest run is compared
 with a reference: the ``--baseline`` results when given (same torch version if present there,
-otherwise the same backend's newest), else the oldest run of the history passed in.
+otherwise the same backend's newest), else the oldest run (of the same kind) passed in.
 
 * ``change`` = median(new samples) / median(reference samples) - 1, in the metric's own terms
   (+20 % time is a slowdown, -20 % throughput is a slowdown); ``worse`` is the change in the bad
@@ -52,18 +96,21 @@ otherwise the same backend's newest), else the oldest run of the history passed 
   otherwise) must give ``p < alpha`` (default 0.01). With fewer samples a single comparison proves
   nothing: the regression is confirmed only when the previous run of the history also exceeded
   the threshold against the same reference (repeated violation); otherwise it is "unconfirmed".
+  (The samples of one run share that run's machine state, so on a shared machine this test is
+  only as good as the machine is quiet: prefer a history.)
 * Host drift: when both runs carry a ``host_reference`` of the benchmark's ``host_bound`` kind, the
   change is also taken relative to the host (``adjusted_change`` = change of value / host
   reference). A change over the threshold, with the host probe moving the same way by at least
   half of it (and half the threshold) and the host-relative change not beyond the threshold in
   that direction, gets the status ``host drift``: the machine got slower or
-  faster, not the software (a shared VM's memory bandwidth moves by tens of per cent within
-  minutes). It never fails a report.
+  faster, not the software. It never fails a report.
 * Statuses: ``regression`` (confirmed), ``unconfirmed`` (over the threshold, too few samples, not
   repeated), ``within noise`` (over the threshold but not significant), ``host drift``,
-  ``unchanged``, ``improvement`` (the same rule in the good direction), ``no reference``.
-* ``speedup`` = how much faster the new run is (new/ref for higher-is-better, ref/new otherwise);
-  each table's summary is the geometric mean of the speedups (1.00x = unchanged).
+  ``unchanged``, ``improvement`` (the same rule in the good direction), ``quick: not compared``,
+  ``no reference``.
+
+Both rules: ``speedup`` = how much faster the new run is (new/ref for higher-is-better, ref/new
+otherwise); each table's summary is the geometric mean of the speedups (1.00x = unchanged).
 """
 
 from __future__ import annotations
@@ -77,11 +124,20 @@ import pandas as pd
 from accel_harness.records import device_neutral_id
 
 __all__ = [
+    "BAND_K",
     "DEFAULT_ALPHA",
     "DEFAULT_MIN_SAMPLES",
     "DEFAULT_THRESHOLD",
+    "DEFAULT_WINDOW",
     "HOST_REFERENCE_KEYS",
+    "MIN_HISTORY",
+    "NOISY_SPREAD",
+    "QUICK_NOT_COMPARED",
+    "Band",
     "benchmark_row",
+    "judge_against_history",
+    "noise_band",
+    "relative_iqr",
     "compare_benchmarks",
     "compare_samples",
     "geometric_mean",
@@ -95,6 +151,15 @@ __all__ = [
 DEFAULT_THRESHOLD = 0.10
 DEFAULT_ALPHA = 0.01
 DEFAULT_MIN_SAMPLES = 5
+#: earlier runs of the same kind the noise band is taken from
+DEFAULT_WINDOW = 10
+#: fewer earlier runs than this: a run outside the band stays suspect
+MIN_HISTORY = 3
+#: half-width of the band in robust standard deviations of the per-run medians
+BAND_K = 3.0
+#: relative IQR of a run's own samples above which its median is not trusted alone
+NOISY_SPREAD = 0.25
+QUICK_NOT_COMPARED = "quick: not compared"
 
 _HIGHER_METRICS = ("throughput", "bandwidth", "flops", "tflops", "samples_per_second", "tokens_per_second",
                    "items_per_second", "ops", "speedup", "mfu", "utilization")
@@ -214,6 +279,9 @@ def benchmark_row(bench: Mapping[str, Any], machine: Mapping[str, Any] | None = 
     if not samples:
         raise ValueError("no samples and no median in stats")
     world = extra.get("world_size")
+    quick = extra.get("quick")
+    if not isinstance(quick, bool):
+        quick = bool(machine.get("bench_quick")) if isinstance(machine.get("bench_quick"), bool) else False
     return {
         "name": name,
         "fullname": fullname,
@@ -236,6 +304,7 @@ def benchmark_row(bench: Mapping[str, Any], machine: Mapping[str, Any] | None = 
         "throughput": throughput,
         "host_bound": extra.get("host_bound") if extra.get("host_bound") in HOST_REFERENCE_KEYS else None,
         "host_ref": host_reference_value(extra),
+        "quick": quick,
     }
 
 
@@ -354,74 +423,270 @@ def compare_samples(
     return out
 
 
+# ---------------------------------------------------------------------------- the history rule
+def relative_iqr(samples: Sequence[float]) -> float | None:
+    """Interquartile range of ``samples`` over their median (None with fewer than 4 or a zero median)."""
+    values = [v for v in (_number(x) for x in samples) if v is not None]
+    if len(values) < 4:
+        return None
+    q1, median, q3 = np.percentile(values, [25, 50, 75])
+    return float((q3 - q1) / abs(median)) if median else None
+
+
+class Band(tuple):
+    """``(low, centre, high, runs)``: the noise band of a benchmark from ``runs`` earlier medians."""
+
+    __slots__ = ()
+
+    def __new__(cls, low: float, centre: float, high: float, runs: int) -> "Band":
+        return tuple.__new__(cls, (low, centre, high, runs))
+
+    low = property(lambda self: self[0])
+    centre = property(lambda self: self[1])
+    high = property(lambda self: self[2])
+    runs = property(lambda self: self[3])
+
+    def side(self, value: float) -> int:
+        """-1 below the band, +1 above it, 0 inside."""
+        return -1 if value < self.low else (1 if value > self.high else 0)
+
+
+def noise_band(medians: Sequence[float], *, threshold: float = DEFAULT_THRESHOLD, k: float = BAND_K) -> Band | None:
+    """The band of a benchmark from its earlier runs' medians (see the module docstring), or None
+    when there is no positive median to build it from."""
+    logs = np.log([m for m in (_number(v) for v in medians) if m is not None and m > 0])
+    if not len(logs):
+        return None
+    centre = float(np.median(logs))
+    mad = float(np.median(np.abs(logs - centre)))
+    half = max(math.log1p(threshold), k * 1.4826 * mad)
+    return Band(math.exp(centre - half), math.exp(centre), math.exp(centre + half), len(logs))
+
+
+def judge_against_history(
+    value: float,
+    earlier: Sequence[float],
+    higher_better: bool,
+    *,
+    previous_earlier: Sequence[float] | None = None,
+    spread: float | None = None,
+    threshold: float = DEFAULT_THRESHOLD,
+    window: int = DEFAULT_WINDOW,
+    min_history: int = MIN_HISTORY,
+) -> dict[str, Any]:
+    """The history rule for one benchmark run.
+
+    ``value`` is the run's median; ``earlier`` the medians of the earlier runs of the same kind,
+    oldest first (the last ``window`` are used; the last of them is the previous run);
+    ``previous_earlier`` the medians before the previous run (default: ``earlier[:-1]``), for the
+    previous run's own band. Returns ``band`` (or None), ``status``, ``evidence``, ``change``
+    (against the band's centre), ``side`` (+1 worse, -1 better, 0 inside).
+    """
+    earlier = [float(v) for v in earlier][-window:] if window > 0 else []
+    band = noise_band(earlier, threshold=threshold)
+    out: dict[str, Any] = {"band": band, "status": "no reference", "evidence": "", "change": None, "side": 0}
+    if band is None:
+        out["evidence"] = "no earlier run of this kind in the history"
+        return out
+    change = value / band.centre - 1.0
+    out["change"] = change
+    raw_side = band.side(value)
+    worse_side = -raw_side if higher_better else raw_side  # +1: on the bad side
+    out["side"] = worse_side
+    width = f"band {band.low:.4g}–{band.high:.4g} from {band.runs} run(s)"
+    if worse_side == 0:
+        out["status"], out["evidence"] = "unchanged", f"inside the {width}"
+        return out
+    where = "below" if raw_side < 0 else "above"
+    direction = "slower" if worse_side > 0 else "faster"
+    if band.runs < min_history:
+        out["status"] = "suspect"
+        out["evidence"] = f"{where} the {width} ({direction}); fewer than {min_history} earlier runs: not judged"
+        return out
+    # confirmation: the previous run was outside its own band on the same side
+    prev_value = earlier[-1]
+    prev_history = list(previous_earlier) if previous_earlier is not None else earlier[:-1]
+    prev_band = noise_band(prev_history[-window:], threshold=threshold) if prev_history else None
+    prev_side = 0
+    if prev_band is not None:
+        prev_side = prev_band.side(prev_value)
+        prev_side = -prev_side if higher_better else prev_side
+    if prev_side == worse_side:
+        out["status"] = "regression" if worse_side > 0 else "improvement"
+        out["evidence"] = (f"{where} the {width} ({change:+.1%}), and the previous run was {where} its band too "
+                           f"({prev_value / prev_band.centre - 1.0:+.1%}): confirmed")
+        return out
+    noisy = spread is not None and spread > NOISY_SPREAD
+    out["status"] = "too noisy" if noisy else "suspect"
+    out["evidence"] = (f"{where} the {width} ({change:+.1%}), not confirmed by the previous run"
+                       + (f"; its own samples spread {spread:.0%} (IQR/median)" if noisy else "")
+                       + "; a regression needs the next run (or accel bench --repeat 2) outside the band too")
+    return out
+
+
 # ---------------------------------------------------------------------------- tables
 def _order(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.assign(_when=frame["datetime"].fillna("").astype(str)).sort_values(["_when", "source"], kind="mergesort")
+
+
+def _is_quick(row: Mapping[str, Any]) -> bool:
+    value = row.get("quick") if hasattr(row, "get") else None
+    return bool(value) if isinstance(value, (bool, np.bool_)) else False
+
+
+COLUMNS = ["backend", "torch_version", "accel_version", "bench_id", "name", "metric", "unit", "higher_is_better",
+           "device", "dtype", "world_size", "value", "n_samples", "ref_value", "ref_n", "ref_source", "runs",
+           "change", "speedup", "p_value", "status", "evidence", "host_change", "adjusted_change",
+           "quick", "band_low", "band_high", "history_runs", "spread"]
+
+
+def _same_device(frame: pd.DataFrame, device: Any) -> pd.Series:
+    if device is None or (isinstance(device, float) and math.isnan(device)):
+        return pd.Series(True, index=frame.index)
+    return frame["device"].isna() | (frame["device"] == device)
+
+
+def _history_pool(pool: pd.DataFrame, latest: Mapping[str, Any], backend: Any, torch_version: Any, bench_id: Any) -> pd.DataFrame:
+    """Earlier runs of the latest's benchmark (any kind), oldest first, one row per run."""
+    same = pool[(pool["backend"] == backend) & (pool["torch_version"] == torch_version) & (pool["bench_id"] == bench_id)]
+    same = same[_same_device(same, latest.get("device")) & (same["run_id"] != latest.get("run_id"))]
+    when = str(latest.get("datetime") or "")
+    if when:
+        same = same[same["datetime"].fillna("").astype(str) <= when]
+    return _order(same).drop_duplicates("run_id", keep="last")
 
 
 def compare_benchmarks(
     current: pd.DataFrame,
     baseline: pd.DataFrame | None = None,
     *,
+    history: pd.DataFrame | None = None,
+    window: int = DEFAULT_WINDOW,
     threshold: float = DEFAULT_THRESHOLD,
     alpha: float = DEFAULT_ALPHA,
     min_samples: int = DEFAULT_MIN_SAMPLES,
 ) -> pd.DataFrame:
     """One row per benchmark (backend, torch version, device-neutral id): latest value, reference,
-    change, speedup, p-value, status and evidence. See the module docstring for the rule."""
-    columns = ["backend", "torch_version", "accel_version", "bench_id", "name", "metric", "unit", "higher_is_better",
-               "device", "dtype", "world_size", "value", "n_samples", "ref_value", "ref_n", "ref_source", "runs",
-               "change", "speedup", "p_value", "status", "evidence", "host_change", "adjusted_change"]
+    change, speedup, p-value, status and evidence, with ``quick``, the noise band (``band_low``,
+    ``band_high``, ``history_runs``) and the latest run's ``spread``.
+
+    With ``history`` (every stored run, :meth:`accel_reports.history.History.benchmarks_frame`) a
+    benchmark that has earlier runs there is judged by the history rule; otherwise by the baseline
+    rule. See the module docstring for both.
+    """
     if current is None or current.empty:
-        return pd.DataFrame(columns=columns)
+        return pd.DataFrame(columns=COLUMNS)
     current = _order(current)
     base = _order(baseline) if baseline is not None and not baseline.empty else None
+    pool = None
+    if history is not None and not history.empty:
+        pool = pd.concat([history, current], ignore_index=True) if not current.empty else history
     rows = []
     for (backend, torch_version, bench_id), group in current.groupby(["backend", "torch_version", "bench_id"], sort=True):
         latest = group.iloc[-1]
-        reference = previous = None
-        ref_source = ""
-        if base is not None:
-            same = base[(base["backend"] == backend) & (base["bench_id"] == bench_id)]
-            exact = same[same["torch_version"] == torch_version]
-            pick = exact if not exact.empty else same
-            if not pick.empty:
-                reference = pick.iloc[-1]
-                ref_source = "baseline" + ("" if not exact.empty else f" (torch {reference['torch_version']})")
-            if len(group) >= 2:
-                previous = group.iloc[-2]
-        elif len(group) >= 2:
-            reference = group.iloc[0]
-            ref_source = f"first of {len(group)} runs"
-            if len(group) >= 3:
-                previous = group.iloc[-2]
+        quick = _is_quick(latest)
         row = {
             "backend": backend, "torch_version": torch_version, "accel_version": latest["accel_version"],
             "bench_id": bench_id, "name": latest["name"], "metric": latest["metric"], "unit": latest["unit"],
             "higher_is_better": bool(latest["higher_is_better"]), "device": latest["device"], "dtype": latest["dtype"],
             "world_size": latest["world_size"], "value": latest["value"], "n_samples": latest["n_samples"],
-            "ref_value": None, "ref_n": None, "ref_source": ref_source, "runs": len(group),
+            "ref_value": None, "ref_n": None, "ref_source": "", "runs": len(group),
             "change": None, "speedup": None, "p_value": None, "status": "no reference", "evidence": "",
             "host_change": None, "adjusted_change": None,
+            "quick": quick, "band_low": None, "band_high": None, "history_runs": 0,
+            "spread": relative_iqr(latest["samples"]) if isinstance(latest["samples"], (tuple, list)) else None,
         }
-        if reference is not None:
-            result = compare_samples(
-                reference["samples"], latest["samples"], bool(latest["higher_is_better"]),
-                threshold=threshold, alpha=alpha, min_samples=min_samples,
-                previous=previous["samples"] if previous is not None else None,
-            )
-            row.update({
-                "ref_value": result["ref_median"], "ref_n": reference["n_samples"], "change": result["change"],
-                "speedup": result["speedup"], "p_value": result["p_value"], "status": result["status"],
-                "evidence": result["evidence"],
-            })
-            _apply_host_drift(row, latest, reference, threshold)
+        earlier = _history_pool(pool, latest, backend, torch_version, bench_id) if pool is not None else None
+        if earlier is not None and not earlier.empty:
+            _judge_history(row, latest, earlier, quick, threshold, window)
+        else:
+            _judge_baseline(row, latest, group, base, quick, threshold, alpha, min_samples)
         rows.append(row)
-    return pd.DataFrame(rows, columns=columns)
+    return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def _apply_host_drift(row: dict[str, Any], latest: Mapping[str, Any], reference: Mapping[str, Any], threshold: float) -> None:
-    """Fill ``host_change``/``adjusted_change`` and relabel a change the host explains as ``host drift``."""
+def _judge_history(row: dict[str, Any], latest: Mapping[str, Any], earlier: pd.DataFrame, quick: bool,
+                   threshold: float, window: int) -> None:
+    kinds = earlier["quick"].map(lambda q: bool(q) if isinstance(q, (bool, np.bool_)) else False) \
+        if "quick" in earlier.columns else pd.Series(False, index=earlier.index)
+    same = earlier[kinds == quick]
+    row["runs"] = len(same) + 1
+    if same.empty:
+        other = len(earlier)
+        if quick:
+            row["status"] = QUICK_NOT_COMPARED
+            row["evidence"] = (f"quick run: the history holds {other} full run(s) and no quick one; quick figures "
+                               "(smaller problems, fewer rounds) are never compared with full ones")
+        else:
+            row["evidence"] = f"the history holds only quick runs ({other}); a full run is compared with full runs only"
+        row["ref_source"] = "history"
+        return
+    values = same["value"].astype(float).tolist()
+    result = judge_against_history(float(row["value"]), values, row["higher_is_better"],
+                                   spread=row["spread"], threshold=threshold, window=window)
+    band = result["band"]
+    kind = "quick" if quick else "full"
+    row.update({
+        "status": result["status"], "evidence": result["evidence"],
+        "ref_source": f"history: last {band.runs} {kind} run(s)" if band is not None else "history",
+    })
+    if band is not None:
+        row.update({"ref_value": band.centre, "ref_n": band.runs, "band_low": band.low, "band_high": band.high,
+                    "history_runs": band.runs, "change": result["change"]})
+        if row["value"] and band.centre:
+            value, centre = float(row["value"]), band.centre
+            row["speedup"] = value / centre if row["higher_is_better"] else centre / value
+    _apply_host_drift(row, latest, same.iloc[-1], threshold, relabel=False)
+
+
+def _judge_baseline(row: dict[str, Any], latest: Mapping[str, Any], group: pd.DataFrame, base: pd.DataFrame | None,
+                    quick: bool, threshold: float, alpha: float, min_samples: int) -> None:
+    reference = previous = None
+    if base is not None:
+        same = base[(base["backend"] == row["backend"]) & (base["bench_id"] == row["bench_id"])]
+        exact = same[same["torch_version"] == row["torch_version"]]
+        pick = exact if not exact.empty else same
+        if not pick.empty:
+            reference = pick.iloc[-1]
+            row["ref_source"] = "baseline" + ("" if not exact.empty else f" (torch {reference['torch_version']})")
+        kind = group[group.apply(_is_quick, axis=1) == quick] if len(group) >= 2 else group
+        if len(kind) >= 2:
+            previous = kind.iloc[-2]
+    else:
+        kind = group[group.apply(_is_quick, axis=1) == quick]
+        if len(kind) >= 2:
+            reference = kind.iloc[0]
+            row["ref_source"] = f"first of {len(kind)} runs"
+            if len(kind) >= 3:
+                previous = kind.iloc[-2]
+        elif len(group) > len(kind):
+            reference = group[group.apply(_is_quick, axis=1) != quick].iloc[-1]
+            row["ref_source"] = "another kind of run"
+    if reference is None:
+        return
+    if _is_quick(reference) != quick:
+        row["ref_value"], row["ref_n"] = reference["value"], reference["n_samples"]
+        row["status"] = QUICK_NOT_COMPARED
+        row["evidence"] = (f"{'quick' if quick else 'full'} run against a {'quick' if _is_quick(reference) else 'full'} "
+                           "reference: quick runs (smaller problems, fewer rounds) are never compared with full ones")
+        return
+    result = compare_samples(
+        reference["samples"], latest["samples"], bool(latest["higher_is_better"]),
+        threshold=threshold, alpha=alpha, min_samples=min_samples,
+        previous=previous["samples"] if previous is not None else None,
+    )
+    row.update({
+        "ref_value": result["ref_median"], "ref_n": reference["n_samples"], "change": result["change"],
+        "speedup": result["speedup"], "p_value": result["p_value"], "status": result["status"],
+        "evidence": result["evidence"],
+    })
+    _apply_host_drift(row, latest, reference, threshold)
+
+
+def _apply_host_drift(row: dict[str, Any], latest: Mapping[str, Any], reference: Mapping[str, Any], threshold: float,
+                      relabel: bool = True) -> None:
+    """Fill ``host_change``/``adjusted_change`` and (``relabel``: the baseline rule) relabel a change the
+    host explains as ``host drift``."""
     host, ref_host = _number(latest.get("host_ref")), _number(reference.get("host_ref"))  # NaN when absent
     if host is None or ref_host is None or latest.get("host_bound") != reference.get("host_bound"):
         return
@@ -433,7 +698,7 @@ def _apply_host_drift(row: dict[str, Any], latest: Mapping[str, Any], reference:
         # the raw figure held while the host moved: worth a look, though the probe is noisy
         row["evidence"] += (f"; relative to the host {drift['adjusted_change']:+.0%} "
                             f"(its {latest['host_bound']} reference moved {drift['host_change']:+.0%})")
-    if drift["explained"] and row["status"] in ("regression", "improvement", "unconfirmed", "within noise"):
+    if relabel and drift["explained"] and row["status"] in ("regression", "improvement", "unconfirmed", "within noise"):
         row["evidence"] = (f"the host's {latest['host_bound']} reference moved {drift['host_change']:+.0%} with it; "
                            f"relative to the host the change is {drift['adjusted_change']:+.0%} "
                            f"(was: {row['status']}; {row['evidence']})")
@@ -441,9 +706,10 @@ def _apply_host_drift(row: dict[str, Any], latest: Mapping[str, Any], reference:
 
 
 def summarise_benchmarks(table: pd.DataFrame) -> pd.DataFrame:
-    """Per backend and torch version: benchmarks, geometric-mean speedup, regressions, improvements, host drift."""
+    """Per backend and torch version: benchmarks, geometric-mean speedup, regressions, improvements, host drift,
+    suspect (outside the band, unconfirmed, or too noisy) and quick (benchmarks from quick runs)."""
     columns = ["backend", "torch_version", "benchmarks", "compared", "geomean_speedup", "regressions", "improvements",
-               "host_drift"]
+               "host_drift", "suspect", "quick"]
     if table.empty:
         return pd.DataFrame(columns=columns)
     rows = []
@@ -455,5 +721,7 @@ def summarise_benchmarks(table: pd.DataFrame) -> pd.DataFrame:
             "regressions": int((group["status"] == "regression").sum()),
             "improvements": int((group["status"] == "improvement").sum()),
             "host_drift": int((group["status"] == "host drift").sum()),
+            "suspect": int(group["status"].isin(("suspect", "too noisy")).sum()),
+            "quick": int(group["quick"].fillna(False).astype(bool).sum()) if "quick" in group.columns else 0,
         })
     return pd.DataFrame(rows, columns=columns)

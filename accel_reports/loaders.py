@@ -15,7 +15,15 @@ Three inputs are understood:
   and skipped.
 
 Nothing unreadable stops the rest: every loader returns its rows and a list of
-:class:`~accel_harness.records.Problem` ``(path, line, message)`` (line 0: the file as a whole).
+:class:`~accel_harness.records.Problem` ``(path, line, message, kind)`` (line 0: the file as a
+whole). Every field is checked against the format's types: a record whose required field
+(``nodeid``, ``outcome``; a benchmark's name and ``stats``) is missing or of a wrong type is left
+out, an optional field of a wrong type is left empty and the record kept; both are ``"invalid"``
+problems naming file, line and field. A file that cannot be opened or parsed (or is cut short) is
+``"unreadable"``; harmless findings are ``"note"``. ``accel report`` turns the kinds into exit
+codes. File names that are not valid UTF-8 (bytes ``os.listdir`` hands back as surrogate
+escapes) and text holding lone surrogates (``"\\ud800"`` in JSON) are shown with U+FFFD, so
+nothing downstream meets a string that cannot be encoded.
 
 Frames (columns in :data:`TEST_COLUMNS`, :data:`RUN_COLUMNS`, :data:`BENCH_COLUMNS`):
 
@@ -49,6 +57,7 @@ from accel_harness.records import (
     device_neutral_id,
     failure_signature,
     first_error_line,
+    json_type,
     read_records,
 )
 
@@ -59,6 +68,8 @@ __all__ = [
     "Loaded",
     "Problem",
     "SchemaVersionError",
+    "display_path",
+    "display_text",
     "find_result_files",
     "load_benchmark_json",
     "load_jsonl",
@@ -79,6 +90,7 @@ BENCH_COLUMNS = [
     "run_id", "source", "datetime", "name", "fullname", "group", "bench_id", "backend", "device", "dtype",
     "world_size", "torch_version", "accel_version", "metric", "unit", "higher_is_better", "value",
     "samples", "n_samples", "rounds", "time_median", "throughput", "host_bound", "host_ref",
+    "quick",
 ]
 
 #: backend names recognised in a JUnit nodeid when the file carries no ``accel_backend`` property
@@ -106,6 +118,46 @@ class Loaded:
         return self.tests.empty and self.benchmarks.empty
 
 
+# ---------------------------------------------------------------------------- display-safe text
+def display_text(text: Any) -> Any:
+    """``text`` with what UTF-8 cannot encode (lone surrogates) replaced by U+FFFD; other values as given.
+
+    Surrogate escapes of undecodable bytes (``os.fsdecode``) become one U+FFFD per byte.
+    """
+    if not isinstance(text, str) or text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        try:
+            return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        except UnicodeEncodeError:  # a lone surrogate that is no escaped byte (JSON "\ud800")
+            return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return text
+
+
+def display_path(path: str | os.PathLike[str] | bytes) -> str:
+    """A file name that can be printed and written into a UTF-8 report (see :func:`display_text`)."""
+    return display_text(os.fsdecode(path))
+
+
+def _display_deep(value: Any, depth: int = 0) -> Any:
+    if isinstance(value, str):
+        return display_text(value)
+    if depth > 32:
+        return value
+    if isinstance(value, dict):
+        return {display_text(k): _display_deep(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_display_deep(v, depth + 1) for v in value]
+    return value
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 # ---------------------------------------------------------------------------- file discovery
 def find_result_files(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Path], list[Problem]]:
     """The result files named by ``paths``: files as given, folders searched recursively.
@@ -121,11 +173,11 @@ def find_result_files(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Pat
         if path.is_dir():
             candidates = sorted(p for p in path.rglob("*") if p.suffix.lower() in _RESULT_SUFFIXES and p.is_file())
             if not candidates:
-                problems.append(Problem(str(path), 0, "folder holds no *.jsonl, *.xml or *.json result files"))
+                problems.append(Problem(display_path(path), 0, "folder holds no *.jsonl, *.xml or *.json result files", "unreadable"))
         elif path.is_file():
             candidates = [path]
         else:
-            problems.append(Problem(str(path), 0, "no such file or folder"))
+            problems.append(Problem(display_path(path), 0, "no such file or folder", "unreadable"))
             continue
         for candidate in candidates:
             key = candidate.resolve()
@@ -150,7 +202,11 @@ def _kind(path: Path) -> str:
 
 # ---------------------------------------------------------------------------- harness JSON Lines
 def _text(value: Any) -> str | None:
-    return None if value is None else str(value)
+    return None if value is None else display_text(str(value))
+
+
+#: text columns of a test row (made display-safe when they hold non-ASCII text)
+_ROW_TEXT = ("nodeid", "test_id", "backend", "when", "reason_code", "message", "signature", "traceback", "known_issue")
 
 
 def load_jsonl(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[Problem]]:
@@ -159,17 +215,20 @@ def load_jsonl(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, lis
     Raises :class:`SchemaVersionError` for another schema or an unknown major version.
     """
     path = Path(path)
+    where = display_path(path)
     header, records, problems = read_records(path)
+    if where != str(path):
+        problems = [p._replace(path=where) if p.path == str(path) else p for p in problems]
     if header is None:
         if records:
-            problems.append(Problem(str(path), 1, f"{len(records)} test records without a run header; ignored"))
+            problems.append(Problem(where, 1, f"{len(records)} test records without a run header; ignored", "unreadable"))
         return None, [], list(problems)
-    run_id = str(header.get("run_id") or f"file:{path}")
+    run_id = _text(header.get("run_id")) or f"file:{where}"
     run = {
         "run_id": run_id,
-        "source": str(path),
+        "source": where,
         "format": "jsonl",
-        "backends": ", ".join(str(b) for b in header.get("backends") or []),
+        "backends": ", ".join(display_text(str(b)) for b in header.get("backends") or []),
         "torch_version": _text(header.get("torch_version")),
         "torch_build": _text(header.get("torch_build")),
         "accel_version": _text(header.get("accel_version")),
@@ -178,10 +237,10 @@ def load_jsonl(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, lis
         "end_time": _text(header.get("end_time")),
         "interrupted": bool(header.get("interrupted")),
         "records": len(records),
-        "device_models": "; ".join(
+        "device_models": display_text("; ".join(
             f"{name}: {', '.join(sorted(set(map(str, models))))}"
             for name, models in (header.get("device_models") or {}).items() if models
-        ),
+        )),
         "git_commit": _text(header.get("git_commit")),
         "upstream": None,
     }
@@ -189,25 +248,25 @@ def load_jsonl(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, lis
 
     block = upstream_block(header)
     if block is not None:  # an upstream suite (accel qualify --upstream): the cell's version is its subject
-        run["upstream"] = block
-        run["accel_version"] = subject_label(block)
-    default_backend = (header.get("backends") or [None])[0]
+        run["upstream"] = block = _display_deep(block)
+        run["accel_version"] = display_text(subject_label(block))
+    default_backend = _text((header.get("backends") or [None])[0])
     rows = []
     for number, rec in enumerate(records, start=1):  # the record dicts are completed in place
-        outcome = rec.get("outcome")
-        if outcome not in _OUTCOME_SET:
-            problems.append(Problem(str(path), 0, f"test record #{number} ({rec.get('nodeid')!r}) has unknown outcome {outcome!r}; ignored"))
+        if rec["outcome"] not in _OUTCOME_SET or not isinstance(rec["nodeid"], str):  # read_records checked both
             continue
+        for name in _ROW_TEXT:
+            value = rec.get(name)
+            if isinstance(value, str) and not value.isascii():
+                rec[name] = display_text(value)
         nodeid = rec["nodeid"]
-        if not isinstance(nodeid, str):
-            nodeid = rec["nodeid"] = str(nodeid)
         if not rec.get("backend"):
             rec["backend"] = default_backend
         if not rec.get("test_id"):
             rec["test_id"] = device_neutral_id(nodeid, rec["backend"])
         extra = rec.get("extra")
         tracked = extra.get("tracked_pass") if type(extra) is dict else None
-        rec["tracked_pass"] = tuple(map(str, tracked)) if isinstance(tracked, list) and tracked else None
+        rec["tracked_pass"] = tuple(display_text(str(t)) for t in tracked) if isinstance(tracked, list) and tracked else None
         rows.append(rec)
     return run, rows, list(problems)
 
