@@ -18,13 +18,17 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import json
 import math
+import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
 import pandas as pd
 
+from . import charts
 from .analysis import FAILING, Report, cell_label, cell_positions
 
 __all__ = ["GLYPHS", "MD_ROWS", "SKIP_LETTERS", "md_escape", "render_html", "render_markdown", "safe_url", "write_report"]
@@ -36,6 +40,10 @@ MD_ROWS = 25
 MAX_DETAILS = 400
 #: characters of each traceback shown in the HTML
 TRACEBACK_CHARS = 4000
+#: rows of the Markdown throughput table before "... and N more"
+MD_BENCH_ROWS = 200
+#: relative IQR of a benchmark's samples above which the figure is flagged "too noisy to judge"
+NOISY_SPREAD = 0.25
 
 GLYPHS = {"passed": ("", ""), "failed": ("f", "F"), "error": ("e", "E"), "xfailed": ("x", "x"),
           "xpassed": ("xp", "X"), None: ("n", "")}
@@ -220,48 +228,293 @@ def _grid_rows(report: Report, anchors: dict[tuple[str, int], int]) -> tuple[lis
     return rows, all_passing
 
 
-def _svg_bars(title: str, items: list[tuple[str, float, str]], unit: str, highlight: Iterable[str] = ()) -> dict[str, Any]:
-    """Geometry for a horizontal bar chart (the template writes the SVG elements)."""
-    highlight = set(highlight)
-    peak = max((v for _, v, _ in items if v is not None and math.isfinite(v)), default=0.0) or 1.0
-    bar_h, gap, label_w, bar_w = 16, 4, 230, 420
-    bars = []
-    for i, (label, value, status) in enumerate(items):
-        width = 0 if value is None or not math.isfinite(value) else max(1, round(bar_w * value / peak))
-        bars.append({"y": i * (bar_h + gap), "label": label, "width": width, "x": label_w, "text": _quantity(value, unit),
-                     "cls": "bad" if label in highlight or status == "regression" else ("good" if status == "improvement" else "")})
-    return {"title": title, "bars": bars, "height": len(items) * (bar_h + gap) + 4, "width": label_w + bar_w + 120,
-            "label_w": label_w, "bar_h": bar_h}
+def _version_sort_key(text: Any) -> tuple:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return (0, Version(str(text)), "")
+    except InvalidVersion:
+        return (1, Version("0"), str(text))
+
+
+def _slug(text: Any) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-")
+
+
+# ---------------------------------------------------------------------------- pass rates (vendor table)
+_OUTCOME_GROUPS = (("passed", ("passed",), "ok"), ("failed", ("failed", "error"), "bad"),
+                   ("skipped", ("skipped",), "skip"), ("xfail/xpass", ("xfailed", "xpassed"), "xf"))
+
+
+def _cell_counts(report: Report) -> list[dict[str, Any]]:
+    """Per cell: the latest outcome of each test there (the grid), counted by outcome."""
+    grid = report.grid
+    out = []
+    for position, cell in enumerate(report.cells):
+        counts = grid[position].value_counts() if position in grid.columns else pd.Series(dtype=int)
+        row = {o: int(counts.get(o, 0)) for o in ("passed", "failed", "error", "skipped", "xfailed", "xpassed")}
+        executed = row["passed"] + row["failed"] + row["error"]
+        row.update(backend=cell[0], torch_version=cell[1], accel_version=cell[2], label=cell_label(*cell),
+                   executed=executed, tests=sum(row[o] for o in ("passed", "failed", "error", "skipped", "xfailed", "xpassed")),
+                   pass_rate=row["passed"] / executed if executed else None)
+        out.append(row)
+    return out
+
+
+def _rate_class(rate: Any) -> str:
+    if rate is None:
+        return "r-none"
+    return "r-ok" if rate >= 0.999 else ("r-warn" if rate >= 0.95 else "r-bad")
+
+
+def _pass_rate_view(report: Report) -> dict[str, Any]:
+    """The backend × torch-version pass-rate tables vendors publish (one per accel version or
+    upstream subject, newest first) and the pass/fail chart, from the latest result of each test."""
+    cells = _cell_counts(report)
+    if not cells:
+        return {"tables": [], "chart": None}
+    tables = []
+    versions = sorted({c["accel_version"] for c in cells}, key=_version_sort_key, reverse=True)
+    for accel_version in versions:
+        mine = [c for c in cells if c["accel_version"] == accel_version]
+        torches = sorted({c["torch_version"] for c in mine}, key=_version_sort_key)
+        backends = sorted({c["backend"] for c in mine}, key=str)
+        by_key = {(c["backend"], c["torch_version"]): c for c in mine}
+        rows = []
+        for backend in backends:
+            entries = []
+            for torch_version in torches:
+                cell = by_key.get((backend, torch_version))
+                if cell is None:
+                    entries.append(None)
+                    continue
+                entries.append({**cell, "rate_text": _pct(cell["pass_rate"]), "cls": _rate_class(cell["pass_rate"]),
+                                "failing": cell["failed"] + cell["error"]})
+            rows.append({"backend": backend, "cells": entries})
+        label = str(accel_version) if " " in str(accel_version) else f"accel {accel_version}"
+        tables.append({"accel_version": accel_version, "label": label, "torch_versions": torches, "rows": rows})
+    chart_rows = [(c["label"], [sum(c[o] for o in outcomes) for _, outcomes, _ in _OUTCOME_GROUPS]) for c in cells]
+    chart = charts.stacked_bars(chart_rows, [(name, css) for name, _, css in _OUTCOME_GROUPS],
+                                title="latest outcome of each test per cell")
+    return {"tables": tables, "chart": chart}
+
+
+# ---------------------------------------------------------------------------- environment block
+_HEADER_BYTES = 1 << 20
+
+
+def _read_header(source: Any) -> dict[str, Any]:
+    """Line 1 of a harness results file (the run header), or {} when it cannot be read."""
+    try:
+        with open(str(source), "rb") as fh:
+            line = fh.readline(_HEADER_BYTES)
+        header = json.loads(line)
+    except (OSError, ValueError, TypeError):
+        return {}
+    return header if isinstance(header, dict) and header.get("type") == "header" else {}
+
+
+def _join_map(value: Any) -> str:
+    if isinstance(value, dict):
+        return "; ".join(f"{k}: {v}" for k, v in value.items() if v not in (None, "", [], {}))
+    return "" if value is None else str(value)
+
+
+#: environment columns: (key, heading); the runs frame's column when it has one, else the header's
+_ENV_FIELDS = (("host", "host"), ("os", "OS"), ("kernel", "kernel"), ("python", "Python"), ("backends", "backends"),
+               ("devices", "devices"), ("driver_versions", "driver"), ("runtime_versions", "runtime"),
+               ("torch", "torch"), ("accel_version", "accel"), ("git_commit", "git commit"))
+
+
+def _environment_view(report: Report) -> list[dict[str, Any]]:
+    """Distinct machine and software environments of the runs (OS, kernel, driver and runtime
+    versions, git commit), each with its run count and time span. Fields the runs frame lacks are
+    read from the results files' headers."""
+    runs = report.loaded.runs
+    if runs.empty:
+        return []
+    envs: dict[tuple, dict[str, Any]] = {}
+    for run in _records(runs):
+        header = _read_header(run.get("source")) if run.get("format") == "jsonl" else {}
+
+        def pick(key: str) -> Any:
+            value = run.get(key)
+            return value if value not in (None, "") else header.get(key)
+
+        counts = header.get("device_count") or {}
+        models = header.get("device_models") or {}
+        devices = "; ".join(
+            f"{name}: {counts.get(name, len(m))} × {', '.join(sorted(set(map(str, m))))}" for name, m in models.items() if m
+        ) or (run.get("device_models") or "")
+        torch = " ".join(str(v) for v in (pick("torch_version"), pick("torch_build")) if v)
+        commit = pick("git_commit")
+        row = {
+            "host": pick("host") or "", "os": pick("os") or "", "kernel": pick("kernel") or "", "python": pick("python") or "",
+            "backends": run.get("backends") or ", ".join(map(str, header.get("backends") or [])), "devices": devices,
+            "driver_versions": _join_map(run.get("driver_versions") or header.get("driver_versions")),
+            "runtime_versions": _join_map(run.get("runtime_versions") or header.get("runtime_versions")),
+            "torch": torch, "accel_version": pick("accel_version") or "",
+            "git_commit": str(commit) if commit else "",
+        }
+        key = tuple(row[k] for k, _ in _ENV_FIELDS)
+        entry = envs.setdefault(key, {**row, "runs": 0, "first": None, "last": None})
+        entry["runs"] += 1
+        start = run.get("start_time")
+        if start:
+            entry["first"] = min(filter(None, (entry["first"], start)))
+            entry["last"] = max(filter(None, (entry["last"], start)))
+    rows = sorted(envs.values(), key=lambda r: (r["host"], r["backends"], _version_sort_key(r["torch"].split(" ")[0]), r["accel_version"]))
+    for row in rows:
+        row["commit_short"] = row["git_commit"][:12] if row["git_commit"] else "not recorded"
+    return rows
+
+
+# ---------------------------------------------------------------------------- benchmarks
+def _relative_iqr(samples: Any) -> float | None:
+    import numpy as np
+
+    values = [float(v) for v in (samples or ()) if isinstance(v, (int, float)) and math.isfinite(v)]
+    if len(values) < 4:
+        return None
+    q1, median, q3 = np.percentile(values, [25, 50, 75])
+    return float((q3 - q1) / abs(median)) if median else None
+
+
+def _bench_extras(sources: Iterable[Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    """(source, fullname) -> the entry's ``extra_info``, read from the pytest-benchmark files
+    (the loaded frame does not keep ``sizes``, ``work_unit`` or ``quick``)."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for source in set(sources):
+        try:
+            doc = json.loads(Path(str(source)).read_text(encoding="utf-8"))
+        except (OSError, ValueError, TypeError):
+            continue
+        for entry in doc.get("benchmarks") or [] if isinstance(doc, dict) else []:
+            if isinstance(entry, dict) and isinstance(entry.get("extra_info"), dict):
+                out[(str(source), str(entry.get("fullname") or entry.get("name")))] = entry["extra_info"]
+    return out
+
+
+def _problem_size(name: Any, backend: Any, dtype: Any, extra: dict[str, Any], work: Any, unit: Any) -> str:
+    """What one round works on, from what the benchmark recorded: ``extra_info.sizes``, else the
+    parameters in its id (backend, dtype and rank count removed), plus the work per round."""
+    parts = []
+    sizes = extra.get("sizes")
+    if isinstance(sizes, dict) and sizes:
+        parts.append(", ".join(f"{k}={_fmt_number(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v}" for k, v in sizes.items()))
+    else:
+        match = re.search(r"\[(.*)\]\s*\Z", str(name or ""))
+        if match:
+            drop = {str(backend).lower(), str(dtype).lower()}
+            params = [p for p in match.group(1).split("-") if p and p.lower() not in drop and not re.fullmatch(r"(?:ws|ranks)\d+", p)]
+            if params:
+                parts.append("-".join(params))
+    work_unit = extra.get("work_unit") or (str(unit).split("/")[0] if unit and "/" in str(unit) else None)
+    if isinstance(work, (int, float)) and math.isfinite(work) and work > 0 and work_unit:
+        parts.append(f"{_quantity(work, work_unit)}/round" if work_unit in ("B",) else f"{_fmt_number(work)} {work_unit}/round")
+    return "; ".join(parts)
+
+
+def _bench_history(benchmarks: pd.DataFrame) -> tuple[dict[tuple, list[tuple[str, float]]], dict[tuple, dict[str, Any]]]:
+    """Per (backend, torch version, bench id): per-run medians oldest first, and the latest row."""
+    if benchmarks.empty:
+        return {}, {}
+    ordered = benchmarks.assign(_when=benchmarks["datetime"].fillna("")).sort_values("_when", kind="mergesort")
+    series: dict[tuple, list[tuple[str, float]]] = {}
+    latest: dict[tuple, dict[str, Any]] = {}
+    columns = ["backend", "torch_version", "bench_id", "datetime", "value", "samples", "source", "fullname", "name",
+               "time_median", "throughput"] + [c for c in ("quick", "sizes", "work_unit") if c in ordered.columns]
+    for row in ordered[columns].to_dict("records"):
+        key = (row["backend"], row["torch_version"], row["bench_id"])
+        value = row["value"]
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            series.setdefault(key, []).append((str(row["datetime"] or ""), float(value)))
+        latest[key] = row
+    return series, latest
+
+
+def _number_or_none(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
 
 
 def _benchmark_view(report: Report) -> dict[str, Any]:
     table = report.bench_table
+    empty = {"tables": [], "summary": [], "charts": [], "regressions": [], "host_drift": [], "rows": [], "quick": False,
+             "suspect": []}
     if table.empty:
-        return {"tables": [], "summary": [], "charts": [], "regressions": [], "host_drift": []}
-    tables = []
+        return empty
+    series, latest = _bench_history(report.loaded.benchmarks)
+    extras = _bench_extras(r["source"] for r in latest.values() if r.get("source")) if latest else {}
+    has = set(table.columns)
+    tables, all_rows = [], []
     for (backend, torch_version), group in table.groupby(["backend", "torch_version"], sort=True):
         rows = []
         for row in _records(group):
-            row["ref_n"] = int(row["ref_n"]) if row["ref_n"] is not None else None
-            rows.append({**row, "value_text": _quantity(row["value"], row["unit"]), "ref_text": _quantity(row["ref_value"], row["unit"]),
+            key = (row["backend"], row["torch_version"], row["bench_id"])
+            last = latest.get(key, {})
+            extra = extras.get((str(last.get("source")), str(last.get("fullname") or last.get("name"))), {})
+            if "sizes" in last and isinstance(last.get("sizes"), dict):
+                extra = {**extra, "sizes": last["sizes"]}
+            if last.get("work_unit"):
+                extra = {**extra, "work_unit": last["work_unit"]}
+            unit = row["unit"]
+            fmt = functools.partial(_quantity, unit=unit)
+            ref_n = row.get("ref_n")
+            spread = _number_or_none(row.get("spread")) if "spread" in has else None
+            if spread is None:
+                spread = _relative_iqr(last.get("samples"))
+            quick = row.get("quick") if "quick" in has else None
+            if quick is None:
+                quick = last.get("quick") if last.get("quick") is not None else extra.get("quick")
+            quick = bool(quick)
+            band = (_number_or_none(row.get("band_low")), _number_or_none(row.get("band_high")))
+            work = extra.get("work_size")
+            if work is None and _number_or_none(last.get("throughput")) and _number_or_none(last.get("time_median")):
+                work = last["throughput"] * last["time_median"]
+            value, ref = _number_or_none(row["value"]), _number_or_none(row["ref_value"])
+            peak = max([v for v in (value, ref, band[1]) if v is not None], default=1.0) * 1.08
+            status = row["status"] or ""
+            points = series.get(key, [])
+            rows.append({**row, "ref_n": int(ref_n) if ref_n is not None else None,
+                         "value_text": fmt(row["value"]), "ref_text": fmt(row["ref_value"]),
                          "change_text": _pct(row["change"], signed=True), "speedup_text": f"{row['speedup']:.3f}×" if row["speedup"] else "–",
                          "p_text": f"{row['p_value']:.2g}" if row["p_value"] is not None else "–",
                          "host_text": _pct(row.get("host_change"), signed=True),
                          "vs_host_text": _pct(row.get("adjusted_change"), signed=True),
-                         "direction": "higher is better" if row["higher_is_better"] else "lower is better"})
-        tables.append({"backend": backend, "torch_version": torch_version, "rows": rows})
+                         "direction": "higher is better" if row["higher_is_better"] else "lower is better",
+                         "size": _problem_size(row["name"], row["backend"], row["dtype"], extra, work, unit),
+                         "dtype": row.get("dtype") or "", "world_size": row.get("world_size"),
+                         "spread": spread, "spread_text": _pct(spread), "noisy": spread is not None and spread > NOISY_SPREAD,
+                         "quick": quick, "band_text": f"{fmt(band[0])} – {fmt(band[1])}" if band[0] is not None and band[1] is not None else "",
+                         "history_runs": row.get("history_runs") if "history_runs" in has else len(points),
+                         "status_css": _slug(status),
+                         "bar": charts.value_bar(value, ref, peak, status=status, band=band, fmt=fmt),
+                         "trend": charts.trend(points, band=band, ref=ref, status=status, fmt=fmt) if len(points) > 1 else ""})
+        tables.append({"backend": backend, "torch_version": torch_version, "rows": rows,
+                       "has_host": any(r["host_text"] != "–" for r in rows), "quick": any(r["quick"] for r in rows)})
+        all_rows.extend(rows)
     summary = []
     for row in _records(report.bench_summary):
         row["geomean_text"] = f"{row['geomean_speedup']:.3f}×" if row["geomean_speedup"] else "–"
         summary.append(row)
-    charts = []
-    for (bench_id, unit), group in table.groupby(["bench_id", "unit"], sort=True):  # one chart compares backends
-        items = [(f"{b} · torch {t}", v, s) for b, t, v, s in zip(group["backend"], group["torch_version"], group["value"], group["status"])]
-        name = str(bench_id).rsplit("::", 1)[-1]
-        charts.append(_svg_bars(f"{name} ({unit}, {'higher' if group['higher_is_better'].iloc[0] else 'lower'} is better)", items, unit))
-    regressions = [r for t in tables for r in t["rows"] if r["status"] == "regression"]
-    drift = [r for t in tables for r in t["rows"] if r["status"] == "host drift"]
-    return {"tables": tables, "summary": summary, "charts": charts, "regressions": regressions, "host_drift": drift}
+    charts_out = []
+    if table["backend"].nunique() > 1:  # the same benchmark across backends
+        by_bench: dict[tuple, list[dict[str, Any]]] = {}
+        for row in all_rows:
+            by_bench.setdefault((row["bench_id"], row["unit"]), []).append(row)
+        for (bench_id, unit), rows in sorted(by_bench.items(), key=lambda kv: str(kv[0])):
+            if len({r["backend"] for r in rows}) < 2:
+                continue
+            name = str(bench_id).rsplit("::", 1)[-1]
+            title = f"{name} ({unit}, {'higher' if rows[0]['higher_is_better'] else 'lower'} is better)"
+            items = [{"label": f"{r['backend']} · torch {r['torch_version']}", "value": _number_or_none(r["value"]),
+                      "ref": _number_or_none(r["ref_value"]), "status": r["status"]} for r in rows]
+            charts_out.append({"title": title, "svg": charts.grouped_bars(items, functools.partial(_quantity, unit=unit), title=title)})
+    regressions = [r for r in all_rows if r["status"] == "regression"]
+    drift = [r for r in all_rows if r["status"] == "host drift"]
+    suspect = [r for r in all_rows if r["status"] == "suspect"]
+    return {"tables": tables, "summary": summary, "charts": charts_out, "regressions": regressions, "host_drift": drift,
+            "suspect": suspect, "rows": all_rows, "quick": any(r["quick"] for r in all_rows)}
 
 
 def _diff_view(report: Report) -> dict[str, Any] | None:
@@ -324,6 +577,7 @@ def _context(report: Report) -> dict[str, Any]:
     for row in skips:
         row["letter"] = SKIP_LETTERS.get(row["reason_code"], "s")
     runs = _records(report.loaded.runs)
+    bench_view = _benchmark_view(report)
     untracked = report.untracked_failures
     totals = {o: int(report.matrix[o].sum()) if not report.matrix.empty else 0 for o in ("tests", "passed", "failed", "error", "skipped", "xfailed", "xpassed")}
     executed = totals["passed"] + totals["failed"] + totals["error"]
@@ -343,8 +597,12 @@ def _context(report: Report) -> dict[str, Any]:
         "skip_letters": [(letter, code) for code, letter in SKIP_LETTERS.items()],
         "known_passing": known_passing,
         "diff": _diff_view(report),
-        "bench": _benchmark_view(report),
+        "bench": bench_view,
+        "pass_rates": _pass_rate_view(report),
+        "environment": _environment_view(report),
+        "quick_run": bench_view["quick"],
         "threshold": report.threshold,
+        "noisy_spread": NOISY_SPREAD,
         "cells": [{"label": cell_label(*c), "short": f"{c[0]} {c[1]}" + ((f" {c[2]}" if " " in str(c[2]) else f" a{c[2]}") if c[2] not in ("unknown", None) else "")} for c in report.cells],
         "grid": grid_rows,
         "all_passing": all_passing,
@@ -412,11 +670,26 @@ def write_report(report: Report, out_dir: str | Path, formats: Iterable[str] = (
     context = _context(report)
     written = {}
     for fmt in formats:
-        if fmt == "html":
-            path = out / "report.html"
-            path.write_text(render_html(report, context), encoding="utf-8")
-        else:
-            path = out / "report.md"
-            path.write_text(render_markdown(report, context), encoding="utf-8")
-        written[fmt] = path
+        text = render_html(report, context) if fmt == "html" else render_markdown(report, context)
+        written[fmt] = _write_atomic(out / ("report.html" if fmt == "html" else "report.md"), text)
     return written
+
+
+def _write_atomic(path: Path, text: str) -> Path:
+    """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``: a crash
+    leaves the previous file or none, never a half-written one."""
+    fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path

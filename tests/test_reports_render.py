@@ -91,7 +91,9 @@ def test_html_is_self_contained(tmp_path):
     # every href is an in-page anchor or an issue link
     hrefs = [a["href"] for a in tags.named("a")]
     assert all(h.startswith("#") or h.startswith("https://github.com/") for h in hrefs)
-    assert 'id="matrix-table"' in html and "<svg" not in html  # no benchmarks in this set, no charts
+    assert 'id="matrix-table"' in html and 'id="pass-fail-chart"' in html
+    assert 'id="benchmarks"' not in html and 'id="bench-charts"' not in html  # no benchmarks in this set
+    assert "xlink:href" not in html and "<image" not in html  # the SVG charts reference nothing outside
 
 
 def test_markdown_neutralises_the_attacks(tmp_path):
