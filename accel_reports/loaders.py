@@ -40,6 +40,7 @@ Frames (columns in :data:`TEST_COLUMNS`, :data:`RUN_COLUMNS`, :data:`BENCH_COLUM
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import xml.etree.ElementTree as ET
@@ -306,7 +307,9 @@ def _properties(element: ET.Element) -> dict[str, str]:
     return props
 
 
-def _junit_case(case: ET.Element, suite_props: dict[str, str]) -> dict[str, Any]:
+def _junit_case(case: ET.Element, suite_props: dict[str, str], bad: list[tuple[str, str, str]] | None = None) -> dict[str, Any]:
+    """One ``<testcase>`` as a test row; attributes of a wrong type go to ``bad`` as
+    ``(nodeid, field, message)`` and are left empty."""
     props = _properties(case)
     nodeid = _junit_nodeid(case)
     backend = props.get("accel_backend") or suite_props.get("backend") or _junit_backend(nodeid)
@@ -338,10 +341,16 @@ def _junit_case(case: ET.Element, suite_props: dict[str, str]) -> dict[str, Any]
         world_size = int(world) if world not in (None, "", "None") else None
     except ValueError:
         world_size = None
+        if bad is not None:
+            bad.append((nodeid, "accel_world_size", f"property 'accel_world_size': expected an integer, got {_short(world)}"))
     try:
         duration = float(case.get("time") or 0.0)
+        if not math.isfinite(duration):
+            raise ValueError
     except ValueError:
         duration = 0.0
+        if bad is not None:
+            bad.append((nodeid, "time", f"attribute 'time': expected a number of seconds, got {_short(case.get('time'))}"))
     return {
         "nodeid": nodeid,
         "test_id": device_neutral_id(nodeid, backend),
@@ -366,44 +375,70 @@ def load_junit(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, lis
     before the error, and the problem names the line. External entities are never fetched.
     """
     path = Path(path)
-    where = str(path)
+    where = display_path(path)
     problems: list[Problem] = []
-    if path.stat().st_size == 0 or not path.read_bytes().strip():
-        return None, [], [Problem(where, 1, "empty file: no JUnit XML")]
+    raw = path.read_bytes()
+    if not raw.strip():
+        return None, [], [Problem(where, 1, "empty file: no JUnit XML", "unreadable")]
     rows: list[dict[str, Any]] = []
+    bad: list[tuple[str, str, str]] = []
     suite_attrs: dict[str, str] = {}
     suite_props: dict[str, str] = {}
     pending_cases: list[ET.Element] = []
-    in_case = False
+    current: ET.Element | None = None
     try:
-        for event, element in ET.iterparse(str(path), events=("start", "end")):
-            tag = element.tag
-            if event == "start":
-                if tag == "testsuite" and not suite_attrs:
-                    suite_attrs = dict(element.attrib)
+        with open(path, "rb") as fh:
+            for event, element in ET.iterparse(fh, events=("start", "end")):
+                tag = element.tag
+                if event == "start":
+                    if tag == "testsuite" and not suite_attrs:
+                        suite_attrs = dict(element.attrib)
+                    elif tag == "testcase":
+                        current = element
+                    continue
+                if tag == "properties" and current is None and not suite_props:
+                    suite_props = {p.get("name"): p.get("value") or "" for p in element.findall("property") if p.get("name")}
                 elif tag == "testcase":
-                    in_case = True
-                continue
-            if tag == "properties" and not in_case and not suite_props:
-                suite_props = {p.get("name"): p.get("value") or "" for p in element.findall("property") if p.get("name")}
-            elif tag == "testcase":
-                in_case = False
-                pending_cases.append(element)
-                if len(pending_cases) >= 256:  # convert and free them as we go
-                    rows.extend(_junit_case(c, suite_props) for c in pending_cases)
-                    for c in pending_cases:
-                        c.clear()
-                    pending_cases = []
-    except ET.ParseError as exc:
-        line = exc.position[0] if getattr(exc, "position", None) else 0
-        problems.append(Problem(where, line, f"not well-formed XML ({exc}); test cases before it are kept"))
-    rows.extend(_junit_case(c, suite_props) for c in pending_cases)
+                    current = None
+                    pending_cases.append(element)
+                    if len(pending_cases) >= 256:  # convert and free them as we go
+                        rows.extend(_junit_case(c, suite_props, bad) for c in pending_cases)
+                        for c in pending_cases:
+                            c.clear()
+                        pending_cases = []
+    except (ET.ParseError, RecursionError, ValueError) as exc:
+        position = getattr(exc, "position", None)
+        line = position[0] if position else 0
+        kept = ""
+        # a test case cut at the break whose <failure>/<error> had begun still failed: keep it
+        if current is not None and any(child.tag in ("failure", "error") for child in current):
+            partial = _junit_case(current, suite_props)
+            partial["message"] = (partial["message"] or "") + " [cut short: the JUnit file breaks inside this test case]"
+            rows.extend(_junit_case(c, suite_props, bad) for c in pending_cases)
+            pending_cases = []
+            rows.append(partial)
+            kept = f"; the test case cut at the break ({partial['nodeid']}) is kept as {partial['outcome']}"
+        problems.append(Problem(where, line, f"not well-formed XML ({exc}); test cases before it are kept{kept}", "unreadable"))
+    rows.extend(_junit_case(c, suite_props, bad) for c in pending_cases)
+    text = None
+    for nodeid, fld, message in bad:
+        text = text if text is not None else raw.decode("utf-8", errors="replace")
+        name = nodeid.rsplit("::", 1)[-1]
+        problems.append(Problem(where, _line_of(text, f'name="{name}"'), f"test case {nodeid!r}: {message}; the field is left empty",
+                                "invalid"))
     if not suite_attrs and not rows:
         if not problems:
-            problems.append(Problem(where, 1, "no <testsuite> element: not a pytest --junitxml file"))
+            problems.append(Problem(where, 1, "no <testsuite> element: not a pytest --junitxml file", "unreadable"))
         return None, [], problems
+    for row in rows:
+        for name in _ROW_TEXT:
+            value = row.get(name)
+            if isinstance(value, str) and not value.isascii():
+                row[name] = display_text(value)
+    suite_attrs = {k: display_text(v) for k, v in suite_attrs.items()}
+    suite_props = {k: display_text(v) for k, v in suite_props.items()}
     timestamp = suite_attrs.get("timestamp")
-    run_id = suite_props.get("run_id") or f"junit:{path.stem}" + (f"@{timestamp}" if timestamp else "")
+    run_id = suite_props.get("run_id") or f"junit:{display_path(path.stem)}" + (f"@{timestamp}" if timestamp else "")
     backends = sorted({r["backend"] for r in rows if r["backend"]})
     run = {
         "run_id": run_id,
@@ -416,7 +451,7 @@ def load_junit(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, lis
         "host": suite_attrs.get("hostname"),
         "start_time": timestamp,
         "end_time": None,
-        "interrupted": bool(problems),
+        "interrupted": any(p.kind == "unreadable" for p in problems),
         "records": len(rows),
         "device_models": "",
         "git_commit": suite_props.get("git_commit"),
@@ -430,6 +465,57 @@ def _line_of(text: str, needle: str) -> int:
     return text.count("\n", 0, index) + 1 if index >= 0 else 0
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_numbers(value: Any) -> bool:
+    return isinstance(value, list) and all(_is_number(v) for v in value)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+_TEXT = (lambda v: isinstance(v, str), "a string")
+_NUMBER = (_is_number, "a finite number")
+#: part of a pytest-benchmark entry -> field -> (check, expected); a wrong value is left empty
+_BENCH_FIELDS: dict[str | None, dict[str, tuple[Any, str]]] = {
+    None: {"name": _TEXT, "fullname": _TEXT, "group": _TEXT},
+    "stats": {"median": _NUMBER, "data": (_is_numbers, "an array of finite numbers"), "rounds": (_is_int, "an integer")},
+    "extra_info": {
+        **{k: _TEXT for k in ("backend", "device", "dtype", "metric", "unit", "torch_version", "accel_version", "host_bound")},
+        "world_size": (_is_int, "an integer"), "throughput": _NUMBER, "work_size": _NUMBER,
+        "samples": (_is_numbers, "an array of finite numbers"),
+    },
+}
+_MACHINE_FIELDS = {"torch_version": _TEXT, "accel_version": _TEXT}
+
+
+def _checked_bench(bench: dict[str, Any], label: str) -> tuple[dict[str, Any], list[str]]:
+    """A copy of one benchmark entry with wrong-typed fields emptied, and the messages saying which."""
+    bench = dict(bench)
+    messages = []
+    for part in ("stats", "extra_info"):
+        value = bench.get(part)
+        if value is not None and not isinstance(value, dict):
+            messages.append(f"field {part!r}: expected an object, got {json_type(value)} {_short(value)}")
+            bench[part] = None
+        elif value is not None:
+            bench[part] = dict(value)
+    for part, fields in _BENCH_FIELDS.items():
+        target = bench if part is None else bench.get(part)
+        if not isinstance(target, dict):
+            continue
+        for name, (check, expected) in fields.items():
+            value = target.get(name)
+            if value is not None and not check(value):
+                where = name if part is None else f"{part}.{name}"
+                messages.append(f"field {where!r}: expected {expected}, got {json_type(value)} {_short(value)}")
+                target[name] = None
+    return bench, [f"benchmark {label}: {m}; the field is left empty" for m in messages]
+
+
 def load_benchmark_json(path: str | os.PathLike[str], *, named: bool = True) -> tuple[list[dict[str, Any]], list[Problem]]:
     """One pytest-benchmark JSON file: ``(benchmark rows, problems)``.
 
@@ -439,35 +525,63 @@ def load_benchmark_json(path: str | os.PathLike[str], *, named: bool = True) -> 
     from .benchmarks import benchmark_row
 
     path = Path(path)
-    where = str(path)
+    where = display_path(path)
     raw = path.read_bytes()
     if not raw.strip():
         return [], [Problem(where, 1, "empty benchmark file (pytest-benchmark writes one when it disables itself "
-                                      "under pytest-xdist; run benchmarks without -n); skipped")]
+                                      "under pytest-xdist; run benchmarks without -n); skipped", "note")]
     text = raw.decode("utf-8", errors="replace")
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
-        return [], [Problem(where, exc.lineno, f"not valid JSON: {exc.msg} (column {exc.colno}); file skipped")]
+        return [], [Problem(where, exc.lineno, f"not valid JSON: {exc.msg} (column {exc.colno}); file skipped", "unreadable")]
+    except RecursionError:
+        return [], [Problem(where, 1, "JSON nested too deeply to read; file skipped", "unreadable")]
     if not isinstance(doc, dict) or not isinstance(doc.get("benchmarks"), list):
         what = "not pytest-benchmark output (no \"benchmarks\" list); skipped"
-        return [], [Problem(where, 1, what if named else f"{what} (found in a searched folder)")]
-    machine = doc.get("machine_info") if isinstance(doc.get("machine_info"), dict) else {}
-    when = _text(doc.get("datetime"))
-    run_id = f"bench:{path.stem}" + (f"@{when}" if when else "")
-    rows, problems = [], []
+        if named:
+            return [], [Problem(where, 1, what, "unreadable")]
+        return [], [Problem(where, 1, f"{what} (found in a searched folder)", "note")]
+    problems: list[Problem] = []
+    machine = doc.get("machine_info")
+    if machine is not None and not isinstance(machine, dict):
+        problems.append(Problem(where, _line_of(text, '"machine_info"'), f"field 'machine_info': expected an object, got "
+                                f"{json_type(machine)} {_short(machine)}; the field is left empty", "invalid"))
+    machine = dict(machine) if isinstance(machine, dict) else {}
+    for name, (check, expected) in _MACHINE_FIELDS.items():
+        value = machine.get(name)
+        if value is not None and not check(value):
+            problems.append(Problem(where, _line_of(text, f'"{name}"'), f"field 'machine_info.{name}': expected {expected}, got "
+                                    f"{json_type(value)} {_short(value)}; the field is left empty", "invalid"))
+            machine[name] = None
+    when = doc.get("datetime")
+    if when is not None and not isinstance(when, str):
+        problems.append(Problem(where, _line_of(text, '"datetime"'), f"field 'datetime': expected a string, got {json_type(when)} "
+                                f"{_short(when)}; the field is left empty", "invalid"))
+        when = None
+    when = display_text(when)
+    run_id = f"bench:{display_path(path.stem)}" + (f"@{when}" if when else "")
+    rows = []
     for index, bench in enumerate(doc["benchmarks"]):
-        label = bench.get("fullname") or bench.get("name") if isinstance(bench, dict) else None
-        line = _line_of(text, json.dumps(label)) if label else 0
+        label = (bench.get("fullname") or bench.get("name")) if isinstance(bench, dict) else None
+        label = label if isinstance(label, str) else None
+        line = _line_of(text, json.dumps(label, ensure_ascii=False)) or _line_of(text, json.dumps(label)) if label else 0
+        shown = f"#{index + 1} ({display_text(label) if label else 'unnamed'})"
+        if not isinstance(bench, dict):
+            problems.append(Problem(where, line, f"benchmark {shown} ignored: expected an object, got {json_type(bench)}", "invalid"))
+            continue
+        bench, messages = _checked_bench(bench, shown)
+        problems.extend(Problem(where, line, m, "invalid") for m in messages)
         try:
             row = benchmark_row(bench, machine)
-        except (TypeError, ValueError, KeyError) as exc:
-            problems.append(Problem(where, line, f"benchmark #{index + 1} ({label or 'unnamed'}) ignored: {exc}"))
+        except (TypeError, ValueError, KeyError, ArithmeticError) as exc:
+            problems.append(Problem(where, line, f"benchmark {shown} ignored: {display_text(str(exc))}", "invalid"))
             continue
+        row = {k: display_text(v) for k, v in row.items()}
         row.update({"run_id": run_id, "source": where, "datetime": when})
         rows.append(row)
     if not doc["benchmarks"]:
-        problems.append(Problem(where, 1, "benchmark file lists no benchmarks"))
+        problems.append(Problem(where, 1, "benchmark file lists no benchmarks", "note"))
     return rows, problems
 
 
@@ -479,9 +593,11 @@ def _frame(rows: list[dict[str, Any]], columns: Sequence[str]) -> pd.DataFrame:
 def load_results(paths: Iterable[str | os.PathLike[str]]) -> Loaded:
     """Load every result file named by ``paths`` (files or folders) into frames.
 
-    Problems in a file are collected and the rest still loads. Raises
-    :class:`SchemaVersionError` when a harness file has an unknown schema version: a report
-    built without that file's results could say "no failures" when there were some.
+    Problems in a file are collected and the rest still loads; nothing a file holds makes this
+    raise except :class:`SchemaVersionError`, raised when a harness file has an unknown schema
+    version: a report built without that file's results could say "no failures" when there were
+    some. (A loader that fails on a file in a way not foreseen is an ``"invalid"`` problem naming
+    the exception, never a crash of the whole report.)
     """
     files, problems = find_result_files(paths)
     explicit = {Path(p).resolve() for p in paths if Path(p).is_file()}
@@ -491,6 +607,10 @@ def load_results(paths: Iterable[str | os.PathLike[str]]) -> Loaded:
     bench_rows: list[dict[str, Any]] = []
     seen_runs: dict[str, str] = {}
     for path in files:
+        shown = display_path(path)
+        if shown != str(path):
+            problems.append(Problem(shown, 0, "file name is not valid UTF-8 (shown here with U+FFFD for the undecodable "
+                                              "bytes); the file is loaded", "note"))
         try:
             kind = _kind(path)
             if kind == "benchmark":
@@ -503,15 +623,23 @@ def load_results(paths: Iterable[str | os.PathLike[str]]) -> Loaded:
         except SchemaVersionError:
             raise
         except OSError as exc:
-            problems.append(Problem(str(path), 0, f"cannot be read: {exc}"))
+            problems.append(Problem(shown, 0, f"cannot be read: {display_text(exc.strerror or str(exc))}", "unreadable"))
+            continue
+        except MemoryError:
+            problems.append(Problem(shown, 0, "too large to load into memory", "unreadable"))
+            continue
+        except Exception as exc:  # a case no loader foresaw: the file counts as invalid, the rest loads
+            problems.append(Problem(shown, 0, f"could not be loaded ({type(exc).__name__}: {display_text(str(exc))[:200]}); "
+                                              "please report this as an accel bug", "invalid"))
             continue
         problems.extend(found)
         if run is None:
             continue
         if run["run_id"] in seen_runs:
-            problems.append(Problem(str(path), 1, f"run {run['run_id']} was already loaded from {seen_runs[run['run_id']]}; this copy is ignored"))
+            problems.append(Problem(shown, 1, f"run {run['run_id']} was already loaded from {seen_runs[run['run_id']]}; "
+                                              "this copy is ignored", "note"))
             continue
-        seen_runs[run["run_id"]] = str(path)
+        seen_runs[run["run_id"]] = shown
         entries.append((run, rows))
     for run, rows in _drop_junit_copies(entries, problems):
         run_rows.append(run)
@@ -520,7 +648,7 @@ def load_results(paths: Iterable[str | os.PathLike[str]]) -> Loaded:
         for column in _RUN_FIELDS:
             columns[column].extend([run[column]] * len(rows))
     return Loaded(tests=tests_frame(columns), runs=_frame(run_rows, RUN_COLUMNS),
-                  benchmarks=_benchmark_frame(bench_rows), problems=problems, files=[str(f) for f in files])
+                  benchmarks=_benchmark_frame(bench_rows), problems=problems, files=[display_path(f) for f in files])
 
 
 def _when(text: Any) -> datetime | None:
@@ -549,7 +677,7 @@ def _drop_junit_copies(entries: list[tuple[dict[str, Any], list[dict[str, Any]]]
                 if (same_folder and close and (run["host"] or None) == (other["host"] or None)
                         and len(nodeids & other_ids) >= 0.9 * len(nodeids)):
                     problems.append(Problem(run["source"], 0, f"the same pytest session as {other['source']} (harness results, "
-                                                               "which have more detail); this JUnit file is not counted again"))
+                                                               "which have more detail); this JUnit file is not counted again", "note"))
                     break
             else:
                 kept.append((run, rows))
