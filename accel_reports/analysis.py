@@ -8,7 +8,9 @@ the latest (by run start time) and the grid marks the test as flaky when the rec
 * pass rate = passed / (passed + failed + error): skipped, xfailed and xpassed tests are not part
   of it (they did not run, or ran as expected-to-fail);
 * a failure is an outcome ``failed`` or ``error``; it is **tracked** when it carries a known issue
-  (recorded by the harness or matched by ``--known-issues`` at report time), **untracked** otherwise;
+  that the known-issues file in use defines (recorded by the harness, or matched by
+  ``--known-issues`` at report time), **untracked** otherwise: an id written in a result file that
+  no known-issues file in use defines does not count (see :func:`apply_known_issues`);
 * failures are clustered by root cause: the known issue when there is one, else the signature
   (the noise-stripped first error line, :func:`accel_harness.records.failure_signature`);
 * the diff against a baseline matches each current cell with the baseline cell of the same
@@ -47,6 +49,7 @@ __all__ = [
     "skip_groups",
     "summary_matrix",
     "per_test_grid",
+    "undefined_known_issues",
 ]
 
 CELL = ["backend", "torch_version", "accel_version"]
@@ -106,9 +109,49 @@ def _torch_or_none(text: Any) -> str | None:
     return str(text)
 
 
-def apply_known_issues(tests: pd.DataFrame, known: KnownIssues | None) -> pd.DataFrame:
+def undefined_known_issues(tests: pd.DataFrame, known: KnownIssues | None,
+                           problems: list[Problem] | None = None) -> pd.DataFrame:
+    """``tests`` with every known-issue id that ``known`` does not define cleared.
+
+    A result file can carry any id in ``known_issue`` (or ``tracked_pass``); only the known-issues
+    file in use says which are real, so an id it does not define (or any id, with no file) does not
+    make a failure tracked. With ``problems``, one ``"note"`` per file and id is added:
+    ``undefined known issue 'X': recorded for N failures ...``.
+    """
+    if tests.empty:
+        return tests
+    defined = set(known.ids) if known is not None else set()
+    claimed = tests["known_issue"]
+    undefined = claimed.notna() & ~claimed.isin(defined)
+    passes = tests["tracked_pass"]
+    passes_undefined = passes.map(lambda ids: bool(ids) and any(i not in defined for i in ids))
+    if not undefined.any() and not passes_undefined.any():
+        return tests
+    tests = tests.copy()
+    if problems is not None and undefined.any():
+        failing = tests["outcome"].isin(FAILING)
+        why = ("the known-issues file in use does not define it" if known is not None
+               else "no known-issues file is in use (--known-issues)")
+        for (source, issue), group in tests[undefined].groupby(["source", "known_issue"], sort=True):
+            fails = int(failing[group.index].sum())
+            problems.append(Problem(str(source), 0, f"undefined known issue {issue!r}: recorded for {fails} failure"
+                                                    f"{'' if fails == 1 else 's'} ({len(group)} record{'' if len(group) == 1 else 's'}), "
+                                                    f"but {why}; those failures count as untracked", "note"))
+    tests.loc[undefined, "known_issue"] = None
+    if passes_undefined.any():
+        kept = [tuple(i for i in ids if i in defined) or None if flag else ids for ids, flag in zip(passes, passes_undefined)]
+        tests["tracked_pass"] = pd.Series(kept, index=tests.index, dtype=object)
+    return tests
+
+
+def apply_known_issues(tests: pd.DataFrame, known: KnownIssues | None, problems: list[Problem] | None = None) -> pd.DataFrame:
     """``tests`` with failures matched to ``known`` issues (where the harness did not already) and
-    passing tests' ``tracked_pass`` filled with the issues whose test patterns name them."""
+    passing tests' ``tracked_pass`` filled with the issues whose test patterns name them.
+
+    Ids in the results that ``known`` does not define are cleared first (see
+    :func:`undefined_known_issues`, which adds a note per file and id to ``problems``); with no
+    known-issues file no failure is tracked."""
+    tests = undefined_known_issues(tests, known, problems)
     if known is None or not len(known) or tests.empty:
         return tests
     tests = tests.copy()
@@ -482,9 +525,10 @@ def build_report(
     min_samples: int = bench.DEFAULT_MIN_SAMPLES,
 ) -> Report:
     """Run every analysis on ``loaded`` (and ``baseline``) and collect the results."""
-    tests = apply_known_issues(loaded.tests, known)
+    issue_notes: list[Problem] = []  # undefined known-issue ids
+    tests = apply_known_issues(loaded.tests, known, issue_notes)
     # a baseline without test records (a wrong path, benchmarks only) cannot make failures "old"
-    base_tests = apply_known_issues(baseline.tests, known) if baseline is not None and not baseline.tests.empty else None
+    base_tests = apply_known_issues(baseline.tests, known, issue_notes) if baseline is not None and not baseline.tests.empty else None
     cells, grid = per_test_grid(tests)
     diff = diff_runs(tests, base_tests) if base_tests is not None else None
     clusters = failure_clusters(tests, known, by="root")
@@ -492,7 +536,7 @@ def build_report(
         loaded.benchmarks, baseline.benchmarks if baseline is not None else None,
         threshold=threshold, alpha=alpha, min_samples=min_samples,
     )
-    problems = list(loaded.problems) + (list(baseline.problems) if baseline is not None else [])
+    problems = list(loaded.problems) + (list(baseline.problems) if baseline is not None else []) + issue_notes
     from .vendor import compatibility, vendor_table
 
     vendor = vendor_table(tests, loaded.runs, known)
