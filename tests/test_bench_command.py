@@ -53,6 +53,7 @@ def test_quick_bench_writes_json_with_the_extra_info_schema(quick_run):
     assert len(files) == 1
     assert f"results: {files[0]}" in proc.stdout
     assert "TFLOP/s" in proc.stdout and "GB/s" in proc.stdout and "steps/s" in proc.stdout  # the summary table
+    assert "QUICK run" in proc.stdout and "QUICK RUN" in proc.stdout and f"results: {files[0]} (quick)" in proc.stdout
     doc = json.loads(files[0].read_text())
     machine = doc["machine_info"]
     assert machine["torch_version"] and machine["accel_version"] and machine["bench_quick"] is True
@@ -224,6 +225,48 @@ def test_summary_table_separates_host_drift_from_the_benchmarks_own_spread():
     row = next(line for line in text.splitlines() if line.startswith("test_copy[cpu]")).split()
     assert row[-3:] == ["26.1%", "26.1%", "0.0%"]  # raw spread, host spread, spread relative to the host
     assert "host probe, run 2: compute GFLOP/s 90.0 (min 90.0, max 90.0); memory GB/s 52.0" in text
+
+
+def _entry(name: str, iqr: float, quick: bool = False) -> dict:
+    return {"name": name, "extra_info": {"throughput": 5.0, "unit": "GB/s", "quick": quick},
+            "stats": {"rounds": 10, "median": 0.5, "iqr": 0.5 * iqr}}
+
+
+def test_a_benchmark_too_noisy_to_judge_is_marked_and_warned_about():
+    runs = [[_entry("test_calm[cpu]", 0.05), _entry("test_wild[cpu]", 28.04), _entry("test_edge[cpu]", 0.30)]]
+    text = bench_command.summary_table(runs)
+    rows = {line.split()[0]: line for line in text.splitlines() if line.startswith("test_")}
+    assert rows["test_wild[cpu]"].rstrip().endswith("2804%!") and rows["test_edge[cpu]"].rstrip().endswith("30%!")
+    assert rows["test_calm[cpu]"].rstrip().endswith("5%")
+    assert "QUICK" not in text
+    warning = bench_command.noise_warning(runs, "7.24, 6.52, 4.63")
+    assert warning.startswith("accel bench: WARNING: 2 of 3 benchmarks spread too wide to judge")
+    assert warning.index("test_wild[cpu] (2804%)") < warning.index("test_edge[cpu] (30%)")  # widest first
+    assert "load average 7.24" in warning and "test_calm" not in warning
+    assert bench_command.noise_warning([[_entry("test_calm[cpu]", 0.05)]]) is None
+    assert bench_command.noise_warning([]) is None
+
+
+def test_a_quick_run_is_labelled_in_the_table():
+    text = bench_command.summary_table([[_entry("test_a[cpu]", 0.05, quick=True)]])
+    assert text.splitlines()[0].startswith("QUICK RUN") and "never with full ones" in text.splitlines()[0]
+
+
+def test_the_noise_warning_reaches_stderr(monkeypatch, tmp_path, capsys):
+    suites = tmp_path / "suites"
+    suites.mkdir()
+
+    def fake_call(cmd, cwd, env):  # what pytest-benchmark would leave: one very noisy benchmark
+        path = Path(cmd[cmd.index("--benchmark-json") + 1])
+        path.write_text(json.dumps({"benchmarks": [_entry("test_wild[cpu]", 28.04, quick=env["ACCEL_BENCH_QUICK"] == "1")]}))
+        return 0
+
+    monkeypatch.setattr(bench_command.subprocess, "call", fake_call)
+    code = main(["bench", "--backend", "cpu", "--quick", "--suites", str(suites), "--results-dir", str(tmp_path / "out")])
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert "WARNING: 1 of 1 benchmarks spread too wide to judge" in err and "test_wild[cpu] (2804%)" in err
+    assert "QUICK RUN" in out and "(quick)" in out
 
 
 def test_help_lists_the_bench_command(capsys):

@@ -5,7 +5,13 @@ verbose output is the progress display), with ``--benchmark-json`` into the resu
 ``--benchmark-save-data``, so every benchmark's raw per-round times (``stats.data``) are kept. Then
 prints where the JSON is and a table of throughputs (with ``--repeat N``: one column per run and
 the spread between runs). ``--quick`` sets ``ACCEL_BENCH_QUICK=1``: smaller problems and fewer
-rounds, for smoke runs. The exit status is pytest's when it failed (a benchmark failed, nothing
+rounds, for smoke runs; the JSON records it (``extra_info["quick"]``), the output says QUICK on
+every table, and ``accel report`` never compares a quick run with a full one.
+
+A benchmark whose rounds spread too wide to judge (interquartile range of the round times over
+their median above :data:`accel_reports.benchmarks.NOISY_SPREAD`, 25 %) is marked ``!`` in the
+table and named in a warning on stderr, with the load average: its median is not a figure to
+compare on its own (the history rule in ``accel report`` needs a second run to confirm it). The exit status is pytest's when it failed (a benchmark failed, nothing
 matched ``-k``, ...), 1 when no benchmark recorded anything, else 0.
 
 The suites are part of the accel source checkout, found next to the installed ``accel`` package
@@ -141,6 +147,47 @@ def _pct(value: float | None) -> str:
     return f"{value:.1%}" if value is not None else "-"
 
 
+def _relative_iqr(bench: dict[str, Any]) -> float | None:
+    stats = bench.get("stats") or {}
+    med, q = stats.get("median"), stats.get("iqr")
+    if isinstance(med, (int, float)) and med and isinstance(q, (int, float)):
+        return q / med
+    return None
+
+
+def _is_quick(benches: list[dict[str, Any]]) -> bool:
+    return any((b.get("extra_info") or {}).get("quick") is True for b in benches)
+
+
+def too_noisy(benches: list[dict[str, Any]]) -> list[tuple[str, float]]:
+    """``(name, relative IQR)`` of the benchmarks of one run whose rounds spread too wide to judge."""
+    from accel_reports.benchmarks import NOISY_SPREAD
+
+    out = []
+    for bench in benches:
+        spread = _relative_iqr(bench)
+        if spread is not None and spread > NOISY_SPREAD:
+            out.append((str(bench.get("name") or bench.get("fullname")), spread))
+    return out
+
+
+def noise_warning(runs: list[list[dict[str, Any]]], loadavg: str | None = None) -> str | None:
+    """The warning printed when benchmarks of the last run spread too wide to judge (None when none did)."""
+    from accel_reports.benchmarks import NOISY_SPREAD
+
+    if not runs:
+        return None
+    noisy = too_noisy(runs[-1])
+    if not noisy:
+        return None
+    names = ", ".join(f"{name} ({spread:.0%})" for name, spread in sorted(noisy, key=lambda item: -item[1]))
+    return (f"accel bench: WARNING: {len(noisy)} of {len(runs[-1])} benchmarks spread too wide to judge "
+            f"(IQR of the rounds > {NOISY_SPREAD:.0%} of the median): {names}. Their medians are not reliable "
+            f"figures: the machine was busy{f' (load average {loadavg})' if loadavg else ''}. "
+            "Rerun on a quieter machine (or with --threads 1); accel report calls a regression only when the "
+            "next run confirms it.")
+
+
 def summary_table(runs: list[list[dict[str, Any]]]) -> str:
     """Throughput per benchmark (one column per run) and, for several runs, their spread.
 
@@ -148,7 +195,7 @@ def summary_table(runs: list[list[dict[str, Any]]]) -> str:
     far the probe moved between the runs (``host``) and the spread of their throughput relative to
     the probe (``vs host``): a large raw spread with a small ``vs host`` one is the machine drifting.
     """
-    from accel_reports.benchmarks import host_reference_value
+    from accel_reports.benchmarks import NOISY_SPREAD as noisy_limit, host_reference_value
 
     names: dict[str, None] = {}
     by_run: list[dict[str, dict[str, Any]]] = []
@@ -160,9 +207,13 @@ def summary_table(runs: list[list[dict[str, Any]]]) -> str:
         return "(no benchmark results)"
     width = max(len("benchmark"), *(len(n) for n in names))
     several = len(runs) > 1
+    quick = any(_is_quick(benches) for benches in runs)
     head = f"{'benchmark':<{width}}  " + "  ".join(f"{('run ' + str(i + 1)) if several else 'throughput':>12}" for i in range(len(runs)))
     head += f"  {'unit':<10} {'rounds':>6} {'IQR':>6}" + (f" {'spread':>7} {'host':>7} {'vs host':>7}" if several else "")
     lines = [head, "-" * len(head)]
+    if quick:
+        lines.insert(0, "QUICK RUN (--quick: smaller problems, fewer rounds): these figures are compared only with "
+                        "other quick runs, never with full ones")
     for name in names:
         values, hosts, unit, rounds, iqr = [], [], "", "", ""
         for table in by_run:
@@ -176,8 +227,8 @@ def summary_table(runs: list[list[dict[str, Any]]]) -> str:
             if bench:
                 stats = bench.get("stats") or {}
                 rounds = str(stats.get("rounds", ""))
-                med, q = stats.get("median"), stats.get("iqr")
-                iqr = f"{q / med:.0%}" if isinstance(med, (int, float)) and med and isinstance(q, (int, float)) else ""
+                spread = _relative_iqr(bench)
+                iqr = "" if spread is None else f"{spread:.0%}" + ("!" if spread > noisy_limit else "")
         row = f"{name:<{width}}  " + "  ".join(f"{_fmt(v):>12}" for v in values) + f"  {unit:<10} {rounds:>6} {iqr:>6}"
         if several:
             relative = [v / h if v is not None and h else None for v, h in zip(values, hosts)]
@@ -192,6 +243,7 @@ def summary_table(runs: list[list[dict[str, Any]]]) -> str:
         lines.extend(_host_lines(by_run))
     else:
         lines.append("throughput from the median round; IQR = interquartile range of the round times over their median")
+    lines.append(f"! = rounds spread more than {noisy_limit:.0%} of the median: too noisy to judge on its own")
     return "\n".join(lines)
 
 
@@ -238,7 +290,7 @@ def run(args: argparse.Namespace) -> int:
     env.pop("PYTEST_ADDOPTS", None)  # an inherited -n would turn every benchmark into a skip
     repo = suites.parent.parent if (suites.parent.parent / "pyproject.toml").is_file() else suites
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    print(f"accel bench: backend {backend}{' (quick)' if args.quick else ''}, suites {suites}, "
+    print(f"accel bench: backend {backend}{' (QUICK run: smaller problems, fewer rounds)' if args.quick else ''}, suites {suites}, "
           f"{args.repeat} run(s); load average {_loadavg()}", flush=True)
 
     worst = 0
@@ -265,5 +317,8 @@ def run(args: argparse.Namespace) -> int:
         return worst or 1
     print(summary_table(runs))
     for path in paths:
-        print(f"results: {path}")
+        print(f"results: {path}" + (" (quick)" if args.quick else ""))
+    warning = noise_warning(runs, _loadavg())
+    if warning:
+        print(warning, file=sys.stderr)
     return worst

@@ -1,0 +1,239 @@
+"""accel_reports.history: the SQLite run store, idempotent imports, flakiness, first failure, trends."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+
+import pandas as pd
+import pytest
+
+from accel_reports.benchmarks import compare_benchmarks
+from accel_reports.history import SCHEMA_VERSION, History, HistoryConflict, HistoryError, open_history
+from accel_reports.loaders import BENCH_COLUMNS, RUN_COLUMNS, TEST_COLUMNS, load_results
+
+from _report_data import bench_file, longrepr, rec, run_file
+
+FAIL = longrepr(["AssertionError: loss is nan"])
+
+
+def _run(folder, day: int, outcomes: dict[str, str], *, torch: str = "2.8.0", run_id: str | None = None):
+    run_id = run_id or f"run-{torch}-{day:02d}"
+    records = [rec(run_id, name, "cpu", outcome, FAIL if outcome == "failed" else None) for name, outcome in outcomes.items()]
+    return run_file(folder, run_id, "cpu", records, torch=torch, start=f"2025-06-{day:02d}T00:00:00.000+00:00")
+
+
+def _times(median: float, seed: int, n: int = 12, spread: float = 0.03) -> list[float]:
+    rng = random.Random(seed)
+    return [median * rng.lognormvariate(0, spread) for _ in range(n)]
+
+
+def test_schema_is_created_versioned_and_checked(tmp_path):
+    path = tmp_path / "deep" / "history.db"
+    with open_history(path) as history:
+        assert history.run_ids() == []
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    db.commit()
+    db.close()
+    with pytest.raises(HistoryError, match=f"schema version {SCHEMA_VERSION + 1}"):
+        History(path)
+    other = tmp_path / "other.db"
+    sqlite3.connect(other).execute("CREATE TABLE t (x)").connection.commit()
+    with pytest.raises(HistoryError, match="not an accel history"):
+        History(other)
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"this is not sqlite at all" * 100)
+    with pytest.raises(HistoryError, match="not an accel history"):
+        History(garbage)
+    with pytest.raises(HistoryError, match="folder"):
+        History(tmp_path)
+
+
+def test_import_is_idempotent_and_round_trips_the_frames(tmp_path):
+    _run(tmp_path / "r", 1, {"test_a": "passed", "test_b": "failed", "test_c": "skipped"})
+    bench_file(tmp_path / "r", "bench-1", "cpu", {"test_step": _times(0.5, 1)}, when="2025-06-01T01:00:00")
+    loaded = load_results([tmp_path / "r"])
+    with History(tmp_path / "h.db") as history:
+        first = history.ingest(loaded)
+        assert sorted(first.added) == sorted(["run-2.8.0-01", "bench:bench-1@2025-06-01T01:00:00"]) and first.already == []
+        again = history.ingest(load_results([tmp_path / "r"]))
+        assert again.added == [] and sorted(again.already) == sorted(first.added)
+        back = history.load()
+    db = sqlite3.connect(tmp_path / "h.db")
+    assert db.execute("SELECT COUNT(*) FROM tests").fetchone()[0] == 3  # not 6
+    assert db.execute("SELECT COUNT(*) FROM benchmarks").fetchone()[0] == 1
+    assert list(back.tests.columns) == TEST_COLUMNS and list(back.runs.columns) == RUN_COLUMNS
+    assert list(back.benchmarks.columns) == BENCH_COLUMNS
+    ordered = loaded.tests.sort_values("nodeid").reset_index(drop=True)
+    restored = back.tests.sort_values("nodeid").reset_index(drop=True)
+    for column in ("run_id", "test_id", "outcome", "backend", "torch_version", "signature", "traceback", "duration"):
+        assert restored[column].tolist() == ordered[column].tolist(), column
+    assert back.benchmarks.iloc[0]["samples"] == pytest.approx(loaded.benchmarks.iloc[0]["samples"])
+    assert isinstance(back.benchmarks.iloc[0]["samples"], tuple) and back.benchmarks.iloc[0]["quick"] is False
+    assert back.runs.iloc[0]["run_id"] == "run-2.8.0-01" and back.files == [str(tmp_path / "h.db")]
+
+
+def test_the_same_run_id_with_other_content_is_refused_and_nothing_is_written(tmp_path):
+    _run(tmp_path / "a", 1, {"test_a": "passed"}, run_id="nightly")
+    _run(tmp_path / "b", 2, {"test_x": "passed"})
+    _run(tmp_path / "b", 3, {"test_a": "failed"}, run_id="nightly")  # another run reusing the id
+    with History(tmp_path / "h.db") as history:
+        history.ingest(load_results([tmp_path / "a"]))
+        with pytest.raises(HistoryConflict, match="'nightly'.*other content"):
+            history.ingest(load_results([tmp_path / "b"]))
+        assert history.run_ids() == ["nightly"]  # run-2.8.0-02 of the refused import was not written either
+
+
+def test_a_moved_file_is_still_the_same_run(tmp_path):
+    _run(tmp_path / "a", 1, {"test_a": "passed"})
+    with History(tmp_path / "h.db") as history:
+        history.ingest(load_results([tmp_path / "a"]))
+        (tmp_path / "a").rename(tmp_path / "moved")
+        assert history.ingest(load_results([tmp_path / "moved"])).already == ["run-2.8.0-01"]
+
+
+def test_flakiness_counts_flips_across_runs(tmp_path):
+    sequences = {
+        "test_steady": "PPPPP",
+        "test_flaky": "PFPFP",   # 4 flips
+        "test_broke": "PPPFF",   # one flip: a change, not flakiness
+        "test_once": "PPFPP",    # 2 flips: failed once among passes
+    }
+    for day in range(5):
+        _run(tmp_path / "r", day + 1, {name: {"P": "passed", "F": "failed"}[seq[day]] for name, seq in sequences.items()})
+    with History(tmp_path / "h.db") as history:
+        history.ingest(load_results([tmp_path / "r"]))
+        table = history.flakiness().set_index("test_id")
+    assert set(table.index) == {f"suites/test_core.py::{n}[ws1]" for n in sequences}
+    flaky = table.loc["suites/test_core.py::test_flaky[ws1]"]
+    assert (flaky["runs"], flaky["passes"], flaky["failures"], flaky["flips"], flaky["flaky"]) == (5, 3, 2, 4, True)
+    assert table.loc["suites/test_core.py::test_steady[ws1]", "flips"] == 0
+    assert not table.loc["suites/test_core.py::test_steady[ws1]", "flaky"]
+    assert table.loc["suites/test_core.py::test_broke[ws1]", "flips"] == 1
+    assert not table.loc["suites/test_core.py::test_broke[ws1]", "flaky"]
+    assert table.loc["suites/test_core.py::test_once[ws1]", "flaky"]
+    assert table.index[0] == "suites/test_core.py::test_flaky[ws1]"  # flakiest first
+
+
+def test_first_failed_names_the_run_where_the_current_streak_began(tmp_path):
+    _run(tmp_path / "r", 1, {"test_a": "failed", "test_b": "passed", "test_c": "passed"})
+    _run(tmp_path / "r", 2, {"test_a": "passed", "test_b": "passed", "test_c": "failed"})
+    _run(tmp_path / "r", 3, {"test_a": "failed", "test_b": "passed", "test_c": "failed"})
+    _run(tmp_path / "r", 4, {"test_a": "skipped", "test_b": "failed", "test_c": "failed"})  # a skip does not break a streak
+    _run(tmp_path / "r", 5, {"test_a": "failed", "test_b": "failed", "test_c": "failed"})
+    _run(tmp_path / "r", 1, {"test_a": "failed"}, torch="2.7.1")  # another cell: its own latest run
+    with History(tmp_path / "h.db") as history:
+        history.ingest(load_results([tmp_path / "r"]))
+        table = history.first_failed()
+    by = {(row["torch_version"], row["test_id"].split("::")[1]): row for row in table.to_dict("records")}
+    assert set(by) == {("2.8.0", "test_a[ws1]"), ("2.8.0", "test_b[ws1]"), ("2.8.0", "test_c[ws1]"), ("2.7.1", "test_a[ws1]")}
+    a = by[("2.8.0", "test_a[ws1]")]
+    assert (a["first_failed_run"], a["streak"], a["last_passed_run"]) == ("run-2.8.0-03", 2, "run-2.8.0-02")
+    assert a["first_failed_time"].startswith("2025-06-03") and a["latest_run"] == "run-2.8.0-05"
+    assert (by[("2.8.0", "test_b[ws1]")]["first_failed_run"], by[("2.8.0", "test_b[ws1]")]["streak"]) == ("run-2.8.0-04", 2)
+    assert (by[("2.8.0", "test_c[ws1]")]["first_failed_run"], by[("2.8.0", "test_c[ws1]")]["streak"]) == ("run-2.8.0-02", 4)
+    never = by[("2.7.1", "test_a[ws1]")]
+    assert never["first_failed_run"] == "run-2.7.1-01" and never["last_passed_run"] is None
+    assert "AssertionError: loss is nan" in a["signature"]
+
+
+def test_load_last_keeps_the_newest_runs_of_each_cell(tmp_path):
+    for day in range(1, 5):
+        _run(tmp_path / "r", day, {"test_a": "passed"})
+    _run(tmp_path / "r", 1, {"test_a": "passed"}, torch="2.7.1")
+    with History(tmp_path / "h.db") as history:
+        history.ingest(load_results([tmp_path / "r"]))
+        assert sorted(history.load(last=2).runs["run_id"]) == ["run-2.7.1-01", "run-2.8.0-03", "run-2.8.0-04"]
+        assert len(history.load().runs) == 5
+        with pytest.raises(ValueError, match="at least 1"):
+            history.load(last=0)
+
+
+def _bench_history(folder, medians: list[float], *, quick_from: int | None = None, seed: int = 0):
+    """One benchmark file per median (a step time), a day apart; quick from index ``quick_from``."""
+    for i, median in enumerate(medians):
+        path = bench_file(folder, f"bench-{i:02d}", "cpu", {"test_step": _times(median, seed + i)},
+                          when=f"2025-06-{i + 1:02d}T00:00:00")
+        if quick_from is not None and i >= quick_from:
+            text = path.read_text().replace('"unit": "samples/s"', '"unit": "samples/s", "quick": true')
+            path.write_text(text)
+
+
+def _statuses(history: History, folder, count: int) -> list[str]:
+    """Each run compared, in turn, with the runs stored before it (as ``accel report --history`` does)."""
+    statuses = []
+    for i in range(count):
+        loaded = load_results([folder / f"bench-{i:02d}.json"])
+        history.ingest(loaded)
+        table = compare_benchmarks(loaded.benchmarks, history=history.benchmarks_frame())
+        statuses.append(table.iloc[0]["status"])
+    return statuses
+
+
+def test_identical_runs_on_a_noisy_machine_never_regress(tmp_path):
+    # run-to-run scatter of 6 % (lognormal), one wild run at -40 %: never a regression
+    rng = random.Random(7)
+    medians = [0.5 * rng.lognormvariate(0, 0.06) for _ in range(12)]
+    medians[6] = 0.5 / 0.6
+    _bench_history(tmp_path / "b", medians)
+    with History(tmp_path / "h.db") as history:
+        statuses = _statuses(history, tmp_path / "b", len(medians))
+        trend = history.trends()
+    assert statuses[0] == "no reference"
+    assert "regression" not in statuses and "improvement" not in statuses
+    assert statuses[6] in ("suspect", "too noisy")
+    assert list(trend["status"]) == statuses and trend["history_runs"].tolist() == [min(i, 10) for i in range(12)]  # window 10
+    assert (trend["band_low"].dropna() < trend["band_high"].dropna()).all()
+
+
+def test_a_planted_20_percent_slowdown_is_suspect_then_a_regression(tmp_path):
+    medians = [0.50, 0.51, 0.49, 0.505, 0.495, 0.60, 0.60]
+    _bench_history(tmp_path / "b", medians)
+    with History(tmp_path / "h.db") as history:
+        statuses = _statuses(history, tmp_path / "b", len(medians))
+        frame = history.benchmarks_frame()
+    assert statuses == ["no reference", "unchanged", "unchanged", "unchanged", "unchanged", "suspect", "regression"]
+    last = load_results([tmp_path / "b" / "bench-06.json"]).benchmarks
+    row = compare_benchmarks(last, history=frame).iloc[0]
+    assert row["history_runs"] == 6 and row["band_low"] < row["ref_value"] < row["band_high"]
+    assert row["value"] < row["band_low"]  # a throughput: slower is below the band
+    assert "confirmed" in row["evidence"] and row["change"] == pytest.approx(0.5 / 0.6 - 1, abs=0.03)
+    assert row["ref_source"] == "history: last 6 full run(s)"
+
+
+def test_a_quick_run_is_never_compared_with_full_history(tmp_path):
+    medians = [0.5, 0.5, 0.5, 0.5, 2.0, 2.1]  # the quick runs are 4x slower (smaller problems, other figures)
+    _bench_history(tmp_path / "b", medians, quick_from=4)
+    with History(tmp_path / "h.db") as history:
+        statuses = _statuses(history, tmp_path / "b", len(medians))
+        trend = history.trends()
+    assert statuses[4] == "quick: not compared"
+    assert statuses[5] == "unchanged"  # 5 % off the one quick run before it; 4x off the full ones, never compared
+    assert trend.groupby("quick")["history_runs"].max().to_dict() == {False: 3, True: 1}
+    row = compare_benchmarks(load_results([tmp_path / "b" / "bench-04.json"]).benchmarks,
+                             history=pd.concat([load_results([tmp_path / "b" / f"bench-0{i}.json"]).benchmarks for i in range(4)])).iloc[0]
+    assert row["quick"] and row["status"] == "quick: not compared" and "never compared" in row["evidence"]
+
+
+def test_an_import_killed_half_way_leaves_nothing(tmp_path, monkeypatch):
+    _run(tmp_path / "r", 1, {"test_a": "passed", "test_b": "passed"})
+    bench_file(tmp_path / "r", "bench-1", "cpu", {"test_step": _times(0.5, 1)})
+    loaded = load_results([tmp_path / "r"])
+    history = History(tmp_path / "h.db")
+    real = History._bench_runs
+
+    def broken(loaded_):
+        for entry in real(loaded_):
+            entry["rows"][0]["value"] = object()  # not storable: fails inside the transaction, after the test run's rows
+            yield entry
+
+    monkeypatch.setattr(History, "_bench_runs", staticmethod(broken))
+    with pytest.raises(TypeError):
+        history.ingest(loaded)
+    assert history.run_ids() == []
+    monkeypatch.setattr(History, "_bench_runs", staticmethod(real))
+    assert len(history.ingest(loaded).added) == 2
+    history.close()
