@@ -482,7 +482,8 @@ def judge_against_history(
     previous run's own band. Returns ``band`` (or None), ``status``, ``evidence``, ``change``
     (against the band's centre), ``side`` (+1 worse, -1 better, 0 inside).
     """
-    earlier = [float(v) for v in earlier][-window:] if window > 0 else []
+    every = [float(v) for v in earlier]
+    earlier = every[-window:] if window > 0 else []
     band = noise_band(earlier, threshold=threshold)
     out: dict[str, Any] = {"band": band, "status": "no reference", "evidence": "", "change": None, "side": 0}
     if band is None:
@@ -505,7 +506,7 @@ def judge_against_history(
         return out
     # confirmation: the previous run was outside its own band on the same side
     prev_value = earlier[-1]
-    prev_history = list(previous_earlier) if previous_earlier is not None else earlier[:-1]
+    prev_history = list(previous_earlier) if previous_earlier is not None else every[:-1]
     prev_band = noise_band(prev_history[-window:], threshold=threshold) if prev_history else None
     prev_side = 0
     if prev_band is not None:
