@@ -315,8 +315,12 @@ def _read_header(source: Any) -> dict[str, Any]:
 
 
 def _join_map(value: Any) -> str:
+    """``{"cuda": "550.54"}`` -> ``550.54``; with several backends ``cuda: 550.54; xpu: 1.3``."""
     if isinstance(value, dict):
-        return "; ".join(f"{k}: {v}" for k, v in value.items() if v not in (None, "", [], {}))
+        items = [(k, v) for k, v in value.items() if v not in (None, "", [], {})]
+        if len(value) == 1 and items:
+            return str(items[0][1])
+        return "; ".join(f"{k}: {v}" for k, v in items)
     return "" if value is None else str(value)
 
 
@@ -341,7 +345,7 @@ def _environment_view(report: Report) -> list[dict[str, Any]]:
             value = run.get(key)
             return value if value not in (None, "") else header.get(key)
 
-        counts = header.get("device_count") or {}
+        counts = run.get("device_count") or header.get("device_count") or {}
         models = header.get("device_models") or {}
         devices = "; ".join(
             f"{name}: {counts.get(name, len(m))} × {', '.join(sorted(set(map(str, m))))}" for name, m in models.items() if m
@@ -366,6 +370,7 @@ def _environment_view(report: Report) -> list[dict[str, Any]]:
     rows = sorted(envs.values(), key=lambda r: (r["host"], r["backends"], _version_sort_key(r["torch"].split(" ")[0]), r["accel_version"]))
     for row in rows:
         row["commit_short"] = row["git_commit"][:12] if row["git_commit"] else "not recorded"
+        row["first_text"], row["last_text"] = _short_time(row["first"]), _short_time(row["last"])
     return rows
 
 
@@ -395,13 +400,34 @@ def _bench_extras(sources: Iterable[Any]) -> dict[tuple[str, str], dict[str, Any
     return out
 
 
+def _size_value(key: Any, value: Any) -> str:
+    """``4096``, ``350M``, ``64 MiB`` (a key naming bytes): a problem size as a person writes it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return str(value)
+    if "byte" in str(key).lower() and value >= 1024:
+        for scale, prefix in ((2**40, "Ti"), (2**30, "Gi"), (2**20, "Mi"), (2**10, "Ki")):
+            if value >= scale:
+                return f"{value / scale:.3g} {prefix}B"
+    if float(value).is_integer() and abs(value) < 100_000:
+        return f"{int(value)}"
+    return _fmt_number(value).replace(" ", "")
+
+
+def _short_time(value: Any) -> str:
+    """``2025-06-01 00:24`` from an ISO-8601 time (the text itself when it is not one)."""
+    text = str(value or "")
+    match = re.match(r"(\d{4}-\d{2}-\d{2})[T ](\d{2}:\d{2})", text)
+    return f"{match.group(1)} {match.group(2)}" if match else text
+
+
 def _problem_size(name: Any, backend: Any, dtype: Any, extra: dict[str, Any], work: Any, unit: Any) -> str:
     """What one round works on, from what the benchmark recorded: ``extra_info.sizes``, else the
     parameters in its id (backend, dtype and rank count removed), plus the work per round."""
     parts = []
     sizes = extra.get("sizes")
     if isinstance(sizes, dict) and sizes:
-        parts.append(", ".join(f"{k}={_fmt_number(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v}" for k, v in sizes.items()))
+        parts.append(", ".join(f"{k}={_size_value(k, v)}" for k, v in sizes.items()))
+        return "; ".join(parts)  # the sizes say it; the work per round would repeat them
     else:
         match = re.search(r"\[(.*)\]\s*\Z", str(name or ""))
         if match:
@@ -482,6 +508,7 @@ def _benchmark_view(report: Report) -> dict[str, Any]:
                          "host_text": _pct(row.get("host_change"), signed=True),
                          "vs_host_text": _pct(row.get("adjusted_change"), signed=True),
                          "direction": "higher is better" if row["higher_is_better"] else "lower is better",
+                         "short_name": re.sub(r"\[[^\[\]]*\]\s*\Z", "", str(row["name"])) or str(row["name"]),
                          "size": _problem_size(row["name"], row["backend"], row["dtype"], extra, work, unit),
                          "dtype": row.get("dtype") or "", "world_size": row.get("world_size"),
                          "spread": spread, "spread_text": _pct(spread), "noisy": spread is not None and spread > NOISY_SPREAD,
@@ -489,9 +516,10 @@ def _benchmark_view(report: Report) -> dict[str, Any]:
                          "history_runs": row.get("history_runs") if "history_runs" in has else len(points),
                          "status_css": _slug(status),
                          "bar": charts.value_bar(value, ref, peak, status=status, band=band, fmt=fmt),
-                         "trend": charts.trend(points, band=band, ref=ref, status=status, fmt=fmt) if len(points) > 1 else ""})
+                         "trend": charts.trend(points, band=band, ref=ref, status=status, fmt=fmt, width=120) if len(points) > 1 else ""})
         tables.append({"backend": backend, "torch_version": torch_version, "rows": rows,
-                       "has_host": any(r["host_text"] != "–" for r in rows), "quick": any(r["quick"] for r in rows)})
+                       "has_host": any(r["host_text"] != "–" for r in rows), "has_p": any(r["p_text"] != "–" for r in rows),
+                       "quick": any(r["quick"] for r in rows)})
         all_rows.extend(rows)
     summary = []
     for row in _records(report.bench_summary):
@@ -638,6 +666,7 @@ def _environment(html: bool):
     env.filters["mdlink"] = _md_link
     env.filters["pct"] = _pct
     env.globals["MD_ROWS"] = MD_ROWS
+    env.globals["MD_BENCH_ROWS"] = MD_BENCH_ROWS
     return env
 
 

@@ -11,12 +11,13 @@ memory on cuda (one signature whatever the size); a few tests time out at random
 Files are written with the harness' own :class:`accel_harness.records.RecordWriter`, so they are exactly
 what a run writes. Everything is deterministic for a given ``seed``.
 
-    python -m accel_reports.synthetic OUT_DIR [--runs 50] [--tests 2000] [--seed 0]
+    python -m accel_reports.synthetic OUT_DIR [--runs 50] [--tests 2000] [--seed 0] [--history 10]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import random
 from dataclasses import dataclass, field
@@ -46,6 +47,9 @@ BACKENDS = ("cpu", "cuda", "xpu", "hpu", "mps")
 TORCH_VERSIONS = ("2.5.1", "2.6.0", "2.7.1", "2.8.0", "2.9.0")
 ACCEL_VERSIONS = ("0.1.0", "0.2.0")
 DEVICE_COUNT = {"cpu": 4, "cuda": 8, "xpu": 2, "hpu": 8, "mps": 1}
+#: backend -> (driver version, runtime version) written into the generated run headers
+DRIVERS = {"cpu": (None, None), "cuda": ("550.54.15", "CUDA 12.6"), "xpu": ("1.3.29735", "SYCL 2025.1"),
+           "hpu": ("1.19.0", "SynapseAI 1.19.0"), "mps": (None, "Metal 3")}
 DEVICE_MODEL = {"cpu": "Intel(R) Xeon(R) Platinum 8480+", "cuda": "NVIDIA H100 80GB HBM3",
                 "xpu": "Intel(R) Data Center GPU Max 1550", "hpu": "GAUDI2", "mps": "Apple M2 Max"}
 
@@ -182,14 +186,18 @@ def write_run(
     start_time: str = "2025-01-01T00:00:00.000+00:00",
     interrupted: bool = False,
     device_count: int | None = None,
+    git_commit: str | None = None,
 ) -> Path:
     """Write one harness results file (header, records, and a ``run_end`` unless ``interrupted``)."""
     header = RunHeader(
         run_id=run_id, start_time=start_time, accel_version=accel_version, torch_version=torch_version,
         torch_build="cpu" if backend == "cpu" else {"cuda": "CUDA 12.6", "xpu": "XPU 2025.1"}.get(backend, backend),
-        python="3.11.9", os="Linux-6.8.0-x86_64", host=f"{backend}-lab-01", git_commit="0" * 40,
+        python="3.11.9", os="Linux-6.8.0-45-generic-x86_64-with-glibc2.39", kernel="6.8.0-45-generic",
+        host=f"{backend}-lab-01", git_commit=git_commit or hashlib.sha1(f"accel {accel_version}".encode()).hexdigest(),
         backends=[backend], device_models={backend: [DEVICE_MODEL.get(backend, backend)] * (device_count or DEVICE_COUNT.get(backend, 1))},
         device_count={backend: device_count or DEVICE_COUNT.get(backend, 1)},
+        driver_versions={backend: DRIVERS.get(backend, (None, None))[0]},
+        runtime_versions={backend: DRIVERS.get(backend, (None, None))[1]},
     )
     writer = RecordWriter(path, header)
     for record in records:
@@ -217,6 +225,9 @@ def bench_entry(
     group: str | None = None,
     keep_data: bool = True,
     host: tuple[str, float] | None = None,
+    quick: bool | None = None,
+    sizes: Mapping[str, Any] | None = None,
+    work_unit: str | None = None,
 ) -> dict[str, Any]:
     """One pytest-benchmark entry with the ``extra_info`` keys :mod:`accel_reports.benchmarks` reads.
 
@@ -237,6 +248,12 @@ def bench_entry(
         kind, figure = host
         extra["host_bound"] = kind
         extra["host_reference"] = {{"compute": "compute_gflops", "memory": "memory_gbs"}[kind]: figure}
+    if quick is not None:
+        extra["quick"] = bool(quick)
+    if sizes:
+        extra["sizes"] = dict(sizes)
+    if work_unit:
+        extra["work_unit"] = work_unit
     if work_size is not None:
         extra["work_size"] = work_size
         extra["throughput"] = work_size / median
@@ -269,6 +286,11 @@ def write_benchmarks(path: str | Path, entries: Sequence[Mapping[str, Any]], *, 
 
 _BENCHES = [("test_train_step", 256.0), ("test_all_reduce_bandwidth", 64.0 * 2**20), ("test_forward", 512.0),
             ("test_optimizer_step", 1.0), ("test_dataloader_throughput", 1024.0)]
+#: problem sizes recorded with each generated benchmark (``extra_info["sizes"]``)
+_BENCH_SIZES = {"test_train_step": {"batch": 256, "hidden": 4096, "layers": 8},
+                "test_all_reduce_bandwidth": {"bytes": 64 * 2**20},
+                "test_forward": {"batch": 512, "seq": 128}, "test_optimizer_step": {"params": 350_000_000},
+                "test_dataloader_throughput": {"batch": 1024, "workers": 4}}
 
 
 @dataclass
@@ -291,10 +313,19 @@ def generate(
     benchmarks: bool = True,
     bench_samples: int = 15,
     slow_cell: tuple[str, str] | None = ("xpu", "2.9.0"),
+    history: int = 1,
+    cells: Sequence[tuple[str, str, str]] | None = None,
+    quick_cells: Sequence[tuple[str, str]] = (),
 ) -> Generated:
     """Write ``runs`` results files of ``tests`` tests each (cells backend × torch × accel, cycled),
     a known-issues YAML and, with ``benchmarks``, one pytest-benchmark JSON per run (the
-    ``slow_cell``'s ``test_train_step`` is 25 % slower with accel 0.2.0 than with 0.1.0)."""
+    ``slow_cell``'s ``test_train_step`` is 25 % slower with accel 0.2.0 than with 0.1.0).
+
+    ``history`` > 1 writes that many consecutive runs of each cell, a day apart (a nightly
+    history: trends and noise bands); the ``slow_cell``'s ``test_train_step`` is then 25 % slower
+    in the newest run of its cell only, and the benchmarks drift slowly with a little noise.
+    ``cells`` replaces the cycled backend × torch × accel cells; ``quick_cells`` (backend, torch)
+    mark their benchmarks as ``--quick`` runs (``extra_info["quick"]``)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
@@ -304,13 +335,16 @@ def generate(
 
     known = KnownIssues.from_data(yaml.safe_load(KNOWN_ISSUES_YAML), str(known_path))
     tests_list = catalogue(tests)
-    cells = [(b, t, a) for a in accel_versions for b in backends for t in torch_versions]
+    if history < 1:
+        raise ValueError(f"history must be at least 1, got {history}")
+    cells = list(cells) if cells else [(b, t, a) for a in accel_versions for b in backends for t in torch_versions]
     start = datetime(2025, 6, 1, tzinfo=timezone.utc)
     run_paths, bench_paths, used_cells = [], [], []
     for index in range(runs):
-        backend, torch_version, accel_version = cells[index % len(cells)]
+        backend, torch_version, accel_version = cells[(index // history) % len(cells)]
+        night = index % history  # 0 = the oldest run of this cell
         used_cells.append((backend, torch_version, accel_version))
-        when = start + timedelta(hours=index)
+        when = start + (timedelta(days=night, minutes=index) if history > 1 else timedelta(hours=index))
         run_id = when.strftime("%Y%m%dT%H%M%SZ") + f"-{index:08x}"
         records = []
         for test in tests_list:
@@ -335,12 +369,17 @@ def generate(
             entries = []
             for name, work in _BENCHES:
                 base = 0.05 * (1 + _BENCHES.index((name, work)) * 0.3) * {"cpu": 8.0, "mps": 3.0}.get(backend, 1.0)
-                if slow_cell and (backend, torch_version) == slow_cell and name == "test_train_step" and accel_version != accel_versions[0]:
-                    base *= 1.25
+                if slow_cell and (backend, torch_version) == slow_cell and name == "test_train_step":
+                    if (history == 1 and accel_version != accel_versions[0]) or (history > 1 and night == history - 1):
+                        base *= 1.25
+                if history > 1:
+                    base *= 1 + 0.004 * night + rng.gauss(0, 0.01)  # slow drift and night-to-night noise
                 times = [base * rng.lognormvariate(0, 0.03) for _ in range(bench_samples)]
                 unit = "B/s" if "bandwidth" in name else "samples/s"
                 entries.append(bench_entry(name, backend, times, work_size=work, metric="bandwidth" if "bandwidth" in name else "throughput",
-                                           unit=unit, torch_version=torch_version, accel_version=accel_version))
+                                           unit=unit, torch_version=torch_version, accel_version=accel_version,
+                                           quick=(backend, torch_version) in quick_cells or None, sizes=_BENCH_SIZES.get(name),
+                                           work_unit="B" if unit == "B/s" else "samples"))
             bench_paths.append(write_benchmarks(out / f"bench-{backend}-torch{torch_version}-accel{accel_version}-{index:03d}.json",
                                                 entries, when=when.strftime("%Y-%m-%dT%H:%M:%S")))
     return Generated(runs=run_paths, benchmarks=bench_paths, known_issues=known_path, cells=used_cells)
@@ -352,8 +391,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--tests", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--history", type=int, default=1, help="consecutive runs of each cell (a nightly history)")
     args = parser.parse_args(argv)
-    generated = generate(args.out, runs=args.runs, tests=args.tests, seed=args.seed)
+    generated = generate(args.out, runs=args.runs, tests=args.tests, seed=args.seed, history=args.history)
     print(f"wrote {len(generated.runs)} runs, {len(generated.benchmarks)} benchmark files and {generated.known_issues}")
     return 0
 

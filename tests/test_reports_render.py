@@ -16,7 +16,7 @@ from accel_reports.analysis import build_report
 from accel_reports.loaders import load_results
 from accel_reports.render import md_escape, render_html, render_markdown, safe_url, write_report
 
-from _report_data import XSS_IMG, XSS_MARKER, XSS_SCRIPT, bench_file, clustered, rec, run_file
+from _report_data import KNOWN_YAML, XSS_IMG, XSS_MARKER, XSS_SCRIPT, bench_file, clustered, rec, run_file
 
 EVIL_ISSUES = f"""\
 issues:
@@ -134,7 +134,8 @@ def test_safe_url(url, ok):
 
 
 def test_markdown_summary_content(tmp_path):
-    md = render_markdown(build_report(load_results(clustered(tmp_path))))
+    known = KnownIssues.from_data(yaml.safe_load(KNOWN_YAML), "known.yaml")  # defines the ids the results carry
+    md = render_markdown(build_report(load_results(clustered(tmp_path)), known=known))
     assert "> 16 of the 19 failures are known issue pytorch-135550" in md
     assert "| xpu | 2.7.1 | 0.2.0 | 1 | 10 | 10 | 0 | 4 | 1 | 0 | 50.0% |" in md
     assert "| needs-package | a library that is not installed | 4 | 2 |" in md

@@ -5,7 +5,13 @@ Generates the results once with ``accel_reports.synthetic`` (not timed), then ti
 and prints the median with its parts and the sizes of the files written. Targets: under 5 s and an
 HTML file under 5 MB (pytest-html needs about 40 s to open 4,000 tests).
 
-    python suites/benchmarks/report_render.py [--runs 50] [--tests 2000] [--repeats 3] [--json out.json]
+``--history N`` (default 10) makes the runs a nightly history: N consecutive runs of each cell
+(50 runs = 5 cells × 10 nights, across backends and torch versions), and the benchmarks are judged
+by the history rule (noise band from each benchmark's earlier runs), so the report draws a trend
+line and a band for every benchmark, as ``accel report`` does from the history store.
+``--history 1`` is the flat layout: 50 distinct cells, one run each.
+
+    python suites/benchmarks/report_render.py [--runs 50] [--tests 2000] [--history 10] [--repeats 3] [--json out.json]
 """
 
 from __future__ import annotations
@@ -20,6 +26,23 @@ from pathlib import Path
 
 TARGET_SECONDS = 5.0
 TARGET_HTML_BYTES = 5 * 1024 * 1024
+#: the cells of a history layout, in order (backends and torch versions mixed, as a vendor's matrix)
+HISTORY_CELLS = [("cuda", "2.8.0", "0.2.0"), ("xpu", "2.9.0", "0.2.0"), ("cpu", "2.9.0", "0.2.0"), ("hpu", "2.8.0", "0.2.0"),
+                 ("cuda", "2.9.0", "0.2.0"), ("xpu", "2.8.0", "0.2.0"), ("mps", "2.9.0", "0.2.0"), ("cpu", "2.8.0", "0.2.0")]
+
+
+def _with_history(report):
+    """``report`` with its benchmarks judged against every loaded run (the history rule), when
+    this version of :func:`accel_reports.benchmarks.compare_benchmarks` has one."""
+    import inspect
+
+    from accel_reports import benchmarks as bench
+
+    if "history" not in inspect.signature(bench.compare_benchmarks).parameters:
+        return report
+    report.bench_table = bench.compare_benchmarks(report.loaded.benchmarks, history=report.loaded.benchmarks)
+    report.bench_summary = bench.summarise_benchmarks(report.bench_table)
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tests", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--history", type=int, default=10, help="consecutive runs per cell (1: every run its own cell)")
+    parser.add_argument("--keep", help="also copy the last report.html/report.md into this folder")
     parser.add_argument("--json", dest="json_path", help="write the figures here")
     args = parser.parse_args(argv)
 
@@ -36,8 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="accel-report-bench-") as tmp:
         results = Path(tmp) / "results"
         start = time.perf_counter()
-        generated = generate(results, runs=args.runs, tests=args.tests, seed=args.seed)
-        print(f"generated {len(generated.runs)} runs × {args.tests} tests and {len(generated.benchmarks)} benchmark files "
+        layout = {}
+        if args.history > 1:
+            cells = -(-args.runs // args.history)
+            layout = {"history": args.history, "cells": HISTORY_CELLS[:cells] if cells <= len(HISTORY_CELLS) else None}
+        generated = generate(results, runs=args.runs, tests=args.tests, seed=args.seed, **layout)
+        print(f"generated {len(generated.runs)} runs × {args.tests} tests ({len(set(generated.cells))} cells"
+              f"{f', {args.history} runs each' if args.history > 1 else ''}) and {len(generated.benchmarks)} benchmark files "
               f"in {time.perf_counter() - start:.1f} s ({sum(p.stat().st_size for p in results.iterdir()) / 2**20:.1f} MiB)")
 
         from accel_harness.known_issues import load_known_issues
@@ -52,11 +82,19 @@ def main(argv: list[str] | None = None) -> int:
             loaded = load_results([results])
             t1 = time.perf_counter()
             report = build_report(loaded, known=load_known_issues(generated.known_issues))
+            if args.history > 1:
+                report = _with_history(report)
             t2 = time.perf_counter()
             written = write_report(report, out)
             t3 = time.perf_counter()
             timings.append({"load": t1 - t0, "analyse": t2 - t1, "render": t3 - t2, "total": t3 - t0})
             print(f"  run {repeat + 1}: load {t1 - t0:.2f} s, analyse {t2 - t1:.2f} s, render {t3 - t2:.2f} s, total {t3 - t0:.2f} s")
+        if args.keep:
+            import shutil
+
+            Path(args.keep).mkdir(parents=True, exist_ok=True)
+            for path in written.values():
+                shutil.copyfile(path, Path(args.keep) / path.name)
         html_bytes = written["html"].stat().st_size
         md_bytes = written["md"].stat().st_size
         median = {key: statistics.median(t[key] for t in timings) for key in timings[0]}
@@ -68,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"targets (< {TARGET_SECONDS:.0f} s, HTML < {TARGET_HTML_BYTES / 2**20:.0f} MiB): {'met' if ok else 'MISSED'}")
         if args.json_path:
             Path(args.json_path).write_text(json.dumps({
-                "runs": args.runs, "tests": args.tests, "records": records, "repeats": args.repeats, "timings": timings,
+                "runs": args.runs, "tests": args.tests, "history": args.history, "records": records,
+                "trends": sum(1 for r in report.bench_table.get("history_runs", []) if r) if not report.bench_table.empty else 0, "repeats": args.repeats, "timings": timings,
                 "median": median, "html_bytes": html_bytes, "md_bytes": md_bytes, "python": sys.version.split()[0],
             }, indent=2))
         return 0 if ok else 1
