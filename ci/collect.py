@@ -1,7 +1,7 @@
 """One report over many cells: find each cell's results, run ``accel report``, add a table of cells.
 
     python -m ci.collect ROOT... -o DIR [--baseline PATH...] [--expect "ID ID ..."]
-                         [--known-issues YAML] [--fail-on GATES] [--title TEXT]
+                         [--known-issues YAML] [--fail-on GATES] [--title TEXT] [--history DB]
 
 ROOT folders are searched for ``cell.json`` files (written by ``python -m ci.run_cell``; in CI, the
 downloaded ``cell-*`` artifacts). Every cell's ``results/`` and ``bench/`` go to
@@ -19,6 +19,14 @@ that ran ``bench: full``: a ``quick`` run is a smoke run on few rounds (on share
 its numbers swing by tens of percent from night to night), so its regressions are shown in the
 report but never fail the gate. The full-mode benchmarks are judged by a second ``accel report``
 over them alone (``DIR/bench-gate/report.md``).
+
+``--history DB`` appends every cell's test runs and benchmark runs to the SQLite run history
+(:mod:`accel_reports.history`; a run already stored is skipped, so re-running the collection is
+harmless) before the reports, and passes ``--history DB`` on to ``accel report`` when it takes
+it: the benchmarks are then judged against their own last runs (the noise band of
+:mod:`accel_reports.benchmarks`) instead of one baseline run. Keep the file between nightlies (a
+CI cache or artifact). A history that cannot be used (another schema version, a run id stored
+with other content) is reported and the collection exits 2 when nothing else failed.
 """
 
 from __future__ import annotations
@@ -48,7 +56,30 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--matrix", default=str(DEFAULT_MATRIX), metavar="YAML", help="matrix file (for known_issues)")
     parser.add_argument("--fail-on", metavar="GATES", help="passed to accel report (default: its own)")
     parser.add_argument("--title", default="accel nightly", help="report title")
+    parser.add_argument("--history", metavar="DB",
+                        help="SQLite run history to append every cell's results and benchmarks to (created if absent)")
     return parser
+
+
+def append_history(db: str, inputs: Sequence[str]) -> str:
+    """Append the runs under ``inputs`` to the history ``db``; the line to print. Raises
+    :class:`accel_reports.history.HistoryError` when the history cannot take them."""
+    from accel_reports.history import open_history
+    from accel_reports.loaders import load_results
+
+    loaded = load_results(inputs)
+    with open_history(db) as history:
+        result = history.ingest(loaded)
+    return f"ci.collect: history {db}: {result.summary()}"
+
+
+def report_takes_history() -> bool:
+    """Whether this accel's ``accel report`` has a ``--history`` option."""
+    from accel.commands import report
+
+    parser = argparse.ArgumentParser(add_help=False)
+    report.add_arguments(parser)
+    return any("--history" in action.option_strings for action in parser._actions)
 
 
 def find_cells(roots: Sequence[str | os.PathLike[str]]) -> list[tuple[Path, dict[str, Any]]]:
@@ -178,9 +209,11 @@ def gating_bench(cells: Sequence[tuple[Path, dict[str, Any]]]) -> tuple[list[str
 
 
 def _report(inputs: Sequence[str], out: Path, title: str, baseline: Sequence[str], known: str | None,
-            gates: Sequence[str], formats: str = "html,md") -> int:
+            gates: Sequence[str], formats: str = "html,md", history: str | None = None) -> int:
     command = [sys.executable, "-m", "accel.commands.cli", "report", *inputs, "-o", str(out), "--title", title,
                "--format", formats, "--fail-on", ",".join(gates) or "none"]
+    if history:
+        command += ["--history", history]
     if baseline:
         command += ["--baseline", *baseline]
     if known:
@@ -217,16 +250,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             matrix_known = None
         known = str(REPO / matrix_known) if matrix_known else None
 
+    notes = []
+    history_failed = False
+    history = None
+    if args.history:
+        from accel_reports.history import HistoryError
+
+        try:
+            print(append_history(args.history, inputs))
+            history = args.history if report_takes_history() else None
+            if history is None:
+                notes.append(f"_Runs appended to the history {_md(args.history)}; this accel report cannot read it yet, "
+                             "so benchmarks are compared with the baseline._")
+        except HistoryError as exc:
+            history_failed = True
+            print(f"ci.collect: error: history {args.history}: {exc}", file=sys.stderr)
+            notes.append(f"_The run history {_md(args.history)} could not be used: {_md(exc)}_")
+
     # the report over everything gates on everything but benchmark regressions; those are judged
     # on the benchmarks of full-mode cells only (a second, Markdown-only report of them)
-    code = _report(inputs, out, args.title, baseline, known, [g for g in gates if g != "regressions"])
+    code = _report(inputs, out, args.title, baseline, known, [g for g in gates if g != "regressions"], history=history)
     gating, informing = gating_bench(cells)
-    notes = []
     if "regressions" in gates and informing:
         notes.append(f"_Benchmark regressions of the quick (smoke) benchmark cells {', '.join(informing)} are "
                      "reported but do not fail the nightly._")
     if code in (0, 4) and "regressions" in gates and gating:
-        bench_code = _report(gating, out / "bench-gate", args.title, baseline, known, ["regressions"], "md")
+        bench_code = _report(gating, out / "bench-gate", args.title, baseline, known, ["regressions"], "md", history=history)
         if bench_code == 3:
             code = 3
         elif bench_code != 0:
@@ -237,6 +286,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     body = report_md.read_text(encoding="utf-8") if report_md.is_file() else "(accel report wrote no report.md)\n"
     note_text = "".join(f"\n{n}\n" for n in notes)
     (out / "summary.md").write_text(f"{table}{note_text}\n{body}", encoding="utf-8")
+    if history_failed and code == 0:
+        code = EXIT_NO_RESULTS  # 2: an input the collection was asked to use could not be used
     print(f"ci.collect: exit {code}; summary {out / 'summary.md'}")
     return code
 

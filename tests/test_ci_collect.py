@@ -106,3 +106,55 @@ def test_only_full_mode_benchmarks_gate_on_regressions(tmp_path, capsys):
     code = collect.main([str(tmp_path / "full" / "cells"), "-o", str(tmp_path / "r3"), "--baseline",
                          str(tmp_path / "full" / "baseline"), "--fail-on", "new-failures"])
     assert code == 0  # regressions not asked for
+
+
+def test_history_appends_every_cell_once_and_refuses_a_conflicting_run(tmp_path, capsys):
+    from accel_reports.history import History
+
+    cells_root = tmp_path / "cells"
+    cell(cells_root, "cpu-torch2.13.0-py3.11", "2.13.0", records("night-1"))
+    bench_cell(cells_root, "cpu-torch2.14.1-py3.11", "full", 1.0, "2025-06-01T00:00:00")
+    db = tmp_path / "store" / "history.db"
+    code = collect.main([str(cells_root), "-o", str(tmp_path / "r1"), "--history", str(db), "--fail-on", "none"])
+    assert code == 0
+    assert "3 run(s) added, 0 already stored" in capsys.readouterr().out  # two test runs, one benchmark run
+    # collecting the same cells again (a re-run of the job) stores nothing twice
+    assert collect.main([str(cells_root), "-o", str(tmp_path / "r2"), "--history", str(db), "--fail-on", "none"]) == 0
+    assert "0 run(s) added, 3 already stored" in capsys.readouterr().out
+    with History(db) as history:
+        loaded = history.load()
+        assert sorted(loaded.runs["run_id"]) == ["cells-cpu-torch2.14.1-py3.11", "night-1"] and len(loaded.tests) == 10
+        assert len(loaded.benchmarks) == 1 and loaded.benchmarks.iloc[0]["torch_version"] == "2.13.0+cpu"
+    # another night reusing the run id with other results: refused, reported, exit 2
+    other = tmp_path / "other"
+    cell(other, "cpu-torch2.13.0-py3.11", "2.13.0", records("night-1", fail=True))
+    code = collect.main([str(other), "-o", str(tmp_path / "r3"), "--history", str(db), "--fail-on", "none"])
+    captured = capsys.readouterr()
+    assert code == collect.EXIT_NO_RESULTS and "'night-1'" in captured.err and "other content" in captured.err
+    assert "could not be used" in (tmp_path / "r3" / "summary.md").read_text()
+    assert (tmp_path / "r3" / "report.md").is_file()  # the report is still written
+
+
+def test_the_history_is_passed_to_accel_report_when_it_takes_it(tmp_path, monkeypatch):
+    cell(tmp_path / "cells", "cpu-torch2.13.0-py3.11", "2.13.0", records("night-1"))
+    commands = []
+
+    def fake_call(command):
+        commands.append(command)
+        out = Path(command[command.index("-o") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "report.md").write_text("report\n")
+        return 0
+
+    monkeypatch.setattr(collect.subprocess, "call", fake_call)
+    db = str(tmp_path / "h.db")
+    for takes in (True, False):
+        commands.clear()
+        monkeypatch.setattr(collect, "report_takes_history", lambda: takes)
+        assert collect.main([str(tmp_path / "cells"), "-o", str(tmp_path / f"r{takes}"), "--history", db]) == 0
+        assert ("--history" in commands[0]) is takes
+        if takes:
+            assert commands[0][commands[0].index("--history") + 1] == db
+        else:
+            assert "cannot read it yet" in (tmp_path / f"r{takes}" / "summary.md").read_text()
+    assert isinstance(collect.report_takes_history(), bool)
