@@ -107,3 +107,36 @@ def test_screenshot(report_html, tmp_path):
     keep = os.environ.get("ACCEL_REPORT_SCREENSHOT")
     if keep:
         shutil.copyfile(shot, keep)
+
+
+@pytest.fixture(scope="module")
+def nightly_html(tmp_path_factory) -> Path:
+    """A vendor's report: three backends, two torch versions, four nights each, a regression, a quick run."""
+    from accel_harness.known_issues import load_known_issues
+    from accel_reports.synthetic import generate
+
+    tmp_path = tmp_path_factory.mktemp("chromium-nightly")
+    cells = [("cuda", "2.8.0", "0.2.0"), ("xpu", "2.9.0", "0.2.0"), ("hpu", "2.9.0", "0.2.0")]
+    generated = generate(tmp_path / "results", runs=12, tests=80, history=4, cells=cells, quick_cells=[("hpu", "2.9.0")])
+    report = build_report(load_results([tmp_path / "results"]), known=load_known_issues(generated.known_issues))
+    return write_report(report, tmp_path / "out", ["html"])["html"]
+
+
+def test_vendor_report_renders_tables_and_charts(nightly_html, tmp_path):
+    result = _chromium(tmp_path, "--dump-dom", nightly_html.as_uri())
+    assert result.returncode == 0, result.stderr[-2000:]
+    dom = Dom(result.stdout)
+    assert dom.all("body")[0].get("data-report-ready") == "1"
+    for element_id in ("pass-rates", "rates-1", "pass-fail-chart", "env-table", "bench-charts", "quick-run"):
+        assert dom.by_id(element_id) is not None, element_id
+    svgs = dom.all("svg")
+    # pass/fail chart + 5 comparison charts + a bar and a trend for each of 15 benchmark rows
+    assert len(svgs) == 1 + 5 + 15 * 2
+    assert len(dom.all("polyline")) == 15  # the trend lines, as the browser parsed them
+    shot = tmp_path / "nightly.png"
+    result = _chromium(tmp_path, f"--screenshot={shot}", "--window-size=1400,2400", nightly_html.as_uri())
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert len(shot.read_bytes()) > 60_000, "the vendor report's screenshot looks blank"
+    keep = os.environ.get("ACCEL_REPORT_SCREENSHOT")
+    if keep:
+        shutil.copyfile(shot, Path(keep).with_name(Path(keep).stem + "-nightly.png"))

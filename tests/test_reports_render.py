@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import re
 from html.parser import HTMLParser
 from pathlib import Path
@@ -173,4 +174,187 @@ def test_host_drift_is_listed_apart_from_regressions(tmp_path):
     assert "test\\_copy" in drift.split("Regression rule")[0] and "-25.0%" in drift
     assert "### Regressions" not in md
     html = render_html(report)
-    assert ">host</th>" in html and ">vs host</th>" in html and 'class="st-host-drift">host drift<' in html
+    assert ">host</th>" in html and ">vs host</th>" in html and 'st-host-drift">host drift<' in html
+
+
+# ---------------------------------------------------------------------------- the report a vendor sends
+def _nightly(tmp_path: Path, **kw):
+    """Three cells (two backends, two torch versions) × 4 nights, the xpu 2.9.0 train step 25 %
+    slower in its newest night, the hpu cell a quick run."""
+    from accel_reports.synthetic import generate
+
+    cells = [("cuda", "2.8.0", "0.2.0"), ("xpu", "2.9.0", "0.2.0"), ("hpu", "2.9.0", "0.2.0")]
+    generated = generate(tmp_path / "results", runs=12, tests=60, history=4, cells=cells,
+                         quick_cells=[("hpu", "2.9.0")], **kw)
+    from accel_harness.known_issues import load_known_issues
+
+    return build_report(load_results([tmp_path / "results"]), known=load_known_issues(generated.known_issues))
+
+
+@pytest.fixture(scope="module")
+def nightly(tmp_path_factory):
+    report = _nightly(tmp_path_factory.mktemp("nightly"))
+    return report, render_html(report), render_markdown(report)
+
+
+def test_pass_rate_table_is_backend_by_torch_version_and_comes_first(nightly):
+    report, html, md = nightly
+    assert html.index('id="pass-rates"') < html.index('id="environment"') < html.index('id="matrix"')
+    table = html[html.index('id="rates-1"'):]
+    table = table[:table.index("</table>")]
+    assert [h for h in re.findall(r"<th[^>]*>([^<]*)</th>", table)] == ["accel 0.2.0", "torch 2.8.0", "torch 2.9.0", "cuda", "hpu", "xpu"]
+    assert table.count("not run") == 3  # cuda 2.9.0, hpu 2.8.0, xpu 2.8.0 are not in the matrix
+    # the latest result of each test per cell: the figures the grid shows
+    from accel_reports.render import _cell_counts
+
+    counts = {(c["backend"], c["torch_version"]): c for c in _cell_counts(report)}
+    cuda = counts[("cuda", "2.8.0")]
+    assert cuda["tests"] == 60 and cuda["passed"] + cuda["failed"] + cuda["error"] == cuda["executed"]
+    assert f"{cuda['pass_rate']:.1%}" in table
+    md_table = md[md.index("## Pass rate by backend and torch version"):md.index("## Environment")]
+    assert "| accel 0.2.0 | torch 2.8.0 | torch 2.9.0 |" in md_table and "| **hpu** | not run |" in md_table
+    assert md.index("## Pass rate by backend") < md.index("## Summary matrix")
+
+
+def test_pass_fail_chart_stacks_outcomes_per_cell(nightly):
+    report, html, _ = nightly
+    chart = html[html.index('id="pass-fail-chart"'):]
+    chart = chart[:chart.index("</figure>")]
+    assert chart.count('class="ok"') == 3  # a passed segment for each of the three cells
+    assert "cuda · torch 2.8.0 · accel 0.2.0" in chart and "skipped" in chart
+
+
+def test_environment_block_has_os_kernel_driver_runtime_and_commit(nightly):
+    _, html, md = nightly
+    env = html[html.index('id="env-table"'):]
+    env = env[:env.index("</table>")]
+    import hashlib
+
+    commit = hashlib.sha1(b"accel 0.2.0").hexdigest()
+    for text in ("Linux-6.8.0-45-generic", "6.8.0-45-generic", "550.54.15", "CUDA 12.6", "SYCL 2025.1", "3.11.9",
+                 "8 × NVIDIA H100 80GB HBM3", commit[:12], "2025-06-01 00:00"):
+        assert text in env, text
+    assert env.count("<tr>") == 1 + 3  # one environment per cell, each with its four nights
+    assert "| cuda-lab-01 | Linux-6.8.0-45-generic-x86\\_64-with-glibc2.39 | 6.8.0-45-generic |" in md
+
+
+def test_benchmark_rows_show_size_dtype_spread_baseline_and_trend(nightly):
+    report, html, md = nightly
+    section = html[html.index('id="benchmarks"'):html.index('id="grid"')]
+    assert "batch=256, hidden=4096, layers=8" in section and "bytes=64 MiB" in section
+    assert "<th>dtype</th>" in section and ">bf16<" in section and '<th class="num">spread</th>' in section
+    # one value-vs-reference bar and one trend line per benchmark row (every cell has 4 nights)
+    rows = len(report.bench_table)
+    assert section.count('aria-label="now beside the reference"') == rows
+    assert section.count('aria-label="trend over 4 runs"') == rows
+    assert section.count('class="ref"') >= rows  # the reference drawn beside each current value
+    # the regressed benchmark: its trend ends in a flagged point, its bar is coloured
+    bad = report.bench_table[(report.bench_table["backend"] == "xpu") & (report.bench_table["name"].str.startswith("test_train_step"))]
+    assert float(bad["change"].iloc[0]) < -0.15
+    assert bad["status"].iloc[0] in ("regression", "suspect", "unconfirmed", "within noise")
+    # backends compared: grouped bars per benchmark across the three backends
+    charts_html = section[section.index('id="bench-charts"'):section.index("<h3>Throughput</h3>")]
+    assert charts_html.count("<svg") == report.bench_table["bench_id"].nunique()
+    # Markdown keeps the throughput table with size, dtype, median and spread
+    table = md[md.index("### Throughput"):md.index("Median of the samples")]
+    assert "| benchmark | backend | torch | size | dtype | ranks | median | spread | reference | change | status |" in table
+    assert table.count("\n| test\\_") == rows
+    assert "samples/s" in table and "batch=256, hidden=4096, layers=8" in table
+
+
+def test_quick_run_is_labelled_in_html_and_markdown(nightly):
+    report, html, md = nightly
+    assert 'id="quick-run"' in html
+    quick_rows = int(report.bench_table["quick"].sum()) if "quick" in report.bench_table else 5
+    assert quick_rows == 5
+    section = html[html.index('id="benchmarks"'):html.index('id="grid"')]
+    assert section.count('<span class="quick">quick run</span>') == quick_rows + 1  # each row and its table's title
+    assert ":warning: **quick run**" in md and md.count("(quick run) | hpu |") == quick_rows
+
+
+def test_noisy_benchmark_is_flagged(tmp_path):
+    import random
+
+    rng = random.Random(3)
+    bench_file(tmp_path, "b1", "cpu", {"test_calm": [0.5 * rng.lognormvariate(0, 0.01) for _ in range(15)],
+                                       "test_noisy": [0.5 * rng.lognormvariate(0, 0.6) for _ in range(15)]})
+    report = build_report(load_results([tmp_path]))
+    html, md = render_html(report), render_markdown(report)
+    assert html.count('title="too noisy to judge"') == 1
+    noisy_line = next(line for line in md.splitlines() if line.startswith("| test\\_noisy"))
+    calm_line = next(line for line in md.splitlines() if line.startswith("| test\\_calm"))
+    assert ":warning: too noisy" in noisy_line and "too noisy" not in calm_line
+
+
+def test_charts_escape_benchmark_and_cell_names(tmp_path):
+    """A benchmark name that is an attack, compared across two backends, stays text in the SVG."""
+    bench_file(tmp_path, "a", "cuda", {f"test_{XSS_SCRIPT}": [0.2] * 6})
+    bench_file(tmp_path, "b", "xpu", {f"test_{XSS_SCRIPT}": [0.3] * 6})
+    html = render_html(build_report(load_results([tmp_path])))
+    assert 'id="bench-charts"' in html
+    assert XSS_SCRIPT not in html and "<img" not in html.lower()
+    tags = Tags(html)
+    assert len(tags.named("script")) == 1 and not tags.named("foreignobject")
+    assert not [a for _, attrs in tags.tags for a in attrs if a.startswith("on")]
+
+
+def test_chart_builders():
+    from markupsafe import Markup
+
+    from accel_reports import charts
+
+    bars = charts.stacked_bars([("a<b", [3, 1, 0, 0])], [("passed", "ok"), ("failed", "bad"), ("skipped", "skip"), ("x", "xf")])
+    assert isinstance(bars, Markup) and "a&lt;b" in bars and bars.count("<rect") == 2  # no empty segment
+    widths = [float(w) for w in re.findall(r'<rect class="\w+" x="[\d.]+" y="0" width="([\d.]+)"', bars)]
+    assert widths == [390.0, 130.0]  # 3:1 of the 520-pixel bar
+    assert charts.trend([("t0", 1.0)]) == ""  # one point is no trend
+    line = charts.trend([("t0", 1.0), ("t1", 2.0), ("t2", float("nan")), ("t3", 1.5)], band=(0.9, 2.1), ref=1.2, status="regression")
+    assert line.count("<circle") == 4 and 'class="bad"' in line and 'class="band"' in line
+    bar = charts.value_bar(80.0, 100.0, 110.0, status="regression", band=(90.0, 110.0))
+    assert 'class="bad"' in bar and 'class="ref"' in bar and 'class="band"' in bar
+
+
+def test_write_report_is_atomic(tmp_path, monkeypatch):
+    from accel_reports import render
+
+    report = build_report(load_results(clustered(tmp_path / "in")))
+    out = tmp_path / "out"
+    first = write_report(report, out)
+    before = first["html"].read_bytes()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("renderer crashed")
+
+    monkeypatch.setattr(render, "render_markdown", broken)
+    with pytest.raises(RuntimeError):
+        write_report(report, out)
+    assert first["html"].read_bytes().startswith(b"<!DOCTYPE html>") and first["md"].stat().st_size > 0
+    assert len(first["html"].read_bytes()) == len(before)  # same report (only its generated time may differ)
+    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.md"]  # no temporary file left
+
+    real_replace = os.replace
+
+    def crash_on_replace(src, dst):
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(render, "render_markdown", lambda *a, **k: "# md\n")
+    monkeypatch.setattr(os, "replace", crash_on_replace)
+    with pytest.raises(OSError):
+        write_report(report, out, ["md"])
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert first["md"].read_text().startswith("# accel qualification report")
+    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.md"]
+
+
+def test_synthetic_history_layout(tmp_path):
+    from accel_reports.synthetic import generate
+
+    generated = generate(tmp_path, runs=6, tests=20, history=3, cells=[("xpu", "2.9.0", "0.2.0"), ("cuda", "2.8.0", "0.2.0")])
+    assert generated.cells == [("xpu", "2.9.0", "0.2.0")] * 3 + [("cuda", "2.8.0", "0.2.0")] * 3
+    loaded = load_results([tmp_path])
+    xpu = loaded.benchmarks[(loaded.benchmarks["backend"] == "xpu") & loaded.benchmarks["name"].str.startswith("test_train_step")]
+    values = xpu.sort_values("datetime")["value"].tolist()
+    assert len(values) == 3 and values[-1] < 0.85 * min(values[:-1])  # the newest night regressed
+    assert sorted(loaded.runs["start_time"].str[:10].unique()) == ["2025-06-01", "2025-06-02", "2025-06-03"]
+    with pytest.raises(ValueError, match="history"):
+        generate(tmp_path / "x", runs=1, tests=1, history=0)
