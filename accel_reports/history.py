@@ -45,7 +45,7 @@ import pandas as pd
 
 from .loaders import BENCH_COLUMNS, RUN_COLUMNS, TEST_COLUMNS, Loaded, _benchmark_frame, _frame, tests_frame
 
-__all__ = ["SCHEMA_VERSION", "History", "HistoryConflict", "HistoryError", "IngestResult", "open_history"]
+__all__ = ["SCHEMA_VERSION", "History", "HistoryConflict", "HistoryError", "IngestResult", "append_results", "open_history"]
 
 SCHEMA_VERSION = 1
 CELL = ["backend", "torch_version", "accel_version"]
@@ -442,3 +442,14 @@ def open_history(path: str | os.PathLike[str]) -> History:
     """Open (or create) the history database at ``path``; raises :class:`HistoryError` with the reason
     when the file is not one this accel can use."""
     return History(path)
+
+
+def append_results(db: str | os.PathLike[str], paths: Iterable[str | os.PathLike[str]]) -> IngestResult:
+    """Load the result files under ``paths`` (those that exist) and append their runs to the history
+    ``db`` (``accel qualify --history``). Raises :class:`HistoryError` when the history cannot take them."""
+    from .loaders import load_results
+
+    existing = [p for p in paths if Path(p).exists()]
+    loaded = load_results(existing) if existing else None
+    with open_history(db) as history:
+        return history.ingest(loaded) if loaded is not None else IngestResult()

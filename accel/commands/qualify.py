@@ -50,6 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dist-timeout", type=float, default=120.0, metavar="SECONDS",
                         help="timeout of one multi-process test (default 120)")
     parser.add_argument("--no-bench", action="store_true", help="skip the benchmarks")
+    parser.add_argument("--history", metavar="DB", help="also append this run's results and benchmarks to a SQLite run history")
     parser.add_argument("--quick", action="store_true", help="quick benchmarks (smoke run)")
     up = parser.add_argument_group("upstream suites")
     up.add_argument("--upstream", metavar="NAME==VERSION|PATH",
@@ -289,7 +290,22 @@ def run(args: argparse.Namespace) -> int:
             status = 1
         artefacts += [("report", report_dir)]
 
+    if getattr(args, "history", None):  # --history DB: this run appended to the run history
+        status = _append_history(args.history, [results, out / "bench"]) or status
     print("accel qualify: done" + ("" if status == 0 else " (with failures)"))
     for label, path in artefacts:
         print(f"  {label:<14} {path}")
     return status
+
+
+def _append_history(db: str, paths: list[Path]) -> int:
+    """``--history DB``: append the run's suite results and benchmarks to the run history; 1 when it cannot."""
+    from accel_reports.history import HistoryError, append_results
+
+    try:
+        result = append_results(db, paths)
+    except HistoryError as exc:
+        print(f"accel qualify: history {db}: {exc}", file=sys.stderr)
+        return 1
+    print(f"accel qualify: history {db}: {result.summary()}", flush=True)
+    return 0
