@@ -330,14 +330,45 @@ _ENV_FIELDS = (("host", "host"), ("os", "OS"), ("kernel", "kernel"), ("python", 
                ("torch", "torch"), ("accel_version", "accel"), ("git_commit", "git commit"))
 
 
+def _benchmark_environments(benchmarks: pd.DataFrame) -> list[dict[str, Any]]:
+    """Environment rows from pytest-benchmark files' ``machine_info`` and ``commit_info`` (for a
+    report of benchmarks only: harness runs carry a fuller header)."""
+    rows = []
+    for source, group in benchmarks.groupby("source", sort=True):
+        try:
+            doc = json.loads(Path(str(source)).read_text(encoding="utf-8"))
+        except (OSError, ValueError, TypeError):
+            continue
+        machine = doc.get("machine_info") if isinstance(doc, dict) and isinstance(doc.get("machine_info"), dict) else {}
+        commit = doc.get("commit_info") if isinstance(doc, dict) and isinstance(doc.get("commit_info"), dict) else {}
+        cpu = machine.get("cpu") if isinstance(machine.get("cpu"), dict) else {}
+        devices = sorted({f"{b}: {d}" for b, d in zip(group["backend"], group["device"]) if d})
+        torch = sorted({str(t) for t in group["torch_version"] if t})
+        accel = sorted({str(a) for a in group["accel_version"] if a})
+        os_name = " ".join(str(machine[k]) for k in ("system", "release", "machine") if machine.get(k))
+        rows.append({
+            "host": str(machine.get("node") or ""), "os": os_name, "kernel": str(machine.get("release") or ""),
+            "python": str(machine.get("python_version") or ""), "backends": ", ".join(sorted({str(b) for b in group["backend"]})),
+            "devices": "; ".join(devices) or str(cpu.get("brand_raw") or ""), "driver_versions": "", "runtime_versions": "",
+            "torch": ", ".join(torch), "accel_version": ", ".join(accel),
+            "git_commit": str(commit.get("id") or "") + (" (dirty)" if commit.get("dirty") else ""),
+            "start_time": doc.get("datetime") if isinstance(doc, dict) else None,
+        })
+    return rows
+
+
 def _environment_view(report: Report) -> list[dict[str, Any]]:
     """Distinct machine and software environments of the runs (OS, kernel, driver and runtime
     versions, git commit), each with its run count and time span. Fields the runs frame lacks are
-    read from the results files' headers."""
+    read from the results files' headers; a report of benchmarks only uses the benchmark files'
+    machine and commit information."""
     runs = report.loaded.runs
     if runs.empty:
-        return []
-    envs: dict[tuple, dict[str, Any]] = {}
+        bench = report.loaded.benchmarks
+        if bench.empty:
+            return []
+        return _collapse_environments(_benchmark_environments(bench))
+    rows = []
     for run in _records(runs):
         header = _read_header(run.get("source")) if run.get("format") == "jsonl" else {}
 
@@ -360,11 +391,21 @@ def _environment_view(report: Report) -> list[dict[str, Any]]:
             "torch": torch, "accel_version": pick("accel_version") or "",
             "git_commit": str(commit) if commit else "",
         }
+        row["start_time"] = run.get("start_time")
+        rows.append(row)
+    return _collapse_environments(rows)
+
+
+def _collapse_environments(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per distinct environment, with its run count and first and last start time."""
+    envs: dict[tuple, dict[str, Any]] = {}
+    for row in found:
         key = tuple(row[k] for k, _ in _ENV_FIELDS)
+        start = row.pop("start_time", None)
         entry = envs.setdefault(key, {**row, "runs": 0, "first": None, "last": None})
         entry["runs"] += 1
-        start = run.get("start_time")
         if start:
+            start = str(start)
             entry["first"] = min(filter(None, (entry["first"], start)))
             entry["last"] = max(filter(None, (entry["last"], start)))
     rows = sorted(envs.values(), key=lambda r: (r["host"], r["backends"], _version_sort_key(r["torch"].split(" ")[0]), r["accel_version"]))
@@ -524,6 +565,9 @@ def _benchmark_view(report: Report) -> dict[str, Any]:
     summary = []
     for row in _records(report.bench_summary):
         row["geomean_text"] = f"{row['geomean_speedup']:.3f}×" if row["geomean_speedup"] else "–"
+        mine = [r for r in all_rows if (r["backend"], r["torch_version"]) == (row["backend"], row["torch_version"])]
+        row["suspect"] = sum(1 for r in mine if r["status"] == "suspect")
+        row["quick"] = any(r["quick"] for r in mine)
         summary.append(row)
     charts_out = []
     if table["backend"].nunique() > 1:  # the same benchmark across backends
@@ -640,6 +684,7 @@ def _context(report: Report) -> dict[str, Any]:
         "untracked_count": len(untracked),
         "untracked_examples": sorted(set(untracked["test_id"]))[:5] if len(untracked) else [],
         "regression_count": len(report.regressions),
+        "suspect_count": len(bench_view["suspect"]),
         "has_baseline": report.diff is not None,
         "interrupted": [r["run_id"] for r in runs if r["interrupted"]],
         "upstream": _upstream_view(report),

@@ -268,7 +268,8 @@ def test_quick_run_is_labelled_in_html_and_markdown(nightly):
     quick_rows = int(report.bench_table["quick"].sum()) if "quick" in report.bench_table else 5
     assert quick_rows == 5
     section = html[html.index('id="benchmarks"'):html.index('id="grid"')]
-    assert section.count('<span class="quick">quick run</span>') == quick_rows + 1  # each row and its table's title
+    # each row, its table's title and its line of the summary
+    assert section.count('<span class="quick">quick run</span>') == quick_rows + 2
     assert ":warning: **quick run**" in md and md.count("(quick run) | hpu |") == quick_rows
 
 
@@ -358,3 +359,24 @@ def test_synthetic_history_layout(tmp_path):
     assert sorted(loaded.runs["start_time"].str[:10].unique()) == ["2025-06-01", "2025-06-02", "2025-06-03"]
     with pytest.raises(ValueError, match="history"):
         generate(tmp_path / "x", runs=1, tests=1, history=0)
+
+
+def test_suspect_benchmarks_are_counted_apart(tmp_path):
+    report = _nightly(tmp_path)
+    table = report.bench_table.copy()
+    table.loc[table.index[0], "status"] = "suspect"  # outside the history's band, unconfirmed (accel_reports.benchmarks)
+    report.bench_table = table
+    html, md = render_html(report), render_markdown(report)
+    assert 'id="gate-suspect"' in html and "<b>1</b>suspect benchmark</div>" in html
+    assert ":warning: **1 suspect benchmark**" in md
+    assert html.count('st-suspect">suspect<') == 1
+
+
+def test_benchmarks_only_report_takes_its_environment_from_the_benchmark_files(tmp_path):
+    bench_file(tmp_path, "b1", "cpu", {"test_step": [0.5] * 6})
+    report = build_report(load_results([tmp_path]))
+    assert report.loaded.runs.empty
+    html = render_html(report)
+    env = html[html.index('id="env-table"'):]
+    env = env[:env.index("</table>")]
+    assert "lab-01" in env and "3.11.9" in env and "0" * 12 in env  # node, Python, commit_info id
