@@ -12,8 +12,9 @@ cell: runner, torch asked and installed, python, environment status, outcome cou
 cells named in ``--expect`` that left nothing are listed as missing) and ``DIR/summary.md``
 (``cells.md`` followed by ``report.md``: what CI appends to ``$GITHUB_STEP_SUMMARY``).
 
-Exit status: ``accel report``'s (0 ok, 1 new untracked failures, 3 confirmed benchmark
-regressions, 4 collection drop when asked for, 2 usage/input error), and 2 when no cell left any
+Exit status: ``accel report --strict``'s (0 ok, 1 new untracked failures, 3 confirmed benchmark
+regressions, 4 collection drop when asked for, 2 usage/input error: invalid or unreadable results
+included, 5 internal error), and 2 when no cell left any
 results (``summary.md`` is still written, saying so). Benchmark regressions count only for cells
 that ran ``bench: full``: a ``quick`` run is a smoke run on few rounds (on shared hosted runners
 its numbers swing by tens of percent from night to night), so its regressions are shown in the
@@ -211,7 +212,7 @@ def gating_bench(cells: Sequence[tuple[Path, dict[str, Any]]]) -> tuple[list[str
 def _report(inputs: Sequence[str], out: Path, title: str, baseline: Sequence[str], known: str | None,
             gates: Sequence[str], formats: str = "html,md", history: str | None = None) -> int:
     command = [sys.executable, "-m", "accel.commands.cli", "report", *inputs, "-o", str(out), "--title", title,
-               "--format", formats, "--fail-on", ",".join(gates) or "none"]
+               "--format", formats, "--fail-on", ",".join(gates) or "none", "--strict"]  # an unreadable input fails CI
     if history:
         command += ["--history", history]
     if baseline:

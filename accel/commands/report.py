@@ -2,51 +2,89 @@
 
     accel report RESULTS... -o DIR [--baseline RESULTS...] [--known-issues YAML...]
                  [--format html,md] [--fail-on new-failures,regressions] [--threshold 0.10]
+                 [--strict | --no-strict]
 
 Give RESULTS first: --baseline and --known-issues take several values each. RESULTS and the
 baseline are files or folders (searched recursively for harness ``*.jsonl``,
 pytest ``--junitxml`` ``*.xml`` and pytest-benchmark ``*.json``). Writes ``DIR/report.html``
 (self-contained) and ``DIR/report.md`` (GitHub-flavoured: paste it into a pull request or append
-it to ``$GITHUB_STEP_SUMMARY``), prints the Markdown path, and lists unreadable lines/files on
-stderr (they are also in the report).
+it to ``$GITHUB_STEP_SUMMARY``), prints the Markdown path, and lists input problems on stderr
+(they are also in the report), each as ``PATH:LINE: MESSAGE`` of one of three kinds:
+
+* invalid: a line or field breaks the format (garbage, a field of a wrong type, a missing
+  field); the record was left out or the field left empty (see :mod:`accel_reports.loaders`);
+* unreadable: a file, or its end, could not be read or parsed (empty, cut short, no header);
+* note: nothing was lost (a duplicate copy, the empty file pytest-benchmark leaves under xdist,
+  a file name that is not valid UTF-8, a known-issue id the known-issues file does not define).
+
+A ``known_issue`` id written in a result file makes a failure tracked only when a known-issues
+file in use (--known-issues) defines it; with no known-issues file, every failure is untracked.
 
 Exit codes (the first that applies, in this order):
 
-  0  nothing the gate checks failed
+  2  usage or input error: bad options, -o naming a file, no results found, a results file with
+     an unknown schema version, an unreadable known-issues file (for these no report is
+     written); an invalid input (RESULTS or baseline), always; an unreadable input under
+     --strict (without it: a warning). For input problems the report is written and lists them.
   1  new-failures: failures without a known issue that are new against the baseline
      (with no --baseline: any failure without a known issue)
   3  regressions: a confirmed benchmark regression (see accel_reports.benchmarks for the rule)
   4  collection-drop (only when asked with --fail-on): fewer tests than in the baseline
-  2  usage or input error: bad options, no results found, a results file with an unknown schema
-     version, an unreadable known-issues file (no report is written)
+  0  none of the above
+  5  internal error: accel report itself failed (a bug; the traceback is printed)
+
+An input error comes first: a gate cannot trust counts built from files it could not read, so a
+damaged input never reads as exit 0 or 1. --fail-on chooses among 1, 3 and 4 (``none``: none of
+them); it never turns off exit 2. ``--strict`` is the default when the environment variable ``CI``
+is true (GitHub Actions, GitLab CI and most CI services set it); ``--no-strict`` turns it off.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from accel.commands import UsageError
 
-__all__ = ["EXIT_COLLECTION_DROP", "EXIT_NEW_FAILURES", "EXIT_OK", "EXIT_REGRESSIONS", "EXIT_USAGE",
-           "add_arguments", "run"]
+__all__ = ["EXIT_COLLECTION_DROP", "EXIT_INPUT", "EXIT_INTERNAL", "EXIT_NEW_FAILURES", "EXIT_OK", "EXIT_REGRESSIONS",
+           "EXIT_USAGE", "add_arguments", "run", "strict_default"]
 
 EXIT_OK = 0
 EXIT_NEW_FAILURES = 1
 EXIT_USAGE = 2
+#: invalid input (always) and unreadable input (under --strict): the same code as a usage error
+EXIT_INPUT = EXIT_USAGE
 EXIT_REGRESSIONS = 3
 EXIT_COLLECTION_DROP = 4
+EXIT_INTERNAL = 5
 
 GATES = ("new-failures", "regressions", "collection-drop")
 FORMATS = ("html", "md")
+#: input problems printed per kind on stderr (all of them are in the report)
+_PRINTED = 20
 
 _EPILOG = """\
-exit codes: 0 ok; 1 new untracked failures (vs --baseline; without one, any untracked failure);
-3 benchmark regressions; 4 fewer tests collected than the baseline (only with
---fail-on collection-drop); 2 usage or input error. With several, the first in the order 1, 3, 4.
---fail-on none turns the gate off (exit 0 whenever the report was written).
+exit codes (the first that applies):
+  2  usage or input error: bad options, -o naming a file, no results, unknown schema version,
+     bad known-issues file; an invalid input (a wrong type, a missing field, garbage) always;
+     an unreadable input (cannot be parsed, cut short) only under --strict
+  1  new untracked failures (vs --baseline; without one, any untracked failure)
+  3  benchmark regressions
+  4  fewer tests collected than the baseline (only with --fail-on collection-drop)
+  0  none of the above
+  5  internal error (a bug in accel report; the traceback is printed)
+--fail-on picks among 1, 3 and 4 (none: no gate); it never turns off exit 2.
+--strict is the default when $CI is true (GitHub Actions and most CI services set it).
+A known_issue id in a result file counts only when a --known-issues file defines it.
 Give RESULTS before --baseline and --known-issues, which take several values each."""
+
+
+def strict_default(environ: "os._Environ[str] | dict[str, str] | None" = None) -> bool:
+    """``--strict`` unless asked: on when ``$CI`` is set to a true value (``true``, ``1``, ``yes``)."""
+    value = (os.environ if environ is None else environ).get("CI", "")
+    return value.strip().lower() in ("1", "true", "yes", "on")
 
 
 def _csv(choices: tuple[str, ...], allow_none: bool = False):
@@ -80,26 +118,80 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline", nargs="+", metavar="RESULTS", default=None,
                         help="results to compare with (new failures, fixed, disappeared tests, benchmark reference)")
     parser.add_argument("--known-issues", nargs="+", metavar="YAML", default=None,
-                        help="known-issues files: failures they match are tracked, passing tests they name are reported")
+                        help="known-issues files: failures they match, or that carry an id they define, are tracked; "
+                             "passing tests they name are reported")
     parser.add_argument("--format", type=_csv(FORMATS), default=list(FORMATS), metavar="html,md",
                         help="what to write (default: html,md)")
     parser.add_argument("--fail-on", type=_csv(GATES, allow_none=True), default=["new-failures", "regressions"],
                         metavar="GATES", help=f"what fails the run: {', '.join(GATES)} or none (default: new-failures,regressions)")
     parser.add_argument("--threshold", type=_fraction, default=None, metavar="FRACTION",
                         help="benchmark regression threshold on the median (default 0.10 = 10%%)")
+    parser.add_argument("--strict", action=argparse.BooleanOptionalAction, default=None,
+                        help="unreadable inputs (cut short, unparseable) exit 2 instead of a warning "
+                             "(default: on when $CI is true)")
     parser.add_argument("--title", default="accel qualification report", help="report title")
 
 
+def _shown(path: object) -> str:
+    from accel_reports.loaders import display_path
+
+    return display_path(path)  # type: ignore[arg-type]
+
+
+def _check_output(output: str) -> Path:
+    """``-o``: a folder, or a path where one can be made (no part of it an existing file)."""
+    out = Path(output)
+    for part in (out, *out.parents):
+        if part.exists():
+            if not part.is_dir():
+                what = "is a file" if part == out else f"cannot be made: {_shown(part)} is a file"
+                raise UsageError(f"-o {_shown(out)}: {what}, not a folder (report.html and report.md go into a folder)")
+            break
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
+    """Load, analyse, write the report and return the gate's exit code (see the module doc)."""
+    try:
+        return _run(args)
+    except (UsageError, KeyboardInterrupt, BrokenPipeError):
+        raise
+    except Exception:
+        import traceback
+
+        traceback.print_exc()
+        print("accel report: internal error: the report could not be made (this is a bug in accel; please report it "
+              f"with the traceback above); exit {EXIT_INTERNAL}", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def _print_problems(problems: list) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    label = {"invalid": "invalid input", "unreadable": "unreadable input", "note": "note"}
+    for problem in problems:
+        kind = getattr(problem, "kind", "invalid")
+        counts[kind] = counts.get(kind, 0) + 1
+        if counts[kind] <= _PRINTED:
+            print(f"accel report: {label.get(kind, kind)}: {problem.path}:{problem.line}: {problem.message}", file=sys.stderr)
+    for kind, count in counts.items():
+        if count > _PRINTED:
+            print(f"accel report: ... and {count - _PRINTED} more {label.get(kind, kind)} problems (all listed in the report)",
+                  file=sys.stderr)
+    return counts
+
+
+def _run(args: argparse.Namespace) -> int:
     from accel_harness.known_issues import KnownIssuesError, load_known_issues
     from accel_reports.analysis import build_report
     from accel_reports.benchmarks import DEFAULT_THRESHOLD
     from accel_reports.loaders import SchemaVersionError, load_results
     from accel_reports.render import write_report
 
+    strict = strict_default() if args.strict is None else bool(args.strict)
     for path in [*args.results, *(args.baseline or [])]:
         if not Path(path).exists():
-            raise UsageError(f"{path}: no such file or folder")
+            raise UsageError(f"{_shown(path)}: no such file or folder")
+    out = _check_output(args.output)
     known = None
     if args.known_issues:
         try:
@@ -110,21 +202,25 @@ def run(args: argparse.Namespace) -> int:
         loaded = load_results(args.results)
         baseline = load_results(args.baseline) if args.baseline else None
     except SchemaVersionError as exc:
-        raise UsageError(f"{exc}; upgrade accel to read it") from None
+        raise UsageError(f"{_shown(str(exc))}; upgrade accel to read it") from None
     if loaded.empty and not loaded.runs.shape[0]:
         details = "; ".join(f"{p.path}:{p.line}: {p.message}" for p in loaded.problems[:3])
-        raise UsageError("no test results or benchmarks found in " + ", ".join(args.results) + (f" ({details})" if details else ""))
+        raise UsageError("no test results or benchmarks found in " + ", ".join(map(_shown, args.results))
+                         + (f" ({details})" if details else ""))
     if baseline is not None and baseline.tests.empty:
         print("accel report: warning: the baseline holds no test records; every untracked failure counts as new"
               + ("" if not baseline.benchmarks.empty else " and benchmarks have no baseline"), file=sys.stderr)
     report = build_report(loaded, baseline, known, title=args.title,
                           threshold=args.threshold if args.threshold is not None else DEFAULT_THRESHOLD)
-    written = write_report(report, args.output, args.format)
-    for problem in report.problems:
-        print(f"accel report: warning: {problem.path}:{problem.line}: {problem.message}", file=sys.stderr)
+    try:
+        written = write_report(report, out, args.format)
+    except OSError as exc:
+        raise UsageError(f"-o {_shown(out)}: cannot write the report: {exc.strerror or exc}") from None
+    counts = _print_problems(report.problems)
     untracked = len(report.untracked_failures)
     regressions = len(report.regressions)
     drops = len(report.diff.collection_drops) if report.diff is not None else 0
+
     def n(count: int, noun: str) -> str:
         return f"{count} {noun}{'' if count == 1 else 's'}"
 
@@ -133,7 +229,16 @@ def run(args: argparse.Namespace) -> int:
           + (f", {n(drops, 'cell')} collected fewer tests than the baseline" if drops else ""))
     for fmt in ("html", "md"):
         if fmt in written:
-            print(f"{'HTML report' if fmt == 'html' else 'Markdown summary'}: {written[fmt]}")
+            print(f"{'HTML report' if fmt == 'html' else 'Markdown summary'}: {_shown(written[fmt])}")
+    invalid, unreadable = counts.get("invalid", 0), counts.get("unreadable", 0)
+    if invalid or (strict and unreadable):
+        parts = [n(invalid, "invalid input") if invalid else "", n(unreadable, "unreadable input") if strict and unreadable else ""]
+        print(f"accel report: error: {' and '.join(p for p in parts if p)} (listed above and in the report): the results "
+              f"cannot be trusted for the gate; exit {EXIT_INPUT}", file=sys.stderr)
+        return EXIT_INPUT
+    if unreadable:
+        print(f"accel report: warning: {n(unreadable, 'unreadable input')} (listed above); with --strict (the default "
+              "under CI) this exits 2", file=sys.stderr)
     gates = set(args.fail_on)
     if "new-failures" in gates and untracked:
         return EXIT_NEW_FAILURES
