@@ -120,21 +120,18 @@ class Loaded:
 
 
 # ---------------------------------------------------------------------------- display-safe text
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
 def display_text(text: Any) -> Any:
     """``text`` with what UTF-8 cannot encode (lone surrogates) replaced by U+FFFD; other values as given.
 
-    Surrogate escapes of undecodable bytes (``os.fsdecode``) become one U+FFFD per byte.
+    Surrogate escapes of undecodable bytes (``os.fsdecode``) become one U+FFFD per byte, a lone
+    surrogate from a JSON escape (``"\\ud800"``) one U+FFFD.
     """
     if not isinstance(text, str) or text.isascii():
         return text
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        try:
-            return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-        except UnicodeEncodeError:  # a lone surrogate that is no escaped byte (JSON "\ud800")
-            return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
-    return text
+    return _SURROGATES.sub("\ufffd", text)
 
 
 def display_path(path: str | os.PathLike[str] | bytes) -> str:

@@ -171,3 +171,42 @@ def test_cells_without_baseline_are_listed_not_compared(tmp_path):
     benchmarks_only = load_results([bench_file(tmp_path / "bo", "bo", "xpu", {"test_step": [0.5] * 5})])
     report = build_report(cur, benchmarks_only)
     assert report.diff is None and len(report.untracked_failures) == 1
+
+
+# ---------------------------------------------------------------------------- known-issue ids the file does not define (issue 19)
+def test_an_id_in_the_results_counts_only_when_the_known_issues_file_defines_it(tmp_path, known):
+    from accel_reports.analysis import undefined_known_issues
+
+    path = run_file(tmp_path, "u", "xpu", [
+        rec("u", "test_all_gather_a", "xpu", "failed", "RuntimeError: UR", module="suites/test_collectives.py", issue="pytorch-135550"),
+        rec("u", "test_x", "xpu", "failed", "RuntimeError: a", issue="made-up-1"),
+        rec("u", "test_y", "xpu", "failed", "RuntimeError: b", issue="made-up-1"),
+        rec("u", "test_broadcast_empty_z", "xpu", "failed", "RuntimeError: c", module="suites/test_collectives.py", issue="made-up-2"),
+        rec("u", "test_ok", "xpu", "passed", tracked=["accel-9", "made-up-3"]),
+    ])
+    tests = load_results([path]).tests
+    notes: list = []
+    with_file = apply_known_issues(tests, known, notes).set_index("test_id")
+    assert with_file.loc["suites/test_collectives.py::test_all_gather_a[ws1]", "known_issue"] == "pytorch-135550"
+    assert pd.isna(with_file.loc["suites/test_core.py::test_x[ws1]", "known_issue"])  # made-up-1: untracked
+    # an undefined id is cleared, then the failure is matched like any other (accel-9 names broadcast_empty tests)
+    assert with_file.loc["suites/test_collectives.py::test_broadcast_empty_z[ws1]", "known_issue"] == "accel-9"
+    assert with_file.loc["suites/test_core.py::test_ok[ws1]", "tracked_pass"] == ("accel-9",)
+    assert sorted(n.message.split(":")[0] for n in notes) == ["undefined known issue 'made-up-1'", "undefined known issue 'made-up-2'"]
+    assert all(n.kind == "note" and n.path == str(path) for n in notes)
+    assert "recorded for 2 failures (2 records), but the known-issues file in use does not define it" in \
+        next(n.message for n in notes if "made-up-1" in n.message)
+    # no known-issues file: no id counts
+    notes = []
+    without = undefined_known_issues(tests, None, notes)
+    assert without["known_issue"].isna().all() and without["tracked_pass"].isna().all()
+    assert len(notes) == 3 and all("no known-issues file is in use" in n.message for n in notes)
+    assert tests["known_issue"].notna().sum() == 4  # the input frame is left as it was
+
+
+def test_the_gate_sees_undefined_ids_as_untracked_and_the_report_lists_them(tmp_path, known):
+    path = run_file(tmp_path, "g", "xpu", [rec("g", "test_x", "xpu", "failed", "RuntimeError: a", issue="made-up")])
+    report = build_report(load_results([path]), known=known)
+    assert len(report.untracked_failures) == 1
+    assert any(p.kind == "note" and "undefined known issue 'made-up'" in p.message for p in report.problems)
+    assert report.clusters.iloc[0]["kind"] == "signature"

@@ -203,3 +203,154 @@ def test_junit_of_another_cell_in_another_folder_is_its_own_run(tmp_path):
     loaded = load_results([tmp_path])
     assert sorted(loaded.runs["format"]) == ["jsonl", "junit"]
     assert not loaded.problems
+
+
+# ---------------------------------------------------------------------------- schema checks (issue 19)
+def test_problems_have_a_kind(tmp_path):
+    run_file(tmp_path, "good", "cpu", [rec("good", "test_a", "cpu", "passed")])
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "junk.jsonl").write_text('{"type": "header", "schema": "accel.results", "schema_version": "1.0", "run_id": "j"}\n[1]\n')
+    (tmp_path / "xdist.json").write_text("")
+    kinds = {Path(p.path).name: p.kind for p in load_results([tmp_path]).problems}
+    assert kinds == {"empty.jsonl": "unreadable", "junk.jsonl": "invalid", "xdist.json": "note"}
+
+
+@pytest.mark.parametrize("field, value, expected", [
+    ("duration", "1.5", "expected a finite number, got string '1.5'"),
+    ("world_size", 2.0, "expected an integer, got number 2.0"),
+    ("world_size", True, "expected an integer, got boolean True"),
+    ("known_issue", 7, "expected a string, got integer 7"),
+    ("when", "later", "expected one of setup, call, teardown, got string 'later'"),
+    ("extra", [1], "expected an object, got array [1]"),
+    ("message", {"a": 1}, "expected a string, got object {'a': 1}"),
+])
+def test_a_record_field_of_a_wrong_type_is_named_and_emptied_and_the_record_kept(tmp_path, field, value, expected):
+    path = run_file(tmp_path, "w", "cpu", [rec("w", "test_a", "cpu", "passed"), rec("w", "test_b", "cpu", "failed", "AssertionError: x")])
+    lines = path.read_text().splitlines()
+    record = json.loads(lines[2])
+    record[field] = value
+    lines[2] = json.dumps(record)
+    path.write_text("\n".join(lines) + "\n")
+    loaded = load_results([path])
+    assert [(p.path, p.line, p.kind) for p in loaded.problems] == [(str(path), 3, "invalid")]
+    message = loaded.problems[0].message
+    assert message.startswith("test record 'suites/test_core.py::test_b[cpu-ws1]': field ") and f"field {field!r}" in message
+    assert expected in message and message.endswith("the field is left empty")
+    assert len(loaded.tests) == 2
+    row = loaded.tests.set_index("nodeid").loc["suites/test_core.py::test_b[cpu-ws1]"]
+    assert row["outcome"] == "failed"  # still a failure for the gate
+    if field in ("world_size", "known_issue", "when", "message"):
+        assert row[field] is None
+
+
+@pytest.mark.parametrize("change, fragment", [
+    ({"nodeid": 12}, "field 'nodeid': expected a non-empty string, got integer 12; ignored"),
+    ({"nodeid": ""}, "field 'nodeid': expected a non-empty string"),
+    ({"outcome": "exploded"}, "field 'outcome': expected one of passed, failed"),
+    ({"outcome": None}, "test record without outcome; ignored"),
+])
+def test_a_record_without_a_usable_nodeid_or_outcome_is_left_out(tmp_path, change, fragment):
+    path = run_file(tmp_path, "w", "cpu", [rec("w", "test_a", "cpu", "passed"), rec("w", "test_b", "cpu", "passed")])
+    lines = path.read_text().splitlines()
+    record = json.loads(lines[1])
+    record.update(change)
+    lines[1] = json.dumps(record)
+    path.write_text("\n".join(lines) + "\n")
+    loaded = load_results([path])
+    assert [(p.line, p.kind) for p in loaded.problems] == [(2, "invalid")] and fragment in loaded.problems[0].message
+    assert list(loaded.tests["nodeid"]) == ["suites/test_core.py::test_b[cpu-ws1]"]
+
+
+def test_a_header_field_of_a_wrong_type_is_emptied_and_the_run_loads(tmp_path):
+    path = run_file(tmp_path, "h", "cpu", [rec("h", "test_a", "cpu", "passed")])
+    lines = path.read_text().splitlines()
+    head = json.loads(lines[0])
+    head.update(torch_version=2.8, backends="cpu", device_models={"cpu": "x86"})
+    lines[0] = json.dumps(head)
+    path.write_text("\n".join(lines) + "\n")
+    loaded = load_results([path])
+    fields = sorted(p.message.split("field ")[1].split(":")[0] for p in loaded.problems)
+    assert fields == ["'backends'", "'device_models'", "'torch_version'"]
+    assert {(p.line, p.kind) for p in loaded.problems} == {(1, "invalid")}
+    assert len(loaded.tests) == 1 and loaded.tests.iloc[0]["torch_version"] == "unknown"
+
+
+def test_non_utf8_bytes_and_lone_surrogates_in_a_results_file(tmp_path):
+    path = run_file(tmp_path, "u", "cpu", [rec("u", "test_a", "cpu", "failed", "AssertionError: x")])
+    lines = path.read_bytes().split(b"\n")
+    record = json.loads(lines[1])
+    record["message"] = "bad \ud800 text"  # json.dumps writes the escape "\ud800", which JSON allows
+    lines[1] = json.dumps(record).encode().replace(b"AssertionError", b"Assertion\xffError")  # a byte UTF-8 cannot decode
+    path.write_bytes(b"\n".join(lines))
+    loaded = load_results([path])
+    assert [(p.line, p.kind) for p in loaded.problems] == [(2, "invalid")] and "not valid UTF-8" in loaded.problems[0].message
+    row = loaded.tests.iloc[0]
+    assert row["message"] == "bad \ufffd text" and "Assertion\ufffdError" in row["traceback"]
+
+
+def test_junit_attributes_of_a_wrong_type_are_named(tmp_path):
+    path = tmp_path / "j.xml"
+    path.write_text(JUNIT.replace('name="test_skip[cuda-ws4]" time="0.0"', 'name="test_skip[cuda-ws4]" time="soon"'))
+    run, rows, problems = load_junit(path)
+    assert len(rows) == 6
+    assert [(p.kind, p.line) for p in problems] == [("invalid", JUNIT[:JUNIT.index('name="test_skip')].count("\n") + 1)]
+    assert "attribute 'time': expected a number of seconds, got 'soon'" in problems[0].message
+
+
+def test_a_failure_cut_short_in_junit_is_kept_and_the_file_unreadable(tmp_path):
+    path = tmp_path / "cut.xml"
+    cut = JUNIT.index("<failure") + 60
+    path.write_text(JUNIT[:cut])
+    run, rows, problems = load_junit(path)
+    failed = [r for r in rows if r["outcome"] == "failed"]
+    assert len(failed) == 1 and "cut short" in failed[0]["message"]
+    assert [p.kind for p in problems] == ["unreadable"] and "is kept as failed" in problems[0].message
+    assert run["interrupted"] is True
+
+
+def test_benchmark_fields_of_a_wrong_type_are_named(tmp_path):
+    good = bench_file(tmp_path, "bench", "cuda", {"test_step": [0.5, 0.51, 0.49]})
+    doc = json.loads(good.read_text())
+    doc["benchmarks"][0]["extra_info"]["world_size"] = "two"
+    doc["benchmarks"][0]["group"] = ["a"]
+    doc["machine_info"] = "a string"
+    good.write_text(json.dumps(doc, indent=1))
+    rows, problems = load_benchmark_json(good)
+    assert len(rows) == 1 and rows[0]["world_size"] is None and rows[0]["group"] is None
+    messages = sorted(p.message for p in problems)
+    assert {p.kind for p in problems} == {"invalid"} and len(messages) == 3
+    assert any("field 'extra_info.world_size': expected an integer, got string 'two'" in m for m in messages)
+    assert any("field 'group': expected a string, got array" in m for m in messages)
+    assert any("field 'machine_info': expected an object" in m for m in messages)
+
+
+def test_a_loader_failure_on_one_file_is_a_problem_not_a_crash(tmp_path, monkeypatch):
+    from accel_reports import loaders
+
+    run_file(tmp_path, "good", "cpu", [rec("good", "test_a", "cpu", "passed")])
+    (tmp_path / "odd.xml").write_text(JUNIT)
+
+    def broken(path):
+        raise AttributeError("unforeseen")
+
+    monkeypatch.setattr(loaders, "load_junit", broken)
+    loaded = load_results([tmp_path])
+    assert len(loaded.tests) == 1
+    assert [(Path(p.path).name, p.kind) for p in loaded.problems] == [("odd.xml", "invalid")]
+    assert "AttributeError: unforeseen" in loaded.problems[0].message
+
+
+def test_display_names_of_non_utf8_files(tmp_path):
+    import os
+
+    from accel_reports.loaders import display_path, display_text
+
+    assert display_path(b"a\xffb.jsonl") == "a\ufffdb.jsonl"
+    assert display_text("x\udcff") == "x\ufffd" and display_text("plain ✓") == "plain ✓" and display_text(None) is None
+    path = run_file(tmp_path, "n", "cpu", [rec("n", "test_a", "cpu", "passed")])
+    odd = os.path.join(os.fsencode(tmp_path), b"n\xff.jsonl")
+    os.rename(path, odd)
+    loaded = load_results([tmp_path])
+    shown = str(tmp_path / "n\ufffd.jsonl")
+    assert loaded.files == [shown] and set(loaded.tests["source"]) == {shown}
+    assert [(p.path, p.kind) for p in loaded.problems] == [(shown, "note")]
