@@ -640,57 +640,42 @@ def json_type(value: Any) -> str:
     return type(value).__name__
 
 
-def _is_text(value: Any) -> bool:
-    return isinstance(value, str)
+def _finite(value: Any) -> bool:
+    return type(value) is not float or math.isfinite(value)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _all_texts(value: Any) -> bool:
+    return all(type(v) is str for v in value)
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+def _all_text_lists(value: Any) -> bool:
+    return all(type(v) is list and _all_texts(v) for v in value.values())
 
 
-def _is_object(value: Any) -> bool:
-    return isinstance(value, dict)
-
-
-def _is_texts(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(v, str) for v in value)
-
-
-def _is_text_lists(value: Any) -> bool:
-    return isinstance(value, dict) and all(_is_texts(v) for v in value.values())
-
-
-# field -> (check, expected (in words), value used instead of a wrong one)
-_TEST_FIELDS: dict[str, tuple[Any, str, Any]] = {
-    "run_id": (_is_text, "a string", None),
-    "test_id": (_is_text, "a string", None),
-    "backend": (_is_text, "a string", None),
-    "world_size": (_is_int, "an integer", None),
-    "duration": (_is_number, "a finite number", None),
-    "when": (lambda v: v in WHEN, f"one of {', '.join(WHEN)}", None),
-    "reason_code": (_is_text, "a string", None),
-    "message": (_is_text, "a string", None),
-    "signature": (_is_text, "a string", None),
-    "traceback": (_is_text, "a string", None),
-    "known_issue": (_is_text, "a string", None),
-    "extra": (_is_object, "an object", {}),
+# field -> (accepted types, further check or None, expected (in words), value used instead of a wrong one);
+# None is always accepted (an empty field)
+_Field = tuple  # (tuple[type, ...], Callable[[Any], bool] | None, str, Any)
+_TEXT: _Field = ((str,), None, "a string", None)
+_TEST_FIELDS: dict[str, _Field] = {
+    "run_id": _TEXT, "test_id": _TEXT, "backend": _TEXT,
+    "world_size": ((int,), None, "an integer", None),
+    "duration": ((int, float), _finite, "a finite number", None),
+    "when": ((str,), WHEN.__contains__, f"one of {', '.join(WHEN)}", None),
+    "reason_code": _TEXT, "message": _TEXT, "signature": _TEXT, "traceback": _TEXT, "known_issue": _TEXT,
+    "extra": ((dict,), None, "an object", {}),
 }
-_HEADER_FIELDS: dict[str, tuple[Any, str, Any]] = {
-    **{name: (_is_text, "a string", None) for name in (
+_HEADER_FIELDS: dict[str, _Field] = {
+    **{name: _TEXT for name in (
         "run_id", "start_time", "accel_version", "torch_version", "torch_build", "python", "os", "kernel",
         "host", "git_commit")},
-    "backends": (_is_texts, "an array of strings", []),
-    "device_models": (_is_text_lists, "an object of arrays of strings", {}),
-    **{name: (_is_object, "an object", {}) for name in (
+    "backends": ((list,), _all_texts, "an array of strings", []),
+    "device_models": ((dict,), _all_text_lists, "an object of arrays of strings", {}),
+    **{name: ((dict,), None, "an object", {}) for name in (
         "device_count", "driver_versions", "runtime_versions", "comm_backends", "extra")},
 }
-_RUN_END_FIELDS: dict[str, tuple[Any, str, Any]] = {
-    "end_time": (_is_text, "a string", None),
-    "counts": (_is_object, "an object", {}),
+_RUN_END_FIELDS: dict[str, _Field] = {
+    "end_time": _TEXT,
+    "counts": ((dict,), None, "an object", {}),
 }
 
 
@@ -699,12 +684,15 @@ def _shown(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _check_fields(obj: dict[str, Any], fields: Mapping[str, tuple[Any, str, Any]], what: str,
+def _check_fields(obj: dict[str, Any], fields: Mapping[str, _Field], what: str,
                   where: str, number: int, problems: list[Problem]) -> None:
-    """Replace every field of ``obj`` with a wrong type by its empty value, reporting each."""
-    for name, (check, expected, empty) in fields.items():
+    """Replace every field of ``obj`` with a wrong type by its empty value, reporting each.
+
+    Exact types: a boolean is no integer, a number with a fraction no integer (it runs per record:
+    one type lookup per field in the common case)."""
+    for name, (accepted, check, expected, empty) in fields.items():
         value = obj.get(name)
-        if value is None or check(value):
+        if value is None or (type(value) in accepted and (check is None or check(value))):
             continue
         problems.append(Problem(where, number, f"{what}: field {name!r}: expected {expected}, got {json_type(value)} "
                                                f"{_shown(value)}; the field is left empty", "invalid"))
