@@ -53,18 +53,28 @@ backend, torch version, device-neutral id and, when both name one, device model)
 ``window`` (default 10) earlier runs **of the same kind** (full or quick), never the run itself.
 
 * The **noise band** comes from those runs' own medians, not from one pair of runs: in log space,
-  ``centre = median(log m_i)`` and ``half = max(log(1 + threshold), BAND_K * 1.4826 * MAD(log m_i))``;
-  the band is ``[exp(centre - half), exp(centre + half)]``. Why this band: on a shared machine the
-  run-to-run scatter of a benchmark is its own (a 512² fp32 matmul moves a few per cent, a bf16
-  matmul or a 2-rank collective tens of per cent), so one band for all is wrong both ways; a
-  median and the median absolute deviation ignore a single wild run (the issue's "-95.7 %" bf16
-  matmul) where a min/max envelope or a standard deviation would let it widen the band for the
-  next ten runs; ``1.4826 * MAD`` estimates the standard deviation of normal scatter, and
-  ``BAND_K = 3`` sigmas keeps identical code inside (three sigmas on each of ~10 benchmarks of
-  one run gives one false excursion in a few hundred judgements, and one excursion alone never
-  gates, below); log space makes "2x slower" and "2x faster" equally far. The floor
-  ``threshold`` (10 %) keeps a benchmark with a very tight history from flagging changes nobody
-  cares about.
+  ``centre = median(log m_i)`` and ``half = max(log(1 + threshold), BAND_K * sigma)`` with
+  ``sigma`` the largest of: ``1.4826 * MAD(log m_i)`` (the scatter between runs); with fewer than
+  ``ROBUST_RUNS`` (5) runs, their plain standard deviation (the MAD of three values is ~0 whenever
+  two of them happen to agree); and the median within-run scatter of those runs (the IQR of
+  each run's samples as a log-space sigma: a benchmark whose rounds spread 100 % in a run cannot
+  have a band of ±10 %). The band is ``[exp(centre - half), exp(centre + half)]``.
+  Why this band: on a shared machine the run-to-run scatter of a benchmark is its own (on the
+  2-core development VM under load, a transfer moved ±40 % and a small train step 20x between
+  identical runs, a 512² fp16 matmul 3x), so one threshold for all is wrong both ways; a median
+  and the median absolute deviation ignore a single wild run (the issue's "-95.7 %" bf16 matmul)
+  once there are five runs, where a min/max envelope or a standard deviation would let it widen
+  the band for the next ten runs; ``1.4826 * MAD`` estimates the standard deviation of normal
+  scatter, and ``BAND_K = 3`` sigmas keeps identical code inside; log space makes "2x slower" and
+  "2x faster" equally far. The floor ``threshold`` (10 %) keeps a benchmark with a very tight
+  history from flagging changes nobody cares about.
+* Host probe: when the benchmark has a ``host_bound`` kind and it and every run its judgement
+  reads carry the host probe of that kind, the figure judged is the value relative to the probe
+  (throughput / probe, time x probe); the band is shown in the metric's units at the current
+  probe. Measured on the development VM: the probe took the run-to-run scatter of the memory-bound
+  benchmarks (transfers, copies, checkpoint load) from 2.5-2.8x to 1.3-1.4x; it did nothing for
+  the train steps, which carry no ``host_bound``. The older ``host drift`` relabelling is not
+  used under this rule: the probe is part of the figure, not an excuse after the fact.
 * A run outside its band is only **suspect** (it never fails a report). It is a **regression**
   (or an **improvement**) when it is **confirmed**: the previous run of the same kind was also
   outside its own band, on the same side. A change that persists is therefore caught at its second
@@ -77,9 +87,6 @@ backend, torch version, device-neutral id and, when both name one, device model)
 * Statuses: ``regression``, ``improvement`` (both confirmed), ``suspect``, ``too noisy``,
   ``unchanged`` (inside the band), ``quick: not compared``, ``no reference``. Only ``regression``
   fails a report.
-* Host probe: the band already holds the machine's own drift (it is measured on the same shared
-  machine, run after run), so under this rule the probe does not change a status; its figures stay
-  in ``host_change``/``adjusted_change`` as evidence.
 
 The rule against a baseline file (no history)
 ---------------------------------------------
@@ -136,6 +143,7 @@ __all__ = [
     "Band",
     "benchmark_row",
     "judge_against_history",
+    "judge_series",
     "noise_band",
     "relative_iqr",
     "compare_benchmarks",
@@ -159,6 +167,8 @@ MIN_HISTORY = 3
 BAND_K = 3.0
 #: relative IQR of a run's own samples above which its median is not trusted alone
 NOISY_SPREAD = 0.25
+#: from this many earlier runs on, the band's scale is the median absolute deviation alone
+ROBUST_RUNS = 5
 QUICK_NOT_COMPARED = "quick: not compared"
 
 _HIGHER_METRICS = ("throughput", "bandwidth", "flops", "tflops", "samples_per_second", "tokens_per_second",
@@ -451,15 +461,26 @@ class Band(tuple):
         return -1 if value < self.low else (1 if value > self.high else 0)
 
 
-def noise_band(medians: Sequence[float], *, threshold: float = DEFAULT_THRESHOLD, k: float = BAND_K) -> Band | None:
-    """The band of a benchmark from its earlier runs' medians (see the module docstring), or None
-    when there is no positive median to build it from."""
+def _log_sigma_of_spread(spread: float) -> float:
+    """Standard deviation (log space) of samples whose IQR is ``spread`` times their median."""
+    return 2.0 * math.log1p(spread / 2.0) / 1.349
+
+
+def noise_band(medians: Sequence[float], *, threshold: float = DEFAULT_THRESHOLD, k: float = BAND_K,
+               spreads: Sequence[float | None] | None = None) -> Band | None:
+    """The band of a benchmark from its earlier runs' medians (and, when given, the relative IQRs
+    of those runs' own samples); see the module docstring. None when there is no positive median."""
     logs = np.log([m for m in (_number(v) for v in medians) if m is not None and m > 0])
     if not len(logs):
         return None
     centre = float(np.median(logs))
-    mad = float(np.median(np.abs(logs - centre)))
-    half = max(math.log1p(threshold), k * 1.4826 * mad)
+    sigma = 1.4826 * float(np.median(np.abs(logs - centre)))
+    if 2 <= len(logs) < ROBUST_RUNS:  # a median absolute deviation of 2-4 values can be ~0 by chance
+        sigma = max(sigma, float(np.std(logs, ddof=1)))
+    within = [_log_sigma_of_spread(v) for v in (_number(x) for x in (spreads or ())) if v is not None and v >= 0]
+    if within:
+        sigma = max(sigma, float(np.median(within)))
+    half = max(math.log1p(threshold), k * sigma)
     return Band(math.exp(centre - half), math.exp(centre), math.exp(centre + half), len(logs))
 
 
@@ -468,7 +489,7 @@ def judge_against_history(
     earlier: Sequence[float],
     higher_better: bool,
     *,
-    previous_earlier: Sequence[float] | None = None,
+    spreads: Sequence[float | None] | None = None,
     spread: float | None = None,
     threshold: float = DEFAULT_THRESHOLD,
     window: int = DEFAULT_WINDOW,
@@ -476,15 +497,19 @@ def judge_against_history(
 ) -> dict[str, Any]:
     """The history rule for one benchmark run.
 
-    ``value`` is the run's median; ``earlier`` the medians of the earlier runs of the same kind,
-    oldest first (the last ``window`` are used; the last of them is the previous run);
-    ``previous_earlier`` the medians before the previous run (default: ``earlier[:-1]``), for the
-    previous run's own band. Returns ``band`` (or None), ``status``, ``evidence``, ``change``
-    (against the band's centre), ``side`` (+1 worse, -1 better, 0 inside).
+    ``value`` is the run's median (or its figure relative to the host probe); ``earlier`` the same
+    figure of the earlier runs of the same kind, oldest first (the band uses the last ``window``;
+    the last of them is the previous run, judged against the ``window`` before it for the
+    confirmation); ``spreads`` the relative IQRs of those runs' samples (same order), ``spread``
+    this run's. Returns ``band`` (or None), ``status``, ``evidence``, ``change`` (against the
+    band's centre) and ``side`` (+1 worse, -1 better, 0 inside).
     """
     every = [float(v) for v in earlier]
-    earlier = every[-window:] if window > 0 else []
-    band = noise_band(earlier, threshold=threshold)
+    every_spreads = list(spreads) if spreads is not None else [None] * len(every)
+    if len(every_spreads) != len(every):
+        raise ValueError(f"{len(every)} earlier values but {len(every_spreads)} spreads")
+    cut = max(0, len(every) - window) if window > 0 else len(every)
+    band = noise_band(every[cut:], threshold=threshold, spreads=every_spreads[cut:])
     out: dict[str, Any] = {"band": band, "status": "no reference", "evidence": "", "change": None, "side": 0}
     if band is None:
         out["evidence"] = "no earlier run of this kind in the history"
@@ -505,11 +530,12 @@ def judge_against_history(
         out["evidence"] = f"{where} the {width} ({direction}); fewer than {min_history} earlier runs: not judged"
         return out
     # confirmation: the previous run was outside its own band on the same side
-    prev_value = earlier[-1]
-    prev_history = list(previous_earlier) if previous_earlier is not None else every[:-1]
-    prev_band = noise_band(prev_history[-window:], threshold=threshold) if prev_history else None
+    prev_value = every[-1]
+    prev_cut = max(0, len(every) - 1 - window) if window > 0 else len(every) - 1
+    prev_band = noise_band(every[prev_cut:-1], threshold=threshold, spreads=every_spreads[prev_cut:-1]) \
+        if len(every) > 1 else None
     prev_side = 0
-    if prev_band is not None:
+    if prev_band is not None and prev_band.runs >= min_history - 1:
         prev_side = prev_band.side(prev_value)
         prev_side = -prev_side if higher_better else prev_side
     if prev_side == worse_side:
@@ -523,6 +549,39 @@ def judge_against_history(
                        + (f"; its own samples spread {spread:.0%} (IQR/median)" if noisy else "")
                        + "; a regression needs the next run (or accel bench --repeat 2) outside the band too")
     return out
+
+
+def judge_series(series: Sequence[Mapping[str, Any]], *, threshold: float = DEFAULT_THRESHOLD,
+                 window: int = DEFAULT_WINDOW) -> dict[str, Any]:
+    """Judge the last run of ``series`` (benchmark rows of one benchmark and kind, oldest first) against
+    the runs before it. When it and the runs its judgement reads all carry the host probe of the
+    benchmark's ``host_bound`` kind, the figure judged is the value relative to the probe (see the
+    module docstring). Adds to :func:`judge_against_history`'s result ``band_low``/``band_high``/
+    ``centre`` in the metric's own units, ``host`` (whether the probe was used), ``host_change``."""
+    rows = list(series)[-(window + 2):] if window > 0 else list(series)[-1:]
+    latest = rows[-1]
+    up = bool(latest.get("higher_is_better"))
+    hosts = [_number(r.get("host_ref")) for r in rows]
+    kinds = {r.get("host_bound") for r in rows}
+    use_host = len(rows) > 1 and len(kinds) == 1 and None not in kinds and all(h is not None and h > 0 for h in hosts)
+    values = [float(r["value"]) for r in rows]
+    if use_host:
+        values = [v / h if up else v * h for v, h in zip(values, hosts)]
+    spreads = [relative_iqr(r["samples"]) if isinstance(r.get("samples"), (tuple, list)) else None for r in rows]
+    result = judge_against_history(values[-1], values[:-1], up, spreads=spreads[:-1], spread=spreads[-1],
+                                   threshold=threshold, window=window)
+    band = result["band"]
+    result.update({"host": use_host, "host_change": None, "band_low": None, "band_high": None, "centre": None,
+                   "spread": spreads[-1]})
+    if band is not None:
+        scale = (lambda x: x * hosts[-1] if up else x / hosts[-1]) if use_host else (lambda x: x)
+        lo, hi = sorted((scale(band.low), scale(band.high)))
+        result.update({"band_low": lo, "band_high": hi, "centre": scale(band.centre)})
+        if use_host:
+            result["host_change"] = hosts[-1] / float(np.median(hosts[:-1][-window:])) - 1.0
+            result["evidence"] = (f"relative to the host's {latest.get('host_bound')} probe "
+                                  f"(it moved {result['host_change']:+.0%}): " + result["evidence"])
+    return result
 
 
 # ---------------------------------------------------------------------------- tables
@@ -622,22 +681,24 @@ def _judge_history(row: dict[str, Any], latest: Mapping[str, Any], earlier: pd.D
             row["evidence"] = f"the history holds only quick runs ({other}); a full run is compared with full runs only"
         row["ref_source"] = "history"
         return
-    values = same["value"].astype(float).tolist()
-    result = judge_against_history(float(row["value"]), values, row["higher_is_better"],
-                                   spread=row["spread"], threshold=threshold, window=window)
+    series = [dict(r) for r in same.to_dict("records")] + [dict(latest)]
+    result = judge_series(series, threshold=threshold, window=window)
     band = result["band"]
     kind = "quick" if quick else "full"
-    row.update({
-        "status": result["status"], "evidence": result["evidence"],
-        "ref_source": f"history: last {band.runs} {kind} run(s)" if band is not None else "history",
-    })
+    row.update({"status": result["status"], "evidence": result["evidence"], "ref_source": "history"})
     if band is not None:
-        row.update({"ref_value": band.centre, "ref_n": band.runs, "band_low": band.low, "band_high": band.high,
-                    "history_runs": band.runs, "change": result["change"]})
-        if row["value"] and band.centre:
-            value, centre = float(row["value"]), band.centre
+        row.update({"ref_value": result["centre"], "ref_n": band.runs, "band_low": result["band_low"],
+                    "band_high": result["band_high"], "history_runs": band.runs, "change": result["change"],
+                    "ref_source": f"history: last {band.runs} {kind} run(s)" + (" (relative to the host probe)" if result["host"] else ""),
+                    "host_change": result["host_change"]})
+        if result["host"]:
+            row["adjusted_change"] = result["change"]
+        centre = result["centre"]
+        if row["value"] and centre:
+            value = float(row["value"])
             row["speedup"] = value / centre if row["higher_is_better"] else centre / value
-    _apply_host_drift(row, latest, same.iloc[-1], threshold, relabel=False)
+            if not result["host"]:
+                row["change"] = value / centre - 1.0
 
 
 def _judge_baseline(row: dict[str, Any], latest: Mapping[str, Any], group: pd.DataFrame, base: pd.DataFrame | None,

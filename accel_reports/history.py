@@ -408,14 +408,16 @@ class History:
         """Per benchmark and cell, one row per run, oldest first: ``median``, the noise band the run
         was judged against (from the earlier runs of the same kind, see
         :mod:`accel_reports.benchmarks`), ``history_runs``, ``status`` of the run against it
-        (``unchanged``, ``suspect``, ``too noisy``, ``regression``, ``improvement``, ``no reference``)
-        and ``quick``. Quick and full runs are separate series."""
+        (``unchanged``, ``suspect``, ``too noisy``, ``regression``, ``improvement``, ``no reference``),
+        ``host_relative`` (judged relative to the host probe) and ``quick``. Quick and full runs are
+        separate series."""
         from . import benchmarks as bench
 
         window = bench.DEFAULT_WINDOW if window is None else window
         threshold = bench.DEFAULT_THRESHOLD if threshold is None else threshold
         columns = ["backend", "torch_version", "device", "bench_id", "name", "quick", "run_id", "datetime",
-                   "accel_version", "median", "n_samples", "spread", "band_low", "band_high", "history_runs", "status"]
+                   "accel_version", "median", "n_samples", "spread", "band_low", "band_high", "history_runs",
+                   "host_relative", "status"]
         frame = self.benchmarks_frame()
         if frame.empty:
             return pd.DataFrame(columns=columns)
@@ -423,18 +425,17 @@ class History:
         out = []
         for _, series in frame.groupby(["backend", "torch_version", "_device", "bench_id", "quick"], sort=True):
             series = series.sort_values("_when", kind="mergesort").drop_duplicates("run_id", keep="last")
-            values = series["value"].astype(float).tolist()
-            for i, row in enumerate(_records(series)):
-                spread = bench.relative_iqr(row["samples"]) if isinstance(row["samples"], tuple) else None
-                result = bench.judge_against_history(values[i], values[:i], bool(row["higher_is_better"]), spread=spread,
-                                                     threshold=threshold, window=window)
+            rows = _records(series)
+            for i, row in enumerate(rows):
+                result = bench.judge_series(rows[:i + 1], threshold=threshold, window=window)
                 band = result["band"]
                 out.append({"backend": row["backend"], "torch_version": row["torch_version"], "device": row["device"],
                             "bench_id": row["bench_id"], "name": row["name"], "quick": bool(row["quick"]),
                             "run_id": row["run_id"], "datetime": row["datetime"], "accel_version": row["accel_version"],
-                            "median": values[i], "n_samples": row["n_samples"], "spread": spread,
-                            "band_low": band.low if band else None, "band_high": band.high if band else None,
-                            "history_runs": band.runs if band else 0, "status": result["status"]})
+                            "median": float(row["value"]), "n_samples": row["n_samples"], "spread": result["spread"],
+                            "band_low": result["band_low"], "band_high": result["band_high"],
+                            "history_runs": band.runs if band else 0, "host_relative": result["host"],
+                            "status": result["status"]})
         return pd.DataFrame(out, columns=columns)
 
 

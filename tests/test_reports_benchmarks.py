@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import random
 
+import pandas as pd
 import pytest
 
 from accel_reports.benchmarks import (
@@ -216,3 +217,91 @@ def test_a_slowdown_the_host_probe_shares_is_host_drift_not_a_regression(tmp_pat
                when="2025-06-02T00:00:00")
     flat = compare_benchmarks(load_results([tmp_path / "cur3"]).benchmarks, baseline).iloc[0]
     assert flat["status"] == "unchanged" and "relative to the host -2" in flat["evidence"]
+
+
+# ---------------------------------------------------------------------------- the history rule
+from accel_reports.benchmarks import judge_against_history, judge_series, noise_band  # noqa: E402
+
+
+def _series(values, host=None, spread=0.02, up=True):
+    rows = []
+    for i, value in enumerate(values):
+        samples = tuple(value * (1 + spread * (j - 2) / 2) for j in range(5))  # IQR = spread * median
+        rows.append({"value": value, "samples": samples, "higher_is_better": up,
+                     "host_bound": "memory" if host else None, "host_ref": host[i] if host else None})
+    return rows
+
+
+def test_the_band_is_wide_for_a_scattered_history_and_floored_for_a_tight_one():
+    tight = noise_band([100.0, 100.5, 99.5, 100.2, 99.8])
+    assert tight.low == pytest.approx(100 / 1.1, rel=0.01) and tight.high == pytest.approx(110, rel=0.01)  # 10 % floor
+    wide = noise_band([100.0, 140.0, 70.0, 120.0, 85.0])
+    assert wide.high / wide.centre > 1.5
+    # three values, two of which agree: the MAD is ~0, the standard deviation is not
+    few = noise_band([100.0, 100.0, 40.0])
+    assert few.low < 40.0
+    # rounds spreading 60 % within each run: the band cannot be ±10 %
+    assert noise_band([100.0] * 5, spreads=[0.6] * 5).high > 150.0
+    # one wild run among many does not widen the band much
+    robust = noise_band([100.0, 101.0, 99.0, 100.5, 99.5, 100.2, 3.0])
+    assert robust.low > 85.0
+
+
+def test_an_excursion_needs_the_next_run_to_be_a_regression():
+    history = [100.0, 101.0, 99.0, 100.5, 99.5]
+    once = judge_against_history(70.0, history, higher_better=True)
+    assert once["status"] == "suspect" and "not confirmed" in once["evidence"]
+    twice = judge_against_history(70.0, history + [71.0], higher_better=True)
+    assert twice["status"] == "regression" and "confirmed" in twice["evidence"]
+    assert judge_against_history(140.0, history + [139.0], higher_better=True)["status"] == "improvement"
+    # a time metric: larger is slower
+    assert judge_against_history(1.4, [1.0, 1.01, 0.99, 1.0, 1.4], higher_better=False)["status"] == "regression"
+    # back inside after one excursion
+    assert judge_against_history(100.0, history + [70.0], higher_better=True)["status"] == "unchanged"
+    # too short a history: suspect, whatever happened before
+    assert judge_against_history(50.0, [100.0, 101.0], higher_better=True)["status"] == "suspect"
+    # a noisy run outside, unconfirmed: labelled so
+    assert judge_against_history(70.0, history, higher_better=True, spread=0.8)["status"] == "too noisy"
+
+
+def test_a_memory_bound_benchmark_is_judged_relative_to_the_host_probe():
+    # the throughput follows the host's memory bandwidth: -40 % with the host at -40 % is unchanged
+    values = [10.0, 10.2, 9.9, 10.1, 10.0, 6.0, 6.1]
+    hosts = [40.0, 40.5, 39.8, 40.2, 40.0, 24.0, 24.3]
+    result = judge_series(_series(values, hosts))
+    assert result["host"] and result["status"] == "unchanged"
+    assert result["host_change"] == pytest.approx(24.3 / 40.0 - 1, abs=0.01)
+    assert result["band_low"] < 6.1 < result["band_high"]  # the band in GB/s at today's probe
+    # the same drop on a steady host is the benchmark's own: a confirmed regression
+    steady = judge_series(_series(values, [40.0] * 7))
+    assert steady["status"] == "regression" and "relative to the host's memory probe" in steady["evidence"]
+    # without the probe in every run the raw figures are judged
+    raw = _series(values, hosts)
+    raw[2]["host_ref"] = None
+    assert not judge_series(raw)["host"] and judge_series(raw)["status"] == "regression"
+
+
+def test_compare_benchmarks_with_a_history_frame(tmp_path):
+    for i, median in enumerate([0.5, 0.505, 0.495, 0.5, 0.502, 0.6]):
+        bench_file(tmp_path / "h", f"run-{i}", "cpu", {"test_step": _noisy(median, 12, 0.01, 40 + i)},
+                   when=f"2025-06-0{i + 1}T00:00:00")
+    history = load_results([tmp_path / "h"]).benchmarks
+    bench_file(tmp_path / "now", "run-6", "cpu", {"test_step": _noisy(0.6, 12, 0.01, 50)}, when="2025-06-07T00:00:00")
+    current = load_results([tmp_path / "now"]).benchmarks
+    row = compare_benchmarks(current, history=history).iloc[0]
+    assert row["status"] == "regression" and row["history_runs"] == 6 and not row["quick"]
+    assert row["spread"] == pytest.approx(0.0135, abs=0.01) and row["band_low"] < row["ref_value"] < row["band_high"]
+    # the current run already stored in the history (accel report --history appends first): not its own reference
+    both = compare_benchmarks(current, history=pd.concat([history, current], ignore_index=True)).iloc[0]
+    assert both["history_runs"] == 6 and both["status"] == "regression"
+    summary = summarise_benchmarks(compare_benchmarks(current, history=history)).iloc[0]
+    assert summary["regressions"] == 1 and summary["quick"] == 0
+
+
+def test_a_quick_run_against_a_full_baseline_is_not_compared(tmp_path):
+    bench_file(tmp_path / "base", "base", "cpu", {"test_step": _noisy(0.5, 12, 0.01, 60)})
+    path = bench_file(tmp_path / "cur", "cur", "cpu", {"test_step": _noisy(2.0, 12, 0.01, 61)}, when="2025-06-02T00:00:00")
+    path.write_text(path.read_text().replace('"unit": "samples/s"', '"unit": "samples/s", "quick": true'))
+    row = compare_benchmarks(load_results([tmp_path / "cur"]).benchmarks, load_results([tmp_path / "base"]).benchmarks).iloc[0]
+    assert row["quick"] and row["status"] == "quick: not compared" and row["change"] is None
+    assert "never compared" in row["evidence"]
