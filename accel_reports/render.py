@@ -274,7 +274,10 @@ def _pass_rate_view(report: Report) -> dict[str, Any]:
     if not cells:
         return {"tables": [], "chart": None}
     tables = []
-    versions = sorted({c["accel_version"] for c in cells}, key=_version_sort_key, reverse=True)
+    # accel's own versions newest first, then upstream subjects ("accelerate 1.15.0 tests → accel 0.1.0") by name
+    found = {c["accel_version"] for c in cells}
+    own = sorted((v for v in found if _version_sort_key(v)[0] == 0), key=_version_sort_key, reverse=True)
+    versions = own + sorted((v for v in found if _version_sort_key(v)[0] != 0), key=str)
     for accel_version in versions:
         mine = [c for c in cells if c["accel_version"] == accel_version]
         torches = sorted({c["torch_version"] for c in mine}, key=_version_sort_key)

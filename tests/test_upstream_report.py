@@ -164,3 +164,17 @@ def test_compatibility_names_a_known_issue_as_the_cause(tmp_path):
     known = KnownIssues.from_data({"issues": [{"id": "slow-box", "error": "Timeout"}]}, "known.yaml")
     row = build_report(load_results([tmp_path]), known=known).compat.iloc[0]
     assert {"cause": "failed: known issue slow-box", "count": 1, "examples": ["tests/test_a.py::T::test_1"]} in row["causes"]
+
+
+def test_pass_rate_tables_name_each_subject(tmp_path):
+    _run(tmp_path, "ref", "accelerate", REFERENCE)
+    _run(tmp_path, "acc", "accel", ACCEL)
+    _run(tmp_path, "acc-xpu", "accel", ACCEL, backend="xpu", torch="2.9.0")
+    html = render_html(build_report(load_results([tmp_path])))
+    section = html[html.index('id="pass-rates"'):html.index('id="environment"')]
+    heads = [h.split("</th>")[0].split(">")[-1] for h in section.split("<thead><tr><th>")[1:]]
+    assert heads == ["accelerate 1.15.0 tests → accel 0.1.0", "accelerate 1.15.0 tests → accelerate 1.15.0"]
+    accel_table = section[:section.index("</table>")]
+    # cpu ran with torch 2.13.0 only, xpu with 2.9.0 only: a backend × torch table with "not run" holes
+    assert accel_table.count("not run") == 2 and "torch 2.9.0" in accel_table and "torch 2.13.0" in accel_table
+    assert accel_table.index("torch 2.9.0") < accel_table.index("torch 2.13.0")  # versions sort as versions
