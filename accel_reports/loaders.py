@@ -606,7 +606,7 @@ def load_results(paths: Iterable[str | os.PathLike[str]]) -> Loaded:
     for path in files:
         shown = display_path(path)
         if shown != str(path):
-            problems.append(Problem(shown, 0, "file name is not valid UTF-8 (shown here with U+FFFD for the undecodable "
+            problems.append(Problem(shown, 0, "path is not valid UTF-8 (shown here with U+FFFD for the undecodable "
                                               "bytes); the file is loaded", "note"))
         try:
             kind = _kind(path)

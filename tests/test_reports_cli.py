@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -226,7 +227,7 @@ def test_non_utf8_file_name_loads_with_a_display_safe_name(tmp_path, capsys):
     assert main(["report", str(folder), "-o", str(out)]) == report_command.EXIT_OK
     captured = capsys.readouterr()
     assert "1 run, 1 test record" in captured.out
-    assert "run-\ufffd\ufffd.jsonl:0: file name is not valid UTF-8" in captured.err
+    assert "run-\ufffd\ufffd.jsonl:0: path is not valid UTF-8" in captured.err
     html = (out / "report.html").read_bytes()
     assert len(html) > 1000 and "run-\ufffd\ufffd.jsonl" in html.decode("utf-8")
     # the name given on the command line (as the shell passes it) works the same
@@ -251,3 +252,27 @@ def test_documented_exit_codes_match_the_constants():
                  report_command.EXIT_REGRESSIONS, report_command.EXIT_COLLECTION_DROP, report_command.EXIT_INTERNAL):
         assert f"  {code}  " in text
     assert report_command.EXIT_INPUT == report_command.EXIT_USAGE == 2
+
+
+def test_a_real_process_with_non_utf8_names_and_a_bad_field(tmp_path):
+    """The whole command as CI runs it: UTF-8 stdout that refuses surrogates, byte names, exit codes."""
+    import subprocess
+    import sys
+
+    folder = os.path.join(os.fsencode(tmp_path), b"res\xe9")  # latin-1 "é": not UTF-8
+    os.mkdir(folder)
+    run_file(Path(os.fsdecode(folder)), "p", "cpu", [rec("p", "test_a", "cpu", "passed")])
+    out = os.path.join(os.fsencode(tmp_path), b"out\xff")
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYTHONIOENCODING")}
+    env.update(LC_ALL="C.UTF-8", PYTHONUTF8="1")
+    command = [os.fsencode(sys.executable), b"-m", b"accel.commands.cli", b"report", folder, b"-o", out]
+    proc = subprocess.run(command, capture_output=True, env=env, timeout=120)
+    assert proc.returncode == report_command.EXIT_OK, proc.stderr.decode("utf-8", "replace")
+    assert b"out\xef\xbf\xbd/report.md" in proc.stdout and b"Traceback" not in proc.stderr  # shown with U+FFFD
+    assert b"res\xef\xbf\xbd/p.jsonl:0: path is not valid UTF-8" in proc.stderr
+    assert os.path.getsize(os.path.join(out, b"report.html")) > 1000
+    with open(os.path.join(folder, b"p.jsonl"), "a", encoding="utf-8") as fh:
+        fh.write(json.dumps({"type": "test", "nodeid": "t.py::x", "outcome": "passed", "world_size": "2"}) + "\n")
+    proc = subprocess.run(command + [b"--no-strict"], capture_output=True, env=env, timeout=120)
+    assert proc.returncode == report_command.EXIT_INPUT
+    assert b"field 'world_size': expected an integer, got string '2'" in proc.stderr

@@ -396,7 +396,7 @@ def test_odd_file_names_load_and_report(name):
         try:
             raw.decode("utf-8")
         except UnicodeDecodeError:
-            assert "file name is not valid UTF-8" in err
+            assert "path is not valid UTF-8" in err
 
 
 # ---------------------------------------------------------------------------- the exit code, end to end
