@@ -44,6 +44,8 @@ TRACEBACK_CHARS = 4000
 MD_BENCH_ROWS = 200
 #: relative IQR of a benchmark's samples above which the figure is flagged "too noisy to judge"
 NOISY_SPREAD = 0.25
+#: runs drawn in a benchmark's trend line (the newest ones), so a long history keeps the page small
+TREND_POINTS = 30
 
 GLYPHS = {"passed": ("", ""), "failed": ("f", "F"), "error": ("e", "E"), "xfailed": ("x", "x"),
           "xpassed": ("xp", "X"), None: ("n", "")}
@@ -400,20 +402,29 @@ def _environment_view(report: Report) -> list[dict[str, Any]]:
 
 
 def _collapse_environments(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per distinct environment, with its run count and first and last start time."""
+    """One row per distinct environment, with its run count and first and last start time. The
+    commit is not part of what makes an environment distinct (a nightly history has one per night):
+    a row shows its latest run's commit and how many distinct commits its runs had."""
     envs: dict[tuple, dict[str, Any]] = {}
     for row in found:
-        key = tuple(row[k] for k, _ in _ENV_FIELDS)
-        start = row.pop("start_time", None)
-        entry = envs.setdefault(key, {**row, "runs": 0, "first": None, "last": None})
+        key = tuple(row[k] for k, _ in _ENV_FIELDS if k != "git_commit")
+        start = str(row.pop("start_time", None) or "")
+        entry = envs.setdefault(key, {**row, "runs": 0, "first": None, "last": None, "commits": set(), "_latest": None})
         entry["runs"] += 1
+        if row["git_commit"]:
+            entry["commits"].add(row["git_commit"])
+            if entry["_latest"] is None or start >= entry["_latest"]:
+                entry["_latest"], entry["git_commit"] = start, row["git_commit"]
         if start:
-            start = str(start)
             entry["first"] = min(filter(None, (entry["first"], start)))
             entry["last"] = max(filter(None, (entry["last"], start)))
     rows = sorted(envs.values(), key=lambda r: (r["host"], r["backends"], _version_sort_key(r["torch"].split(" ")[0]), r["accel_version"]))
     for row in rows:
         row["commit_short"] = row["git_commit"][:12] if row["git_commit"] else "not recorded"
+        row["commit_count"] = len(row.pop("commits"))
+        row.pop("_latest")
+        if row["commit_count"] > 1:
+            row["commit_short"] += f" (latest of {row['commit_count']})"
         row["first_text"], row["last_text"] = _short_time(row["first"]), _short_time(row["last"])
     return rows
 
@@ -544,7 +555,7 @@ def _benchmark_view(report: Report) -> dict[str, Any]:
             value, ref = _number_or_none(row["value"]), _number_or_none(row["ref_value"])
             peak = max([v for v in (value, ref, band[1]) if v is not None], default=1.0) * 1.08
             status = row["status"] or ""
-            points = series.get(key, [])
+            points = series.get(key, [])[-TREND_POINTS:]
             rows.append({**row, "ref_n": int(ref_n) if ref_n is not None else None,
                          "value_text": fmt(row["value"]), "ref_text": fmt(row["ref_value"]),
                          "change_text": _pct(row["change"], signed=True), "speedup_text": f"{row['speedup']:.3f}×" if row["speedup"] else "–",
@@ -678,6 +689,7 @@ def _context(report: Report) -> dict[str, Any]:
         "quick_run": bench_view["quick"],
         "threshold": report.threshold,
         "noisy_spread": NOISY_SPREAD,
+        "trend_points": TREND_POINTS,
         "cells": [{"label": cell_label(*c), "short": f"{c[0]} {c[1]}" + ((f" {c[2]}" if " " in str(c[2]) else f" a{c[2]}") if c[2] not in ("unknown", None) else "")} for c in report.cells],
         "grid": grid_rows,
         "all_passing": all_passing,

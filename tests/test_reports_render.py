@@ -380,3 +380,27 @@ def test_benchmarks_only_report_takes_its_environment_from_the_benchmark_files(t
     env = html[html.index('id="env-table"'):]
     env = env[:env.index("</table>")]
     assert "lab-01" in env and "3.11.9" in env and "0" * 12 in env  # node, Python, commit_info id
+
+
+def test_nightly_commits_share_one_environment_row(tmp_path):
+    from accel_reports.synthetic import write_run
+
+    for night, commit in enumerate(("a" * 40, "b" * 40, "c" * 40)):
+        write_run(tmp_path / f"n{night}.jsonl", run_id=f"n{night}", backend="cuda", torch_version="2.8.0", accel_version="0.2.0",
+                  records=[rec(f"n{night}", "test_ok", "cuda", "passed")], start_time=f"2025-06-0{3 - night}T00:00:00.000+00:00",
+                  git_commit=commit)
+    html = render_html(build_report(load_results([tmp_path])))
+    env = html[html.index('id="env-table"'):]
+    env = env[:env.index("</table>")]
+    assert env.count("<tr>") == 2  # heading + one environment
+    assert 'title="' + "a" * 40 + '">aaaaaaaaaaaa (latest of 3)<' in env  # night 0 started last
+    assert "2025-06-01 00:00" in env and "2025-06-03 00:00" in env
+
+
+def test_trend_keeps_the_newest_runs(tmp_path, monkeypatch):
+    from accel_reports import render
+
+    monkeypatch.setattr(render, "TREND_POINTS", 3)
+    report = _nightly(tmp_path)
+    html = render_html(report)
+    assert html.count('aria-label="trend over 3 runs"') == len(report.bench_table) and "trend over 4 runs" not in html
