@@ -404,3 +404,24 @@ def test_trend_keeps_the_newest_runs(tmp_path, monkeypatch):
     report = _nightly(tmp_path)
     html = render_html(report)
     assert html.count('aria-label="trend over 3 runs"') == len(report.bench_table) and "trend over 4 runs" not in html
+
+
+def test_environment_prefers_the_runs_frame_and_survives_missing_files(tmp_path):
+    """A report from the history store: the results files may be gone; the run rows carry the fields."""
+    path = run_file(tmp_path, "r1", "xpu", [rec("r1", "test_ok", "xpu", "passed")])
+    report = build_report(load_results([tmp_path]))
+    path.unlink()
+    runs = report.loaded.runs.copy()
+    runs["os"], runs["kernel"], runs["python"] = "Linux-6.11-x86_64", "6.11.0-1-custom", "3.12.4"
+    runs["driver_versions"] = [{"xpu": "1.6.31294"}]
+    runs["runtime_versions"] = [{"xpu": "SYCL 2025.2"}]
+    report.loaded.runs = runs
+    html = render_html(report)
+    env = html[html.index('id="env-table"'):]
+    env = env[:env.index("</table>")]
+    for text in ("Linux-6.11-x86_64", "6.11.0-1-custom", "3.12.4", "1.6.31294", "SYCL 2025.2"):
+        assert text in env, text
+    runs = runs.drop(columns=["os", "kernel", "python", "driver_versions", "runtime_versions"])
+    report.loaded.runs = runs
+    env = render_html(report)
+    assert 'id="env-table"' in env  # nothing to read: the block still renders what the runs frame has
