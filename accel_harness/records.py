@@ -739,7 +739,8 @@ def read_records(path: str | os.PathLike[str]) -> Results:
     type than the schema's (``duration`` a string, ``world_size`` a float, ...) is reported and
     left empty (None, or an empty list/object), and its record still loads. Unknown line types and
     fields are ignored (a newer minor version may add some). The header dict gets ``end_time`` and
-    ``run_end`` from the ``run_end`` line and ``"interrupted": True`` when that line is missing.
+    ``run_end`` from the ``run_end`` line and ``"interrupted": True`` when that line is missing (a killed
+    run) or says so (a Ctrl-C'd session that ended normally).
 
     Raises :class:`SchemaVersionError` for another schema or an unknown major version.
     """
@@ -801,7 +802,7 @@ def read_records(path: str | os.PathLike[str]) -> Results:
     if header is None:
         problems.append(Problem(where, 1, "no run header found", "unreadable"))
     else:
-        header["interrupted"] = run_end is None
+        header["interrupted"] = run_end is None or run_end.get("interrupted") is True
         header["end_time"] = run_end.get("end_time") if run_end else None
         header["run_end"] = run_end
     return Results(header, records, problems)

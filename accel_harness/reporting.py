@@ -123,9 +123,11 @@ class ResultReporter:
             extra=extra,
         )
 
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if self.writer is not None:
-            self.writer.close()
+            # Ctrl-C ends the session normally (the run_end line is written), so say it was cut short
+            interrupted = int(exitstatus) == int(pytest.ExitCode.INTERRUPTED)
+            self.writer.close(exit_status=int(exitstatus), **({"interrupted": True} if interrupted else {}))
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.path:

@@ -35,7 +35,6 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import threading
 import time
 import xml.etree.ElementTree as ET
 import zipfile
@@ -742,37 +741,15 @@ def run_suite(suite: Suite, backend: str, out_dir: str | os.PathLike[str], *, ag
     env.pop("PYTEST_ADDOPTS", None)
     env.pop("PYTEST_XDIST_WORKER", None)
     start = time.perf_counter()
-    exit_code: int | None
-    with open(log, "w", encoding="utf-8") as fh:
-        fh.write("$ " + " ".join(cmd) + f"\n# cwd {work}; ACCEL_DEVICE={backend}; rewritten files: {rewritten}\n")
-        fh.flush()
-        proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                errors="replace", start_new_session=True)
+    from .progress import run_streamed
 
-        def pump() -> None:  # pytest's output into the log and the progress callback, line by line
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                fh.write(line)
-                fh.flush()
-                if on_line is not None:
-                    try:
-                        on_line(line.rstrip("\n"))
-                    except Exception:  # a display problem must not stop the run
-                        pass
-
-        reader = threading.Thread(target=pump, name="upstream-output", daemon=True)
-        reader.start()
-        try:
-            exit_code = proc.wait(timeout=session_timeout or None)
-            reader.join(timeout=30)
-        except (subprocess.TimeoutExpired, KeyboardInterrupt) as exc:
-            _kill_group(proc)
-            reader.join(timeout=30)
-            fh.write(f"\n# stopped: {'session timeout' if isinstance(exc, subprocess.TimeoutExpired) else 'interrupted'}\n")
-            exit_code = None
-            if isinstance(exc, KeyboardInterrupt):
-                _finish(suite, backend, side, raw_dir, junit, results / f"{tag}.jsonl", exit_code, install, rewritten, log)
-                raise
+    header = "$ " + " ".join(cmd) + f"\n# cwd {work}; ACCEL_DEVICE={backend}; rewritten files: {rewritten}\n"
+    try:
+        exit_code = run_streamed(cmd, log, on_line=on_line, env=env, cwd=work, timeout=session_timeout or None,
+                                 header=header)
+    except KeyboardInterrupt:
+        _finish(suite, backend, side, raw_dir, junit, results / f"{tag}.jsonl", None, install, rewritten, log)
+        raise
     final = results / f"{tag}.jsonl"
     block = _finish(suite, backend, side, raw_dir, junit, final, exit_code, install, rewritten, log)
     from .records import read_records
@@ -802,22 +779,6 @@ def _pytest_config(suite: Suite, work: Path) -> Path:
     target = work / "pytest.ini"
     target.write_text("[pytest]\n", encoding="utf-8")
     return target
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    import signal
-
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
-    except (ProcessLookupError, PermissionError):
-        pass
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
 
 
 def _finish(suite: Suite, backend: str, side: str, raw_dir: Path, junit: Path, final: Path, exit_code: int | None,

@@ -68,10 +68,10 @@ def test_merge_names_the_failing_rank():
 
 def test_accel_qualify_end_to_end(tmp_path):
     out = tmp_path / "qualify"
-    proc = _accel("qualify", "--backend", "cpu", "-o", str(out), "-k", "contract", "--no-bench", timeout=600)
+    proc = _accel("qualify", "--backend", "cpu", "-o", str(out), "-k", "contract", "--no-bench", "--json", timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = list((out / "results").glob("*.jsonl"))
-    assert len(results) == 1 and (out / "results" / "junit.xml").is_file()
+    assert len(results) == 1 and not (out / "results" / "junit.xml").exists()  # one results file, no copy of it
     from accel_harness.records import read_records
 
     header, records, problems = read_records(results[0])
@@ -79,6 +79,62 @@ def test_accel_qualify_end_to_end(tmp_path):
     assert records and all(r["backend"] == "cpu" for r in records)
     assert any(r["outcome"] == "passed" for r in records)
     assert str(out) in proc.stdout
+    # the report reads what qualify wrote without a single input problem of qualify's own making
+    assert "warning" not in (out / "logs" / "report.log").read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    suites = summary["stages"][0]
+    assert summary["partial"] is False and suites["stage"] == "conformance suites" and suites["exit_code"] == 0
+    assert suites["tests_total"] == suites["tests_done"] == len(records) and suites["failing_tests"] == []
+
+
+def test_accel_qualify_names_failing_tests(tmp_path):
+    suites = tmp_path / "suites"
+    suites.mkdir()
+    (suites / "test_mini.py").write_text(
+        "import pytest\n"
+        "def test_good(device):\n    assert device.type == 'cpu'\n"
+        "def test_bad(device):\n    assert device.type == 'nowhere'\n"
+    )
+    out = tmp_path / "qualify"
+    proc = _accel("qualify", "--backend", "cpu", "-o", str(out), "--no-bench", "--json", timeout=300,
+                  env={**ENV, "ACCEL_SUITES_DIR": str(suites)})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "1 failing test(s):" in proc.stdout and "test_mini.py::test_bad[cpu" in proc.stdout
+    stage = json.loads((out / "summary.json").read_text())["stages"][0]
+    assert stage["failed"] == 1 and stage["tests_done"] == stage["tests_total"] == 2
+    assert [name.split("/")[-1] for name in stage["failing_tests"]] == ["test_mini.py::test_bad[cpu-ws1]"]
+
+
+def test_ctrl_c_renders_a_partial_report(tmp_path):
+    suites = tmp_path / "suites"
+    suites.mkdir()
+    (suites / "test_slow.py").write_text(
+        "import time\n"
+        "import pytest\n"
+        "@pytest.mark.parametrize('i', range(40))\n"
+        "def test_step(device, i):\n    time.sleep(0.5)\n"
+    )
+    out = tmp_path / "qualify"
+    proc = subprocess.Popen([sys.executable, "-m", "accel.commands.cli", "qualify", "--backend", "cpu", "-o", str(out),
+                             "--no-bench", "--json"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**ENV, "ACCEL_SUITES_DIR": str(suites)})
+    log = out / "logs" / "suites.log"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (log.is_file() and log.read_text().count("PASSED") >= 3):
+        time.sleep(0.2)
+    proc.send_signal(2)  # what Ctrl-C sends; the suites run in their own session, so only qualify gets it
+    stdout, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 130, stdout
+    assert "interrupted during conformance suites; rendering a partial report" in stdout
+    html = (out / "report" / "report.html").read_text()
+    assert "PARTIAL: interrupted during conformance suites" in html
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["partial"] is True and summary["interrupted_during"] == "conformance suites"
+    from accel_harness.records import read_records
+
+    (results,) = (out / "results").glob("*.jsonl")
+    _, records, _ = read_records(results)
+    assert 3 <= len(records) < 40  # what finished before Ctrl-C is kept, and the run really stopped early
 
 
 def test_accel_qualify_refuses_a_used_folder(tmp_path):

@@ -149,7 +149,7 @@ def test_a_run_past_its_session_timeout_is_stopped_and_keeps_what_finished(tmp_p
     run = up.run_suite(suite, "cpu", tmp_path / "out", session_timeout=15, test_timeout=None)
     assert run.status == "interrupted" and run.exit_code is None and run.seconds < 60
     assert run.counts == {"passed": 1}
-    assert "# stopped: session timeout" in run.log.read_text()
+    assert "# stopped: time limit" in run.log.read_text()
     header, records, _ = read_records(run.results)
     assert header["interrupted"] and header["extra"]["upstream"]["status"] == "interrupted"
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -52,6 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-bench", action="store_true", help="skip the benchmarks")
     parser.add_argument("--history", metavar="DB", help="also append this run's results and benchmarks to a SQLite run history")
     parser.add_argument("--quick", action="store_true", help="quick benchmarks (smoke run)")
+    parser.add_argument("--json", dest="json_summary", action="store_true",
+                        help="also write summary.json (stages, counts, failing tests, paths) and print its path")
     up = parser.add_argument_group("upstream suites")
     up.add_argument("--upstream", metavar="NAME==VERSION|PATH",
                     help="run an upstream project's own tests instead of accel's suites: a release on the package index "
@@ -69,7 +71,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--session-timeout", type=float, default=0.0, metavar="SECONDS",
                     help="stop one suite run after this long (default 0: no limit); what finished is kept")
     up.add_argument("--online", action="store_true", help="let the suite reach the Hugging Face hub (default: HF_HUB_OFFLINE=1 ...)")
-    up.add_argument("--json", dest="json_summary", action="store_true", help="also write summary.json and print its path")
 
 
 def _selected_backends(requested: list[str] | None) -> list[str]:
@@ -92,15 +93,42 @@ def _selected_backends(requested: list[str] | None) -> list[str]:
         raise UsageError(str(exc)) from None
 
 
-def _step(title: str, command: list[str], log: Path) -> int:
+def _step(title: str, command: list[str], log: Path, record: list[dict] | None = None) -> int | None:
+    """Run one stage's child command with live progress; its output goes to ``log``.
+
+    Returns the exit status (None if it was stopped). A stage that runs pytest shows tests done of
+    total, failures so far and the current test; its failing tests are printed by name at the end.
+    ``record`` (a list) gets the stage's summary for ``--json``. Ctrl-C ends the child (it keeps what
+    it finished) and propagates as KeyboardInterrupt.
+    """
+    from accel_harness.progress import ProgressDisplay, PytestProgress, run_streamed
+
     print(f"accel qualify: {title} ...", flush=True)
-    start = time.perf_counter()
+    progress = PytestProgress(title)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with open(log, "w") as fh:
-        proc = subprocess.run(command, stdout=fh, stderr=subprocess.STDOUT, env=env)
+    code: int | None = None
+    try:
+        with ProgressDisplay(progress) as display:
+            code = run_streamed(command, log, on_line=display.feed, env=env)
+    finally:
+        if record is not None:
+            record.append({"stage": title, "exit_code": code, "seconds": round(progress.elapsed, 1),
+                           "tests_done": progress.done, "tests_total": progress.total, "failed": progress.failed,
+                           "failing_tests": list(progress.failures), "log": str(log)})
     tail = log.read_text(errors="replace").strip().splitlines()[-1:] or [""]
-    print(f"accel qualify: {title}: exit {proc.returncode} in {time.perf_counter() - start:.1f}s — {tail[0]}", flush=True)
-    return proc.returncode
+    print(f"accel qualify: {title}: exit {code} in {progress.elapsed:.1f}s — {tail[0]}", flush=True)
+    if progress.failures:
+        shown = progress.failures[:FAILURES_SHOWN]
+        print(f"accel qualify: {title}: {len(progress.failures)} failing test(s):", flush=True)
+        for nodeid in shown:
+            print(f"    {nodeid}")
+        if len(progress.failures) > len(shown):
+            print(f"    ... and {len(progress.failures) - len(shown)} more (see {log})")
+    return code
+
+
+#: failing test names printed per stage (the rest are in the stage's log and the report)
+FAILURES_SHOWN = 25
 
 
 def _fresh_output(args: argparse.Namespace) -> Path:
@@ -116,33 +144,12 @@ def _split(values: list[str] | None) -> list[str]:
     return list(dict.fromkeys(v.strip() for value in values or [] for v in value.split(",") if v.strip()))
 
 
-class _Progress:
-    """Plain progress lines for a suite run: tests done, failures so far, elapsed (every 20 s at most)."""
-
-    def __init__(self, title: str, every: float = 20.0):
-        self.title, self.every = title, every
-        self.start = self.last = time.monotonic()
-        self.done = self.failed = 0
-
-    def __call__(self, line: str) -> None:
-        import re
-
-        body = re.sub(r"\s*\[\s*\d+%\]\s*$", "", line)
-        if body and re.fullmatch(r"[.sFExXu]+", body):
-            self.done += len(body)
-            self.failed += body.count("F") + body.count("E")
-        now = time.monotonic()
-        if now - self.last >= self.every:
-            self.last = now
-            print(f"accel qualify: {self.title}: {self.done} tests done, {self.failed} failed/errors, "
-                  f"{now - self.start:.0f}s elapsed", flush=True)
-
-
 def run_upstream(args: argparse.Namespace, backends: list[str], out: Path) -> int:
     """``accel qualify --upstream``: an upstream project's own suite on each backend, then the vendor report."""
     import shlex
 
     from accel_harness import upstream as up
+    from accel_harness.progress import ProgressDisplay, PytestProgress
 
     if args.known_issues and not os.path.isfile(args.known_issues):
         raise UsageError(f"known-issues file not found: {args.known_issues}")
@@ -181,10 +188,11 @@ def run_upstream(args: argparse.Namespace, backends: list[str], out: Path) -> in
             for side in sides:
                 title = f"{suite.label} against {side} on {backend}"
                 print(f"accel qualify: {title} ...", flush=True)
-                result = up.run_suite(
-                    suite, backend, out, against=side, workers=args.workers, test_timeout=args.test_timeout or None,
-                    session_timeout=args.session_timeout or None, offline=not args.online, keyword=args.k,
-                    known_issues=args.known_issues, install=install, on_line=_Progress(title))
+                with ProgressDisplay(PytestProgress(title)) as display:
+                    result = up.run_suite(
+                        suite, backend, out, against=side, workers=args.workers, test_timeout=args.test_timeout or None,
+                        session_timeout=args.session_timeout or None, offline=not args.online, keyword=args.k,
+                        known_issues=args.known_issues, install=install, on_line=display.feed)
                 runs.append(result)
                 print(f"accel qualify: {up.summary_line(suite, result)} in {result.seconds:.0f}s", flush=True)
                 if result.status != "completed" or result.counts.get("failed") or result.counts.get("error"):
@@ -252,11 +260,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"accel qualify: backends {', '.join(backends)}; suites {suites}; output {out}", flush=True)
 
     pytest_cmd = [
-        sys.executable, "-m", "pytest", str(suites), "-p", "no:cacheprovider", "-q", "-rfE",
+        sys.executable, "-m", "pytest", str(suites), "-p", "no:cacheprovider", "-v", "--no-header", "-rfE",
         "--ignore", str(suites / "benchmarks"),
         "-m", " or ".join(backends),
-        "--results-dir", str(results), "--junitxml", str(results / "junit.xml"),
-        "--dist-timeout", f"{args.dist_timeout:g}",
+        "--results-dir", str(results), "--dist-timeout", f"{args.dist_timeout:g}",
     ]
     for name in backends:
         pytest_cmd += ["--backend", name]
@@ -266,30 +273,44 @@ def run(args: argparse.Namespace) -> int:
         pytest_cmd += ["-k", args.k]
     if args.known_issues:
         pytest_cmd += ["--known-issues", args.known_issues]
-    suite_code = _step("conformance suites", pytest_cmd, logs / "suites.log")
-    status = 0 if suite_code == 0 else 1
-
+    stages: list[dict] = []
     artefacts = [("suite results", results), ("suite log", logs / "suites.log")]
-    if not args.no_bench and importlib.util.find_spec("accel.commands.bench"):
-        bench_dir = out / "bench"
-        for name in backends:
-            cmd = [sys.executable, "-m", "accel.commands.cli", "bench", "--backend", name, "--results-dir", str(bench_dir)]
-            if args.quick:
-                cmd.append("--quick")
-            if _step(f"benchmarks ({name})", cmd, logs / f"bench-{name}.log") != 0:
-                status = 1
-        artefacts += [("benchmarks", bench_dir)]
+    status, interrupted = 0, None
+    stage = "conformance suites"
+    try:
+        if _step(stage, pytest_cmd, logs / "suites.log", stages) != 0:
+            status = 1
+        if not args.no_bench and importlib.util.find_spec("accel.commands.bench"):
+            bench_dir = out / "bench"
+            artefacts += [("benchmarks", bench_dir)]
+            for name in backends:
+                stage = f"benchmarks ({name})"
+                cmd = [sys.executable, "-m", "accel.commands.cli", "bench", "--backend", name, "--results-dir", str(bench_dir)]
+                if args.quick:
+                    cmd.append("--quick")
+                if _step(stage, cmd, logs / f"bench-{name}.log", stages) != 0:
+                    status = 1
+    except KeyboardInterrupt:
+        interrupted = stage
+        status = 130
+        print(f"\naccel qualify: interrupted during {stage}; rendering a partial report", flush=True)
     if importlib.util.find_spec("accel.commands.report"):
         report_dir = out / "report"
         inputs = [str(results)] + ([str(out / "bench")] if (out / "bench").is_dir() else [])
-        cmd = [sys.executable, "-m", "accel.commands.cli", "report", *inputs, "-o", str(report_dir)]
+        title = "accel qualify" + (f" — PARTIAL: interrupted during {interrupted}" if interrupted else "")
+        cmd = [sys.executable, "-m", "accel.commands.cli", "report", *inputs, "-o", str(report_dir), "--title", title]
         if args.known_issues:
             cmd += ["--known-issues", args.known_issues]
-        code = _step("report", cmd, logs / "report.log")
-        if code not in (0, 1, 3):  # 1/3 are the report's own gate verdicts, already reflected by the suites
+        code = _step("report", cmd, logs / "report.log", stages)
+        if code not in (0, 1, 3) and not interrupted:  # 1/3 are the report's own gate verdicts, already reflected by the suites
             status = 1
         artefacts += [("report", report_dir)]
-
+    if getattr(args, "json_summary", False):
+        summary = {"backends": backends, "suites": str(suites), "output": str(out), "status": status,
+                   "partial": interrupted is not None, "interrupted_during": interrupted, "stages": stages,
+                   "artefacts": {label: str(path) for label, path in artefacts}}
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        artefacts.append(("summary", out / "summary.json"))
     if getattr(args, "history", None):  # --history DB: this run appended to the run history
         status = _append_history(args.history, [results, out / "bench"]) or status
     print("accel qualify: done" + ("" if status == 0 else " (with failures)"))
