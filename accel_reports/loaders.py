@@ -369,7 +369,10 @@ def load_junit(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, lis
     """One pytest ``--junitxml`` file: ``(run row, test rows, problems)``.
 
     Parsed incrementally: a file cut short (or broken further down) keeps the test cases completed
-    before the error, and the problem names the line. External entities are never fetched.
+    before the error, and a case whose ``<failure>``/``<error>`` had begun at the break (it failed,
+    whatever the rest said); the ``"unreadable"`` problem names the line. A ``time`` attribute or
+    ``accel_world_size`` property that is no number is an ``"invalid"`` problem (the field is left
+    empty). External entities are never fetched.
     """
     path = Path(path)
     where = display_path(path)
