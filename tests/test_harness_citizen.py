@@ -206,6 +206,29 @@ def test_an_unrelated_project_does_not_import_torch(pytester, args):
     assert (pytester.path / "torch_loaded.txt").read_text() == "False"
 
 
+def test_a_projects_own_harness_and_reports_packages_are_not_shadowed(pytester):
+    """The plugin's installed packages are accel_harness/accel_reports: a project's ``harness`` and
+    ``reports`` stay its own even though the plugin was imported first."""
+    for package in ("harness", "reports"):
+        (pytester.path / package).mkdir()
+        (pytester.path / package / "__init__.py").write_text(f"OWNER = 'project {package}'\n")
+    pytester.makepyfile(test_mine=textwrap.dedent(
+        """
+        import harness
+        import reports
+
+        def test_own_packages(backend):  # a harness test too, so the plugin is fully in use
+            assert harness.OWNER == "project harness" and reports.OWNER == "project reports"
+        """))
+    result = _run(pytester, "-m", "cpu")
+    result.assert_outcomes(passed=1)
+    import importlib.metadata
+
+    top_level = importlib.metadata.distribution("accel").read_text("top_level.txt")
+    if top_level is not None:  # an editable install may not record it
+        assert set(top_level.split()) == {"accel", "accel_harness", "accel_reports"}
+
+
 def test_the_plugin_can_be_switched_off(pytester):
     pytester.makepyfile(test_plain="import pytest\n\n@pytest.mark.require_non_cpu\ndef test_x():\n    pass\n")
     result = _run(pytester, "-p", "no:accel")
