@@ -20,9 +20,7 @@ import functools
 import hashlib
 import json
 import math
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -765,20 +763,8 @@ def write_report(report: Report, out_dir: str | Path, formats: Iterable[str] = (
 
 
 def _write_atomic(path: Path, text: str) -> Path:
-    """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``: a crash
-    leaves the previous file or none, never a half-written one."""
-    fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
+    """Write ``text`` beside ``path`` and rename it over ``path``: a crash leaves the previous file or
+    none, never a half-written one (:func:`accel.utils.files.atomic_write`)."""
+    from accel.utils.files import atomic_write
+
+    return atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8", newline=""), keep_mode=0o644)
