@@ -720,6 +720,27 @@ def _check_test(obj: dict[str, Any], where: str, number: int, problems: list[Pro
     return True
 
 
+_CUT_TEST = re.compile(r'\A\{\s*"type":\s*"test"')
+_CUT_NODEID = re.compile(r'"nodeid":\s*("(?:[^"\\]|\\.)+")')
+_CUT_OUTCOME = re.compile(r'"outcome":\s*"(failed|error)"')
+
+
+def _cut_failure(line: str) -> dict[str, Any] | None:
+    """The failed/error test record a cut-short last line began, when its nodeid and outcome were
+    written before the cut (the writer puts both near the start), else None."""
+    if not _CUT_TEST.match(line):
+        return None
+    nodeid, outcome = _CUT_NODEID.search(line), _CUT_OUTCOME.search(line)
+    if nodeid is None or outcome is None:
+        return None
+    try:
+        name = json.loads(nodeid.group(1))
+    except ValueError:
+        return None
+    return {"type": "test", "nodeid": name, "outcome": outcome.group(1),
+            "message": "(record cut short: the run was killed while writing it)"}
+
+
 def _utf8_problem(raw: bytes, where: str) -> Problem | None:
     try:
         raw.decode("utf-8")
@@ -737,7 +758,9 @@ def read_records(path: str | os.PathLike[str]) -> Results:
     ``type``, a test line without ``nodeid``/``outcome`` or with an unknown outcome) are reported in
     ``problems`` as ``(path, line number, message, kind)`` and the rest loads. A field of another
     type than the schema's (``duration`` a string, ``world_size`` a float, ...) is reported and
-    left empty (None, or an empty list/object), and its record still loads. Unknown line types and
+    left empty (None, or an empty list/object), and its record still loads. A cut-short last line
+    that had written a test's nodeid and a ``failed``/``error`` outcome is kept as that failure
+    (the run was killed while writing it; it still failed). Unknown line types and
     fields are ignored (a newer minor version may add some). The header dict gets ``end_time`` and
     ``run_end`` from the ``run_end`` line and ``"interrupted": True`` when that line is missing (a killed
     run) or says so (a Ctrl-C'd session that ended normally).
@@ -769,8 +792,13 @@ def read_records(path: str | os.PathLike[str]) -> Results:
             obj = json.loads(line)
         except (json.JSONDecodeError, RecursionError) as exc:
             if index == last_content and cut_short:
-                problems.append(Problem(where, number, f"incomplete last line (the run was probably killed while writing it): {exc}",
-                                        "unreadable"))
+                salvaged = _cut_failure(line)
+                kept = ""
+                if salvaged is not None:  # a failure recorded up to its outcome still failed
+                    records.append(salvaged)
+                    kept = f"; the {salvaged['outcome']} test it records ({salvaged['nodeid']}) is kept"
+                problems.append(Problem(where, number, f"incomplete last line (the run was probably killed while writing it): {exc}"
+                                                       f"{kept}", "unreadable"))
             else:
                 problems.append(Problem(where, number, f"not valid JSON: {exc}", "invalid"))
             continue

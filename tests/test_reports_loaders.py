@@ -354,3 +354,15 @@ def test_display_names_of_non_utf8_files(tmp_path):
     shown = str(tmp_path / "n\ufffd.jsonl")
     assert loaded.files == [shown] and set(loaded.tests["source"]) == {shown}
     assert [(p.path, p.kind) for p in loaded.problems] == [(shown, "note")]
+
+
+def test_a_failure_on_a_cut_short_last_line_is_kept(tmp_path):
+    path = run_file(tmp_path, "k", "cpu", [rec("k", "test_a", "cpu", "passed")], interrupted=True)
+    line = json.dumps(rec("k", "test_b", "cpu", "failed", "AssertionError: " + "x" * 500).to_dict())
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(line[: line.index('"outcome"') + 40])  # killed while writing the traceback
+    loaded = load_results([path])
+    assert [p.kind for p in loaded.problems] == ["unreadable"]
+    assert "the failed test it records (suites/test_core.py::test_b[cpu-ws1]) is kept" in loaded.problems[0].message
+    row = loaded.tests.set_index("test_id").loc["suites/test_core.py::test_b[ws1]"]
+    assert row["outcome"] == "failed" and row["backend"] == "cpu" and "cut short" in row["message"]
