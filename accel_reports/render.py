@@ -693,7 +693,8 @@ def _context(report: Report) -> dict[str, Any]:
         "all_passing": all_passing,
         "details": details,
         "details_total": total_details,
-        "problems": [{"path": p.path, "line": p.line, "message": p.message} for p in report.problems],
+        "problems": [{"path": p.path, "line": p.line, "message": p.message, "kind": getattr(p, "kind", "invalid")}
+                     for p in report.problems],
         "untracked_count": len(untracked),
         "untracked_examples": sorted(set(untracked["test_id"]))[:5] if len(untracked) else [],
         "regression_count": len(report.regressions),

@@ -421,7 +421,7 @@ def test_empty_file(tmp_path):
     path.write_text("")
     header, loaded, problems = read_records(path)
     assert header is None and loaded == []
-    assert problems == [(str(path), 1, "empty file: no run header")]
+    assert problems == [(str(path), 1, "empty file: no run header", "unreadable")]
 
 
 def test_unknown_major_version_is_refused(tmp_path):
