@@ -13,8 +13,9 @@ by time, three experiments, each on its own fresh history database (:mod:`accel_
 2. **planted slowdown**: the last two full runs are copied with one benchmark's raw round times
    scaled by ``--slowdown`` (1.2: 20 % longer rounds, i.e. -16.7 % throughput); the runs before
    them are the history. The first planted run should be ``suspect`` (outside the band, not yet
-   confirmed) and the second a ``regression`` (confirmed). Done for every benchmark in turn, so
-   the table says which benchmarks a 20 % slowdown is detectable in on this machine today.
+   confirmed) and the second a ``regression`` (confirmed). Done for every benchmark and every
+   factor (``--slowdown 1.2,1.5,2``) in turn, so the table says how large a slowdown each
+   benchmark can show on this machine today.
 3. **quick against full**: the quick run ingested on top of the full history: every benchmark
    must be ``quick: not compared``, never a regression.
 
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", type=int, default=0, metavar="N", help="make N full accel bench runs first")
     parser.add_argument("--quick-run", action="store_true", help="make one --quick run first")
     parser.add_argument("-k", dest="keyword", help="benchmarks to run (accel bench -k)")
-    parser.add_argument("--slowdown", type=float, default=1.2, help="round-time factor of the planted slowdown (1.2)")
+    parser.add_argument("--slowdown", default="1.2", help="round-time factors of the planted slowdown, comma-separated (1.2)")
     parser.add_argument("--json", help="write every row here")
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -151,30 +152,38 @@ def main(argv: list[str] | None = None) -> int:
             if r["status"] in ("suspect", "too noisy", "regression", "improvement"):
                 print(f"    run {r['run']} {r['name']}: {r['status']}: {r['evidence']}")
 
-        # 2. planted slowdown in the last two runs, each benchmark in turn
-        print(f"\n2. planted slowdown: round times x{args.slowdown} in copies of runs {len(full) - 1} and {len(full)} "
-              f"(history: runs 1-{len(full) - 2})")
+        # 2. planted slowdown in the last two runs, each benchmark and factor in turn
+        factors = [float(f) for f in str(args.slowdown).split(",")]
+        print(f"\n2. planted slowdown: round times x factor in copies of runs {len(full) - 1} and {len(full)} "
+              f"(history: runs 1-{len(full) - 2}); status of planted run {len(full) - 1} / run {len(full)}")
+        print(f"{'benchmark':<46} " + " ".join(f"{'x' + format(f, 'g'):>24}" for f in factors))
         planted_rows = []
         for name in names:
-            folder = tmp / f"planted-{names.index(name)}"
-            folder.mkdir()
-            files = []
-            for i, path in enumerate(full):
-                if i >= len(full) - 2:
-                    target = folder / f"{path.stem}-planted.json"
-                    plant(path, target, name, args.slowdown)
-                    files.append(target)
-                else:
-                    files.append(path)
-            rows2 = [r for r in judge_in_turn(files, folder / "h.db") if r["name"] == name]
-            first, second = rows2[-2], rows2[-1]
-            planted_rows.append({"name": name, "first": first["status"], "second": second["status"],
-                                 "change": second["change"], "band_low": second["band_low"], "band_high": second["band_high"],
-                                 "value": second["value"]})
-            print(f"  {name:<46} planted run {len(full) - 1}: {first['status']:<12} run {len(full)}: {second['status']:<12}"
-                  f" ({second['change']:+.1%} vs band centre)" if second["change"] is not None else "")
-        caught = sum(r["second"] == "regression" for r in planted_rows)
-        print(f"  caught as a confirmed regression in {caught} of {len(planted_rows)} benchmarks")
+            cells = []
+            for factor in factors:
+                folder = tmp / f"planted-{names.index(name)}-{factor}"
+                folder.mkdir()
+                files = []
+                for i, path in enumerate(full):
+                    if i >= len(full) - 2:
+                        target = folder / f"{path.stem}-planted.json"
+                        plant(path, target, name, factor)
+                        files.append(target)
+                    else:
+                        files.append(path)
+                rows2 = [r for r in judge_in_turn(files, folder / "h.db") if r["name"] == name]
+                first, second = rows2[-2], rows2[-1]
+                planted_rows.append({"name": name, "factor": factor, "first": first["status"], "second": second["status"],
+                                     "change": second["change"], "band_low": second["band_low"],
+                                     "band_high": second["band_high"], "value": second["value"]})
+                cells.append(f"{first['status']} / {second['status']}")
+            print(f"{name:<46} " + " ".join(f"{c:>24}" for c in cells), flush=True)
+        for factor in factors:
+            mine = [r for r in planted_rows if r["factor"] == factor]
+            caught = sum(r["second"] == "regression" for r in mine)
+            flagged = sum(r["first"] != "unchanged" or r["second"] != "unchanged" for r in mine)
+            print(f"  x{factor:g}: a confirmed regression in {caught} of {len(mine)} benchmarks; flagged (suspect or more) "
+                  f"in {flagged}")
         result["planted"] = planted_rows
 
         # 3. a quick run against the full history
