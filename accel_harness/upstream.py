@@ -723,7 +723,8 @@ def run_suite(suite: Suite, backend: str, out_dir: str | os.PathLike[str], *, ag
     junit = logs / f"{tag}.junit.xml"
     log = logs / f"{tag}.log"
     # the backend goes by ACCEL_DEVICE (backend_env), not by an option an upstream conftest might define too
-    cmd = [sys.executable, "-m", "pytest", tests.name, "-p", "no:cacheprovider", "-q", "-rfE", "--continue-on-collection-errors",
+    cmd = [sys.executable, "-m", "pytest", tests.name, "-p", "no:cacheprovider", "-v", "--no-header", "-rfE",
+           "--continue-on-collection-errors",
            harness_option("accel_results_dir", "--results-dir"), str(raw_dir), "--junitxml", str(junit), "-o", "junit_family=xunit1"]
     if workers:
         cmd += ["-n", str(workers)]

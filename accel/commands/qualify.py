@@ -202,7 +202,8 @@ def run_upstream(args: argparse.Namespace, backends: list[str], out: Path) -> in
         status = 130
     report_dir = out / "report"
     cmd = [sys.executable, "-m", "accel.commands.cli", "report", str(out / "results"), "-o", str(report_dir),
-           "--fail-on", "none", "--title", f"accel qualify: {suite.label} upstream tests"]
+           "--fail-on", "none", "--title", f"accel qualify: {suite.label} upstream tests"
+           + (" — PARTIAL: interrupted" if status == 130 else "")]
     if args.known_issues:
         cmd += ["--known-issues", args.known_issues]
     if _step("report", cmd, out / "logs" / "report.log") != 0:
