@@ -494,6 +494,11 @@ class Report:
     #: upstream suites (accel_reports.vendor): the vendor table and the compatibility comparisons
     vendor: pd.DataFrame = field(default_factory=pd.DataFrame)
     compat: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: from a run history (accel_reports.history), else empty: every stored benchmark run (trend lines),
+    #: per-test flakiness across runs, and where each current failure's streak began
+    history_benchmarks: pd.DataFrame = field(default_factory=pd.DataFrame)
+    flakiness: pd.DataFrame = field(default_factory=pd.DataFrame)
+    first_failed: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def failures(self) -> int:
@@ -523,8 +528,12 @@ def build_report(
     threshold: float = bench.DEFAULT_THRESHOLD,
     alpha: float = bench.DEFAULT_ALPHA,
     min_samples: int = bench.DEFAULT_MIN_SAMPLES,
+    history: Any = None,
 ) -> Report:
-    """Run every analysis on ``loaded`` (and ``baseline``) and collect the results."""
+    """Run every analysis on ``loaded`` (and ``baseline``) and collect the results.
+
+    ``history`` (an :class:`accel_reports.history.History`) judges benchmarks against the noise band
+    of their own stored runs and adds trends, flakiness and first failures to the report."""
     issue_notes: list[Problem] = []  # undefined known-issue ids
     tests = apply_known_issues(loaded.tests, known, issue_notes)
     # a baseline without test records (a wrong path, benchmarks only) cannot make failures "old"
@@ -532,8 +541,10 @@ def build_report(
     cells, grid = per_test_grid(tests)
     diff = diff_runs(tests, base_tests) if base_tests is not None else None
     clusters = failure_clusters(tests, known, by="root")
+    history_benchmarks = history.benchmarks_frame() if history is not None else pd.DataFrame()
     table = bench.compare_benchmarks(
         loaded.benchmarks, baseline.benchmarks if baseline is not None else None,
+        history=history_benchmarks if history is not None else None,
         threshold=threshold, alpha=alpha, min_samples=min_samples,
     )
     problems = list(loaded.problems) + (list(baseline.problems) if baseline is not None else []) + issue_notes
@@ -562,4 +573,7 @@ def build_report(
         threshold=threshold,
         vendor=vendor,
         compat=compatibility(tests, vendor),
+        history_benchmarks=history_benchmarks,
+        flakiness=history.flakiness() if history is not None else pd.DataFrame(),
+        first_failed=history.first_failed() if history is not None else pd.DataFrame(),
     )

@@ -185,6 +185,26 @@ def _failure_details(report: Report) -> tuple[list[dict[str, Any]], dict[tuple[s
     return details, anchors, total
 
 
+#: flaky tests listed in the report (flakiest first; the history holds the rest)
+MAX_FLAKY = 50
+
+
+def _history_view(report: Report) -> dict[str, Any]:
+    """Flaky tests and, per failing test, where its current failing streak began (from a run history)."""
+    flaky = report.flakiness[report.flakiness["flaky"]] if not report.flakiness.empty else report.flakiness
+    first = {}
+    for row in _records(report.first_failed):
+        text = (f"{cell_label(row['backend'], row['torch_version'], row['accel_version'])}: first failed in run "
+                f"{row['first_failed_run']}" + (f" ({row['first_failed_time']})" if row.get("first_failed_time") else "")
+                + f", {row['streak']} run{'s' if row['streak'] != 1 else ''} in a row; "
+                + (f"last passed in run {row['last_passed_run']}" if row.get("last_passed_run") else "never passed in the history"))
+        first.setdefault(row["test_id"], []).append(text)
+    flaky_rows = [{**row, "cell": cell_label(row["backend"], row["torch_version"], row["accel_version"])}
+                  for row in _records(flaky.head(MAX_FLAKY))]
+    return {"active": not report.flakiness.empty or not report.first_failed.empty, "flaky": flaky_rows,
+            "flaky_total": len(flaky), "first_failed": first, "first_failed_count": len(report.first_failed)}
+
+
 def _grid_rows(report: Report, anchors: dict[tuple[str, int], int]) -> tuple[list[dict[str, Any]], list[str]]:
     grid = report.grid
     if grid.empty:
@@ -522,7 +542,10 @@ def _benchmark_view(report: Report) -> dict[str, Any]:
              "suspect": []}
     if table.empty:
         return empty
+    # a run history (accel report --history) holds every stored run: the trend lines come from it
     series, latest = _bench_history(report.loaded.benchmarks)
+    if not report.history_benchmarks.empty:
+        series = _bench_history(report.history_benchmarks)[0]
     extras = _bench_extras(r["source"] for r in latest.values() if r.get("source")) if latest else {}
     has = set(table.columns)
     tables, all_rows = [], []
@@ -662,6 +685,9 @@ def _context(report: Report) -> dict[str, Any]:
         row["letter"] = SKIP_LETTERS.get(row["reason_code"], "s")
     runs = _records(report.loaded.runs)
     bench_view = _benchmark_view(report)
+    history_view = _history_view(report)
+    for detail in details:
+        detail["first_failed"] = history_view["first_failed"].get(detail["test_id"], [])
     untracked = report.untracked_failures
     totals = {o: int(report.matrix[o].sum()) if not report.matrix.empty else 0 for o in ("tests", "passed", "failed", "error", "skipped", "xfailed", "xpassed")}
     executed = totals["passed"] + totals["failed"] + totals["error"]
@@ -693,6 +719,7 @@ def _context(report: Report) -> dict[str, Any]:
         "all_passing": all_passing,
         "details": details,
         "details_total": total_details,
+        "history": history_view,
         "problems": [{"path": p.path, "line": p.line, "message": p.message, "kind": getattr(p, "kind", "invalid")}
                      for p in report.problems],
         "untracked_count": len(untracked),

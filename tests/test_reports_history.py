@@ -237,3 +237,50 @@ def test_an_import_killed_half_way_leaves_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(History, "_bench_runs", staticmethod(real))
     assert len(history.ingest(loaded).added) == 2
     history.close()
+
+
+# ---------------------------------------------------------------------------- accel report --history
+def _report(*args):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "accel.commands.cli", "report", *args], capture_output=True, text=True,
+                          timeout=300, env={**__import__("os").environ, "CI": ""})
+
+
+def test_accel_report_appends_to_the_history_and_renders_from_it(tmp_path):
+    db = tmp_path / "history.db"
+    days = [{"test_flaky": "passed", "test_broke": "passed", "test_ok": "passed"},
+            {"test_flaky": "failed", "test_broke": "passed", "test_ok": "passed"},
+            {"test_flaky": "passed", "test_broke": "failed", "test_ok": "passed"},
+            {"test_flaky": "failed", "test_broke": "failed", "test_ok": "passed"}]
+    for day, outcomes in enumerate(days, start=1):
+        folder = tmp_path / f"night{day}"
+        _run(folder, day, outcomes)
+        proc = _report(str(folder), "--history", str(db), "-o", str(tmp_path / f"out{day}"), "--fail-on", "none")
+        assert proc.returncode == 0, proc.stderr
+        assert "1 run(s) added, 0 already stored" in proc.stderr
+    again = _report(str(tmp_path / "night4"), "--history", str(db), "-o", str(tmp_path / "again"), "--fail-on", "none")
+    assert again.returncode == 0 and "0 run(s) added, 1 already stored" in again.stderr
+    with History(db) as history:
+        assert len(history.run_ids()) == 4  # the second import of night 4 stored nothing
+    proc = _report("--history", str(db), "-o", str(tmp_path / "all"), "--fail-on", "none")
+    assert proc.returncode == 0, proc.stderr
+    html = (tmp_path / "all" / "report.html").read_text()
+    md = (tmp_path / "all" / "report.md").read_text()
+    assert "Run history" in html and "test_flaky" in html.split('id="history"')[1].split("</section>")[0]
+    assert "first failed in run run-2.8.0-03" in html and "last passed in run run-2.8.0-02" in html
+    assert "## Run history" in md and "1 flaky test" in md
+    last = _report("--history", str(db), "--last", "1", "-o", str(tmp_path / "last"), "--fail-on", "none")
+    assert last.returncode == 0 and "1 run," in last.stdout
+
+
+def test_accel_report_history_usage_errors(tmp_path):
+    proc = _report("-o", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "--history DB" in proc.stderr
+    (tmp_path / "bad.db").write_bytes(b"not a database" * 50)
+    proc = _report("--history", str(tmp_path / "bad.db"), "-o", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "not an accel history" in proc.stderr
+    _run(tmp_path / "r", 1, {"test_a": "passed"})
+    proc = _report(str(tmp_path / "r"), "--last", "2", "-o", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "--last" in proc.stderr

@@ -113,7 +113,8 @@ def _fraction(text: str) -> float:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = _EPILOG
-    parser.add_argument("results", nargs="+", metavar="RESULTS", help="results files or folders (*.jsonl, *.xml, *.json)")
+    parser.add_argument("results", nargs="*", metavar="RESULTS",
+                        help="results files or folders (*.jsonl, *.xml, *.json); none with --history: render the history")
     parser.add_argument("-o", "--output", required=True, metavar="DIR", help="folder for report.html and report.md")
     parser.add_argument("--baseline", nargs="+", metavar="RESULTS", default=None,
                         help="results to compare with (new failures, fixed, disappeared tests, benchmark reference)")
@@ -129,6 +130,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strict", action=argparse.BooleanOptionalAction, default=None,
                         help="unreadable inputs (cut short, unparseable) exit 2 instead of a warning "
                              "(default: on when $CI is true)")
+    parser.add_argument("--history", metavar="DB",
+                        help="SQLite run history: RESULTS' runs are appended (runs already there are skipped), benchmarks "
+                             "are judged against the noise band of their own last runs, and the report shows trends, "
+                             "flaky tests and where each failure began; without RESULTS, render from the history")
+    parser.add_argument("--last", type=int, metavar="N", help="with --history and no RESULTS: only the last N runs of each cell")
     parser.add_argument("--title", default="accel qualification report", help="report title")
 
 
@@ -198,20 +204,40 @@ def _run(args: argparse.Namespace) -> int:
             known = load_known_issues(*args.known_issues)
         except KnownIssuesError as exc:
             raise UsageError(str(exc)) from None
+    if not args.results and not args.history:
+        raise UsageError("give RESULTS files or folders, or --history DB to render from a run history")
+    if args.last is not None and (args.last < 1 or args.results):
+        raise UsageError("--last N needs N >= 1 and goes with --history without RESULTS")
     try:
-        loaded = load_results(args.results)
+        loaded = load_results(args.results) if args.results else None
         baseline = load_results(args.baseline) if args.baseline else None
     except SchemaVersionError as exc:
         raise UsageError(f"{_shown(str(exc))}; upgrade accel to read it") from None
+    history = None
+    if args.history:
+        from accel_reports.history import HistoryError, open_history
+
+        try:
+            history = open_history(args.history)
+            if loaded is not None:
+                print(f"accel report: history {_shown(args.history)}: {history.ingest(loaded).summary()}", file=sys.stderr)
+            else:
+                loaded = history.load(last=args.last)
+        except HistoryError as exc:
+            raise UsageError(f"--history {_shown(args.history)}: {exc}") from None
     if loaded.empty and not loaded.runs.shape[0]:
         details = "; ".join(f"{p.path}:{p.line}: {p.message}" for p in loaded.problems[:3])
-        raise UsageError("no test results or benchmarks found in " + ", ".join(map(_shown, args.results))
+        raise UsageError("no test results or benchmarks found in " + (", ".join(map(_shown, args.results)) or _shown(args.history))
                          + (f" ({details})" if details else ""))
     if baseline is not None and baseline.tests.empty:
         print("accel report: warning: the baseline holds no test records; every untracked failure counts as new"
               + ("" if not baseline.benchmarks.empty else " and benchmarks have no baseline"), file=sys.stderr)
-    report = build_report(loaded, baseline, known, title=args.title,
-                          threshold=args.threshold if args.threshold is not None else DEFAULT_THRESHOLD)
+    try:
+        report = build_report(loaded, baseline, known, title=args.title, history=history,
+                              threshold=args.threshold if args.threshold is not None else DEFAULT_THRESHOLD)
+    finally:
+        if history is not None:
+            history.close()
     try:
         written = write_report(report, out, args.format)
     except OSError as exc:
