@@ -318,6 +318,9 @@ def benchmark_row(bench: Mapping[str, Any], machine: Mapping[str, Any] | None = 
         "host_bound": extra.get("host_bound") if extra.get("host_bound") in HOST_REFERENCE_KEYS else None,
         "host_ref": host_reference_value(extra),
         "quick": quick,
+        # the problem size as the benchmark states it (``extra_info.sizes``, e.g. {"m": 1024}) and its work unit
+        "sizes": dict(extra["sizes"]) if isinstance(extra.get("sizes"), dict) else None,
+        "work_unit": extra.get("work_unit") if isinstance(extra.get("work_unit"), str) else None,
     }
 
 

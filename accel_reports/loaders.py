@@ -86,12 +86,13 @@ TEST_COLUMNS = [
 RUN_COLUMNS = [
     "run_id", "source", "format", "backends", "torch_version", "torch_build", "accel_version", "host",
     "start_time", "end_time", "interrupted", "records", "device_models", "git_commit", "upstream",
+    "os", "kernel", "python", "driver_versions", "runtime_versions", "device_count",
 ]
 BENCH_COLUMNS = [
     "run_id", "source", "datetime", "name", "fullname", "group", "bench_id", "backend", "device", "dtype",
     "world_size", "torch_version", "accel_version", "metric", "unit", "higher_is_better", "value",
     "samples", "n_samples", "rounds", "time_median", "throughput", "host_bound", "host_ref",
-    "quick",
+    "quick", "sizes", "work_unit",
 ]
 
 #: backend names recognised in a JUnit nodeid when the file carries no ``accel_backend`` property
@@ -241,6 +242,13 @@ def load_jsonl(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, lis
         )),
         "git_commit": _text(header.get("git_commit")),
         "upstream": None,
+        # the environment block of the report, kept in the runs frame so a history can render it without the files
+        "os": _text(header.get("os")),
+        "kernel": _text(header.get("kernel")),
+        "python": _text(header.get("python")),
+        "driver_versions": _display_deep(dict(header.get("driver_versions") or {})),
+        "runtime_versions": _display_deep(dict(header.get("runtime_versions") or {})),
+        "device_count": _display_deep(dict(header.get("device_count") or {})),
     }
     from .vendor import subject_label, upstream_block
 
