@@ -43,14 +43,16 @@ def stacked_bars(
     segments: Sequence[tuple[str, str]],
     *,
     title: str = "outcomes per cell",
-    label_w: int = 250,
+    label_w: int | None = None,
     bar_w: int = 520,
     bar_h: int = 16,
 ) -> Markup:
     """One horizontal bar per row, split into ``segments`` (``(name, css class)``) by the row's
     counts; each bar spans the full width (shares of that row's tests), counts in the tooltip and
-    at the end of the bar."""
+    at the end of the bar. ``label_w`` defaults to what the longest label needs (at 11 px)."""
     gap = 5
+    if label_w is None:
+        label_w = int(min(520, max(120, 6.6 * max((len(label) for label, _ in rows), default=0) + 14)))
     body = []
     for index, (label, counts) in enumerate(rows):
         y = index * (bar_h + gap)
