@@ -567,14 +567,18 @@ def _device_count(backend: Any) -> tuple[int, str | None]:
     return (int(count) if count is not None else 0), error
 
 
+def _too_few_devices(ctx: _Context, needed: int, what: str, per: str = "") -> SkipReason | None:
+    """A needs-devices skip when the backend shows fewer than ``needed`` devices (``what`` needs them)."""
+    count, error = _device_count(ctx.backend)
+    if count >= needed:
+        return None
+    detail = f" ({error})" if error else ""
+    return SkipReason(NEEDS_DEVICES, f"{what} needs {needed} {_backend_name(ctx.backend)} devices{per}, {count} visible{detail}")
+
+
 def _devices_check(n: int) -> Callable[[_Context], SkipReason | None]:
     def run(ctx: _Context) -> SkipReason | None:
-        count, error = _device_count(ctx.backend)
-        if count >= n:
-            return None
-        name = _backend_name(ctx.backend)
-        detail = f" ({error})" if error else ""
-        return SkipReason(NEEDS_DEVICES, f"test needs {n} {name} devices, {count} visible{detail}")
+        return _too_few_devices(ctx, n, "test")
 
     return run
 
@@ -670,12 +674,7 @@ def _world_size_checks(world_size: int) -> list[_Check]:
     def devices(ctx: _Context) -> SkipReason | None:
         if ranks_share_device(ctx.backend):
             return None
-        count, error = _device_count(ctx.backend)
-        if count >= world_size:
-            return None
-        name = _backend_name(ctx.backend)
-        detail = f" ({error})" if error else ""
-        return SkipReason(NEEDS_DEVICES, f"world size {world_size} needs {world_size} {name} devices (one per rank), {count} visible{detail}")
+        return _too_few_devices(ctx, world_size, f"world size {world_size}", per=" (one per rank)")
 
     return [_Check(_RANK_MULTIPROCESS, multiprocess), _Check(_RANK_DEVICES, devices)]
 

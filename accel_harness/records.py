@@ -621,23 +621,14 @@ def _check_schema(path: Path, header: Mapping[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------------------- field checks
+#: Python type -> its JSON name, for messages (exact types: a bool is not reported as an integer)
+_JSON_TYPES = {type(None): "null", bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
+               dict: "object"}
+
+
 def json_type(value: Any) -> str:
     """The JSON name of ``value``'s type, for messages: string, integer, number, boolean, ..."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
+    return _JSON_TYPES.get(type(value), type(value).__name__)
 
 
 def _finite(value: Any) -> bool:
