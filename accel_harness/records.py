@@ -676,24 +676,32 @@ def _shown(value: Any, limit: int = 60) -> str:
 
 
 def _check_fields(obj: dict[str, Any], fields: Mapping[str, _Field], what: str,
-                  where: str, number: int, problems: list[Problem]) -> None:
+                  where: str, number: int, problems: list[Problem], nodeid: str | None = None) -> None:
     """Replace every field of ``obj`` with a wrong type by its empty value, reporting each.
 
     Exact types: a boolean is no integer, a number with a fraction no integer (it runs per record:
-    one type lookup per field in the common case)."""
+    one type lookup per field in the common case). ``nodeid``: a test record's, named in messages."""
     for name, (accepted, check, expected, empty) in fields.items():
         value = obj.get(name)
         if value is None or (type(value) in accepted and (check is None or check(value))):
             continue
+        if nodeid is not None:
+            what = f"test record {nodeid!r}"
         problems.append(Problem(where, number, f"{what}: field {name!r}: expected {expected}, got {json_type(value)} "
                                                f"{_shown(value)}; the field is left empty", "invalid"))
         obj[name] = empty
+
+
+_OUTCOME_SET = frozenset(OUTCOMES)
 
 
 def _check_test(obj: dict[str, Any], where: str, number: int, problems: list[Problem]) -> bool:
     """Whether a test line can be used; fields of a wrong type are emptied (and reported)."""
     nodeid = obj.get("nodeid")
     outcome = obj.get("outcome")
+    if type(nodeid) is str and nodeid and type(outcome) is str and outcome in _OUTCOME_SET:  # the common case first
+        _check_fields(obj, _TEST_FIELDS, "", where, number, problems, nodeid)
+        return True
     missing = [k for k in ("nodeid", "outcome") if obj.get(k) is None]
     if missing:
         problems.append(Problem(where, number, f"test record without {', '.join(missing)}; ignored", "invalid"))
@@ -707,7 +715,7 @@ def _check_test(obj: dict[str, Any], where: str, number: int, problems: list[Pro
                                                f"{', '.join(OUTCOMES)}, got {json_type(outcome)} {_shown(outcome)}; ignored",
                                 "invalid"))
         return False
-    _check_fields(obj, _TEST_FIELDS, f"test record {nodeid!r}", where, number, problems)
+    _check_fields(obj, _TEST_FIELDS, "", where, number, problems, nodeid)
     return True
 
 
