@@ -127,9 +127,11 @@ def value_bar(value: Any, ref: Any, peak: float, *, status: str = "", band: tupl
 
 
 def trend(points: Sequence[tuple[str, float]], *, band: tuple[Any, Any] = (None, None), ref: Any = None,
-          status: str = "", width: int = 150, height: int = 34, fmt: Callable[[Any], str] = str) -> Markup:
+          status: str = "", width: int = 150, height: int = 34, fmt: Callable[[Any], str] = str,
+          what: str = "trend") -> Markup:
     """Per-run medians (``(when, value)``, oldest first) as a line; the newest point coloured by
-    ``status``; the noise band shaded and the reference dashed when known. Empty with < 2 points."""
+    ``status``; the noise band shaded and the reference dashed when known. Empty with < 2 points.
+    ``what`` names the line for screen readers ("trend over N runs")."""
     values = [v for _, v in points if _finite(v)]
     if len(values) < 2:
         return Markup("")
@@ -159,4 +161,4 @@ def trend(points: Sequence[tuple[str, float]], *, band: tuple[Any, Any] = (None,
     css = {"regression": "bad", "suspect": "warn", "improvement": "ok"}.get(status, "cur")
     x, y = coords[-1]
     body.append(f'<circle class="{css}" cx="{x:.1f}" cy="{y:.1f}" r="3"><title>latest: {escape(fmt(values[-1]))}</title></circle>')
-    return _svg(width, height, f"trend over {len(values)} runs", body, cls="inl")
+    return _svg(width, height, f"{what} over {len(values)} runs", body, cls="inl")

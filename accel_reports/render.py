@@ -287,6 +287,21 @@ def _rate_class(rate: Any) -> str:
     return "r-ok" if rate >= 0.999 else ("r-warn" if rate >= 0.95 else "r-bad")
 
 
+def _pass_rate_series(tests: pd.DataFrame) -> dict[tuple, list[tuple[str, float]]]:
+    """Per cell (backend, torch, accel version): each run's pass rate, oldest first (the cell's trend)."""
+    if tests.empty:
+        return {}
+    executed = tests[tests["outcome"].isin(("passed", "failed", "error"))]
+    if executed.empty:
+        return {}
+    frame = executed.assign(_passed=executed["outcome"].eq("passed"), _when=executed["start_time"].fillna("").astype(str))
+    per_run = frame.groupby(["backend", "torch_version", "accel_version", "run_id", "_when"], sort=False)["_passed"].mean()
+    series: dict[tuple, list[tuple[str, float]]] = {}
+    for (backend, torch_version, accel_version, run_id, when), rate in sorted(per_run.items(), key=lambda kv: kv[0][4]):
+        series.setdefault((backend, torch_version, accel_version), []).append((f"{when} {run_id}", float(rate)))
+    return series
+
+
 def _pass_rate_view(report: Report) -> dict[str, Any]:
     """The backend × torch-version pass-rate tables vendors publish (one per accel version or
     upstream subject, newest first) and the pass/fail chart, from the latest result of each test."""
@@ -294,6 +309,7 @@ def _pass_rate_view(report: Report) -> dict[str, Any]:
     if not cells:
         return {"tables": [], "chart": None}
     tables = []
+    trends = _pass_rate_series(report.tests)
     # accel's own versions newest first, then upstream subjects ("accelerate 1.15.0 tests → accel 0.1.0") by name
     found = {c["accel_version"] for c in cells}
     own = sorted((v for v in found if _version_sort_key(v)[0] == 0), key=_version_sort_key, reverse=True)
@@ -311,8 +327,11 @@ def _pass_rate_view(report: Report) -> dict[str, Any]:
                 if cell is None:
                     entries.append(None)
                     continue
+                points = trends.get((backend, torch_version, accel_version), [])[-TREND_POINTS:]
                 entries.append({**cell, "rate_text": _pct(cell["pass_rate"]), "cls": _rate_class(cell["pass_rate"]),
-                                "failing": cell["failed"] + cell["error"]})
+                                "failing": cell["failed"] + cell["error"], "runs": len(points),
+                                "trend": charts.trend(points, fmt=_pct, width=110, height=24, what="pass rate")
+                                if len(points) > 1 else ""})
             rows.append({"backend": backend, "cells": entries})
         label = str(accel_version) if " " in str(accel_version) else f"accel {accel_version}"
         tables.append({"accel_version": accel_version, "label": label, "torch_versions": torches, "rows": rows})

@@ -131,8 +131,9 @@ def test_vendor_report_renders_tables_and_charts(nightly_html, tmp_path):
         assert dom.by_id(element_id) is not None, element_id
     svgs = dom.all("svg")
     # pass/fail chart + 5 comparison charts + a bar and a trend for each of 15 benchmark rows
-    assert len(svgs) == 1 + 5 + 15 * 2
-    assert len(dom.all("polyline")) == 15  # the trend lines, as the browser parsed them
+    # + a pass-rate trend in each of the 3 cells of the pass-rate table
+    assert len(svgs) == 1 + 5 + 15 * 2 + 3
+    assert len(dom.all("polyline")) == 15 + 3  # the trend lines, as the browser parsed them
     shot = tmp_path / "nightly.png"
     result = _chromium(tmp_path, f"--screenshot={shot}", "--window-size=1400,2400", nightly_html.as_uri())
     assert result.returncode == 0, result.stderr[-2000:]

@@ -216,6 +216,19 @@ def test_pass_rate_table_is_backend_by_torch_version_and_comes_first(nightly):
     assert md.index("## Pass rate by backend") < md.index("## Summary matrix")
 
 
+def test_each_cell_of_the_pass_rate_table_shows_its_trend_over_runs(nightly):
+    report, html, _ = nightly
+    table = html[html.index('id="rates-1"'):]
+    table = table[:table.index("</table>")]
+    assert table.count("<polyline") == 3  # one pass-rate line per cell, each over its 4 nights
+    from accel_reports.render import _pass_rate_series
+
+    series = _pass_rate_series(report.tests)
+    assert {len(points) for points in series.values()} == {4}
+    cuda = series[("cuda", "2.8.0", "0.2.0")]
+    assert [p[0] for p in cuda] == sorted(p[0] for p in cuda) and all(0 <= rate <= 1 for _, rate in cuda)
+
+
 def test_pass_fail_chart_stacks_outcomes_per_cell(nightly):
     report, html, _ = nightly
     chart = html[html.index('id="pass-fail-chart"'):]
