@@ -56,9 +56,14 @@ backend, torch version, device-neutral id and, when both name one, device model)
   ``centre = median(log m_i)`` and ``half = max(log(1 + threshold), BAND_K * sigma)`` with
   ``sigma`` the largest of: ``1.4826 * MAD(log m_i)`` (the scatter between runs); with fewer than
   ``ROBUST_RUNS`` (5) runs, their plain standard deviation (the MAD of three values is ~0 whenever
-  two of them happen to agree); and the median within-run scatter of those runs (the IQR of
-  each run's samples as a log-space sigma: a benchmark whose rounds spread 100 % in a run cannot
-  have a band of ±10 %). The band is ``[exp(centre - half), exp(centre + half)]``.
+  two of them happen to agree); and the standard error of a median from the runs' own rounds
+  (the median within-run scatter, the IQR of each run's samples as a log-space sigma, times
+  ``MEDIAN_ERROR / sqrt(rounds)``: a median of 10 rounds that spread 15 % moves ~4 % by its rounds
+  alone, so a benchmark whose runs agree is not given a band as wide as its rounds; one whose
+  rounds spread 100 % still cannot have ±10 %). The band is ``[exp(centre - half), exp(centre + half)]``.
+  (The first version floored by the round spread itself; on three series of 6 identical runs on
+  the loaded VM both versions gave 0 regressions, and the standard-error floor caught a planted
+  20 % slowdown as suspect or worse in 9 of 12 benchmarks instead of 3.)
   Why this band: on a shared machine the run-to-run scatter of a benchmark is its own (on the
   2-core development VM under load, a transfer moved ±40 % and a small train step 20x between
   identical runs, a 512² fp16 matmul 3x), so one threshold for all is wrong both ways; a median
@@ -68,10 +73,13 @@ backend, torch version, device-neutral id and, when both name one, device model)
   scatter, and ``BAND_K = 3`` sigmas keeps identical code inside; log space makes "2x slower" and
   "2x faster" equally far. The floor ``threshold`` (10 %) keeps a benchmark with a very tight
   history from flagging changes nobody cares about.
-* Host probe: when the benchmark has a ``host_bound`` kind and it and every run its judgement
-  reads carry the host probe of that kind, the figure judged is the value relative to the probe
-  (throughput / probe, time x probe); the band is shown in the metric's units at the current
-  probe. Measured on the 2-core development VM under load (6 identical ``accel bench`` runs,
+* Host probe: when the benchmark has a ``host_bound`` kind, it and every run its judgement reads
+  carry the host probe of that kind, **and** the figure relative to the probe scatters less over
+  the earlier runs than the raw figure (at least 3 of them), the figure judged is the value
+  relative to the probe (throughput / probe, time x probe); the band is shown in the metric's units
+  at the current probe. The history decides per benchmark whether the probe earns its place: on a
+  calm host a bf16 matmul's medians agreed within 3 % while the compute probe moved 20 %, and
+  judging it relative to the probe had given it a ±30 % band. Measured on the 2-core development VM under load (6 identical ``accel bench`` runs,
   standard deviation of the log medians, raw -> relative to the probe): device copy 0.32 -> 0.13,
   h2d transfer 0.37 -> 0.09, d2h 0.46 -> 0.31, fp16 matmul 0.47 -> 0.28, fp32 0.77 -> 0.57;
   checkpoint load and bf16 matmul unchanged; the two MLP train steps worse (0.57 -> 0.74,
@@ -172,6 +180,8 @@ BAND_K = 3.0
 NOISY_SPREAD = 0.25
 #: from this many earlier runs on, the band's scale is the median absolute deviation alone
 ROBUST_RUNS = 5
+#: standard error of a median over that of a mean, for normal samples (sqrt(pi / 2))
+MEDIAN_ERROR = 1.2533
 QUICK_NOT_COMPARED = "quick: not compared"
 
 _HIGHER_METRICS = ("throughput", "bandwidth", "flops", "tflops", "samples_per_second", "tokens_per_second",
@@ -473,7 +483,7 @@ def _log_sigma_of_spread(spread: float) -> float:
 
 
 def noise_band(medians: Sequence[float], *, threshold: float = DEFAULT_THRESHOLD, k: float = BAND_K,
-               spreads: Sequence[float | None] | None = None) -> Band | None:
+               spreads: Sequence[float | None] | None = None, rounds: int = 1) -> Band | None:
     """The band of a benchmark from its earlier runs' medians (and, when given, the relative IQRs
     of those runs' own samples); see the module docstring. None when there is no positive median."""
     logs = np.log([m for m in (_number(v) for v in medians) if m is not None and m > 0])
@@ -484,8 +494,8 @@ def noise_band(medians: Sequence[float], *, threshold: float = DEFAULT_THRESHOLD
     if 2 <= len(logs) < ROBUST_RUNS:  # a median absolute deviation of 2-4 values can be ~0 by chance
         sigma = max(sigma, float(np.std(logs, ddof=1)))
     within = [_log_sigma_of_spread(v) for v in (_number(x) for x in (spreads or ())) if v is not None and v >= 0]
-    if within:
-        sigma = max(sigma, float(np.median(within)))
+    if within:  # floor: how far a run's median can move by its own rounds alone (its standard error)
+        sigma = max(sigma, MEDIAN_ERROR * float(np.median(within)) / math.sqrt(max(rounds, 1)))
     half = max(math.log1p(threshold), k * sigma)
     return Band(math.exp(centre - half), math.exp(centre), math.exp(centre + half), len(logs))
 
@@ -500,6 +510,7 @@ def judge_against_history(
     threshold: float = DEFAULT_THRESHOLD,
     window: int = DEFAULT_WINDOW,
     min_history: int = MIN_HISTORY,
+    rounds: int = 1,
 ) -> dict[str, Any]:
     """The history rule for one benchmark run.
 
@@ -507,15 +518,16 @@ def judge_against_history(
     figure of the earlier runs of the same kind, oldest first (the band uses the last ``window``;
     the last of them is the previous run, judged against the ``window`` before it for the
     confirmation); ``spreads`` the relative IQRs of those runs' samples (same order), ``spread``
-    this run's. Returns ``band`` (or None), ``status``, ``evidence``, ``change`` (against the
-    band's centre) and ``side`` (+1 worse, -1 better, 0 inside).
+    this run's; ``rounds`` how many samples each median comes from (the spreads floor the band by
+    the median's standard error). Returns ``band`` (or None), ``status``, ``evidence``, ``change``
+    (against the band's centre) and ``side`` (+1 worse, -1 better, 0 inside).
     """
     every = [float(v) for v in earlier]
     every_spreads = list(spreads) if spreads is not None else [None] * len(every)
     if len(every_spreads) != len(every):
         raise ValueError(f"{len(every)} earlier values but {len(every_spreads)} spreads")
     cut = max(0, len(every) - window) if window > 0 else len(every)
-    band = noise_band(every[cut:], threshold=threshold, spreads=every_spreads[cut:])
+    band = noise_band(every[cut:], threshold=threshold, spreads=every_spreads[cut:], rounds=rounds)
     out: dict[str, Any] = {"band": band, "status": "no reference", "evidence": "", "change": None, "side": 0}
     if band is None:
         out["evidence"] = "no earlier run of this kind in the history"
@@ -538,7 +550,7 @@ def judge_against_history(
     # confirmation: the previous run was outside its own band on the same side
     prev_value = every[-1]
     prev_cut = max(0, len(every) - 1 - window) if window > 0 else len(every) - 1
-    prev_band = noise_band(every[prev_cut:-1], threshold=threshold, spreads=every_spreads[prev_cut:-1]) \
+    prev_band = noise_band(every[prev_cut:-1], threshold=threshold, spreads=every_spreads[prev_cut:-1], rounds=rounds) \
         if len(every) > 1 else None
     prev_side = 0
     if prev_band is not None and prev_band.runs >= min_history - 1:
@@ -557,6 +569,12 @@ def judge_against_history(
     return out
 
 
+def _log_scatter(values: Sequence[float]) -> float:
+    """Standard deviation of log ``values`` (inf with fewer than 3: too few to tell)."""
+    logs = [math.log(v) for v in values if v > 0]
+    return float(np.std(logs, ddof=1)) if len(logs) >= 3 else math.inf
+
+
 def judge_series(series: Sequence[Mapping[str, Any]], *, threshold: float = DEFAULT_THRESHOLD,
                  window: int = DEFAULT_WINDOW) -> dict[str, Any]:
     """Judge the last run of ``series`` (benchmark rows of one benchmark and kind, oldest first) against
@@ -572,10 +590,16 @@ def judge_series(series: Sequence[Mapping[str, Any]], *, threshold: float = DEFA
     use_host = len(rows) > 1 and len(kinds) == 1 and None not in kinds and all(h is not None and h > 0 for h in hosts)
     values = [float(r["value"]) for r in rows]
     if use_host:
-        values = [v / h if up else v * h for v, h in zip(values, hosts)]
+        relative = [v / h if up else v * h for v, h in zip(values, hosts)]
+        # the probe earns its place only where it steadies this benchmark's own history
+        use_host = _log_scatter(relative[:-1]) < _log_scatter(values[:-1])
+        if use_host:
+            values = relative
     spreads = [relative_iqr(r["samples"]) if isinstance(r.get("samples"), (tuple, list)) else None for r in rows]
+    counts = [int(n) for n in (_number(r.get("n_samples")) for r in rows[:-1]) if n]
     result = judge_against_history(values[-1], values[:-1], up, spreads=spreads[:-1], spread=spreads[-1],
-                                   threshold=threshold, window=window)
+                                   threshold=threshold, window=window,
+                                   rounds=int(np.median(counts)) if counts else 1)
     band = result["band"]
     result.update({"host": use_host, "host_change": None, "band_low": None, "band_high": None, "centre": None,
                    "spread": spreads[-1]})

@@ -281,6 +281,33 @@ def test_a_memory_bound_benchmark_is_judged_relative_to_the_host_probe():
     assert not judge_series(raw)["host"] and judge_series(raw)["status"] == "regression"
 
 
+def test_the_round_spread_floors_the_band_by_the_medians_standard_error():
+    # steady medians from 10 rounds that spread 15 %: a median moves ~4 % by its rounds alone, not 15 %
+    steady = [100.0, 100.8, 99.4, 100.3, 99.7]
+    many = noise_band(steady, spreads=[0.15] * 5, rounds=10)
+    assert 110.0 <= many.high < 115.0 and many.low > 100 / 1.15  # 3 standard errors of a 10-round median
+    assert noise_band(steady, spreads=[0.15] * 5, rounds=1).high > 130.0  # one round: the round spread itself
+    # so a 20 % slowdown in two runs of such a benchmark is a confirmed regression
+    rows = _series(steady + [83.3, 83.0], spread=0.15)
+    for row in rows:
+        row["n_samples"] = 10
+    assert judge_series(rows)["status"] == "regression"
+
+
+def test_the_host_probe_is_used_only_where_it_steadies_the_history():
+    # a compute-bound figure steadier than its probe (the probe jitters, the benchmark does not)
+    values = [100.0, 100.5, 99.6, 100.2, 99.8, 83.0, 83.2]
+    jitter = [40.0, 52.0, 31.0, 47.0, 35.0, 44.0, 38.0]
+    rows = _series(values, jitter)
+    for row in rows:
+        row["host_bound"] = "compute"
+    result = judge_series(rows)
+    assert not result["host"] and result["status"] == "regression"
+    # the memory-bound benchmark that follows its probe keeps being judged relative to it
+    following = judge_series(_series([10.0, 12.9, 7.8, 11.7, 8.8, 10.9, 9.5], jitter))
+    assert following["host"] and following["status"] == "unchanged"
+
+
 def test_compare_benchmarks_with_a_history_frame(tmp_path):
     for i, median in enumerate([0.5, 0.505, 0.495, 0.5, 0.502, 0.6]):
         bench_file(tmp_path / "h", f"run-{i}", "cpu", {"test_step": _noisy(median, 12, 0.01, 40 + i)},

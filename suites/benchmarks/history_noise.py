@@ -42,11 +42,13 @@ from accel_reports.history import History  # noqa: E402
 from accel_reports.loaders import load_results  # noqa: E402
 
 
-def run_bench(out: Path, count: int, keyword: str | None, quick: bool) -> None:
+def run_bench(out: Path, count: int, keyword: str | None, quick: bool, threads: int | None = None) -> None:
     for i in range(count):
         cmd = [sys.executable, "-m", "accel.commands.cli", "bench", "--backend", "cpu", "--results-dir", str(out)]
         if keyword:
             cmd += ["-k", keyword]
+        if threads:
+            cmd += ["--threads", str(threads)]
         if quick:
             cmd.append("--quick")
         print(f"history_noise: {'quick' if quick else 'full'} run {i + 1} of {count}", flush=True)
@@ -105,14 +107,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", type=int, default=0, metavar="N", help="make N full accel bench runs first")
     parser.add_argument("--quick-run", action="store_true", help="make one --quick run first")
     parser.add_argument("-k", dest="keyword", help="benchmarks to run (accel bench -k)")
+    parser.add_argument("--threads", type=int, help="torch threads in each accel bench run (accel bench --threads)")
     parser.add_argument("--slowdown", default="1.2", help="round-time factors of the planted slowdown, comma-separated (1.2)")
     parser.add_argument("--json", help="write every row here")
     args = parser.parse_args(argv)
     out = Path(args.out)
     if args.run:
-        run_bench(out / "full", args.run, args.keyword, quick=False)
+        run_bench(out / "full", args.run, args.keyword, quick=False, threads=args.threads)
     if args.quick_run:
-        run_bench(out / "quick", 1, args.keyword, quick=True)
+        run_bench(out / "quick", 1, args.keyword, quick=True, threads=args.threads)
     full = _files(out / "full")
     if len(full) < 3:
         raise SystemExit(f"history_noise: need at least 3 full runs in {out / 'full'}, found {len(full)}")
