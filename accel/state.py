@@ -92,6 +92,32 @@ def _destroy_if_initialized() -> None:
         pass
 
 
+def _elastic_attempt_store(world_size: int, timeout: timedelta | None) -> Any:
+    """The elastic agent's store under a key prefix of this attempt's own; None where that does not apply.
+
+    A torch elastic worker (torchrun, ``accel launch``, ``notebook_launcher``) that joins through env://
+    uses the agent's TCPStore. The static rendezvous keeps one store for the whole run, and torch 2.13 no
+    longer puts the restart count in the keys (it did once; pytorch/pytorch#135712 is why it stopped), so
+    after a failure the restarted workers can read the gloo addresses the dead attempt left there and
+    fail or hang connecting to them. With one agent (one node) the restart count is the same in every
+    worker, so each attempt gets its own key space. Runs of several agents keep torch's own behaviour:
+    their agents count restarts each on its own.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True) or os.environ.get("GROUP_WORLD_SIZE") != "1":
+        return None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None or not os.environ.get("MASTER_PORT"):
+        return None
+    import torch.distributed as dist
+    from torch.distributed.constants import default_pg_timeout
+
+    client = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False,
+        timeout=timeout if timeout is not None else default_pg_timeout,
+    )
+    return dist.PrefixStore(f"accel/attempt_{attempt}/default_pg", client)
+
+
 def _loopback_interface() -> str | None:
     """Name of the interface carrying 127.0.0.1 (``lo`` on Linux, ``lo0`` on macOS)."""
     try:
@@ -207,12 +233,12 @@ class PartialState:
                 iface = _loopback_interface()
                 if iface:
                     os.environ["GLOO_SOCKET_IFNAME"] = iface  # full-mesh connects flake on other NICs
-        options: dict[str, Any] = {
-            "backend": self.backend,
-            "rank": layout.rank,
-            "world_size": layout.world_size,
-            "init_method": init_method or "env://",
-        }
+        options: dict[str, Any] = {"backend": self.backend, "rank": layout.rank, "world_size": layout.world_size}
+        store = None if init_method else _elastic_attempt_store(layout.world_size, timeout)
+        if store is not None:
+            options["store"] = store
+        else:
+            options["init_method"] = init_method or "env://"
         if timeout is not None:
             options["timeout"] = timeout
         dist.init_process_group(**options)

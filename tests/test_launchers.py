@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,22 @@ def rank1_fails() -> None:
     if int(os.environ["RANK"]) == 1:
         raise ValueError("boom in rank 1")
     time.sleep(30)  # rank 0 must be stopped, not waited for
+
+
+def fails_thrice(out_dir: str) -> None:
+    """Worker body for max_restarts: rank 1 fails the first three attempts once the group formed; the fourth works."""
+    attempt, rank = int(os.environ["TORCHELASTIC_RESTART_COUNT"]), int(os.environ["RANK"])
+    if attempt > 0 and rank == 0:
+        time.sleep(1.0)  # rank 1 reaches the store first: it must wait for this attempt's rank 0, not use the last one's
+    state = PartialState(timeout=timedelta(seconds=20))
+    total = torch.tensor([float(state.process_index + 1)])
+    dist.all_reduce(total)
+    if attempt < 3:
+        if rank == 1:
+            raise ValueError(f"attempt {attempt} fails")
+        time.sleep(30)  # the agent stops it
+    record = {"rank": state.process_index, "world": state.num_processes, "sum": total.item(), "attempt": attempt}
+    Path(out_dir, f"again{state.process_index}.json").write_text(json.dumps(record))
 
 
 def records(tmp_path: Path, tag: str) -> dict[int, dict]:
@@ -128,6 +145,19 @@ def test_notebook_launcher_failure_names_the_rank():
     rank, failure = info.value.get_first_failure()
     assert rank == 1 and failure.exitcode == 1
     assert "boom in rank 1" in str(info.value)
+
+
+@pytest.mark.timeout(60)
+def test_notebook_launcher_restarts_failed_attempts(tmp_path):
+    # every restarted attempt shares the agent's store with the failed ones: it must not meet their gloo addresses
+    # (they did: a restart then hung or was refused about three times in four; three restarts catch it nearly always)
+    started = time.monotonic()
+    notebook_launcher(fails_thrice, args=(str(tmp_path),), num_processes=2, max_restarts=3, use_port=free_port())
+    got = records(tmp_path, "again")
+    assert sorted(got) == [0, 1]
+    for rec in got.values():
+        assert (rec["world"], rec["sum"], rec["attempt"]) == (2, 3.0, 3)
+    assert time.monotonic() - started < 30  # no restart waited out a connect timeout
 
 
 @pytest.mark.parametrize(
