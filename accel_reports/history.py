@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import math
 import os
 import sqlite3
@@ -43,7 +44,7 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from .loaders import BENCH_COLUMNS, RUN_COLUMNS, TEST_COLUMNS, Loaded, _benchmark_frame, _frame, tests_frame
+from .loaders import RUN_COLUMNS, TEST_COLUMNS, Loaded, _benchmark_frame, _frame, tests_frame
 
 __all__ = ["SCHEMA_VERSION", "History", "HistoryConflict", "HistoryError", "IngestResult", "append_results", "open_history"]
 
@@ -143,6 +144,7 @@ class History:
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
+        self._grouped: tuple[dict[tuple, list[tuple]], dict[tuple, str]] | None = None  # _per_test, until an import
         if self.path.is_dir():
             raise HistoryError(f"{self.path} is a folder, not a history database file")
         if self.path.parent and not self.path.parent.exists():
@@ -228,6 +230,8 @@ class History:
                           _text(r.get("device")), _text(r.get("bench_id")), _text(r.get("datetime")),
                           int(bool(_plain(r.get("quick")))), _plain(r.get("value")), _dumps(r)) for r in entry["rows"]])
                 result.added.append(entry["run_id"])
+        if fresh:
+            self._grouped = None
         return result
 
     @staticmethod
@@ -293,15 +297,16 @@ class History:
         if not run_ids:
             return []
         order = {run_id: i for i, run_id in enumerate(run_ids)}
-        found: list[tuple[int, int, dict[str, Any]]] = []
+        found: list[tuple[int, int, str]] = []
         for start in range(0, len(run_ids), 500):  # SQLite limits the number of parameters
             chunk = run_ids[start:start + 500]
             marks = ",".join("?" * len(chunk))
             for rowid, run_id, text in self._db.execute(
                     f"SELECT rowid, run_id, row FROM {table} WHERE run_id IN ({marks})", chunk):
-                found.append((order[run_id], rowid, json.loads(text)))
+                found.append((order[run_id], rowid, text))
         found.sort(key=lambda item: (item[0], item[1]))
-        return [row for _, _, row in found]
+        # one parse of one array instead of one call per row: a third less time for 100,000 rows
+        return json.loads("[" + ",".join(text for _, _, text in found) + "]")
 
     def load(self, *, last: int | None = None) -> Loaded:
         """The stored runs as :func:`accel_reports.loaders.load_results` frames (every run, or the
@@ -309,7 +314,12 @@ class History:
         test_runs = self._runs("tests", last)
         bench_runs = self._runs("benchmarks", last)
         test_rows = self._rows("tests", [r for r, _ in test_runs])
-        columns: dict[str, list[Any]] = {c: [row.get(c) for row in test_rows] for c in TEST_COLUMNS}
+        try:  # rows stored from a tests frame carry every column: one C-level lookup per row
+            pick = operator.itemgetter(*TEST_COLUMNS)
+            columns: dict[str, list[Any]] = dict(zip(TEST_COLUMNS, map(list, zip(*map(pick, test_rows))))) \
+                if test_rows else {c: [] for c in TEST_COLUMNS}
+        except KeyError:  # a row from an older accel lacks a column
+            columns = {c: [row.get(c) for row in test_rows] for c in TEST_COLUMNS}
         columns["tracked_pass"] = [tuple(v) if isinstance(v, list) else v for v in columns["tracked_pass"]]
         run_rows = [info for _, info in test_runs]
         return Loaded(tests=tests_frame(columns), runs=_frame(run_rows, RUN_COLUMNS),
@@ -331,22 +341,36 @@ class History:
         return self._bench_frame(self._rows("benchmarks", [r for r, _ in self._runs("benchmarks", None)]))
 
     # -- analyses
-    def _outcomes(self) -> pd.DataFrame:
-        """One row per (cell, test id, run): failing when any record of the run failed, else its outcome."""
+    def _per_test(self) -> tuple[dict[tuple, list[list]], dict[tuple, str]]:
+        """(cell..., test id) -> one entry per run it ran in, oldest first: ``[run_id, start_time,
+        failing, passing, mixed, signature]`` (failing when any record of the run failed, passing
+        when one passed, mixed for both, the last failing record's signature); and cell -> its latest
+        run with test records. Grouped in plain Python over SQLite's ordered rows (a pandas group-by
+        of 100,000 records cost several times more); kept until the next import."""
+        if self._grouped is not None:
+            return self._grouped
+        failing_outcomes = frozenset(FAILING)
+        grouped: dict[tuple, list[list]] = {}
+        latest: dict[tuple, str] = {}
         rows = self._db.execute(
-            "SELECT t.backend, t.torch_version, t.accel_version, t.test_id, t.run_id, t.outcome, "
-            "COALESCE(r.start_time, ''), r.seq, "
-            "json_extract(t.row, '$.signature') FROM tests t JOIN runs r ON r.run_id = t.run_id").fetchall()
-        frame = pd.DataFrame(rows, columns=CELL + ["test_id", "run_id", "outcome", "start_time", "seq", "signature"])
-        if frame.empty:
-            return frame.assign(failing=pd.Series(dtype=bool), passing=pd.Series(dtype=bool), mixed=pd.Series(dtype=bool))
-        frame["failing"] = frame["outcome"].isin(FAILING)
-        frame["passing"] = frame["outcome"].isin(("passed", "xpassed"))
-        keys = CELL + ["test_id", "run_id", "start_time", "seq"]
-        per_run = frame.groupby(keys, sort=False, dropna=False).agg(
-            failing=("failing", "any"), passing=("passing", "any"), signature=("signature", "last")).reset_index()
-        per_run["mixed"] = per_run["failing"] & per_run["passing"]
-        return per_run.sort_values(["start_time", "seq"], kind="mergesort").reset_index(drop=True)
+            "SELECT t.backend, t.torch_version, t.accel_version, t.test_id, t.run_id, t.outcome, COALESCE(r.start_time, ''), "
+            # the signature only where a test failed: reading it out of every record's JSON is most of the cost
+            f"CASE WHEN t.outcome IN ({', '.join(repr(o) for o in FAILING)}) THEN json_extract(t.row, '$.signature') END "
+            "FROM tests t JOIN runs r ON r.run_id = t.run_id ORDER BY COALESCE(r.start_time, ''), r.seq")
+        for backend, torch_version, accel_version, test_id, run_id, outcome, start, signature in rows:
+            cell = (backend, torch_version, accel_version)
+            latest[cell] = run_id  # oldest first: the last run seen in a cell is its latest
+            runs = grouped.setdefault((*cell, test_id), [])
+            failed, passed = outcome in failing_outcomes, outcome in ("passed", "xpassed")
+            if runs and runs[-1][0] == run_id:  # another record of the same test in the same run
+                entry = runs[-1]
+                entry[2], entry[3] = entry[2] or failed, entry[3] or passed
+                entry[4] = entry[2] and entry[3]
+                entry[5] = signature if failed else entry[5]
+            else:
+                runs.append([run_id, start, failed, passed, failed and passed, signature if failed else None])
+        self._grouped = (grouped, latest)
+        return self._grouped
 
     def flakiness(self) -> pd.DataFrame:
         """Per test id and cell across the stored runs: ``runs`` (runs the test ran in), ``passes``,
@@ -355,16 +379,13 @@ class History:
         and failing records within one run. A single flip is a change (it broke, or it was fixed),
         not flakiness. Sorted flakiest first."""
         columns = CELL + ["test_id", "runs", "passes", "failures", "flips", "flaky", "last_outcome"]
-        per_run = self._outcomes()
-        if per_run.empty:
-            return pd.DataFrame(columns=columns)
         out = []
-        for key, group in per_run.groupby(CELL + ["test_id"], sort=True, dropna=False):
-            decided = [("fail" if f else "pass") for f, p in zip(group["failing"], group["passing"]) if f or p]
+        for key, runs in sorted(self._per_test()[0].items(), key=lambda kv: tuple(map(str, kv[0]))):
+            decided = ["fail" if failing else "pass" for _, _, failing, passing, _, _ in runs if failing or passing]
             flips = sum(a != b for a, b in zip(decided, decided[1:]))
-            out.append(dict(zip(CELL + ["test_id"], key), runs=len(group), passes=int((group["passing"] & ~group["failing"]).sum()),
-                            failures=int(group["failing"].sum()), flips=flips,
-                            flaky=bool(flips >= 2 or group["mixed"].any()),
+            out.append(dict(zip(CELL + ["test_id"], key), runs=len(runs),
+                            passes=sum(1 for r in runs if r[3] and not r[2]), failures=sum(1 for r in runs if r[2]),
+                            flips=flips, flaky=flips >= 2 or any(r[4] for r in runs),
                             last_outcome=decided[-1] if decided else "other"))
         frame = pd.DataFrame(out, columns=columns)
         return frame.sort_values(["flaky", "flips", "failures", "test_id"], ascending=[False, False, False, True],
@@ -377,28 +398,22 @@ class History:
         the test was absent or skipped do not break the streak."""
         columns = CELL + ["test_id", "latest_run", "first_failed_run", "first_failed_time", "streak", "last_passed_run",
                           "signature"]
-        per_run = self._outcomes()
-        if per_run.empty:
-            return pd.DataFrame(columns=columns)
-        runs = per_run[CELL + ["run_id", "start_time", "seq"]].drop_duplicates("run_id")
-        latest_run = {cell: group.iloc[-1]["run_id"]
-                      for cell, group in runs.groupby(CELL, sort=False, dropna=False)}
+        per_test, latest_run = self._per_test()
         out = []
-        for key, group in per_run.groupby(CELL + ["test_id"], sort=True, dropna=False):
-            cell = tuple(key[:3])
-            last = group.iloc[-1]
-            if last["run_id"] != latest_run.get(cell) or not last["failing"]:
+        for key, runs in sorted(per_test.items(), key=lambda kv: tuple(map(str, kv[0]))):
+            last = runs[-1]
+            if last[0] != latest_run.get(tuple(key[:3])) or not last[2]:
                 continue
             first, streak, passed = last, 0, None
-            for _, row in group.iloc[::-1].iterrows():
-                if row["failing"]:
-                    first, streak = row, streak + 1
-                elif row["passing"]:
-                    passed = row["run_id"]
+            for run in reversed(runs):
+                if run[2]:
+                    first, streak = run, streak + 1
+                elif run[3]:
+                    passed = run[0]
                     break
-            out.append(dict(zip(CELL + ["test_id"], key), latest_run=last["run_id"], first_failed_run=first["run_id"],
-                            first_failed_time=first["start_time"] or None, streak=streak, last_passed_run=passed,
-                            signature=last["signature"]))
+            out.append(dict(zip(CELL + ["test_id"], key), latest_run=last[0], first_failed_run=first[0],
+                            first_failed_time=first[1] or None, streak=streak, last_passed_run=passed,
+                            signature=last[5]))
         frame = pd.DataFrame(out, columns=columns)
         for column in ("last_passed_run", "first_failed_time", "signature"):  # None stays None, not NaN
             frame[column] = pd.Series([row[column] for row in out], dtype=object)
