@@ -5,7 +5,10 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import signal
 import socket
+import subprocess
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -64,15 +67,18 @@ def rank1_fails() -> None:
     time.sleep(30)  # rank 0 must be stopped, not waited for
 
 
-def fails_thrice(out_dir: str) -> None:
-    """Worker body for max_restarts: rank 1 fails the first three attempts once the group formed; the fourth works."""
+FAILED_ATTEMPTS = 2  # rank 1 fails the first two attempts once the group formed; the third must work
+
+
+def fails_then_reports(out_dir: str) -> None:
+    """Worker body for max_restarts: fails FAILED_ATTEMPTS attempts after forming the group, then records what it saw."""
     attempt, rank = int(os.environ["TORCHELASTIC_RESTART_COUNT"]), int(os.environ["RANK"])
     if attempt > 0 and rank == 0:
-        time.sleep(1.0)  # rank 1 reaches the store first: it must wait for this attempt's rank 0, not use the last one's
+        time.sleep(1.0)  # the others reach the store first: they must wait for this attempt's rank 0, not use the last one's
     state = PartialState(timeout=timedelta(seconds=20))
     total = torch.tensor([float(state.process_index + 1)])
     dist.all_reduce(total)
-    if attempt < 3:
+    if attempt < FAILED_ATTEMPTS:
         if rank == 1:
             raise ValueError(f"attempt {attempt} fails")
         time.sleep(30)  # the agent stops it
@@ -149,15 +155,42 @@ def test_notebook_launcher_failure_names_the_rank():
 
 @pytest.mark.timeout(60)
 def test_notebook_launcher_restarts_failed_attempts(tmp_path):
-    # every restarted attempt shares the agent's store with the failed ones: it must not meet their gloo addresses
-    # (they did: a restart then hung or was refused about three times in four; three restarts catch it nearly always)
+    # a restarted attempt shares the agent's store with the failed ones: it must not meet their gloo addresses (it
+    # did: each pair of ranks then hung or was refused about two times in three; three ranks, two restarts catch it)
     started = time.monotonic()
-    notebook_launcher(fails_thrice, args=(str(tmp_path),), num_processes=2, max_restarts=3, use_port=free_port())
+    notebook_launcher(fails_then_reports, args=(str(tmp_path),), num_processes=3, max_restarts=FAILED_ATTEMPTS,
+                      use_port=free_port())
     got = records(tmp_path, "again")
-    assert sorted(got) == [0, 1]
-    for rec in got.values():
-        assert (rec["world"], rec["sum"], rec["attempt"]) == (2, 3.0, 3)
+    assert sorted(got) == [0, 1, 2]
+    assert {(rec["world"], rec["sum"], rec["attempt"]) for rec in got.values()} == {(3, 6.0, FAILED_ATTEMPTS)}
     assert time.monotonic() - started < 30  # no restart waited out a connect timeout
+
+
+def test_accel_launch_restarts_failed_attempts(tmp_path):
+    # `accel launch --max_restarts` runs torchrun's static rendezvous: the same shared store as notebook_launcher
+    script = tmp_path / "restarting.py"
+    script.write_text(
+        "import sys\n"
+        "from test_launchers import fails_then_reports\n"
+        "fails_then_reports(sys.argv[1])\n"
+    )
+    env = dict(os.environ, OMP_NUM_THREADS="1", ACCEL_DEVICE="cpu",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")])))
+    command = [sys.executable, "-m", "accel.commands.cli", "launch", "--cpu", "--num_processes", "3",
+               "--max_restarts", str(FAILED_ATTEMPTS), str(script), str(tmp_path)]
+    proc = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the agent and its workers: a hung restart must not outlive the test
+        output, _ = proc.communicate()
+        pytest.fail(f"accel launch --max_restarts hung:\n{output[-3000:]}")
+    assert proc.returncode == 0, output[-3000:]
+    got = records(tmp_path, "again")
+    assert sorted(got) == [0, 1, 2]
+    assert {(rec["world"], rec["sum"], rec["attempt"]) for rec in got.values()} == {(3, 6.0, FAILED_ATTEMPTS)}
+    assert f"attempt {FAILED_ATTEMPTS - 1} fails" in output and f"attempt {FAILED_ATTEMPTS} fails" not in output
 
 
 @pytest.mark.parametrize(
