@@ -95,7 +95,9 @@ def notebook_launcher(
     ``mixed_precision`` reaches the workers as ``ACCEL_MIXED_PRECISION``. ``use_port``/``master_addr``
     are the static rendezvous address (``rdzv_endpoint`` overrides them); ``node_rank``/``num_nodes``
     describe a multi-node launch. Nothing may have created an ``Accelerator`` or a process group in
-    this process before a multi-process launch.
+    this process before a multi-process launch. ``max_restarts`` restarts the whole group after a
+    failure; a group formed through ``Accelerator``/``PartialState`` joins each attempt afresh (one that
+    calls ``torch.distributed.init_process_group`` itself can meet the failed attempt's addresses).
     """
     precision = str(mixed_precision).lower()
     if precision not in _PRECISIONS:
