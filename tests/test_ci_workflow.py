@@ -51,6 +51,23 @@ def test_workflow_shape_as_github_reads_it():
     assert "ci.collect" in report_run and "GITHUB_STEP_SUMMARY" in report_run and "gh run download" in report_run
 
 
+def test_the_report_job_keeps_a_run_history_across_nightlies():
+    from ci import collect
+
+    steps = yaml.safe_load(WORKFLOW.read_text())["jobs"]["report"]["steps"]
+    uses = [str(s.get("uses", "")) for s in steps]
+    restore = steps[uses.index("actions/cache/restore@v4")]
+    save = steps[uses.index("actions/cache/save@v4")]
+    report = next(s for s in steps if s.get("id") == "collect")
+    # restored before the report, saved after it (even when the gate fails), under one path and key
+    assert uses.index("actions/cache/restore@v4") < steps.index(report) < uses.index("actions/cache/save@v4")
+    assert restore["with"]["path"] == save["with"]["path"] == "history" and save["if"] == "always()"
+    assert restore["with"]["key"] == save["with"]["key"] and restore["with"]["restore-keys"].startswith("accel-history-")
+    assert "--history history/nightly.db" in report["run"]
+    # and the option exists where the workflow uses it
+    assert collect.build_parser().parse_args(["cells", "-o", "r", "--history", "h.db"]).history == "h.db"
+
+
 def test_every_matrix_key_the_cells_job_uses_exists_in_every_cell():
     import re
 
