@@ -29,17 +29,16 @@ Semantics worth knowing:
 
 from __future__ import annotations
 
-import difflib
 import importlib.machinery
-import importlib.metadata
 import importlib.util
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
+
+# packaging.requirements/specifiers, importlib.metadata and difflib load on first use: the plugin imports
+# this module in every pytest session of the environment, most of which never evaluate a mark
 
 __all__ = [
     "ACCELERATE_ALIASES",
@@ -213,6 +212,8 @@ def as_decorator(name: str) -> Any:
     if name in MARKERS or (name.startswith("require_non_") and len(name) > len("require_non_")):
         return getattr(pytest.mark, name)
     known = sorted(set(MARKERS) | set(ACCELERATE_ALIASES))
+    import difflib
+
     close = difflib.get_close_matches(name, known, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     raise AttributeError(f"no harness marker or Accelerate-style decorator named {name!r}{hint}")
@@ -368,7 +369,9 @@ def _positive_int(mark: _Mark, value: Any) -> int:
     return value
 
 
-def _specifier(mark: _Mark, value: Any) -> SpecifierSet:
+def _specifier(mark: _Mark, value: Any) -> Any:
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
     if not isinstance(value, str) or not value.strip():
         raise mark.error(repr(value), "expected a version specifier string such as '>=2.5' or '>=2.5,<2.8'")
     try:
@@ -471,6 +474,10 @@ def _module_found(name: str) -> bool:
 
 
 def _package_check(mark: _Mark, value: Any) -> Callable[[], str | None]:
+    from importlib import metadata
+
+    from packaging.requirements import InvalidRequirement, Requirement
+
     if not isinstance(value, str) or not value.strip():
         raise mark.error(repr(value), "expected a package name (a non-empty string), optionally with a version specifier")
     text = value.strip()
@@ -489,8 +496,8 @@ def _package_check(mark: _Mark, value: Any) -> Callable[[], str | None]:
                 return None
             return f"test needs the {name} package, which is not installed"
         try:
-            installed = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
+            installed = metadata.version(name)
+        except metadata.PackageNotFoundError:
             return f"test needs {text}, which is not installed"
         try:
             ok = spec.contains(Version(installed), prereleases=True)
