@@ -23,8 +23,7 @@ over them alone (``DIR/bench-gate/report.md``).
 
 ``--history DB`` appends every cell's test runs and benchmark runs to the SQLite run history
 (:mod:`accel_reports.history`; a run already stored is skipped, so re-running the collection is
-harmless) before the reports, and passes ``--history DB`` on to ``accel report`` when it takes
-it: the benchmarks are then judged against their own last runs (the noise band of
+harmless) before the reports, and passes ``--history DB`` on to ``accel report``: the benchmarks are then judged against their own last runs (the noise band of
 :mod:`accel_reports.benchmarks`) instead of one baseline run. Keep the file between nightlies (a
 CI cache or artifact). A history that cannot be used (another schema version, a run id stored
 with other content) is reported and the collection exits 2 when nothing else failed.
@@ -72,15 +71,6 @@ def append_history(db: str, inputs: Sequence[str]) -> str:
     with open_history(db) as history:
         result = history.ingest(loaded)
     return f"ci.collect: history {db}: {result.summary()}"
-
-
-def report_takes_history() -> bool:
-    """Whether this accel's ``accel report`` has a ``--history`` option."""
-    from accel.commands import report
-
-    parser = argparse.ArgumentParser(add_help=False)
-    report.add_arguments(parser)
-    return any("--history" in action.option_strings for action in parser._actions)
 
 
 def find_cells(roots: Sequence[str | os.PathLike[str]]) -> list[tuple[Path, dict[str, Any]]]:
@@ -259,10 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         try:
             print(append_history(args.history, inputs))
-            history = args.history if report_takes_history() else None
-            if history is None:
-                notes.append(f"_Runs appended to the history {_md(args.history)}; this accel report cannot read it yet, "
-                             "so benchmarks are compared with the baseline._")
+            history = args.history
         except HistoryError as exc:
             history_failed = True
             print(f"ci.collect: error: history {args.history}: {exc}", file=sys.stderr)
