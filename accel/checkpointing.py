@@ -14,7 +14,9 @@ Two promises beyond Accelerate's:
   file through a temporary file and ``os.replace``.
 * **Verified.** The manifest records every file's sha256 and size (the strategy's own files, e.g.
   DeepSpeed engine folders, included); ``load_state`` checks them before reading anything and raises
-  :class:`CheckpointError` naming the file that changed. For very large checkpoints,
+  :class:`CheckpointError` naming the file that changed. Every file the manifest names (checksum keys
+  and the strategy's files included) must lie inside the checkpoint folder: an absolute path, a ``..``
+  component or a symbolic link leading out is refused before any file is opened. For very large checkpoints,
   ``load_state(..., verify_checksums=False)`` skips the check, and ``ACCEL_CHECKPOINT_CHECKSUMS=0``
   skips both writing and checking (cost on 1 GB: suites/benchmarks/checkpoint_checksum.py).
 * **Nothing from a checkpoint is unpickled as code.** Tensors are safetensors files; everything else is
@@ -73,7 +75,7 @@ import secrets
 import shutil
 import warnings
 from collections import OrderedDict
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 from typing import Any, Callable
 
 import torch
@@ -752,6 +754,107 @@ def _write_state_files(accelerator: Any, out: Path, weights: list[dict[str, torc
     return manifest
 
 
+# ---------------------------------------------------------------------------------------------- manifest entries
+#: the manifest fields that name files or folders of the checkpoint (each a list of names, or one name, or None)
+_ENTRY_FIELDS = ("models", "optimizers", "schedulers", "dataloaders", "custom_objects", "scaler", "random_states",
+                 "accelerate_random_states")
+_MAX_LINK_HOPS = 40
+
+
+def _stays_inside(root: str, name: str) -> bool:
+    """Whether ``name`` (relative, POSIX) resolves to something strictly inside the real folder ``root``.
+
+    Resolved one component at a time, following symbolic links by reading them, and stopping as soon as
+    a step would leave ``root``: nothing outside the folder is ever looked at, so the answer cannot
+    depend on (or reveal) what exists there.
+    """
+    pending = name.split("/")
+    current = root
+    hops = 0
+    while pending:
+        part = pending.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if current == root:
+                return False
+            current = os.path.dirname(current)
+            continue
+        candidate = os.path.join(current, part)
+        if not os.path.islink(candidate):
+            current = candidate
+            continue
+        hops += 1
+        if hops > _MAX_LINK_HOPS:
+            return False  # a loop of links
+        target = os.readlink(candidate)
+        if os.path.isabs(target):
+            target = os.path.normpath(target)
+            if target != root and not target.startswith(root.rstrip(os.sep) + os.sep):
+                return False
+            pending = os.path.relpath(target, root).split(os.sep) + pending
+            current = root
+        else:
+            pending = target.split("/") + pending
+    return current != root
+
+
+def _entry_path(folder: Path, name: Any, what: str) -> Path:
+    """``folder / name`` for an entry of the manifest, after refusing one that could leave ``folder``.
+
+    Refused: a name that is not a non-empty string, an absolute path (POSIX or Windows style), a ``..``
+    component, a NUL byte, the folder itself, and a path that a symbolic link inside the folder leads out
+    of. The error names the entry and says nothing about the place it points to.
+    """
+    where = f"checkpoint {folder} was refused: {what} entry {name!r}"
+    if not isinstance(name, str) or not name:
+        raise CheckpointError(f"{where} is not a file name (a non-empty string)")
+    if "\x00" in name:
+        raise CheckpointError(f"{where} contains a NUL byte")
+    if "\\" in name or name.startswith("/") or PureWindowsPath(name).anchor or os.path.isabs(name):
+        raise CheckpointError(f"{where} is an absolute path or uses backslashes; entries are paths relative to the "
+                              "checkpoint folder, with '/' between components")
+    parts = name.split("/")
+    if ".." in parts:
+        raise CheckpointError(f"{where} goes up a folder with '..'; a checkpoint's files lie inside its folder")
+    if not any(p not in ("", ".") for p in parts):
+        raise CheckpointError(f"{where} names the checkpoint folder itself, not a file in it")
+    if not _stays_inside(os.path.realpath(folder), name):
+        raise CheckpointError(f"{where} leads out of the checkpoint folder through a symbolic link; a checkpoint's "
+                              "files lie inside its folder")
+    return folder / name
+
+
+def _check_entries(folder: Path, manifest: dict[str, Any]) -> None:
+    """Refuse a manifest any of whose entries (files, checksum keys, the strategy's files) leaves ``folder``.
+
+    Runs before any file the manifest names is opened.
+    """
+    for key in _ENTRY_FIELDS:
+        value = manifest.get(key)
+        if value is None:
+            continue
+        names = [value] if isinstance(value, str) else value
+        if not isinstance(names, list):
+            raise CheckpointError(f"checkpoint {folder} was refused: the manifest's {key!r} is a "
+                                  f"{type(value).__name__}, not a list of file names")
+        for name in names:
+            _entry_path(folder, name, f"the manifest's {key!r}")
+    checksums = manifest.get("checksums")
+    if isinstance(checksums, dict):
+        for name in checksums:
+            _entry_path(folder, name, "the manifest's 'checksums'")
+    elif checksums is not None:
+        raise CheckpointError(f"checkpoint {folder} was refused: the manifest's 'checksums' is a "
+                              f"{type(checksums).__name__}, not a mapping")
+    strategy = manifest.get("strategy")
+    if strategy is not None:
+        if not isinstance(strategy, dict) or not isinstance(strategy.get("files", []), list):
+            raise CheckpointError(f"checkpoint {folder} was refused: the manifest's 'strategy' is malformed")
+        for name in strategy.get("files", []):
+            _entry_path(folder, name, "the manifest's 'strategy' files")
+
+
 # ---------------------------------------------------------------------------------------------- load
 def _torch_load(path: Path, expected: str, load_kwargs: dict[str, Any] | None = None) -> Any:
     if not path.is_file():
@@ -901,7 +1004,7 @@ def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, loa
     verify = _checksums_enabled() if verify is None else bool(verify)
     folder = _pick_input_dir(accelerator, input_dir)
     logger.info("loading state from %s", folder)
-    manifest_path = folder / MANIFEST_NAME
+    manifest_path = _entry_path(folder, MANIFEST_NAME, "the manifest")  # a link to a file outside is refused
     models = list(accelerator._models)
     for hook in list(accelerator._load_model_state_pre_hook.values()):
         hook(models, str(folder))  # a hook that loads a model itself removes it from `models`
@@ -922,6 +1025,7 @@ def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, loa
             )
         warnings.warn(f"{folder} has no {MANIFEST_NAME}: reading it as a checkpoint written by Accelerate", stacklevel=3)
         manifest = _legacy_manifest(accelerator, folder, models)
+    _check_entries(folder, manifest)  # before any file the manifest names is opened
     _check_integrity(accelerator, folder, manifest, verify)
 
     # --- the strategy's own part: the same strategy must load it
@@ -1039,8 +1143,8 @@ def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, loa
 
 
 def _read_rng(folder: Path, rank: int, saved_processes: int | None) -> dict[str, Any]:
-    path = folder / f"{RNG_STATE_NAME}_{rank}.json"
-    legacy = folder / f"{RNG_STATE_NAME}_{rank}.pkl"
+    path = _entry_path(folder, f"{RNG_STATE_NAME}_{rank}.json", "the RNG state file")
+    legacy = _entry_path(folder, f"{RNG_STATE_NAME}_{rank}.pkl", "the RNG state file")
     if not path.exists() and legacy.exists():
         return _legacy_rng_load(legacy)
     if not path.exists() and saved_processes is not None and rank >= saved_processes:
