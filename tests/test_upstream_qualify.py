@@ -139,15 +139,38 @@ def test_against_without_upstream_is_a_usage_error(tmp_path):
     assert proc.returncode == 2 and "--against only goes with --upstream" in proc.stderr
 
 
+def _started_marker_test(marker: Path) -> str:
+    """A test that says (by writing ``marker``) that it is running, then sleeps far past any timeout."""
+    return ("import pathlib\nimport time\n\n"
+            f"def test_slow():\n    pathlib.Path({str(marker)!r}).write_text('running')\n    time.sleep(600)\n")
+
+
+def _wait_for(path: Path, proc: subprocess.Popen | None = None, limit: float = 300.0) -> None:
+    """Wait until ``path`` exists (an event, not a guessed delay); fail naming what never happened."""
+    import time
+
+    deadline = time.monotonic() + limit
+    while not path.exists():
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"the command ended (exit {proc.returncode}) before {path.name} appeared:\n{proc.stdout.read()}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"{path.name} did not appear within {limit:.0f}s")
+        time.sleep(0.1)
+
+
 def test_a_run_past_its_session_timeout_is_stopped_and_keeps_what_finished(tmp_path):
     from accel_harness import upstream as up
 
     tests = tmp_path / "suite" / "tests"
     tests.mkdir(parents=True)
-    (tests / "test_slow.py").write_text("import time\n\ndef test_fast():\n    pass\n\ndef test_slow():\n    time.sleep(120)\n")
+    (tests / "test_a_fast.py").write_text("def test_fast():\n    pass\n")
+    (tests / "test_b_slow.py").write_text(_started_marker_test(tmp_path / "slow-started"))
     suite = up.Suite("fakeproj", "2.0", tests, tmp_path / "suite")
-    run = up.run_suite(suite, "cpu", tmp_path / "out", session_timeout=15, test_timeout=None)
-    assert run.status == "interrupted" and run.exit_code is None and run.seconds < 60
+    # the time limit must cover pytest's start on a loaded machine, so that test_fast has finished
+    # when it strikes; the slow test would run for 600 s
+    run = up.run_suite(suite, "cpu", tmp_path / "out", session_timeout=40, test_timeout=None)
+    assert (tmp_path / "slow-started").exists(), run.log.read_text()  # the limit struck during the slow test
+    assert run.status == "interrupted" and run.exit_code is None and run.seconds < 300
     assert run.counts == {"passed": 1}
     assert "# stopped: time limit" in run.log.read_text()
     header, records, _ = read_records(run.results)
@@ -156,25 +179,24 @@ def test_a_run_past_its_session_timeout_is_stopped_and_keeps_what_finished(tmp_p
 
 def test_ctrl_c_stops_the_suite_and_still_renders_a_partial_report(tmp_path):
     import signal
-    import time
 
     root, _ = _project(tmp_path)
-    (root / "tests" / "test_slow.py").write_text("import time\n\ndef test_slow():\n    time.sleep(120)\n")
+    started = tmp_path / "slow-started"
+    (root / "tests" / "test_slow.py").write_text(_started_marker_test(started))  # collected after test_core/test_more
     out = tmp_path / "q"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root / "src")}
     env.pop("ACCEL_DEVICE", None)
     proc = subprocess.Popen([sys.executable, "-m", "accel.commands.cli", "qualify", "--upstream", str(root), "--no-install",
                              "--no-bench", "-o", str(out)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 120
-    raw = out / "work" / "fakeproj-2.0-against-fakeproj-cpu" / "raw"
-    while time.monotonic() < deadline:  # wait until the quick tests are recorded and the slow one runs
-        files = list(raw.glob("*.jsonl")) if raw.is_dir() else []
-        if files and files[0].read_text().count('"type":"test"') >= 4:
-            break
-        time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
-    text, _ = proc.communicate(timeout=120)
+    try:
+        _wait_for(started, proc)  # the quick tests are done and the slow one is running
+        proc.send_signal(signal.SIGINT)
+        # bounded by qualify itself: 20 s for the suite to stop, 30 s for its output, then the report
+        text, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
     assert proc.returncode == 130, text
     assert "interrupted; rendering a partial report" in text
     header, records, _ = read_records(out / "results" / "fakeproj-2.0-against-fakeproj-cpu.jsonl")
