@@ -21,8 +21,10 @@ Two promises beyond Accelerate's:
   skips both writing and checking (cost on 1 GB: suites/benchmarks/checkpoint_checksum.py).
 * **Nothing from a checkpoint is unpickled as code.** Tensors are safetensors files; everything else is
   written with ``torch.save`` and read back with ``torch.load(weights_only=True)`` (tensors, numbers,
-  strings, lists, tuples, dicts only), and RNG states are JSON. A file holding anything else is refused
-  with :class:`CheckpointError` (so are missing, truncated and corrupt files, each named).
+  strings, lists, tuples, dicts only), and RNG states are JSON (Accelerate's pkl twin is read only when it
+  is alone, weights-only, allowing just the numpy array types of numpy's RNG state). A file holding
+  anything else is refused with :class:`CheckpointError` (so are missing, truncated and corrupt files,
+  each named).
 
 Layout of a ``save_state`` directory (``_{i}`` is appended for the i-th object when i > 0, as in
 Accelerate)::
@@ -37,7 +39,9 @@ Accelerate)::
     custom_checkpoint_0.pkl      state_dict() of the objects passed to register_for_checkpointing
                                  (torch.save archive, loaded weights-only)
     random_states_{rank}.json    per process: python, numpy, torch CPU and device RNG states, the data
-                                 loaders' generators, and accelerator.step
+                                 loaders' generators, and accelerator.step (what accel reads)
+    random_states_{rank}.pkl     the same states in Accelerate's format, for accelerate's load_state
+                                 (accel reads it only when the JSON is absent, weights-only)
     accel_checkpoint.json        manifest, written last: format version, the files above, counts
 
 What ``load_state`` restores by itself: model weights (strict), optimizer state (moved to the parameters'
@@ -498,35 +502,68 @@ def _generator_of(loader: Any) -> torch.Generator | None:
     return generator if isinstance(generator, torch.Generator) else None
 
 
-def _rng_state(accelerator: Any) -> dict[str, Any]:
-    version, internal, gauss = random.getstate()
-    state: dict[str, Any] = {
-        "format": FORMAT,
-        "version": FORMAT_VERSION,
-        "process_index": accelerator.process_index,
-        "step": int(accelerator.step),
-        "python": {"version": version, "state": list(internal), "gauss_next": gauss},
-        "torch": _b64(torch.get_rng_state()),
-    }
+def _rng_snapshot(accelerator: Any) -> dict[str, Any]:
+    """This process's RNG states, taken once so that accel's JSON file and Accelerate's pkl agree exactly."""
+    snapshot: dict[str, Any] = {"step": int(accelerator.step), "python": random.getstate(),
+                                "torch": torch.get_rng_state(), "numpy": None, "device": None, "generators": {}}
     try:
         import numpy as np
 
-        name, keys, pos, has_gauss, cached = np.random.get_state()
-        state["numpy"] = {"name": name, "keys": [int(k) for k in keys], "pos": int(pos),
-                          "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+        snapshot["numpy"] = np.random.get_state()
     except ImportError:
         pass
     backend = accelerator.backend
     if backend.device_type != "cpu":
-        index = accelerator.device.index
-        state["device"] = {"backend": backend.name, "index": index, "state": _b64(backend.get_rng_state(index))}
-    generators = {}
+        # the process's own device for accel; every visible device for Accelerate (its get_rng_state_all)
+        snapshot["device"] = {"index": accelerator.device.index,
+                              "current": backend.get_rng_state(accelerator.device.index),
+                              "all": [backend.get_rng_state(i) for i in range(backend.device_count())]}
     for i, loader in enumerate(accelerator._dataloaders):
         generator = _generator_of(loader)
         if generator is not None:
-            generators[str(i)] = _b64(generator.get_state())
-    state["generators"] = generators
+            snapshot["generators"][str(i)] = generator.get_state()
+    return snapshot
+
+
+def _rng_json(accelerator: Any, snapshot: dict[str, Any]) -> dict[str, Any]:
+    """accel's own RNG file (``random_states_N.json``): plain JSON, read back without any unpickling."""
+    version, internal, gauss = snapshot["python"]
+    state: dict[str, Any] = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "process_index": accelerator.process_index,
+        "step": snapshot["step"],
+        "python": {"version": version, "state": list(internal), "gauss_next": gauss},
+        "torch": _b64(snapshot["torch"]),
+    }
+    if snapshot["numpy"] is not None:
+        name, keys, pos, has_gauss, cached = snapshot["numpy"]
+        state["numpy"] = {"name": name, "keys": [int(k) for k in keys], "pos": int(pos),
+                          "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+    device = snapshot["device"]
+    if device is not None:
+        state["device"] = {"backend": accelerator.backend.name, "index": device["index"],
+                           "state": _b64(device["current"])}
+    state["generators"] = {key: _b64(value) for key, value in snapshot["generators"].items()}
     return state
+
+
+def _rng_accelerate(accelerator: Any, snapshot: dict[str, Any]) -> dict[str, Any]:
+    """Accelerate's RNG file (``random_states_N.pkl``), so that ``accelerate.Accelerator.load_state`` resumes
+    the same draws: its keys, and only types its weights-only loader accepts (tensors, python's state tuple,
+    numpy's state tuple with its uint32 array). accel itself reads the JSON twin."""
+    state: dict[str, Any] = {"step": snapshot["step"], "random_state": snapshot["python"],
+                             "torch_manual_seed": snapshot["torch"]}
+    if snapshot["numpy"] is not None:
+        state["numpy_random_seed"] = snapshot["numpy"]
+    if snapshot["device"] is not None:
+        state[_accelerate_device_key(accelerator.backend)] = snapshot["device"]["all"]
+    return state
+
+
+def _accelerate_device_key(backend: Any) -> str:
+    """The key under which Accelerate keeps every device's RNG state of this backend's device type."""
+    return f"torch_{backend.device_type}_manual_seed"
 
 
 def _unwrapped_state_dict(accelerator: Any, model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -599,7 +636,9 @@ def save_state(accelerator: Any, output_dir: str | os.PathLike | None = None, sa
         manifest = _write_state_files(accelerator, tmp, weights, safe_serialization, writer, owns)
         if part is not None:
             manifest["strategy"] = part.to_manifest()
-        _json_save(_rng_state(accelerator), tmp / f"{RNG_STATE_NAME}_{accelerator.process_index}.json")
+        snapshot = _rng_snapshot(accelerator)
+        _json_save(_rng_json(accelerator, snapshot), tmp / f"{RNG_STATE_NAME}_{accelerator.process_index}.json")
+        _torch_save(_rng_accelerate(accelerator, snapshot), tmp / f"{RNG_STATE_NAME}_{accelerator.process_index}.pkl")
         accelerator.wait_for_everyone()  # every rank's files are in before the manifest marks it complete
         if writer:
             if _checksums_enabled():
@@ -712,6 +751,8 @@ def _write_state_files(accelerator: Any, out: Path, weights: list[dict[str, torc
         "custom_objects": [],
         "scaler": None,
         "random_states": [f"{RNG_STATE_NAME}_{r}.json" for r in range(accelerator.num_processes)],
+        # the same states in Accelerate's format, for accelerate.Accelerator.load_state (accel reads the JSON)
+        "accelerate_random_states": [f"{RNG_STATE_NAME}_{r}.pkl" for r in range(accelerator.num_processes)],
     }
     for i, state_dict in enumerate(weights):
         if safe_serialization:
@@ -903,8 +944,12 @@ def _load_json(path: Path, expected: str) -> Any:
         raise CheckpointError(f"{path} is corrupt or truncated (not valid JSON: {exc}); expected {expected}") from None
 
 
-def _legacy_rng_load(path: Path) -> dict[str, Any]:
-    """Accelerate's random_states_N.pkl: a torch.save archive with numpy arrays, read weights-only."""
+def _legacy_rng_load(path: Path, backend: Any, index: int | None) -> dict[str, Any]:
+    """Accelerate's ``random_states_N.pkl``, read weights-only with an allowlist of exactly the numpy types its
+    state tuple holds (the array, its dtype, numpy's array rebuild function); nothing else is unpickled.
+
+    Returns the decoded form ``_restore_rng`` applies; a value of the wrong shape is named as corrupt.
+    """
     import numpy as np
 
     allowed: list[Any] = [np.ndarray, np.dtype]
@@ -918,15 +963,26 @@ def _legacy_rng_load(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: reading Accelerate's pickled RNG states needs torch >= 2.5")
     with safe_globals(allowed):
         raw = _torch_load(path, "Accelerate's RNG states (torch.save of plain data and numpy arrays)")
-    state: dict[str, Any] = {"step": raw.get("step", 0), "torch_tensor": raw.get("torch_manual_seed")}
-    if "random_state" in raw:
-        version, internal, gauss = raw["random_state"]
-        state["python"] = {"version": version, "state": list(internal), "gauss_next": gauss}
-    if "numpy_random_seed" in raw:
-        name, keys, pos, has_gauss, cached = raw["numpy_random_seed"]
-        state["numpy"] = {"name": name, "keys": [int(k) for k in keys], "pos": int(pos),
-                          "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
-    state["generators"] = {}
+    try:
+        if not isinstance(raw, dict) or not isinstance(raw.get("torch_manual_seed"), torch.Tensor):
+            raise ValueError("expected a dict with a 'torch_manual_seed' tensor")
+        state: dict[str, Any] = {"step": int(raw.get("step", 0)), "torch_tensor": raw["torch_manual_seed"],
+                                 "generators": {}}
+        if "random_state" in raw:
+            version, internal, gauss = raw["random_state"]
+            state["python_state"] = (int(version), tuple(int(x) for x in internal), gauss)
+        if "numpy_random_seed" in raw:
+            name, keys, pos, has_gauss, cached = raw["numpy_random_seed"]
+            state["numpy"] = {"name": str(name), "keys": [int(k) for k in keys], "pos": int(pos),
+                              "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+        devices = raw.get(_accelerate_device_key(backend))
+        if devices is not None:
+            chosen = devices[index or 0]
+            if not isinstance(chosen, torch.Tensor):
+                raise ValueError(f"{_accelerate_device_key(backend)} holds a {type(chosen).__name__}, not tensors")
+            state["device"] = {"backend": backend.name, "tensor": chosen}
+    except (TypeError, ValueError, IndexError) as exc:
+        raise CheckpointError(f"{path} is corrupt: not Accelerate's RNG states ({exc})") from None
     return state
 
 
@@ -1101,7 +1157,7 @@ def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, loa
     # files belong to the old layout then, and every rank decides this alike from the manifest
     resharding = (saved_processes is not None and saved_processes != accelerator.num_processes
                   and bool(saved_strategy and saved_strategy.get("reshardable")))
-    rng = None if resharding else _read_rng(folder, accelerator.process_index, saved_processes)
+    rng = None if resharding else _read_rng(accelerator, folder, saved_processes)
     if resharding and accelerator.is_main_process:
         warnings.warn(
             f"{folder} was saved by {_plural(saved_processes, 'process')} and is resumed by "
@@ -1142,11 +1198,13 @@ def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, loa
     logger.info("state loaded from %s", folder)
 
 
-def _read_rng(folder: Path, rank: int, saved_processes: int | None) -> dict[str, Any]:
+def _read_rng(accelerator: Any, folder: Path, saved_processes: int | None) -> dict[str, Any]:
+    """This process's RNG states: accel's JSON file, or (a checkpoint written by Accelerate) its pkl."""
+    rank = accelerator.process_index
     path = _entry_path(folder, f"{RNG_STATE_NAME}_{rank}.json", "the RNG state file")
     legacy = _entry_path(folder, f"{RNG_STATE_NAME}_{rank}.pkl", "the RNG state file")
     if not path.exists() and legacy.exists():
-        return _legacy_rng_load(legacy)
+        return _legacy_rng_load(legacy, accelerator.backend, accelerator.device.index)
     if not path.exists() and saved_processes is not None and rank >= saved_processes:
         raise CheckpointError(
             f"{path} is missing: the checkpoint was saved by {_plural(saved_processes, 'process')} and this is "

@@ -79,7 +79,8 @@ def test_round_trip_continues_bitwise_on_the_device(on_backend, device, tmp_path
     run.train(epochs=1)
     path = Path(run.accelerator.save_state(tmp_path / "ck"))
     assert sorted(os.listdir(path)) == sorted([
-        "model.safetensors", "optimizer.bin", "scheduler.bin", "sampler.bin", "random_states_0.json", C.MANIFEST_NAME,
+        "model.safetensors", "optimizer.bin", "scheduler.bin", "sampler.bin", "random_states_0.json",
+        "random_states_0.pkl", C.MANIFEST_NAME,
     ])
     rng = json.loads((path / "random_states_0.json").read_text())
     if on_backend.device_type != "cpu":
@@ -207,7 +208,7 @@ def test_multi_process_save_and_load(device, world_size, rank, tmp_path):
     assert writes == (["model.safetensors"] if rank == 0 else []), "only the main process writes the model"
     assert sorted(os.listdir(path)) == sorted(
         ["model.safetensors", "optimizer.bin", "scheduler.bin", "sampler.bin", C.MANIFEST_NAME]
-        + [f"random_states_{r}.json" for r in range(world_size)]
+        + [f"random_states_{r}.{ext}" for r in range(world_size) for ext in ("json", "pkl")]
     )
     assert json.loads((path / C.MANIFEST_NAME).read_text())["num_processes"] == world_size
     assert _hidden(path.parent) == []

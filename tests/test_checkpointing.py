@@ -107,7 +107,7 @@ def test_round_trip_is_bitwise_and_layout_is_accelerates(tmp_path):
     assert path == str(tmp_path / "ck")
     assert sorted(os.listdir(path)) == sorted([
         "model.safetensors", "optimizer.bin", "scheduler.bin", "sampler.bin", "custom_checkpoint_0.pkl",
-        "random_states_0.json", C.MANIFEST_NAME,
+        "random_states_0.json", "random_states_0.pkl", C.MANIFEST_NAME,
     ])
     saved_weights, saved_opt = s.weights(), copy.deepcopy(s.optimizer.state_dict())
     s.counter.value = 1
@@ -644,7 +644,7 @@ def test_two_ranks_write_one_rng_file_each(tmp_path):
     assert rank0["path"] == rank1["path"]
     assert rank0["files"] == sorted([
         "model.safetensors", "optimizer.bin", "sampler.bin", "random_states_0.json", "random_states_1.json",
-        C.MANIFEST_NAME,
+        "random_states_0.pkl", "random_states_1.pkl", C.MANIFEST_NAME,
     ])
     for rank in (rank0, rank1):
         assert rank["again"] == rank["first"]  # this rank's torch and sampler generator states came back
