@@ -11,14 +11,20 @@ test function and its arguments and waits on all ranks' pipes and process sentin
 - after any of these the pool is torn down and rebuilt for the next test;
 - ranks die with the controller (PR_SET_PDEATHSIG on Linux, EOF on their pipe otherwise).
 
-Hygiene between the tests a pool runs:
+Hygiene between the tests a pool runs, at a cost that does not grow with the host's process count:
 
 - processes a test starts and leaves running are killed after it, and the test gets a
   ``LeftoverProcessWarning`` naming them (a warning, not a failure: the test's own result stands);
-  a rank's remaining descendants are killed with it when the pool closes;
+  a rank's remaining descendants are killed with it when the pool closes. On Linux each rank is a
+  child subreaper, so a grandchild whose parent exits (a double fork, ``cmd &`` in a shell) is
+  re-parented to the rank instead of escaping to init, and the rank finds its processes by reading
+  its own subtree in ``/proc`` (``task/*/children``) instead of scanning every process on the host;
+  children that ended without being waited for are reaped, not reported;
 - before each test a rank gets back the state it started with: the default dtype and device,
-  grad mode, deterministic-algorithms mode, the Python / NumPy / torch random generators,
-  the environment variables and the working directory;
+  grad mode, deterministic-algorithms mode, the Python / NumPy / torch (host and the rank's device)
+  random generators, the environment variables and the working directory. Each piece is compared
+  with the baseline first and set again only when a test changed it, except the random generators,
+  whose state is cheaper to put back than to compare;
 - a rank that crashes on a fatal signal (segfault, abort) is reported with its faulthandler stack;
 - each pool folder (``accel-pool-*`` under the temp dir) records its owner; folders whose owner
   is gone (a session killed with SIGKILL cannot clean up) are removed when the next pool starts.
@@ -166,7 +172,7 @@ class RankPool:
         for proc in self.procs:
             if proc.is_alive():
                 proc.kill()
-        _kill_all(descendants)
+        _end_processes(descendants)
         for proc in self.procs:
             proc.join(timeout=5)
         for conn in self.conns:
@@ -400,35 +406,174 @@ def remove_stale_pool_dirs(root: str | None = None) -> list[str]:
     return removed
 
 
-def _descendants(pids: list[int]) -> list[Any]:
-    """psutil processes below the given ones (collected before they die and their children are re-parented)."""
+def _read_children_file(path: str) -> list[int]:
+    with open(path, "rb") as fh:
+        return [int(pid) for pid in fh.read().split()]
+
+
+def _proc_children_supported() -> bool:
+    """Whether this kernel lists each thread's children in ``/proc/<pid>/task/<tid>/children``."""
+    try:
+        _read_children_file(f"/proc/self/task/{os.getpid()}/children")
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+_PROC_CHILDREN = sys.platform.startswith("linux") and _proc_children_supported()
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, start time in clock ticks) of ``pid`` from ``/proc/<pid>/stat``; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    fields = data[data.rindex(b")") + 2:].split()  # the command name may hold spaces and brackets
+    return fields[0].decode(), int(fields[19])  # fields 3 (state) and 22 (starttime) of proc(5)
+
+
+def _subtree(roots: list[int]) -> dict[int, tuple[str, int]]:
+    """Every process below ``roots`` with its (state, start time), read from the roots' own ``/proc`` entries.
+
+    Costs a few file reads per process in the subtree, whatever else runs on the host."""
+    found: dict[int, tuple[str, int]] = {}
+    todo = list(roots)
+    while todo:
+        pid = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                children = _read_children_file(f"/proc/{pid}/task/{tid}/children")
+            except OSError:  # the thread ended meanwhile
+                continue
+            for child in children:
+                if child in found:
+                    continue
+                info = _stat(child)
+                if info is not None:
+                    found[child] = info
+                    todo.append(child)
+    return found
+
+
+def _descendants(pids: list[int]) -> dict[int, int]:
+    """pid -> start time of the processes below ``pids`` (collected before they die and their children are re-parented)."""
+    if _PROC_CHILDREN:
+        return {pid: info[1] for pid, info in _subtree(pids).items()}
     try:
         import psutil
     except ImportError:
-        return []
-    found = []
+        return {}
+    found = {}
     for pid in pids:
         try:
-            found.extend(psutil.Process(pid).children(recursive=True))
+            for child in psutil.Process(pid).children(recursive=True):
+                found[child.pid] = child.create_time()
         except Exception:
             pass
     return found
 
 
-def _describe(proc: Any) -> str:
+def _describe(pid: int) -> str:
+    """``pid N: command line`` of a live process (its name when the command line is empty)."""
+    command = ""
     try:
-        command = " ".join(proc.cmdline()) or proc.name()
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            command = fh.read().rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
+        if not command:
+            with open(f"/proc/{pid}/comm", "rb") as fh:
+                command = fh.read().strip().decode(errors="replace")
+    except OSError:
+        try:
+            import psutil
+
+            proc = psutil.Process(pid)
+            command = " ".join(proc.cmdline()) or proc.name()
+        except Exception:
+            pass
+    return f"pid {pid}: {(command or '?')[:200]}"
+
+
+def _same_process(pid: int, started: Any) -> bool:
+    """Whether ``pid`` is still the process first seen with start time ``started`` (not a reused pid)."""
+    if _PROC_CHILDREN:
+        info = _stat(pid)
+        return info is not None and info[1] == started
+    try:
+        import psutil
+
+        return psutil.Process(pid).create_time() == started
     except Exception:
-        command = "?"
-    return f"pid {proc.pid}: {command[:200]}"
+        return False
 
 
-def _kill_all(procs: list[Any], grace: float = 1.0) -> None:
-    """Terminate, wait ``grace`` seconds, then kill what is left."""
+def _end_processes(procs: dict[int, Any], grace: float = 1.0) -> None:
+    """Terminate the processes ``pid -> start time``, give them ``grace`` seconds, then kill what is left.
+
+    Waits on a pidfd per process (no polling), so a process that is not this one's child can be
+    waited for too; then reaps the ones that are (or became, as a subreaper's orphans) its children."""
     if not procs:
         return
+    if not hasattr(os, "pidfd_open"):
+        _end_processes_psutil(list(procs), grace)
+        return
+    import select
+
+    fds: dict[int, int] = {}
+    try:
+        for pid, started in procs.items():
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:  # already gone
+                continue
+            if _same_process(pid, started):  # checked after opening: the fd now pins this very process
+                fds[pid] = fd
+            else:
+                os.close(fd)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for fd in fds.values():
+                try:
+                    signal.pidfd_send_signal(fd, sig)
+                except OSError:
+                    pass
+            poller = select.poll()
+            for fd in fds.values():
+                poller.register(fd, select.POLLIN)
+            pending, deadline = set(fds.values()), time.monotonic() + grace
+            while pending and (remaining := deadline - time.monotonic()) > 0:
+                for fd, _ in poller.poll(remaining * 1000):
+                    pending.discard(fd)
+                    poller.unregister(fd)
+            if not pending:
+                break
+            for pid, fd in list(fds.items()):
+                if fd not in pending:  # ended: done with it
+                    os.close(fds.pop(pid))
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    for pid in procs:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # not ours to reap
+            pass
+
+
+def _end_processes_psutil(pids: list[int], grace: float) -> None:
+    """:func:`_end_processes` where pidfds are missing (not Linux, or an old kernel)."""
     import psutil
 
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except Exception:
+            pass
     for proc in procs:
         try:
             proc.terminate()
@@ -444,14 +589,24 @@ def _kill_all(procs: list[Any], grace: float = 1.0) -> None:
 
 
 # ---------------------------------------------------------------------- rank side
-def _die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except Exception:
-            pass
+
+def _prctl(option: int, value: int) -> bool:
+    """``prctl(option, value)`` on Linux; False where it is missing or refused."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
+    except Exception:
+        return False
+
+
+def _die_with_parent() -> None:
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _rank_main(rank: int, world_size: int, backend_name: str, store: str, conn: Connection, stack_file: str,
@@ -491,8 +646,9 @@ def _rank_main(rank: int, world_size: int, backend_name: str, store: str, conn: 
     except BaseException:
         conn.send(("error", traceback.format_exc()))
         return
+    baseline = _RankBaseline.capture(backend)
+    children = _ChildWatch()
     conn.send(("ready",))
-    baseline = _RankBaseline.capture()
     try:
         while True:
             try:
@@ -502,9 +658,8 @@ def _rank_main(rank: int, world_size: int, backend_name: str, store: str, conn: 
             if message[0] == "stop":
                 break
             baseline.restore()
-            before = _own_children()
             outcome = _run_task(message[1], rank, world_size, backend)
-            outcome.leftovers = _end_leftovers(before)
+            outcome.leftovers = children.end_leftovers()
             conn.send(outcome)
     finally:
         try:
@@ -513,33 +668,57 @@ def _rank_main(rank: int, world_size: int, backend_name: str, store: str, conn: 
             pass
 
 
-def _own_children() -> set[tuple[int, float]]:
-    import psutil
+class _ChildWatch:
+    """The processes below this rank, and the ones a test left behind.
 
-    found = set()
-    for child in psutil.Process().children(recursive=True):
-        try:
-            found.add((child.pid, child.create_time()))
-        except Exception:
-            pass
-    return found
+    The set of processes seen after the previous test (after its leftovers were ended) is the
+    "before" of the next one, so each test costs one look at the subtree."""
 
+    def __init__(self) -> None:
+        # orphaned grandchildren come to this rank instead of init, where the subtree walk sees them
+        self.subreaper = _PROC_CHILDREN and _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+        self.known = self._look()
 
-def _end_leftovers(before: set[tuple[int, float]]) -> list[str]:
-    """Kill the processes started during the test that still run; describe them."""
-    import psutil
+    def _look(self) -> dict[int, tuple[str, Any]]:
+        """pid -> (state, start time) of every process below this rank."""
+        if _PROC_CHILDREN:
+            return _subtree([os.getpid()])
+        import psutil
 
-    left = []
-    keep = _multiprocessing_helpers()
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if (child.pid, child.create_time()) not in before and child.pid not in keep:
-                left.append(child)
-        except Exception:
-            pass
-    described = [_describe(p) for p in left]
-    _kill_all(left)
-    return described
+        found = {}
+        for child in psutil.Process().children(recursive=True):
+            try:
+                found[child.pid] = ("Z" if child.status() == psutil.STATUS_ZOMBIE else "R", child.create_time())
+            except Exception:
+                pass
+        return found
+
+    def end_leftovers(self) -> list[str]:
+        """Kill the processes started during the test that still run and describe them; reap those that ended."""
+        now = self._look()
+        keep = _multiprocessing_helpers()
+        new = {pid: info for pid, info in now.items()
+               if pid not in keep and (pid not in self.known or self.known[pid][1] != info[1])}
+        described: list[str] = []
+        if new:
+            running = {pid: info[1] for pid, info in new.items() if info[0] != "Z"}
+            described = [_describe(pid) for pid in running]
+            _end_processes(running)
+            for pid, info in new.items():
+                if info[0] == "Z":  # ended without being waited for (or an orphan that came to this subreaper)
+                    try:
+                        os.waitpid(pid, os.WNOHANG)
+                    except ChildProcessError:
+                        pass
+            now = self._look()
+            left = [pid for pid, info in now.items()
+                    if pid not in keep and pid not in self.known and pid not in new and info[0] != "Z"]
+            if left:  # started while the others were being ended (a parent restarting its child)
+                described += [_describe(pid) for pid in left]
+                _end_processes({pid: now[pid][1] for pid in left})
+                now = self._look()
+        self.known = now
+        return described
 
 
 def _multiprocessing_helpers() -> set[int]:
@@ -557,13 +736,17 @@ def _multiprocessing_helpers() -> set[int]:
 
 
 class _RankBaseline:
-    """What a rank looked like before its first test, put back before every test."""
+    """What a rank looked like before its first test, put back before every test.
 
-    def __init__(self) -> None:
+    Each setting is compared with the baseline and set only if a test changed it; the random
+    generators are put back every time (cheaper than comparing their state)."""
+
+    def __init__(self, backend: Any = None) -> None:
         import random
 
         import torch
 
+        self.backend = backend
         self.environ = dict(os.environ)
         self.cwd = os.getcwd()
         self.dtype = torch.get_default_dtype()
@@ -572,13 +755,19 @@ class _RankBaseline:
         self.deterministic = torch.are_deterministic_algorithms_enabled()
         self.torch_seed = torch.initial_seed()
         self.torch_rng = torch.get_rng_state()
+        self.device_rng = None
+        if backend is not None:
+            try:  # the generator of the rank's device (the host one again on a host backend)
+                self.device_rng = backend.get_rng_state()
+            except Exception:
+                self.device_rng = None
         self.python_rng = random.getstate()
         numpy = sys.modules.get("numpy")
         self.numpy_rng = numpy.random.get_state() if numpy is not None else None
 
     @classmethod
-    def capture(cls) -> "_RankBaseline":
-        return cls()
+    def capture(cls, backend: Any = None) -> "_RankBaseline":
+        return cls(backend)
 
     def restore(self) -> None:
         import random
@@ -589,17 +778,27 @@ class _RankBaseline:
             os.environ.clear()
             os.environ.update(self.environ)
         try:
-            os.chdir(self.cwd)
-        except OSError:
-            pass
-        torch.set_default_dtype(self.dtype)
+            here = os.getcwd()
+        except OSError:  # the test removed its working directory
+            here = None
+        if here != self.cwd:
+            try:
+                os.chdir(self.cwd)
+            except OSError:
+                pass
+        if torch.get_default_dtype() != self.dtype:
+            torch.set_default_dtype(self.dtype)
         if self.default_device is not None and torch.get_default_device() != self.default_device:
             torch.set_default_device(self.default_device)
-        torch.set_grad_enabled(self.grad)
+        if torch.is_grad_enabled() != self.grad:
+            torch.set_grad_enabled(self.grad)
         if torch.are_deterministic_algorithms_enabled() != self.deterministic:
             torch.use_deterministic_algorithms(self.deterministic)
-        torch.manual_seed(self.torch_seed)  # every device's generator, as in a fresh process
+        if torch.initial_seed() != self.torch_seed:
+            torch.manual_seed(self.torch_seed)  # the test reseeded: every device's generator, as in a fresh process
         torch.set_rng_state(self.torch_rng)
+        if self.device_rng is not None:
+            self.backend.set_rng_state(self.device_rng)
         random.setstate(self.python_rng)
         numpy = sys.modules.get("numpy")
         if numpy is not None:

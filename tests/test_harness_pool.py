@@ -46,6 +46,67 @@ def test_a_process_left_running_is_killed_and_warned_about(pytester):
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
+def test_a_grandchild_left_running_is_killed_and_warned_about(pytester):
+    # the shell exits at once: its background sleep is orphaned, which without a subreaper rank
+    # would escape to init, out of the rank's subtree
+    pytester.makepyfile(test_orphan=textwrap.dedent(
+        """
+        import subprocess
+        import pytest
+
+        @pytest.mark.world_size(2)
+        def test_orphans_a_sleeper(backend, rank):
+            out = subprocess.run(["sh", "-c", "sleep 121 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True,
+                                 check=True).stdout
+            with open(f"grandchild-{rank}.pid", "w") as fh:
+                fh.write(out.strip())
+
+        @pytest.mark.world_size(2)
+        def test_next_one_runs(backend, rank):
+            pass
+        """))
+    result = _run(pytester)
+    result.assert_outcomes(passed=2)
+    for rank in (0, 1):
+        result.stdout.fnmatch_lines([f"*LeftoverProcessWarning: rank {rank} of 2: the test left 1 process(es) running; "
+                                     f"killed: pid *sleep 121*"])
+        pid = int((pytester.path / f"grandchild-{rank}.pid").read_text())
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="child subreapers and /proc are Linux's")
+def test_leftovers_are_found_in_the_rank_subtree_without_scanning_the_host():
+    # in a throwaway process (it becomes a subreaper): every host-wide psutil scan raises
+    script = textwrap.dedent(
+        """
+        import os, subprocess, sys
+        import psutil
+
+        def no_scan(*args, **kwargs):
+            raise AssertionError("scanned the host's process table")
+
+        psutil.process_iter = psutil.pids = no_scan
+        psutil.Process.children = no_scan
+        from accel_harness.distributed import _ChildWatch
+
+        watch = _ChildWatch()
+        assert watch.subreaper
+        print("first", watch.end_leftovers())
+        out = subprocess.run(["sh", "-c", "sleep 122 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True).stdout
+        done = subprocess.Popen([sys.executable, "-c", "pass"])  # ends unwaited: reaped, not reported
+        os.waitid(os.P_PID, done.pid, os.WEXITED | os.WNOWAIT)
+        left = watch.end_leftovers()
+        print("orphan", int(out), left)
+        assert len(left) == 1 and left[0].startswith(f"pid {int(out)}: sleep 122"), left
+        assert not os.path.exists(f"/proc/{int(out)}"), "the orphan still runs or was not reaped"
+        assert not os.path.exists(f"/proc/{done.pid}"), "the ended child was not reaped"
+        assert watch.end_leftovers() == []
+        """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "first []" in proc.stdout
+
+
 def test_state_set_by_one_pooled_test_does_not_reach_the_next(pytester):
     pytester.makepyfile(test_state=textwrap.dedent(
         """
