@@ -366,9 +366,44 @@ def _satisfied(requirement: str) -> bool:
     return req.specifier.contains(version, prereleases=True) if req.specifier else True
 
 
+#: prints, as JSON, which of the requirements in argv the interpreter running it already satisfies
+_SATISFIED_CHECK = """
+import json, sys
+from importlib import metadata
+from packaging.requirements import Requirement
+ok = []
+for text in sys.argv[1:]:
+    req = Requirement(text)
+    try:
+        version = metadata.version(req.name)
+    except metadata.PackageNotFoundError:
+        continue
+    if not req.specifier or req.specifier.contains(version, prereleases=True):
+        ok.append(text)
+print(json.dumps(ok))
+"""
+
+#: prints, as JSON, the normalised names of the distributions installed in the folder argv[1]
+_FOLDER_DISTS = """
+import json, re, sys
+from importlib import metadata
+print(json.dumps(sorted({re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower() for d in metadata.distributions(path=[sys.argv[1]])
+                         if d.metadata["Name"]})))
+"""
+
+
+def _last_json(proc: subprocess.CompletedProcess, default: Any) -> Any:
+    try:
+        return json.loads((proc.stdout or "").strip().splitlines()[-1]) if proc.returncode == 0 else default
+    except (ValueError, IndexError):
+        return default
+
+
 def install_requirements(requirements: Sequence[str], workdir: str | os.PathLike[str], *, pip_args: Sequence[str] = (),
                          runner: Callable[..., subprocess.CompletedProcess] = _run,
-                         constraints: Sequence[str] | None = None, verify: bool = True) -> InstallResult:
+                         constraints: Sequence[str] | None = None, verify: bool = True,
+                         python: str | None = None, log: str | os.PathLike[str] | None = None,
+                         verify_all_in: str | os.PathLike[str] | None = None) -> InstallResult:
     """Install ``requirements`` with the vendor's torch pinned; what fails is recorded, not raised.
 
     Requirements already satisfied are not passed to pip (nothing is upgraded). The rest install
@@ -377,31 +412,62 @@ def install_requirements(requirements: Sequence[str], workdir: str | os.PathLike
     another torch) does not block the others. With ``verify``, each installed package is then
     imported in a fresh interpreter; one that fails to import is uninstalled again and recorded
     as failed (a test extra's newest release can break an installed library's imports).
+
+    ``python``: the interpreter whose environment receives the packages (default: this one);
+    ``log``: a file that gets every pip command and its whole output; ``verify_all_in``: a site
+    folder whose every distribution (dependencies included) is import-checked, not only the
+    requirements.
     """
+    python = python or sys.executable
     result = InstallResult(constraints=list(pinned_constraints() if constraints is None else constraints))
+    logged = _logging_runner(runner, log)
+    if python == sys.executable:
+        present = [req for req in requirements if _satisfied(req)]
+    else:
+        present = _last_json(logged([python, "-c", _SATISFIED_CHECK, *requirements]), [])
     todo = []
     for req in requirements:
-        (result.already if _satisfied(req) else todo).append(req)
+        (result.already if req in present else todo).append(req)
     if not todo:
         return result
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     cfile = workdir / "constraints.txt"
     cfile.write_text("".join(f"{c}\n" for c in result.constraints), encoding="utf-8")
-    base = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "-c", str(cfile), *pip_args]
-    proc = runner([*base, *todo])
+    base = [python, "-m", "pip", "install", "--disable-pip-version-check", "-c", str(cfile), *pip_args]
+    folder_dists = [python, "-c", _FOLDER_DISTS, str(verify_all_in)]
+    there_before = set(_last_json(logged(folder_dists), [])) if verify and verify_all_in else set()
+    proc = logged([*base, *todo])
     if proc.returncode == 0:
         result.installed = list(todo)
     else:
         for req in todo:
-            single = runner([*base, req])
+            single = logged([*base, req])
             if single.returncode == 0:
                 result.installed.append(req)
             else:
                 result.failed[req] = _tail(single.stdout + single.stderr, 2) or f"pip exit {single.returncode}"
     if verify and result.installed:
-        _drop_broken(result, runner)
+        # what pip added beside the requirements (their dependencies), not what the folder held before
+        extra = sorted(set(_last_json(logged(folder_dists), [])) - there_before) if verify_all_in else []
+        _drop_broken(result, logged, python=python, also=extra)
     return result
+
+
+def _logging_runner(runner: Callable[..., subprocess.CompletedProcess],
+                    log: str | os.PathLike[str] | None) -> Callable[..., subprocess.CompletedProcess]:
+    """``runner``, appending each command and its whole output to ``log`` (when given)."""
+    if log is None:
+        return runner
+
+    def run(cmd: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess:
+        proc = runner(cmd, **kwargs)
+        shown = [c if len(c) < 200 else c[:60] + " ..." for c in cmd]
+        with open(log, "a", encoding="utf-8") as fh:
+            fh.write(f"$ {' '.join(shown)}\n# exit {proc.returncode}\n{proc.stdout or ''}{proc.stderr or ''}\n")
+        return proc
+
+    return run
 
 
 #: imports the top-level modules of the distributions named in argv; prints {dist: error} as JSON
@@ -426,25 +492,27 @@ print(json.dumps(bad))
 """
 
 
-def _drop_broken(result: InstallResult, runner: Callable[..., subprocess.CompletedProcess]) -> None:
+def _drop_broken(result: InstallResult, runner: Callable[..., subprocess.CompletedProcess], *, python: str | None = None,
+                 also: Sequence[str] = ()) -> None:
     """Uninstall what pip installed but does not import here (pip checks versions, not that a
     package works with its neighbours: a test extra can name a release that breaks an installed
-    library's imports), and record it as not installed, with the import error."""
+    library's imports), and record it as not installed, with the import error. ``also``: further
+    distributions (dependencies pip pulled in) to check the same way; a broken one is recorded
+    under its own name."""
     from packaging.requirements import Requirement
 
+    python = python or sys.executable
     names = {_normalise(Requirement(req).name): req for req in result.installed}
-    proc = runner([sys.executable, "-c", _IMPORT_CHECK, *sorted(names)])
-    try:
-        broken = json.loads((proc.stdout or "").strip().splitlines()[-1]) if proc.returncode == 0 else {}
-    except (ValueError, IndexError):
-        broken = {}
+    wanted = sorted(set(names) | {_normalise(d) for d in also})
+    broken = _last_json(runner([python, "-c", _IMPORT_CHECK, *wanted]), {})
     for dist, error in sorted(broken.items()):
-        req = names.get(dist)
-        if req is None:
+        if dist not in names and dist not in {_normalise(d) for d in also}:
             continue
-        runner([sys.executable, "-m", "pip", "uninstall", "-y", dist])
-        result.installed.remove(req)
-        result.failed[req] = f"installed, but {error}; uninstalled again"
+        runner([python, "-m", "pip", "uninstall", "-y", dist])
+        req = names.get(dist)
+        if req is not None:
+            result.installed.remove(req)
+        result.failed[req or dist] = f"installed, but {error}; uninstalled again"
 
 
 # ---------------------------------------------------------------------------- preparing and running
@@ -699,13 +767,18 @@ def run_suite(suite: Suite, backend: str, out_dir: str | os.PathLike[str], *, ag
               workers: int = 0, test_timeout: float | None = 600.0, session_timeout: float | None = None,
               offline: bool = True, keyword: str | None = None, known_issues: str | None = None,
               pytest_args: Sequence[str] = (), install: InstallResult | None = None,
-              on_line: Callable[[str], None] | None = None) -> SuiteRun:
+              on_line: Callable[[str], None] | None = None, python: str | os.PathLike[str] | None = None) -> SuiteRun:
     """Run ``suite`` on ``backend`` (against ``against``; default: the project itself) into ``out_dir``.
 
     Layout: ``out_dir/work/<side>-<backend>/`` (the copy that runs), ``out_dir/results/<side>-<backend>.jsonl``
     (completed records; the report's input), ``out_dir/logs/<side>-<backend>.{log,junit.xml}``.
-    ``on_line`` gets each line pytest prints (progress display).
+    ``on_line`` gets each line pytest prints (progress display). ``python``: the interpreter of the
+    suite's own environment (see :mod:`accel_harness.upstream_env`; default: this one). The run sees
+    none of the caller's accel/Accelerate configuration: a temporary home under its work folder, no
+    ``ACCEL_*``/``ACCELERATE_*`` variables but the backend's own.
     """
+    from .upstream_env import caller_free_environment
+
     out_dir = Path(out_dir)
     side = against or suite.project
     tag = f"{suite.project}-{suite.version or 'local'}-against-{side}-{backend}"
@@ -723,7 +796,8 @@ def run_suite(suite: Suite, backend: str, out_dir: str | os.PathLike[str], *, ag
     junit = logs / f"{tag}.junit.xml"
     log = logs / f"{tag}.log"
     # the backend goes by ACCEL_DEVICE (backend_env), not by an option an upstream conftest might define too
-    cmd = [sys.executable, "-m", "pytest", tests.name, "-p", "no:cacheprovider", "-v", "--no-header", "-rfE",
+    python = str(python or sys.executable)
+    cmd = [python, "-m", "pytest", tests.name, "-p", "no:cacheprovider", "-v", "--no-header", "-rfE",
            "--continue-on-collection-errors",
            harness_option("accel_results_dir", "--results-dir"), str(raw_dir), "--junitxml", str(junit), "-o", "junit_family=xunit1"]
     if workers:
@@ -735,12 +809,9 @@ def run_suite(suite: Suite, backend: str, out_dir: str | os.PathLike[str], *, ag
     if known_issues:
         cmd += [harness_option("accel_known_issues", "--known-issues"), known_issues]
     cmd += list(pytest_args)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-           **backend_env(backend)}
-    if offline:
-        env.update(OFFLINE_ENV)
-    env.pop("PYTEST_ADDOPTS", None)
-    env.pop("PYTEST_XDIST_WORKER", None)
+    device_env = backend_env(backend)
+    env = caller_free_environment(os.environ, work / "home", offline=offline, keep=tuple(device_env))
+    env.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **device_env})
     start = time.perf_counter()
     from .progress import run_streamed
 
@@ -749,10 +820,10 @@ def run_suite(suite: Suite, backend: str, out_dir: str | os.PathLike[str], *, ag
         exit_code = run_streamed(cmd, log, on_line=on_line, env=env, cwd=work, timeout=session_timeout or None,
                                  header=header)
     except KeyboardInterrupt:
-        _finish(suite, backend, side, raw_dir, junit, results / f"{tag}.jsonl", None, install, rewritten, log)
+        _finish(suite, backend, side, raw_dir, junit, results / f"{tag}.jsonl", None, install, rewritten, log, python)
         raise
     final = results / f"{tag}.jsonl"
-    block = _finish(suite, backend, side, raw_dir, junit, final, exit_code, install, rewritten, log)
+    block = _finish(suite, backend, side, raw_dir, junit, final, exit_code, install, rewritten, log, python)
     from .records import read_records
 
     _, recs, _ = read_records(final)
@@ -783,7 +854,8 @@ def _pytest_config(suite: Suite, work: Path) -> Path:
 
 
 def _finish(suite: Suite, backend: str, side: str, raw_dir: Path, junit: Path, final: Path, exit_code: int | None,
-            install: InstallResult | None, rewritten: int, log: Path | None = None) -> dict[str, Any]:
+            install: InstallResult | None, rewritten: int, log: Path | None = None,
+            python: str | None = None) -> dict[str, Any]:
     raws = sorted(raw_dir.glob("*.jsonl")) if raw_dir.is_dir() else []
     collection = junit_collection_errors(junit)
     if not raws and not collection and exit_code not in (0, 1, 5, None) and log is not None and log.is_file():
@@ -791,7 +863,7 @@ def _finish(suite: Suite, backend: str, side: str, raw_dir: Path, junit: Path, f
         # usage error): the log's tail is the reason, recorded against the test folder itself
         tail = "\n".join(log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-40:])
         collection = [{"nodeid": suite.tests_dir.name, "outcome": "error", "text": tail}]
-    against_version = _installed_version(side)
+    against_version = _installed_version(side, python)
     upstream = {"project": suite.project, "version": suite.version, "against": side, "against_version": against_version,
                 "suite": suite.label, "source": suite.source, "rewritten_files": rewritten,
                 "install": install.to_dict() if install is not None else None}
@@ -800,9 +872,13 @@ def _finish(suite: Suite, backend: str, side: str, raw_dir: Path, junit: Path, f
                             collection=collection, header_defaults=defaults)
 
 
-def _installed_version(name: str) -> str | None:
+def _installed_version(name: str, python: str | None = None) -> str | None:
     from importlib import metadata
 
+    if python and python != sys.executable:  # asked of the suite's own environment
+        code = "import sys\nfrom importlib import metadata\ntry:\n    print(metadata.version(sys.argv[1]))\nexcept Exception:\n    pass\n"
+        proc = _run([python, "-c", code, name])
+        return (proc.stdout or "").strip() or None
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:

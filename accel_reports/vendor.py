@@ -119,7 +119,8 @@ def vendor_table(tests: pd.DataFrame, runs: pd.DataFrame, known: KnownIssues | N
         sk = skip_groups(mine) if not mine.empty else pd.DataFrame()
         skip_rows = [{"code": r["reason_code"], "count": int(r["count"]), "needs": _NEEDS_SHORT.get(r["reason_code"], r["needs"]),
                       "message": r["messages"][0][0] if r["messages"] else ""} for _, r in sk.iterrows()]
-        failed_install = sorted({name for b in blocks for name in ((b.get("install") or {}).get("failed") or {})})
+        failed_install = sorted({f"{name} ({_short(reason, 200)})" if reason else str(name) for b in blocks
+                                 for name, reason in ((b.get("install") or {}).get("failed") or {}).items()})
         block = blocks[-1]
         row = {
             "suite": suite, "subject": subject, "against": _side(block.get("against") or block.get("project"), block.get("against_version")),

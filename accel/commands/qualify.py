@@ -170,14 +170,23 @@ def run_upstream(args: argparse.Namespace, backends: list[str], out: Path) -> in
     print(f"accel qualify: suite {suite.label}: {suite.tests_dir} ({len(suite.requirements)} test requirements"
           + (f" from extra {', '.join(suite.extras)}" if suite.extras else "") + ")", flush=True)
     install = None
+    python = None  # the suite's own interpreter; None: this one (--no-install: what is here is used as it is)
     if not args.no_install:
+        from accel_harness.upstream_env import prepare_environment
+
         wanted = list(suite.requirements)
         if spec.kind == "index":
             wanted.insert(0, f"{spec.name}=={spec.version}")  # the release the reference side runs against
-        print(f"accel qualify: installing test dependencies with {', '.join(up.pinned_constraints()) or 'nothing'} pinned ...", flush=True)
-        install = up.install_requirements(wanted, out / "upstream", pip_args=pip_args)
-        print(f"accel qualify: dependencies: {len(install.already)} present, {len(install.installed)} installed, "
-              f"{len(install.failed)} could not be installed" + (f" ({', '.join(install.failed)})" if install.failed else ""), flush=True)
+        print(f"accel qualify: preparing the suite's own environment (the active one is not changed), "
+              f"{', '.join(up.pinned_constraints()) or 'nothing'} pinned ...", flush=True)
+        isolated = prepare_environment(suite.label, wanted, log_dir=out / "logs", pip_args=pip_args)
+        python = str(isolated.python)
+        install = up.InstallResult(**isolated.install)
+        print(f"accel qualify: environment {isolated.root}" + (" (reused)" if isolated.reused else "")
+              + f"; dependencies: {len(install.already)} present, {len(install.installed)} installed, "
+              f"{len(install.failed)} could not be installed (pip log: {out / 'logs' / 'pip-install.log'})", flush=True)
+        for requirement, reason in install.failed.items():
+            print(f"accel qualify:   not installed: {requirement}: {reason}", flush=True)
     else:
         install = up.InstallResult(constraints=up.pinned_constraints(), skipped=True)
     sides = _split(args.against) or [suite.project]
@@ -192,7 +201,7 @@ def run_upstream(args: argparse.Namespace, backends: list[str], out: Path) -> in
                     result = up.run_suite(
                         suite, backend, out, against=side, workers=args.workers, test_timeout=args.test_timeout or None,
                         session_timeout=args.session_timeout or None, offline=not args.online, keyword=args.k,
-                        known_issues=args.known_issues, install=install, on_line=display.feed)
+                        known_issues=args.known_issues, install=install, on_line=display.feed, python=python)
                 runs.append(result)
                 print(f"accel qualify: {up.summary_line(suite, result)} in {result.seconds:.0f}s", flush=True)
                 if result.status != "completed" or result.counts.get("failed") or result.counts.get("error"):

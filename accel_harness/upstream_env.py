@@ -1,0 +1,182 @@
+"""The environment an upstream suite runs in: its own venv, and no trace of the user's configuration.
+
+``accel qualify --upstream`` must measure the backend, not the machine's history, and must leave
+the user's environment as it found it. So:
+
+- **packages**: the suite's test dependencies go into a virtual environment of their own under
+  accel's cache folder (``upstream-envs/<project>-<key>``), keyed by the suite, its requirements,
+  the pinned torch (and companions), accel's version and the interpreter. The venv sees the active
+  environment's packages *behind* its own (a ``.pth`` hook adds the active site folders), so the
+  installed torch, accel and everything already present are used as they are, never copied or
+  replaced; what pip adds or upgrades lands in the venv only. A venv that matches is reused.
+  After installing, every distribution the venv holds is imported once; one that does not import
+  (a torch companion built for another torch, say) is removed again and reported with the error.
+  pip's whole output is kept in ``logs/pip-install.log``.
+- **configuration**: the run gets a temporary home (``HOME``, ``XDG_*``, ``HF_HOME``), no
+  ``ACCEL_*``/``ACCELERATE_*`` variable of the caller's, the hub offline unless asked otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import site
+import sys
+import sysconfig
+import venv
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+__all__ = ["ENV_MARKER", "IsolatedEnv", "caller_free_environment", "environment_key", "prepare_environment"]
+
+#: written last into a venv that finished installing; a venv without it is rebuilt
+ENV_MARKER = "accel-upstream-env.json"
+
+#: prefixes of the caller's variables an upstream run never sees (user configuration of accel and Accelerate)
+CALLER_PREFIXES = ("ACCEL_", "ACCELERATE_")
+
+#: variables that would point a run at the caller's own configuration or pytest options
+CALLER_VARIABLES = ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER", "PYTEST_PLUGINS", "HF_HOME", "HF_HUB_CACHE",
+                    "TRANSFORMERS_CACHE", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME")
+
+
+@dataclass
+class IsolatedEnv:
+    """A venv for one upstream suite: where it is, its interpreter, whether it was reused."""
+
+    root: Path
+    python: Path
+    reused: bool
+    install: dict[str, Any]
+
+
+def _cache_root() -> Path:
+    from accel.commands.config_file import cache_dir
+
+    return cache_dir() / "upstream-envs"
+
+
+def environment_key(label: str, requirements: Sequence[str], constraints: Sequence[str]) -> str:
+    """A digest of everything that makes two upstream environments different."""
+    from accel import __version__
+
+    blob = json.dumps({"suite": label, "requirements": sorted(requirements), "constraints": sorted(constraints),
+                       "accel": __version__, "python": sys.version, "prefix": sys.prefix}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _active_site_dirs() -> list[str]:
+    """The running interpreter's site folders (venv or system, plus the user site if it is on)."""
+    dirs = list(site.getsitepackages())
+    user = site.getusersitepackages() if site.ENABLE_USER_SITE else None
+    if user and os.path.isdir(user):
+        dirs.append(user)
+    return [d for d in dict.fromkeys(dirs) if os.path.isdir(d)]
+
+
+def _running_accel_root() -> str | None:
+    """The folder that holds the running ``accel`` package when no site folder provides it (a checkout on PYTHONPATH)."""
+    import accel
+
+    parent = str(Path(accel.__file__).resolve().parents[1])
+    site_dirs = [str(Path(d).resolve()) for d in _active_site_dirs()]
+    return None if parent in site_dirs else parent
+
+
+def _venv_python(root: Path) -> Path:
+    return root / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def _venv_site(root: Path) -> Path:
+    paths = sysconfig.get_paths(vars={"base": str(root), "platbase": str(root)})
+    return Path(paths["purelib"])
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path`` (two qualify runs preparing the same venv wait for each other)."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _create(root: Path) -> Path:
+    """A fresh venv at ``root`` whose packages come before the active environment's."""
+    if root.exists():
+        shutil.rmtree(root)
+    venv.EnvBuilder(with_pip=True, clear=True, symlinks=os.name != "nt").create(root)
+    hook = ["import site"]
+    for folder in _active_site_dirs():
+        hook.append(f"site.addsitedir({folder!r})")  # runs that folder's own .pth files too (editable installs)
+    extra = _running_accel_root()
+    if extra:
+        hook.append(f"import sys; sys.path.append({extra!r})")
+    # a .pth line that starts with "import" is executed: one line, the active environment behind this one
+    (_venv_site(root) / "_accel_upstream_base.pth").write_text("; ".join(hook) + "\n", encoding="utf-8")
+    return _venv_python(root)
+
+
+def prepare_environment(label: str, requirements: Sequence[str], *, log_dir: str | os.PathLike[str],
+                        pip_args: Sequence[str] = (), constraints: Sequence[str] | None = None,
+                        root: str | os.PathLike[str] | None = None) -> IsolatedEnv:
+    """Build (or reuse) the venv for ``label`` with ``requirements`` installed into it.
+
+    The active environment is never written to. ``log_dir`` gets ``pip-install.log``; the install
+    outcome (already present / installed / failed with the reason) is in ``IsolatedEnv.install``.
+    """
+    from .upstream import install_requirements, pinned_constraints
+
+    pins = list(pinned_constraints() if constraints is None else constraints)
+    key = environment_key(label, requirements, pins)
+    name = "".join(c if c.isalnum() or c in "-_." else "-" for c in label.replace(" ", "-"))
+    target = Path(root) if root is not None else _cache_root() / f"{name}-{key}"
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / "pip-install.log"
+    with _locked(target.with_name(target.name + ".lock")):
+        marker = target / ENV_MARKER
+        python = _venv_python(target)
+        if marker.is_file() and python.exists():
+            try:
+                stored = json.loads(marker.read_text(encoding="utf-8"))
+                log.write_text(f"# reused {target} (prepared before; its install log: {stored.get('log')})\n", encoding="utf-8")
+                return IsolatedEnv(target, python, True, stored["install"])
+            except (ValueError, KeyError):
+                pass  # a damaged marker: rebuild
+        python = _create(target)
+        result = install_requirements(list(requirements), target / "pip", pip_args=pip_args, constraints=pins,
+                                      python=str(python), log=log, verify_all_in=_venv_site(target))
+        install = result.to_dict()
+        marker.write_text(json.dumps({"install": install, "log": str(log), "key": key}, indent=2) + "\n",
+                          encoding="utf-8")
+        return IsolatedEnv(target, python, False, install)
+
+
+def caller_free_environment(base: Mapping[str, str], home: str | os.PathLike[str], *, offline: bool = True,
+                            keep: Sequence[str] = ()) -> dict[str, str]:
+    """``base`` without the caller's accel/Accelerate configuration, with ``home`` as a fresh home folder.
+
+    ``keep`` names variables to keep anyway (set by the run itself, e.g. ``ACCEL_DEVICE``).
+    """
+    from .upstream import OFFLINE_ENV
+
+    home = Path(home)
+    env = {k: v for k, v in base.items()
+           if k in keep or not (k.startswith(CALLER_PREFIXES) or k in CALLER_VARIABLES)}
+    for sub in (".cache", ".config", ".local/share"):
+        (home / sub).mkdir(parents=True, exist_ok=True)
+    env.update({"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"), "XDG_CONFIG_HOME": str(home / ".config"),
+                "XDG_DATA_HOME": str(home / ".local" / "share"), "HF_HOME": str(home / ".cache" / "huggingface")})
+    if offline:
+        env.update(OFFLINE_ENV)
+    return env
