@@ -46,6 +46,8 @@ _LAZY = {
     # FSDP and n-D parallelism (issue 14)
     "FullyShardedDataParallelPlugin": "accel.utils.fsdp_plugin",
     "ParallelismConfig": "accel.parallelism_config",
+    # pipeline-parallel inference
+    "prepare_pippy": "accel.inference",
 }
 
 

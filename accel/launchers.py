@@ -225,3 +225,10 @@ def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes
     with tempfile.TemporaryDirectory(prefix="accel_debug_") as tmp:
         worker = _DebugWorker(function, num_processes, os.path.join(tmp, "store"), loopback_interface())
         start_processes(worker, args=tuple(args), nprocs=num_processes, start_method="fork")
+
+
+def test_launch() -> None:
+    """Build a PartialState: the smallest check that a launched process can join its process group."""
+    from accel.state import PartialState
+
+    PartialState()

@@ -129,3 +129,19 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     @property
     def is_overflow(self) -> bool:
         return self._is_overflow
+
+
+def move_to_device(state: Any, device: Any) -> Any:
+    """``state`` (an optimizer state or any nest of lists, tuples and dicts) with every tensor moved to ``device``."""
+    return _move_state(state, torch.device(device) if isinstance(device, (str, int)) else device)
+
+
+def patch_optimizer_step(accelerated_optimizer: Any, method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` (an optimizer's ``step``) marking ``accelerated_optimizer._accelerate_step_called`` when it runs,
+    so a scheduler can tell whether the optimizer really stepped."""
+
+    def patched_step(*args: Any, **kwargs: Any) -> Any:
+        accelerated_optimizer._accelerate_step_called = True
+        return method(*args, **kwargs)
+
+    return patched_step

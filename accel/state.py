@@ -15,6 +15,7 @@ import contextlib
 import functools
 import os
 import socket
+import threading
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Iterator
@@ -157,6 +158,27 @@ def _reset_message(cls: str, name: str) -> str:
 
 class SharedDict(dict):
     """Marker type for the class-level dict every instance of a state class shares."""
+
+
+def do_nothing(*args: Any, **kwargs: Any) -> None:
+    """Accept anything and return None: the stand-in for ``on_*_process`` functions on the other processes."""
+    return None
+
+
+class ThreadLocalSharedDict(threading.local):
+    """A descriptor holding a dict per thread: shared state for runtimes that run one rank per thread (XLA PJRT).
+
+    ``instance._shared_state`` and ``Class._shared_state`` both give the current thread's dict.
+    """
+
+    def __init__(self, thread_local: bool = False):
+        self._storage: dict[str, Any] = {}
+
+    def __get__(self, obj: Any, objtype: Any = None) -> dict[str, Any]:
+        return self._storage
+
+    def __set__(self, obj: Any, value: dict[str, Any]) -> None:
+        self._storage = value
 
 
 class PartialState:

@@ -150,4 +150,46 @@ _export(
     "save_fsdp_optimizer",
 )
 
+
+# Accelerate's remaining public names: constants, Megatron-LM, environment probes, launch helpers,
+# fp8 (torchao, Transformer Engine), tqdm and torch_xla
+_export(
+    "accel.utils.constants",
+    "MITA_PROFILING_AVAILABLE_PYTORCH_VERSION", "MODEL_NAME", "OPTIMIZER_NAME", "PROFILE_PATTERN_NAME", "RNG_STATE_NAME",
+    "SAFE_MODEL_NAME", "SAFE_WEIGHTS_INDEX_NAME", "SAFE_WEIGHTS_NAME", "SAFE_WEIGHTS_PATTERN_NAME", "SAMPLER_NAME",
+    "SCALER_NAME", "SCHEDULER_NAME", "TORCH_DISTRIBUTED_OPERATION_TYPES", "TORCH_LAUNCH_PARAMS", "WEIGHTS_INDEX_NAME",
+    "WEIGHTS_NAME", "WEIGHTS_PATTERN_NAME", "XPU_PROFILING_AVAILABLE_PYTORCH_VERSION",
+)
+_export("accel.parallelism_config", "ParallelismConfig")
+_export("accel.utils.ao", "filter_first_and_last_linear_layers")
+_export("accel.utils.dataclasses", "SageMakerDistributedType")
+_export(
+    "accel.utils.megatron_lm",
+    "AbstractTrainStep", "BertTrainStep", "GPTTrainStep", "MegatronLMDummyDataLoader", "MegatronLMDummyScheduler",
+    "MegatronLMPlugin", "T5TrainStep", "add_model_config_to_megatron_parser", "avg_losses_across_data_parallel_group",
+)
+_export(
+    "accel.utils.environment",
+    "check_cuda_fp8_capability", "check_cuda_p2p_ib_support", "get_cpu_distributed_information", "get_current_device_type",
+    "get_gpu_info", "set_numa_affinity",
+)
+_export(
+    "accel.utils.imports",
+    "deepspeed_required", "is_amdsmi_available", "is_bitsandbytes_multi_backend_available", "is_habana_gaudi1",
+    "is_rocm_available", "torchao_required",
+)
+_export("accel.utils.tqdm", "tqdm")
+_export("accel.utils.modeling", "get_grad_scaler", "get_mixed_precision_context_manager")
+_export("accel.utils.operations", "GatheredParameters")
+_export("accel.utils.bnb", "has_4bit_bnb_layers", "load_and_quantize_model")
+_export("accel.utils.fsdp_utils", "ensure_weights_retied")
+_export(
+    "accel.utils.launch",
+    "PrepareForLaunch", "prepare_deepspeed_cmd_env", "prepare_multi_gpu_env", "prepare_sagemager_args_inputs",
+    "prepare_simple_launcher_cmd_env", "prepare_tpu",
+)
+_export("accel.utils.other", "compile_regions_deepspeed", "compile_regions_fsdp2", "get_module_children_bottom_up")
+_export("accel.utils.torch_xla", "install_xla")
+_export("accel.utils.transformer_engine", "apply_fp8_autowrap", "contextual_fp8_autocast", "convert_model")
+
 __getattr__, __dir__ = lazy_exports('accel.utils', globals(), _LAZY)

@@ -6,7 +6,30 @@ import copy
 import enum
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
+
+
+class EnumWithContains(enum.EnumMeta):
+    """Enum metaclass whose ``in`` accepts values too (``"NO" in DistributedType``), as Accelerate's does."""
+
+    def __contains__(cls, item: Any) -> bool:
+        try:
+            cls(item)
+        except ValueError:
+            return False
+        return True
+
+
+class BaseEnum(enum.Enum, metaclass=EnumWithContains):
+    """An enum whose ``str()`` is its value and whose ``list()`` gives every value (Accelerate's base enum)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    @classmethod
+    def list(cls) -> list[str]:
+        """Every member's value, in definition order."""
+        return [str(member) for member in cls]
 
 
 class _StrEnum(str, enum.Enum):
@@ -58,6 +81,14 @@ class RNGType(_StrEnum):
     HPU = "hpu"
     NEURON = "neuron"
     GENERATOR = "generator"
+
+
+class SageMakerDistributedType(_StrEnum):
+    """How SageMaker distributes a job: not at all, SageMaker data parallelism or model parallelism."""
+
+    NO = "NO"
+    DATA_PARALLEL = "DATA_PARALLEL"
+    MODEL_PARALLEL = "MODEL_PARALLEL"
 
 
 class ComputeEnvironment(_StrEnum):
@@ -366,6 +397,18 @@ class ProfileKwargs(KwargsHandler):
         )
 
 
+#: the fp8 libraries MS-AMP and Transformer Engine, as ``FP8RecipeKwargs(backend=...)`` spells them
+Backend = Literal["MSAMP", "TE"]
+#: MS-AMP optimisation levels
+OptLevel = Literal["O1", "O2"]
+#: Transformer Engine fp8 formats
+FP8Format = Literal["HYBRID", "E4M3", "E5M2"]
+#: how Transformer Engine derives the scaling factor from the amax history
+AmaxComputeAlgorithm = Literal["max", "most_recent"]
+#: the activities ``ProfileKwargs(activities=...)`` accepts
+ProfilerActivity = Literal["cpu", "xpu", "mtia", "cuda", "hpu"]
+
+
 class FP8BackendType(_StrEnum):
     """Which library runs fp8 training: TransformerEngine, MS-AMP or torchao."""
 
@@ -625,6 +668,14 @@ __all__ = [
     "KwargsHandler",
     "PrecisionType",
     "RNGType",
+    "AmaxComputeAlgorithm",
+    "Backend",
+    "BaseEnum",
+    "EnumWithContains",
+    "FP8Format",
+    "OptLevel",
+    "ProfilerActivity",
+    "SageMakerDistributedType",
 ]
 
 
@@ -641,6 +692,11 @@ _PLUGIN_MODULES = {
     "TorchTensorParallelConfig": "accel.utils.fsdp_plugin",
     "DeepSpeedSequenceParallelConfig": "accel.utils.fsdp_plugin",
     "get_module_class_from_name": "accel.utils.fsdp_plugin",
+    "TensorInformation": "accel.utils.operations",
+    # Megatron-LM's plugin and its model-config parsers
+    **{name: "accel.utils.megatron_lm" for name in (
+        "MegatronLMPlugin", "MODEL_CONFIGS_TO_MEGATRON_PARSERS", "add_model_config_to_megatron_parser",
+        "parse_bert_config", "parse_gpt2_config", "parse_t5_config", "parse_llama_config", "parse_glm4_moe_config")},
 }
 
 

@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 logger = logging.getLogger(__name__)
@@ -206,3 +207,136 @@ def purge_accelerate_environment(func_or_cls: Any) -> Any:
 
     func_or_cls.__init_subclass__ = classmethod(__init_subclass__)
     return func_or_cls
+
+
+# ---------------------------------------------------------------------------------------------------
+# Host and device facts Accelerate reads before any device is initialised (nvidia-smi, /sys, MPI variables)
+
+
+@dataclass
+class CPUInformation:
+    """Rank, world size and their node-local counterparts of a CPU run, from torchrun's or MPI's variables."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+
+
+def get_cpu_distributed_information() -> CPUInformation:
+    """Where this process sits in a CPU run, read from torchrun, Intel MPI, Open MPI or MVAPICH variables."""
+    return CPUInformation(
+        rank=get_int_from_env(["RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK"], 0),
+        world_size=get_int_from_env(["WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"], 1),
+        local_rank=get_int_from_env(
+            ["LOCAL_RANK", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK"], 0),
+        local_world_size=get_int_from_env(
+            ["LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE"], 1),
+    )
+
+
+def _nvidia_smi(*query: str) -> list[str]:
+    """Lines of ``nvidia-smi --query-gpu=<query> --format=csv,noheader`` (FileNotFoundError without the tool)."""
+    import shutil
+    import subprocess
+
+    tool = shutil.which("nvidia-smi") or (shutil.which("nvidia-smi.exe") if os.name == "nt" else None)
+    if tool is None:
+        raise FileNotFoundError("nvidia-smi is not on PATH (no NVIDIA driver on this machine)")
+    out = subprocess.check_output([tool, f"--query-gpu={','.join(query)}", "--format=csv,noheader"], text=True)
+    return [line.strip() for line in out.strip().splitlines() if line.strip()]
+
+
+def get_gpu_info() -> tuple[list[str], int]:
+    """Names and count of the NVIDIA GPUs, asked of nvidia-smi so that CUDA is not initialised."""
+    lines = _nvidia_smi("count", "name")
+    return [line.split(",", 1)[1].strip() for line in lines], len(lines)
+
+
+def get_driver_version() -> str:
+    """The NVIDIA driver version, from nvidia-smi."""
+    return _nvidia_smi("driver_version")[0]
+
+
+def check_cuda_p2p_ib_support() -> bool:
+    """False when several consumer GPUs (RTX 40 series) run a driver older than 550.40.07, where P2P/IB hang.
+
+    Asks nvidia-smi only, so CUDA stays uninitialised; any failure to ask means "no known problem" (True).
+    """
+    from packaging.version import Version
+
+    try:
+        names, count = get_gpu_info()
+        if count > 1 and any("RTX 40" in name for name in names):
+            return Version(get_driver_version()) >= Version("550.40.07")
+    except Exception:
+        pass
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def check_cuda_fp8_capability() -> bool:
+    """Whether the first NVIDIA GPU has compute capability >= 8.9 (fp8 matmuls).
+
+    Asks nvidia-smi first; without it, the cuda backend (which initialises CUDA).
+    """
+    try:
+        major, minor = (int(part) for part in _nvidia_smi("compute_cap")[0].split(".")[:2])
+        return (major, minor) >= (8, 9)
+    except Exception:
+        from ..backends import get_registry
+
+        return bool(get_registry().get("cuda").supports_fp8)
+
+
+def get_current_device_type() -> tuple[str, str]:
+    """``(device type, distributed type)`` of the first available accelerator in the registry's probe order.
+
+    Nothing is initialised beyond the availability probes; with no accelerator the answer is
+    Accelerate's default, ``("cuda", "MULTI_GPU")``.
+    """
+    from ..backends import get_registry
+
+    for backend in get_registry().probe_order():
+        if backend.device_type != "cpu" and backend.is_available():
+            return backend.device_type, backend.distributed_type
+    return "cuda", "MULTI_GPU"
+
+
+def _numa_nodes() -> list[list[int]]:
+    """CPU ids of each NUMA node, from /sys (one node holding every CPU where /sys has none)."""
+    import glob
+    import re
+
+    nodes = []
+    for path in sorted(glob.glob("/sys/devices/system/node/node[0-9]*/cpulist"),
+                       key=lambda p: int(re.search(r"node(\d+)/", p).group(1))):
+        cpus: list[int] = []
+        with open(path) as handle:
+            for part in handle.read().strip().split(","):
+                if part:
+                    low, _, high = part.partition("-")
+                    cpus.extend(range(int(low), int(high or low) + 1))
+        if cpus:
+            nodes.append(cpus)
+    return nodes or [sorted(os.sched_getaffinity(0))]
+
+
+@functools.lru_cache(maxsize=None)
+def set_numa_affinity(local_process_index: int, verbose: bool | None = None) -> None:
+    """Pin this process to the CPUs of one NUMA node (node ``local_process_index`` modulo the node count).
+
+    Spreads the processes of a node over its NUMA domains; cached, so repeated calls do nothing.
+    ``verbose`` (default: ``ACCELERATE_DEBUG_MODE``) logs the assignment.
+    """
+    if local_process_index < 0:
+        raise ValueError(f"local_process_index must be >= 0, got {local_process_index}")
+    nodes = _numa_nodes()
+    node = local_process_index % len(nodes)
+    os.sched_setaffinity(0, nodes[node])
+    if verbose if verbose is not None else parse_flag_from_env("ACCELERATE_DEBUG_MODE"):
+        logger.info("process %d pinned to NUMA node %d (cpus %s)", local_process_index, node, nodes[node])
+
+
+__all__ += ["CPUInformation", "check_cuda_fp8_capability", "check_cuda_p2p_ib_support", "get_cpu_distributed_information",
+            "get_current_device_type", "get_driver_version", "get_gpu_info", "set_numa_affinity"]

@@ -148,3 +148,34 @@ def disable_fsdp_ram_efficient_loading() -> None:
     import os
 
     os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "False"
+
+
+def ensure_weights_retied(param_init_fn: Any, model: Any, device: Any) -> Any:
+    """Wrap FSDP's ``param_init_fn`` so parameters tied in ``model._tied_weights_keys`` stay tied.
+
+    Materialising meta parameters replaces them module by module, which silently unties shared
+    weights (embeddings and LM head); the wrapper re-ties every later occurrence to the first new one.
+    Models without tied keys get ``param_init_fn`` back unchanged.
+    """
+    tied_names = getattr(model, "_tied_weights_keys", None)
+    if not tied_names:
+        return param_init_fn
+    first_new: dict[int, Any] = {}
+    for name in tied_names:
+        owner, _, attr = name.rpartition(".")
+        first_new[id(getattr(model.get_submodule(owner), attr))] = None
+
+    def init_keeping_ties(module: Any) -> Any:
+        tied_here = [(attr, id(p)) for attr, p in module.named_parameters(recurse=False) if id(p) in first_new]
+        module = param_init_fn(module)
+        for attr, key in tied_here:
+            if first_new[key] is None:
+                first_new[key] = getattr(module, attr)
+            else:
+                setattr(module, attr, first_new[key])
+        return module
+
+    return init_keeping_ties
+
+
+__all__ += ["ensure_weights_retied"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import operator
+from typing import Any, Callable
 
 from packaging.version import Version
 
@@ -332,3 +333,66 @@ def is_sdaa_available(check_device: bool = False) -> bool:
 def is_neuron_available(check_device: bool = False) -> bool:
     """Whether the neuron backend is available."""
     return _backend_available("neuron")
+
+
+def is_amdsmi_available() -> bool:
+    """Whether AMD's amdsmi package (ROCm device queries) is installed."""
+    return _package("amdsmi")
+
+
+def is_rocm_available() -> bool:
+    """Whether torch is a ROCm (HIP) build and its GPUs are usable through the cuda backend."""
+    import torch
+
+    return getattr(torch.version, "hip", None) is not None and is_cuda_available()
+
+
+def is_habana_gaudi1() -> bool:
+    """Whether the HPU in use is a first-generation Gaudi (device name exactly "GAUDI"; Gaudi2/3 lack some features)."""
+    if not is_hpu_available():
+        return False
+    from ..backends import get_registry
+
+    return get_registry().get("hpu").device_properties(0).name.strip().upper() == "GAUDI"
+
+
+def torchao_required(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator: calling ``func`` without torchao >= 0.6.1 raises an ImportError saying so."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not is_torchao_available():
+            raise ImportError(f"{func.__qualname__} needs torchao >= 0.6.1, which is not installed (pip install torchao)")
+        return func(*args, **kwargs)
+
+    return wrapper
+
+
+def deepspeed_required(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator: calling ``func`` while an AcceleratorState exists that is not configured for DeepSpeed is an error."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        import sys
+
+        # no state module loaded means no Accelerator yet, hence nothing to contradict (and no import cycle)
+        state_module = sys.modules.get(f"{__package__.rpartition('.')[0]}.state")
+        state_class = getattr(state_module, "AcceleratorState", None)
+        if state_class is not None and state_class._shared_state:
+            distributed_type = str(state_class().distributed_type)
+            if distributed_type != "DEEPSPEED":
+                raise ValueError(f"{func.__qualname__} needs DeepSpeed, but the Accelerator is configured for "
+                                 f"{distributed_type}; pass a DeepSpeedPlugin or use `accel launch --use_deepspeed`")
+        return func(*args, **kwargs)
+
+    return wrapper
+
+
+def _use_torch_xla() -> bool:
+    from .environment import parse_flag_from_env
+
+    return parse_flag_from_env("USE_TORCH_XLA", True)
+
+
+#: whether torch_xla may be used when installed (``USE_TORCH_XLA=0`` runs a plain torch job beside it)
+USE_TORCH_XLA = _use_torch_xla()

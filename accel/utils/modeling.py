@@ -1262,3 +1262,44 @@ def get_state_dict_from_offload(
             if f"{root}.{key}" in state_dict:
                 state_dict[f"{root}.{key}"] = tensor
     return state_dict
+
+
+# ---------------------------------------------------------------------------------------------------
+# mixed-precision helpers with Accelerate's names (the Accelerator itself plans precision in accel.precision)
+WEIGHTS_INDEX_NAME = "pytorch_model.bin.index.json"
+
+
+def get_grad_scaler(distributed_type: Any = None, **kwargs: Any) -> Any:
+    """A gradient scaler for the active backend (FSDP's sharded scaler under FSDP); ``kwargs`` go to its constructor.
+
+    A backend without fp16 autocast raises ``UnsupportedFeatureError`` saying why, instead of
+    returning a scaler that would not scale anything.
+    """
+    from .dataclasses import DistributedType
+
+    if distributed_type == DistributedType.FSDP:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(device=_backend().autocast_device_type, **kwargs)
+    return _backend().grad_scaler(**kwargs)
+
+
+def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwargs: Any = None) -> Any:
+    """Autocast for the state's mixed precision (fp16, else bf16 for bf16/fp8) on its device; a null context
+    when ``native_amp`` is False. ``autocast_kwargs`` is an :class:`AutocastKwargs`."""
+    import contextlib
+
+    if not native_amp:
+        return contextlib.nullcontext()
+    from ..state import AcceleratorState
+
+    state = AcceleratorState()
+    kwargs = autocast_kwargs.to_kwargs() if autocast_kwargs is not None else {}
+    enabled = kwargs.pop("enabled", True)
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}.get(str(state.mixed_precision))
+    if dtype is None:
+        return torch.autocast(state.device.type, enabled=enabled, **kwargs)
+    return state.hardware_backend.autocast(dtype, enabled=enabled, **kwargs)
+
+
+__all__ += ["WEIGHTS_INDEX_NAME", "get_grad_scaler", "get_mixed_precision_context_manager"]

@@ -778,3 +778,74 @@ def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
     else:
         dist.all_reduce(result, op=dist.ReduceOp.SUM)
     return result
+
+
+# ---------------------------------------------------------------------------------------------------
+# Accelerate's dtype codes for shape exchange, and ZeRO-3 parameter gathering
+#: dtype -> the integer Accelerate sends beside a shape (``gather_tensor_shape``)
+TENSOR_TYPE_TO_INT = {
+    torch.float: 1, torch.double: 2, torch.half: 3, torch.bfloat16: 4, torch.uint8: 5,
+    torch.int8: 6, torch.int16: 7, torch.int32: 8, torch.int64: 9, torch.bool: 10,
+}
+#: the inverse of :data:`TENSOR_TYPE_TO_INT`
+TENSOR_INT_TO_DTYPE = {code: dtype for dtype, code in TENSOR_TYPE_TO_INT.items()}
+
+
+def is_torch_xpu_tensor(tensor: Any) -> bool:
+    """Whether ``tensor`` is a torch tensor on an Intel XPU."""
+    return isinstance(tensor, torch.Tensor) and tensor.device.type == "xpu"
+
+
+def gather_tensor_shape(tensor: torch.Tensor | None) -> tuple[torch.Tensor, int]:
+    """The shape and dtype code of a tensor that one process holds (the others pass None), on every process.
+
+    Returns ``(shape as an int tensor, code)``; :data:`TENSOR_INT_TO_DTYPE` maps the code back to a dtype.
+    """
+    state = PartialState()
+    packed = torch.zeros(_MAX_DIMS + 1, dtype=torch.int64, device=state.device)
+    if tensor is not None:
+        if tensor.dtype not in TENSOR_TYPE_TO_INT:
+            raise TypeError(f"gather_tensor_shape cannot send dtype {tensor.dtype}; "
+                            f"supported: {sorted(map(str, TENSOR_TYPE_TO_INT))}")
+        if tensor.dim() > _MAX_DIMS or any(size == 0 for size in tensor.shape):
+            raise ValueError(f"gather_tensor_shape needs 1 to {_MAX_DIMS} non-zero dimensions, got shape {tuple(tensor.shape)}")
+        packed[: tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
+        packed[-1] = TENSOR_TYPE_TO_INT[tensor.dtype]
+    packed = reduce(packed, reduction="sum")
+    dims = packed[:-1]
+    return dims[dims.nonzero().flatten()], int(packed[-1])
+
+
+class GatheredParameters:
+    """Context manager gathering ZeRO-3 partitioned ``params`` (DeepSpeed's), a no-op without ZeRO-3.
+
+    Lets code read or modify full parameters the same way whether or not DeepSpeed shards them.
+    """
+
+    def __init__(self, params: Any, modifier_rank: int | None = None, fwd_module: Any = None, enabled: bool = True):
+        self.params, self.modifier_rank, self.fwd_module, self.enabled = params, modifier_rank, fwd_module, enabled
+        self._context: Any = None
+
+    def _inner(self) -> Any:
+        import contextlib
+
+        from ..state import AcceleratorState
+
+        state = AcceleratorState()
+        plugin = state.deepspeed_plugin if state.distributed_type == DistributedType.DEEPSPEED else None
+        if plugin is None or not plugin.is_zero3_init_enabled():
+            return contextlib.nullcontext()
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(self.params, modifier_rank=self.modifier_rank,
+                                                 fwd_module=self.fwd_module, enabled=self.enabled)
+
+    def __enter__(self) -> None:
+        self._context = self._inner()
+        self._context.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self._context.__exit__(*exc)
+
+
+__all__ += ["GatheredParameters", "TENSOR_INT_TO_DTYPE", "TENSOR_TYPE_TO_INT", "gather_tensor_shape", "is_torch_xpu_tensor"]

@@ -363,3 +363,69 @@ def write_basic_config(mixed_precision: str = "no", save_location: str | os.Path
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
     return save_config(default_config(mixed_precision=mixed_precision), path)
+
+
+# ---------------------------------------------------------------------------- in-place regional compilation
+def _compile_in_place(module: torch.nn.Module, **compile_kwargs: Any) -> None:
+    if is_repeated_blocks(module):
+        for block in module:
+            block.compile(**compile_kwargs)
+    elif has_repeated_blocks(module):
+        for child in module.children():
+            _compile_in_place(child, **compile_kwargs)
+    else:
+        module.compile(**compile_kwargs)
+
+
+def compile_regions_deepspeed(module: torch.nn.Module, **compile_kwargs: Any) -> None:
+    """Regional compilation of a DeepSpeed engine's module, in place (``nn.Module.compile``).
+
+    ``torch.compile(module)`` would return a new module that bypasses the hooks DeepSpeed installed;
+    compiling in place keeps them.
+    """
+    _compile_in_place(module, **compile_kwargs)
+
+
+def compile_regions_fsdp2(module: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.Module:
+    """Regional compilation in place, before ``fully_shard``: the module keeps ``nn.Module.__call__``, so the
+    hooks FSDP2 adds later (all-gather, reshard) still run. Returns ``module``."""
+    _compile_in_place(module, **compile_kwargs)
+    return module
+
+
+def get_module_children_bottom_up(model: torch.nn.Module, return_fqns: bool = False) -> list[Any]:
+    """Every submodule of ``model``, children before parents, ``model`` last (with qualified names if ``return_fqns``).
+
+    The order FSDP2 wraps a model in: inner blocks first.
+    """
+    order: list[tuple[str, torch.nn.Module]] = []
+    stack = [("", model)]
+    while stack:
+        name, current = stack.pop()
+        order.append((name, current))
+        stack.extend((f"{name}.{child_name}" if name else child_name, child) for child_name, child in current.named_children())
+    order.reverse()
+    return order if return_fqns else [module for _, module in order]
+
+
+def _torch_safe_globals() -> list[Any]:
+    import codecs
+
+    import numpy as np
+
+    core = getattr(np, "_core", None) or np.core
+    allowed = [core.multiarray._reconstruct, np.ndarray, codecs.encode, np.dtype]
+    if hasattr(np, "dtypes"):
+        allowed.append(np.dtypes.UInt32DType)
+    return allowed
+
+
+def __getattr__(name: str) -> Any:
+    # TORCH_SAFE_GLOBALS imports numpy, so it is built on first use
+    if name == "TORCH_SAFE_GLOBALS":
+        value = globals()["TORCH_SAFE_GLOBALS"] = _torch_safe_globals()
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ += ["TORCH_SAFE_GLOBALS", "compile_regions_deepspeed", "compile_regions_fsdp2", "get_module_children_bottom_up"]
