@@ -1,9 +1,11 @@
-"""`accel launch` under faults (issue 20): a hung rank, a killed launcher, the first rank to fail.
+"""`accel launch` under faults: a hung rank, a killed launcher, the first rank to fail, and faults injected
+from outside (a rank SIGKILLed as the out-of-memory killer does, a rank frozen with SIGSTOP as a stuck
+driver call looks) on one node and on two simulated nodes (two launchers on 127.0.0.1).
 
-Real launches run `python -m accel.commands.cli launch ...` in a subprocess with 2 CPU ranks; the
-ranks write their pids (and the hanging rank the time it started hanging) into $ACCEL_TEST_OUT.
-The 20-run blame check is slow (marker ``slow``, opt-in with RUN_SLOW=1 as accel.test_utils.slow is);
-one run of it is in the default suite.
+Real launches run `python -m accel.commands.cli launch ...` in a subprocess with CPU ranks; the
+ranks write their pids (and the points they reached) into $ACCEL_TEST_OUT, and the tests wait for
+those files, never for a fixed time. The 20-run blame check is slow (marker ``slow``, opt-in with
+RUN_SLOW=1 as accel.test_utils.slow is); one run of it is in the default suite.
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from accel.commands import UsageError
 from accel.commands import launch as L
+from accel.commands import launch_diagnosis as D
 from accel.utils import heartbeat
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -162,43 +166,6 @@ def test_the_first_rank_to_fail_is_named_in_every_run(tmp_path):
     assert wrong == []
 
 
-class _Failure:
-    def __init__(self, exitcode: int, timestamp: int):
-        self.exitcode, self.timestamp, self.local_rank, self.pid = exitcode, timestamp, 0, 1
-
-    def signal_name(self) -> str:
-        return signal.Signals(-self.exitcode).name if self.exitcode < 0 else ""
-
-
-def test_root_failure_goes_by_recorded_time_not_by_exit_order():
-    # rank 0 exited first with an error of its own (a broken collective); rank 1 failed earlier
-    failures = {0: _Failure(1, 100), 1: _Failure(-15, 100)}
-    assert L._root_failure(failures)[0] == 0  # without the ranks' records: the agent's view
-    assert L._root_failure(failures, {0: 2_000, 1: 1_000})[0] == 1
-    assert L._root_failure(failures, {0: 2_000})[0] == 0  # a rank with no record (killed by a signal) comes after
-
-
-# ---------------------------------------------------------------------------------------------- the pieces
-def _beat(rank: int, pid: int, count: int, last: float) -> heartbeat.Beat:
-    return heartbeat.Beat(rank, pid, count, 0, last)
-
-
-WAITING = 'Current thread 0x1 (most recent call first):\n  File "/x/torch/distributed/distributed_c10d.py", line 9 in barrier\n  File "t.py", line 1 in <module>\n'
-BUSY = 'Thread 0x2 (most recent call first):\n  File "t.py", line 4 in stuck\n  File "t.py", line 1 in <module>\n'
-
-
-def test_hung_rank_choice():
-    # fewest progress points: its peers went on into a collective it never reached
-    assert L.hung_rank({0: _beat(0, 1, 5, 10.0), 1: _beat(1, 2, 4, 9.0), 2: _beat(2, 3, 5, 10.0)}, {}) == 1
-    # even: the stacks tell the rank outside a collective from those waiting in one
-    beats = {0: _beat(0, 1, 3, 5.0), 1: _beat(1, 2, 3, 6.0)}
-    assert L.hung_rank(beats, {0: WAITING, 1: BUSY}) == 1
-    assert L.hung_rank(beats, {0: BUSY, 1: WAITING}) == 0
-    # nothing else to go by: the oldest last progress
-    assert L.hung_rank(beats, {}) == 0
-    assert L.waiting_in_collective(WAITING) and not L.waiting_in_collective(BUSY) and not L.waiting_in_collective(None)
-
-
 def test_heartbeat_file_round_trip(tmp_path, monkeypatch):
     import faulthandler
 
@@ -233,3 +200,258 @@ def test_hang_timeout_option(monkeypatch):
         L._hang_timeout(None)
     with pytest.raises(UsageError, match="--hang_timeout must be 0"):
         L._hang_timeout(-1)
+
+
+# ---------------------------------------------------------------------------------------------- faults from outside
+FAULT = SCRIPTS / "fault_rank.py"
+#: how long a test waits for ranks to reach a point or a launcher to end (a loaded 2-core machine is slow)
+PATIENCE = 240
+
+
+def _free_port() -> str:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return str(sock.getsockname()[1])
+
+
+def _start_job(tmp_path: Path, nodes: int, ranks: int, hang_timeout: float) -> tuple[list[subprocess.Popen], Path]:
+    """``nodes`` launchers of fault_rank.py (``ranks`` in all), on one host; their stderr goes to files."""
+    out = tmp_path / "out"
+    out.mkdir(parents=True, exist_ok=True)
+    env = _env(out)
+    common = ["--cpu", "--num_processes", str(ranks), "--hang_timeout", str(hang_timeout)]
+    if nodes > 1:
+        common += ["--num_machines", str(nodes), "--main_process_ip", "127.0.0.1", "--main_process_port", _free_port()]
+    launchers = []
+    for node in range(nodes):
+        where = ["--machine_rank", str(node)] if nodes > 1 else []
+        err = open(tmp_path / f"stderr-{node}", "w")
+        launchers.append(subprocess.Popen(
+            [sys.executable, "-m", "accel.commands.cli", "launch", *common, *where, str(FAULT)],
+            env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=err))
+        err.close()
+    return launchers, out
+
+
+def _wait_ready(launchers: list[subprocess.Popen], out: Path, ranks: int) -> list[int]:
+    """Wait until every rank wrote ``ready-RANK`` (it trained a few steps); the ranks' pids, by rank."""
+    deadline = time.monotonic() + PATIENCE
+    while len(list(out.glob("ready-*"))) < ranks:
+        assert time.monotonic() < deadline, "the ranks never got ready"
+        assert all(p.poll() is None for p in launchers), "a launcher ended before its ranks were ready"
+        time.sleep(0.1)
+    pids = {int(p.name.split("-")[1]): int(p.read_text()) for p in out.glob("pid-*")}
+    return [pids[r] for r in range(ranks)]
+
+
+def _finish(launchers: list[subprocess.Popen], tmp_path: Path, pids: list[int]) -> list[tuple[int, str, float]]:
+    """(exit code, stderr, seconds taken) of each launcher; afterwards no rank may be left running."""
+    started = time.monotonic()
+    results = []
+    try:
+        for node, launcher in enumerate(launchers):
+            code = launcher.wait(timeout=PATIENCE)
+            results.append((code, (tmp_path / f"stderr-{node}").read_text(), time.monotonic() - started))
+        assert _wait_gone(pids, 10) == [], "ranks left running"
+    finally:
+        for launcher in launchers:
+            if launcher.poll() is None:
+                launcher.kill()
+        for pid in pids:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+    return results
+
+
+def _headline(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.startswith("accel launch: rank ")]
+    assert lines, err[-4000:]
+    return lines[0]
+
+
+def _rank_section(err: str, rank: int) -> str:
+    return err.split(f"--- rank {rank} ")[1].split("--- rank ")[0]
+
+
+@pytest.mark.parametrize("nodes, ranks, victim", [(1, 2, 1), (2, 4, 3)], ids=["one-node", "two-nodes"])
+def test_a_rank_killed_by_a_signal_is_named_first(tmp_path, nodes, ranks, victim):
+    """SIGKILL (what the out-of-memory killer sends) to one rank: its peers then fail with "connection reset",
+    and may even record their failure before the launcher's agent notices the dead rank; the killed rank
+    is named, on every node, with exit status 128 + 9."""
+    launchers, out = _start_job(tmp_path, nodes, ranks, hang_timeout=120)
+    pids = []
+    try:
+        pids = _wait_ready(launchers, out, ranks)
+        os.kill(pids[victim], signal.SIGKILL)
+    finally:
+        results = _finish(launchers, tmp_path, pids)
+    for code, err, _ in results:
+        headline = _headline(err)
+        assert headline.startswith(f"accel launch: rank {victim} ") and "failed with signal 9 (SIGKILL)" in headline, err[-4000:]
+        assert f"rank {victim} was killed by SIGKILL before any other rank reported an error" in err
+        assert code == 128 + signal.SIGKILL, err[-4000:]
+    if nodes > 1:
+        assert "(node 1, local rank 1," in _headline(results[0][1])  # node 0 names the rank of node 1
+
+
+@pytest.mark.parametrize("nodes, ranks, victim", [(1, 2, 0), (2, 4, 3)], ids=["one-node", "two-nodes"])
+def test_a_stopped_rank_is_named_hung_and_its_peers_wait_in_a_collective(tmp_path, nodes, ranks, victim):
+    """SIGSTOP to one rank (a driver call that never returns looks the same): its peers block in DDP's
+    allreduce inside ``backward``; the stopped rank cannot answer the stack request. Every node names
+    it as stopped -- not as exited -- and shows the peers waiting in a collective; the job ends with 124."""
+    launchers, out = _start_job(tmp_path, nodes, ranks, hang_timeout=HANG_TIMEOUT + 4)
+    pids = []
+    try:
+        pids = _wait_ready(launchers, out, ranks)
+        os.kill(pids[victim], signal.SIGSTOP)
+    finally:
+        results = _finish(launchers, tmp_path, pids)
+    for code, err, _ in results:
+        headline = _headline(err)
+        assert headline.startswith(f"accel launch: rank {victim} ") and "hung: it is stopped (SIGSTOP?)" in headline, err[-4000:]
+        assert code == L.HANG_EXIT_CODE, err[-4000:]
+        stopped = _rank_section(err, victim)
+        assert "stopped (SIGSTOP?)" in stopped.splitlines()[0] and "did not answer" in stopped and "exited" not in stopped
+        for peer in set(range(ranks)) - {victim}:
+            section = _rank_section(err, peer)
+            assert "waiting in a collective" in section.splitlines()[0], section
+            assert "in backward" in section  # blocked in the gradient allreduce of DDP
+    if nodes > 1:
+        assert _headline(results[0][1]) == _headline(results[1][1])
+
+
+def test_the_folder_of_a_killed_launcher_is_removed_by_the_next_start(tmp_path):
+    """A SIGKILLed launcher cannot clean up; its folder carries an owner file, and the next launch removes it."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    env = dict(_env(out), TMPDIR=str(temp))
+    launcher = subprocess.Popen(_command(str(SCRIPTS / "sleep_rank.py")), env=env, cwd=tmp_path,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + PATIENCE
+        while len(_pids(out)) < 2:
+            assert time.monotonic() < deadline and launcher.poll() is None, "the ranks did not start"
+            time.sleep(0.1)
+        launcher.kill()
+        launcher.wait(timeout=30)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert _wait_gone(_pids(out), 10) == []
+    left = list(temp.glob(D.RUN_DIR_PREFIX + "*"))
+    assert len(left) == 1 and (left[0] / D.OWNER_FILE).is_file()
+    live = Path(D.make_run_dir())  # a folder of a launcher that is still running (this process) stays
+    try:
+        done = subprocess.run(_command(str(SCRIPTS / "report_rank.py")), capture_output=True, text=True,
+                              timeout=PATIENCE, env=env, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert not left[0].exists()
+        assert live.is_dir()
+        assert list(temp.glob(D.RUN_DIR_PREFIX + "*")) == []  # the second launch removed its own folder too
+    finally:
+        import shutil
+
+        shutil.rmtree(live, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------- the rules
+def _ev(rank: int, **kw) -> D.RankEvidence:
+    return D.RankEvidence(rank=rank, node=kw.pop("node", 0), **kw)
+
+
+def test_blame_failure_goes_by_evidence():
+    # rank 1 raised first (it recorded it), rank 0's collective broke later, though rank 0 exited first
+    assert D.blame_failure([_ev(0, exitcode=1, failed_at=20.0, agent_time=20.0),
+                            _ev(1, exitcode=-15, signal="SIGTERM", failed_at=10.0, last_alive=21.0)]).rank == 1
+    # rank 3 was SIGKILLed: no record of its own, but the launcher saw it running last at 9.9, before any
+    # peer recorded its failure; the agent's later stop of rank 2 (SIGTERM, no record) comes last
+    killed = [_ev(0, exitcode=1, failed_at=10.0), _ev(1, exitcode=1, failed_at=10.01),
+              _ev(2, exitcode=-15, signal="SIGTERM", last_alive=9.0, node=1),
+              _ev(3, exitcode=-9, signal="SIGKILL", last_alive=9.9, node=1)]
+    assert D.blame_failure(killed).rank == 3
+    assert D.blame_failure(killed[:3]).rank == 0  # without rank 3: the first record
+    # a rank that exited without raising (os._exit) before any peer failed
+    assert D.blame_failure([_ev(0, exitcode=1, failed_at=5.0), _ev(1, exitcode=3, last_alive=4.0)]).rank == 1
+    with pytest.raises(ValueError):
+        D.blame_failure([])
+
+
+STOPPED_STACK = None
+AUTOGRAD = ('Current thread 0x1 (most recent call first):\n  File "/v/torch/autograd/graph.py", line 9 in _engine_run_backward\n'
+            '  File "/v/torch/_tensor.py", line 6 in backward\n  File "t.py", line 1 in <module>\n')
+C10D = ('Current thread 0x1 (most recent call first):\n  File "/v/torch/distributed/distributed_c10d.py", line 9 in barrier\n'
+        '  File "t.py", line 1 in <module>\n')
+DDP_FORWARD = ('Current thread 0x1 (most recent call first):\n  File "/v/torch/nn/parallel/distributed.py", line 9 in _sync_buffers\n'
+               '  File "t.py", line 1 in <module>\n')
+BUSY = 'Thread 0x2 (most recent call first):\n  File "t.py", line 4 in stuck\n  File "t.py", line 1 in <module>\n'
+
+
+def test_waiting_in_a_collective_includes_ddp_backward_and_c10d():
+    for stack in (AUTOGRAD, C10D, DDP_FORWARD):
+        assert D.waiting_in_collective(stack) and L.waiting_in_collective(stack)
+    assert not D.waiting_in_collective(BUSY) and not D.waiting_in_collective(None)
+
+
+def test_blame_hang_names_a_silent_live_rank_then_the_one_behind():
+    peers = [_ev(r, count=7, idle=6.0, state="S", answered=True, stack=AUTOGRAD) for r in (0, 1, 2)]
+    stopped = _ev(3, node=1, count=7, idle=6.0, state="T", answered=False)
+    rank, why = D.blame_hang([*peers, stopped])
+    assert rank.rank == 3 and why.startswith("it is stopped (SIGSTOP?)")
+    stuck = _ev(3, count=7, idle=6.0, state="D", answered=False)
+    assert "uninterruptible" in D.blame_hang([*peers, stuck])[1]
+    # a rank that exited is not "silent": the progress rule applies
+    gone = _ev(3, count=2, idle=30.0, state=None, answered=False)
+    rank, why = D.blame_hang([*peers, gone])
+    assert rank.rank == 3 and "rank 3 is behind: 2 progress point(s)" in why
+    # even counts: the rank outside a collective
+    busy = _ev(2, count=7, idle=6.0, state="S", answered=True, stack=BUSY)
+    assert D.blame_hang([*peers[:2], busy]).__getitem__(0).rank == 2
+    assert D.describe_state("T") == "stopped (SIGSTOP?)" and D.describe_state(None) == "exited"
+    assert D.describe_state("R") == "not responding"
+
+
+def test_node_exchange_swaps_evidence_and_a_silent_node_costs_a_bounded_wait():
+    port = int(_free_port())
+    host = D.NodeExchange("127.0.0.1", port, node=0, nnodes=3, wait=2.0)
+    host.open()
+    other = D.NodeExchange("127.0.0.1", port, node=1, nnodes=3, wait=2.0)
+    try:
+        assert not other.hang_declared()
+        host.declare_hang()
+        assert other.hang_declared()
+        import threading
+
+        got: dict[str, Any] = {}
+        worker = threading.Thread(target=lambda: got.update(other=other.swap([_ev(3, node=1, exitcode=-9, signal="SIGKILL")])))
+        worker.start()
+        started = time.monotonic()
+        merged, missing = host.swap([_ev(0, exitcode=1, failed_at=1.0)])
+        worker.join(timeout=30)
+        assert time.monotonic() - started < 15  # node 2 never answers: the wait is bounded
+        assert sorted(e.rank for e in merged) == [0, 3] and missing == [2]
+        other_merged, other_missing = got["other"]
+        assert sorted(e.rank for e in other_merged) == [0, 3] and other_missing == [2]
+        assert next(e for e in merged if e.rank == 3).signal == "SIGKILL"
+    finally:
+        host.close()
+
+
+def test_orphaned_run_dirs_are_removed_and_live_ones_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    mine = Path(D.make_run_dir())
+    assert mine.parent == tmp_path
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    orphan = tmp_path / (D.RUN_DIR_PREFIX + "orphan")
+    orphan.mkdir()
+    (orphan / D.OWNER_FILE).write_text(dead.stdout.strip())
+    foreign = tmp_path / (D.RUN_DIR_PREFIX + "no_owner")  # no owner file: not ours to judge
+    foreign.mkdir()
+    assert D.remove_orphaned_run_dirs() == [str(orphan)]
+    assert mine.is_dir() and foreign.is_dir() and not orphan.exists()

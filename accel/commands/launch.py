@@ -57,14 +57,16 @@ import argparse
 import contextlib
 import copy
 import os
-import re
 import shutil
 import socket
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from accel.commands import UsageError
+from accel.commands import launch_diagnosis as diagnosis
+from accel.commands.launch_diagnosis import waiting_in_collective
 from accel.utils import heartbeat
 
 __all__ = [
@@ -79,6 +81,7 @@ __all__ = [
     "launch_command_parser",
     "loopback_interface",
     "run",
+    "waiting_in_collective",
 ]
 
 DEFAULT_PORT = 29500
@@ -545,6 +548,8 @@ class LaunchPlan:
     quiet: bool = False
     #: seconds without progress before the job is ended as hung (0: never)
     hang_timeout: float = DEFAULT_HANG_TIMEOUT
+    #: torch elastic's rendezvous backend (the nodes swap failure evidence through the static one's store)
+    rdzv_backend: str = "static"
 
     @property
     def num_processes(self) -> int:
@@ -728,6 +733,7 @@ def build_plan(args: argparse.Namespace) -> LaunchPlan:
         log_dir=args.log_dir,
         quiet=bool(args.quiet),
         hang_timeout=hang_timeout,
+        rdzv_backend=args.rdzv_backend,
     )
 
 
@@ -943,10 +949,17 @@ class _DropElasticFailureLine:
         return not str(record.msg).startswith("failed (exitcode")
 
 
+def _exchange_for(plan: LaunchPlan) -> Any:
+    """The evidence exchange between the nodes' launchers (several nodes, static rendezvous); else None."""
+    if plan.num_machines <= 1 or plan.command is not None or plan.rdzv_backend != "static":
+        return None
+    host, _, port = plan.endpoint.rpartition(":")
+    return diagnosis.NodeExchange(host, int(port), plan.machine_rank, plan.num_machines)
+
+
 def execute(plan: LaunchPlan) -> int:
     """Run the plan through ``torch.distributed.run``; return 0 or the failing rank's exit code."""
     import logging
-    import tempfile
 
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -965,44 +978,60 @@ def execute(plan: LaunchPlan) -> int:
     quiet = _DropElasticFailureLine()
     if not plan.debug:
         api_logger.addFilter(quiet)
-    # torch elastic's per-rank error files go to --log_dir when given, else a private folder removed afterwards
-    folder = contextlib.nullcontext(plan.log_dir) if plan.log_dir else tempfile.TemporaryDirectory(prefix="accel_launch_")
-    # shared with the ranks: heartbeats, stacks on demand, failure times (see accel.utils.heartbeat)
-    run_folder = tempfile.TemporaryDirectory(prefix="accel_run_")
-    with folder as log_dir, run_folder as run_dir, patched_environ(
-            {**plan.env, heartbeat.RUN_DIR_ENV: run_dir, LAUNCHER_PID_ENV: str(os.getpid())}):
-        watchdog = HangWatchdog(run_dir, plan.hang_timeout)
-        watchdog.start()
-        try:
-            targs = torchrun.parse_args(["--log-dir", log_dir, *plan.torchrun_args])
-            torchrun.run(targs)
-        except ChildFailedError as err:
-            watchdog.stop()
-            if watchdog.report is not None:
+    # the private folder shared with the ranks (heartbeats, stacks, failure times) and, without --log_dir,
+    # torch elastic's per-rank error files; an owner file lets the next launcher remove it if this one is killed
+    diagnosis.remove_orphaned_run_dirs()
+    run_dir = diagnosis.make_run_dir()
+    log_dir = plan.log_dir or os.path.join(run_dir, "logs")
+    exchange = _exchange_for(plan)
+    watch = diagnosis.ChildWatch(run_dir)
+    watchdog = HangWatchdog(run_dir, plan.hang_timeout, exchange=exchange, node=plan.machine_rank, nnodes=plan.num_machines)
+    try:
+        with patched_environ({**plan.env, heartbeat.RUN_DIR_ENV: run_dir, LAUNCHER_PID_ENV: str(os.getpid())}):
+            if exchange is not None:
+                try:
+                    exchange.open()
+                except Exception as exc:  # the port is taken or unreachable: torch elastic will say so itself
+                    print(f"accel launch: warning: no evidence exchange between the nodes ({type(exc).__name__}: {exc})", file=sys.stderr)
+                    exchange = watchdog.exchange = None
+            watch.start()
+            watchdog.start()
+            try:
+                targs = torchrun.parse_args(["--log-dir", log_dir, *plan.torchrun_args])
+                torchrun.run(targs)
+            except ChildFailedError as err:
+                watchdog.stop()
+                if watchdog.report is not None:
+                    print(watchdog.report, file=sys.stderr)
+                    return HANG_EXIT_CODE
+                report, code = failure_report(err, plan.debug, run_dir, watch=watch, exchange=exchange,
+                                              node=plan.machine_rank, nnodes=plan.num_machines)
+                if plan.quiet:
+                    report = report.splitlines()[0]
+                print(report, file=sys.stderr)
+                return code
+            except SignalException as exc:
+                watchdog.stop()
+                if watchdog.report is not None:  # the watchdog stopped the agent (no restart of a hung job)
+                    print(watchdog.report, file=sys.stderr)
+                    return HANG_EXIT_CODE
+                print(f"accel launch: stopped by signal {exc.sigval.name}; the ranks were terminated", file=sys.stderr)
+                return 128 + int(exc.sigval)
+            except Exception as exc:
+                print(f"accel launch: the launch failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+                return 1
+            finally:
+                watchdog.stop()
+                watch.stop()
+                api_logger.removeFilter(quiet)
+            if watchdog.report is not None:  # ended as hung, though every rank's exit looked clean to the agent
                 print(watchdog.report, file=sys.stderr)
                 return HANG_EXIT_CODE
-            report, code = failure_report(err, plan.debug, run_dir)
-            if plan.quiet:
-                report = report.splitlines()[0]
-            print(report, file=sys.stderr)
-            return code
-        except SignalException as exc:
-            watchdog.stop()
-            if watchdog.report is not None:  # the watchdog stopped the agent (no restart of a hung job)
-                print(watchdog.report, file=sys.stderr)
-                return HANG_EXIT_CODE
-            print(f"accel launch: stopped by signal {exc.sigval.name}; the ranks were terminated", file=sys.stderr)
-            return 128 + int(exc.sigval)
-        except Exception as exc:
-            print(f"accel launch: the launch failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-            return 1
-        finally:
-            watchdog.stop()
-            api_logger.removeFilter(quiet)
-    if watchdog.report is not None:  # ended as hung, though every rank's exit looked clean to the agent
-        print(watchdog.report, file=sys.stderr)
-        return HANG_EXIT_CODE
-    return 0
+            return 0
+    finally:
+        if exchange is not None:
+            exchange.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------- hang watchdog
@@ -1011,17 +1040,20 @@ class HangWatchdog:
 
     Progress is each rank's heartbeat (:mod:`accel.utils.heartbeat`); the watch starts once a rank has
     passed its first progress point, so a script that never steps or calls an accel collective is never
-    ended. On a hang: every rank writes its Python stack (``faulthandler`` on the heartbeat's signal),
-    the rank that is behind is named (:func:`hung_rank`), every rank is killed, and ``report`` holds
+    ended. On a hang: every rank is asked for its Python stack (``faulthandler`` on the heartbeat's
+    signal), each rank's state is read from the OS, the evidence is swapped with the other nodes'
+    launchers (``exchange``, which also tells them to end), the rank to blame is chosen by
+    :func:`accel.commands.launch_diagnosis.blame_hang`, every local rank is killed, and ``report`` holds
     the text ``accel launch`` prints before exiting with :data:`HANG_EXIT_CODE`.
     """
 
-    def __init__(self, run_dir: str, timeout: float, poll: float | None = None):
-        import threading
-
+    def __init__(self, run_dir: str, timeout: float, poll: float | None = None, exchange: Any = None,
+                 node: int = 0, nnodes: int = 1):
         self.run_dir = run_dir
         self.timeout = float(timeout)
         self.poll = poll if poll is not None else min(1.0, max(self.timeout / 20, 0.05))
+        self.exchange = exchange
+        self.node, self.nnodes = node, nnodes
         self.report: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="accel-hang-watchdog", daemon=True)
@@ -1032,13 +1064,14 @@ class HangWatchdog:
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread.is_alive():
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()
 
     def _watch(self) -> None:
         import time
 
         seen: dict[int, tuple[int, int, int, float]] = {}  # rank -> (pid, count, busy, when first seen)
+        next_ask = 0.0
         while not self._stop.wait(self.poll):
             now = time.monotonic()
             beats = heartbeat.read(self.run_dir)
@@ -1050,7 +1083,11 @@ class HangWatchdog:
             if not any(b.count > 0 for b in beats.values()) or any(heartbeat.read_failure(self.run_dir, r) for r in beats):
                 continue  # not armed yet, or a rank failed: the agent's failure report takes over
             idle = now - max(b.last for b in beats.values())
-            if idle >= self.timeout:
+            declared = False
+            if self.exchange is not None and now >= next_ask:  # another node's launcher may have declared a hang
+                next_ask = now + 1.0
+                declared = self.exchange.hang_declared()
+            if idle >= self.timeout or declared:
                 self.report = self._end(beats, idle)
                 self._stop_agent()
                 return
@@ -1059,13 +1096,25 @@ class HangWatchdog:
         import signal
         import time
 
+        if self.exchange is not None:
+            self.exchange.declare_hang()
         alive = {rank: b for rank, b in beats.items() if _is_our_rank(b.pid)}
         for b in alive.values():
             with contextlib.suppress(OSError):
                 os.kill(b.pid, heartbeat.STACK_SIGNAL)
         stacks = _collect_stacks(self.run_dir, list(alive), deadline=time.monotonic() + 3.0)
-        rank = hung_rank(beats, stacks)
-        report = hang_report(beats, stacks, rank, idle, self.timeout)
+        now = time.monotonic()
+        evidence = []
+        for rank, b in sorted(beats.items()):
+            state = diagnosis.proc_state(b.pid) if rank in alive else None
+            stack = (stacks.get(rank) or "")[-diagnosis._STACK_CHARS:] or None
+            evidence.append(diagnosis.RankEvidence(
+                rank=rank, node=self.node, pid=b.pid, count=b.count, idle=now - b.last, state=state,
+                answered=stack is not None, stack=stack))
+        missing: list[int] = []
+        if self.exchange is not None:
+            evidence, missing = self.exchange.swap(evidence)
+        report = hang_report(evidence, idle, self.timeout, nnodes=self.nnodes, missing=missing)
         for b in alive.values():
             with contextlib.suppress(OSError):
                 os.kill(b.pid, signal.SIGKILL)
@@ -1094,7 +1143,8 @@ def _is_our_rank(pid: int) -> bool:
 
 
 def _collect_stacks(run_dir: str, ranks: list[int], deadline: float) -> dict[int, str]:
-    """Each rank's stack file once it has stopped growing (faulthandler writes it from a signal handler)."""
+    """Each rank's stack file once it has stopped growing (faulthandler writes it from a signal handler);
+    a rank that wrote nothing by ``deadline`` (stopped, stuck in the kernel) has no entry."""
     import time
 
     from pathlib import Path
@@ -1110,66 +1160,39 @@ def _collect_stacks(run_dir: str, ranks: list[int], deadline: float) -> dict[int
     stacks = {}
     for r in ranks:
         with contextlib.suppress(OSError):
-            stacks[r] = (Path(run_dir) / f"stack-{r}.txt").read_text(errors="replace")
+            text = (Path(run_dir) / f"stack-{r}.txt").read_text(errors="replace")
+            if text.strip():
+                stacks[r] = text
     return stacks
 
 
-_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line \d+ in (?P<func>\S+)')
-
-
-def _top_frames(stack: str) -> list[tuple[str, str]]:
-    """(file, function) of the innermost frame of each thread in a faulthandler dump."""
-    tops: list[tuple[str, str]] = []
-    expect = False
-    for line in stack.splitlines():
-        if line.startswith(("Thread 0x", "Current thread 0x")):
-            expect = True
-            continue
-        match = _FRAME.match(line)
-        if expect and match:
-            tops.append((match.group("file"), match.group("func")))
-            expect = False
-    return tops
-
-
-def waiting_in_collective(stack: str | None) -> bool:
-    """Whether a rank's stack shows it blocked inside torch.distributed (waiting for its peers)."""
-    if not stack:
-        return False
-    sep = os.sep
-    return any(f"{sep}torch{sep}distributed{sep}" in path for path, _ in _top_frames(stack))
-
-
-def hung_rank(beats: dict[int, heartbeat.Beat], stacks: dict[int, str]) -> int:
-    """The rank a hang is blamed on: the one that passed the fewest progress points (its peers went
-    on to a collective it never reached); among equals, one not blocked in a collective; then the one
-    whose last progress is oldest; then the lowest rank."""
-    least = min(b.count for b in beats.values())
-    behind = [r for r, b in beats.items() if b.count == least]
-    outside = [r for r in behind if not waiting_in_collective(stacks.get(r))]
-    candidates = outside or behind
-    return min(candidates, key=lambda r: (beats[r].last, r))
-
-
-def hang_report(beats: dict[int, heartbeat.Beat], stacks: dict[int, str], rank: int, idle: float, timeout: float) -> str:
-    """What `accel launch` prints for a hang: the blamed rank and why, then every rank's Python stack."""
-    import time
-
-    now = time.monotonic()
-    b = beats[rank]
-    others = ", ".join(f"rank {r}: {o.count}" for r, o in sorted(beats.items()) if r != rank)
-    lines = [
-        f"accel launch: rank {rank} (pid {b.pid}) hung: no rank made progress for {idle:.0f} s (--hang_timeout "
-        f"{timeout:g}); rank {rank} is behind: {b.count} progress point(s), last {now - b.last:.0f} s ago"
-        + (f" (others: {others})" if others else "") + "; the job was ended",
-    ]
-    if waiting_in_collective(stacks.get(rank)):
-        lines.append(f"accel launch: rank {rank} is itself blocked in a collective: a peer on another machine may be the cause")
-    for r in sorted(beats):
-        state = "waiting in a collective" if waiting_in_collective(stacks.get(r)) else "not in a collective"
-        lines.append(f"accel launch: --- rank {r} (pid {beats[r].pid}, {beats[r].count} progress points, {state}) Python stack:")
-        text = stacks.get(r)
-        lines += [f"  {line}" for line in text.rstrip().splitlines()] if text else ["  (no stack: the rank had already exited)"]
+def hang_report(evidence: list[Any], idle: float, timeout: float, nnodes: int = 1, missing: list[int] | None = None) -> str:
+    """What `accel launch` prints for a hang: the blamed rank and why, then every rank's state and Python stack
+    (the same text on every node when the evidence was swapped)."""
+    culprit, why = diagnosis.blame_hang(evidence)
+    where = f"node {culprit.node}, " if nnodes > 1 else ""
+    lines = [f"accel launch: rank {culprit.rank} ({where}pid {culprit.pid}) hung: {why}; no rank made progress for "
+             f"{idle:.0f} s (--hang_timeout {timeout:g}); the job was ended"]
+    if missing:
+        lines.append(f"accel launch: no evidence from node(s) {', '.join(map(str, missing))} within "
+                     f"{diagnosis.EVIDENCE_WAIT:g} s: the verdict weighs this node's ranks only")
+    if culprit.in_collective and (missing or nnodes > 1 and len({e.node for e in evidence}) < nnodes):
+        lines.append(f"accel launch: rank {culprit.rank} is itself blocked in a collective: a peer on another machine may be the cause")
+    for e in sorted(evidence, key=lambda e: e.rank):
+        if e.answered:
+            state = "waiting in a collective" if e.in_collective else "not in a collective"
+        elif e.alive:
+            state = diagnosis.describe_state(e.state)
+        else:
+            state = "exited"
+        node = f"node {e.node}, " if nnodes > 1 else ""
+        lines.append(f"accel launch: --- rank {e.rank} ({node}pid {e.pid}, {e.count} progress points, {state}) Python stack:")
+        if e.stack:
+            lines += [f"  {line}" for line in e.stack.rstrip().splitlines()]
+        elif e.alive:
+            lines.append(f"  (no stack: the rank is {diagnosis.describe_state(e.state)} and did not answer)")
+        else:
+            lines.append("  (no stack: the rank had already exited)")
     return "\n".join(lines)
 
 
@@ -1195,19 +1218,6 @@ def _exit_code(exitcode: int) -> int:
     if exitcode < 0:
         return 128 + (-exitcode)  # killed by a signal: the shell's convention
     return 1
-
-
-def _root_failure(failures: dict[int, Any], times: dict[int, int] | None = None) -> tuple[int, Any]:
-    """The rank that failed first, by event order: the earliest failure time a rank recorded itself
-    (``times``: monotonic ns, written by the bootstrap before the rank's exit, so a peer that failed
-    because of it always comes later, whichever exit the agent saw first). Ranks with no record
-    follow; among them, ranks the agent killed afterwards (negative exit codes) come last, then the
-    agent's timestamp (whole seconds) and order."""
-    order = list(failures)
-    times = times or {}
-    never = float("inf")
-    return min(failures.items(), key=lambda item: (
-        times.get(item[0], never), item[1].exitcode <= 0, item[1].timestamp, order.index(item[0])))
 
 
 def _error_details(failure: Any) -> tuple[str | None, str | None]:
@@ -1246,36 +1256,70 @@ def clean_traceback(callstack: str) -> list[str]:
     return out
 
 
-def failure_report(err: Any, debug: bool = False, run_dir: str | None = None) -> tuple[str, int]:
-    """A short summary of a ChildFailedError: the failing rank, its exit code and the end of its
-    traceback; returns (text, exit code for `accel launch`). ``run_dir``: the folder where ranks
-    recorded when they failed (the first to fail is named)."""
+def failure_evidence(failures: dict[int, Any], run_dir: str | None = None, watch: Any = None, node: int = 0) -> list[Any]:
+    """Evidence on each failed rank of this node (see :mod:`accel.commands.launch_diagnosis`): its exit
+    status, the moment it recorded its failure (converted to wall-clock time), when the launcher last saw
+    it running, and the end of its traceback."""
+    import time
+
+    to_wall = time.time() - time.monotonic()  # CLOCK_MONOTONIC is one clock for every process of this machine
+    evidence = []
+    for rank, f in failures.items():
+        recorded = heartbeat.read_failure(run_dir, rank) if run_dir else None
+        last_alive, died_at = watch.seen(rank) if watch is not None else (None, None)
+        message, callstack = _error_details(f)
+        evidence.append(diagnosis.RankEvidence(
+            rank=rank, node=node, pid=f.pid, local_rank=f.local_rank, exitcode=f.exitcode,
+            signal=diagnosis.signal_name(f.exitcode), failed_at=recorded / 1e9 + to_wall if recorded is not None else None,
+            last_alive=last_alive, died_at=died_at, agent_time=float(f.timestamp or 0) or None, message=message,
+            traceback=clean_traceback(callstack)[-TRACEBACK_LINES:] if callstack else []))
+    return evidence
+
+
+def failure_report(err: Any, debug: bool = False, run_dir: str | None = None, watch: Any = None, exchange: Any = None,
+                   node: int = 0, nnodes: int = 1) -> tuple[str, int]:
+    """A short summary of a ChildFailedError: the rank to blame, its exit code and the end of its traceback;
+    returns (text, exit code for `accel launch`). ``run_dir``: where ranks recorded when they failed;
+    ``watch``: the launcher's own observation of the ranks' processes; ``exchange``: swaps the evidence
+    with the other nodes' launchers, so every node names the same rank."""
     failures: dict[int, Any] = dict(err.failures)
     if not failures:
         return f"accel launch: {err}", 1
-    times = {}
-    if run_dir:
-        times = {r: t for r in failures if (t := heartbeat.read_failure(run_dir, r)) is not None}
-    rank, root = _root_failure(failures, times)
-    exitcode = root.exitcode
+    evidence = failure_evidence(failures, run_dir, watch, node)
+    missing: list[int] = []
+    if exchange is not None:
+        evidence, missing = exchange.swap(evidence)
+    root = diagnosis.blame_failure(evidence)
+    exitcode = root.exitcode if root.exitcode is not None else 1
     how = f"exit code {exitcode}"
-    if exitcode < 0 and rank in times:  # it failed first, then was stopped while exiting (e.g. slow atexit work)
-        how = f"an error (then stopped by {root.signal_name()} while exiting, after a peer's failure)"
+    cause = None
+    if exitcode < 0 and root.failed_at is not None:  # it failed first, then was stopped while exiting (e.g. slow atexit work)
+        how = f"an error (then stopped by {root.signal} while exiting, after a peer's failure)"
         exitcode = 1
     elif exitcode < 0:
-        how = f"signal {-exitcode} ({root.signal_name()})"
-    lines = [f"accel launch: rank {rank} (local rank {root.local_rank}, pid {root.pid}) failed with {how}"]
-    message, callstack = _error_details(root)
-    if callstack:
-        tail = clean_traceback(callstack)[-TRACEBACK_LINES:]
-        lines.append(f"accel launch: end of rank {rank}'s traceback:")
-        lines += [f"  {line}" for line in tail]
-    elif message:
-        lines.append(f"accel launch: rank {rank}: {message}")
+        how = f"signal {-exitcode} ({root.signal})"
+        others = [e for e in evidence if e is not root]
+        if others and root.signal != diagnosis.STOP_SIGNAL:
+            cause = (f"accel launch: rank {root.rank} was killed by {root.signal} before any other rank reported an error: "
+                     f"it is the root cause (the out-of-memory killer, a crash, or a kill from outside)")
+    where = f"node {root.node}, " if nnodes > 1 else ""
+    lines = [f"accel launch: rank {root.rank} ({where}local rank {root.local_rank}, pid {root.pid}) failed with {how}"]
+    if cause:
+        lines.append(cause)
+    if missing:
+        lines.append(f"accel launch: no evidence from node(s) {', '.join(map(str, missing))} within "
+                     f"{diagnosis.EVIDENCE_WAIT:g} s: the verdict weighs this node's ranks only")
+    if root.traceback:
+        lines.append(f"accel launch: end of rank {root.rank}'s traceback:")
+        lines += [f"  {line}" for line in root.traceback]
+    elif root.message:
+        lines.append(f"accel launch: rank {root.rank}: {root.message}")
+    elif root.node != node:
+        lines.append(f"accel launch: rank {root.rank} recorded no traceback; its output is in node {root.node}'s launcher output")
     else:
-        lines.append(f"accel launch: rank {rank} recorded no traceback (it exited without raising, or was killed); its own output is above")
-    others = [f"rank {r} ({'signal ' + f.signal_name() if f.exitcode < 0 else 'exit code ' + str(f.exitcode)})"
-              for r, f in failures.items() if r != rank]
+        lines.append(f"accel launch: rank {root.rank} recorded no traceback (it exited without raising, or was killed); its own output is above")
+    others = [f"rank {e.rank} ({'signal ' + str(e.signal) if e.signal else 'exit code ' + str(e.exitcode)})"
+              for e in sorted(evidence, key=diagnosis._failure_key) if e is not root]
     if others:
         lines.append(f"accel launch: also stopped: {', '.join(others)}")
     if debug:
