@@ -679,14 +679,15 @@ class Accelerator:
         """Let DDP processes with fewer batches join early instead of hanging (``torch.distributed.algorithms.Join``).
 
         ``even_batches`` overrides the prepared map-style loaders' setting for the block (iterable
-        loaders cannot change it: a warning says so). Under other strategies it warns and does nothing.
+        loaders cannot change it: a warning says so). The distributed type is read from the state
+        when called: under any type but a multi-process ``MULTI_*`` one it warns (except for a single
+        process, ``NO``) and runs the block as it is.
         """
-        if not self.use_distributed:
-            yield
-            return
-        if self.strategy.name != "ddp":
-            warnings.warn(f"join_uneven_inputs only works with DistributedDataParallel; the {self.strategy.name} "
-                          "strategy runs the block as it is", stacklevel=3)
+        distributed_type = DistributedType(self.state.distributed_type)
+        if not (self.use_distributed and distributed_type.is_multi_device_data_parallel):
+            if distributed_type != DistributedType.NO:
+                warnings.warn(f"Joining uneven inputs is only supported for multi-device data-parallel training (DDP); "
+                              f"under {distributed_type} join_uneven_inputs has no effect", stacklevel=3)
             yield
             return
         from torch.distributed.algorithms.join import Join

@@ -455,6 +455,7 @@ class AcceleratorState:
         **kwargs: Any,
     ):
         self.__dict__ = self._shared_state
+        explicit_precision = mixed_precision is not None
         if mixed_precision is None:
             mixed_precision = _env("ACCEL_MIXED_PRECISION", "ACCELERATE_MIXED_PRECISION", default="no")
         mixed_precision = str(mixed_precision).lower()
@@ -476,7 +477,9 @@ class AcceleratorState:
                         f"AcceleratorState is already initialised for this process; {name} cannot change now "
                         "(reset the state first: AcceleratorState._reset_state(True))"
                     )
-            if mixed_precision != self._mixed_precision and _from_accelerator:
+            # as in Accelerate: only an explicitly passed, different precision is an error (DeepSpeed's
+            # config owns the precision, so there it is not); leaving it out keeps the state's precision
+            if explicit_precision and mixed_precision != self._mixed_precision and self.distributed_type != DistributedType.DEEPSPEED:
                 raise ValueError(
                     f"AcceleratorState was already initialised with mixed_precision={self._mixed_precision!r}; "
                     f"it cannot change to {mixed_precision!r} in the same process (reset the state first)"

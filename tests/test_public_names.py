@@ -432,3 +432,97 @@ def test_prepare_pippy_needs_a_process_group():
     PartialState(cpu=True)
     with pytest.raises(RuntimeError, match="needs a process group"):
         prepare_pippy(torch.nn.Linear(2, 2), example_args=(torch.ones(1, 2),))
+
+
+# ---------------------------------------------------------------------------------------- behaviours that follow Accelerate
+_PRECISION_PROBE = r"""
+import json, sys, warnings
+from unittest.mock import Mock
+lib = sys.argv[1]
+if lib == "accel":
+    from accel import Accelerator
+    from accel.utils import DistributedType
+else:
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedType
+out = {}
+Accelerator(cpu=True, mixed_precision="fp16")
+try:
+    out["implicit"] = Accelerator(cpu=True).state.mixed_precision
+except ValueError as exc:
+    out["implicit"] = "ValueError"
+for value in ("fp16", "bf16"):
+    try:
+        Accelerator(cpu=True, mixed_precision=value)
+        out[value] = "ok"
+    except ValueError as exc:
+        out[value] = "ValueError" if "mixed_precision" in str(exc) else str(exc)
+accelerator = Accelerator(cpu=True)
+accelerator.state.distributed_type = DistributedType.FSDP
+joinable = Mock()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    with accelerator.join_uneven_inputs([joinable]):
+        out["block_ran"] = True
+out["join_warned"] = any(issubclass(w.category, UserWarning) and "only supported" in str(w.message) for w in caught)
+out["joinable_untouched"] = not joinable.method_calls
+print("RESULT" + json.dumps(out))
+"""
+
+
+def _probe(lib: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "ACCELERATE_"))}
+    done = subprocess.run([sys.executable, "-c", _PRECISION_PROBE, lib], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT"))
+    import json
+
+    return json.loads(line[len("RESULT"):])
+
+
+def test_precision_and_join_follow_accelerate():
+    ours, theirs = _probe("accel"), _probe("accelerate")
+    assert ours == theirs
+    assert ours == {"implicit": "fp16", "fp16": "ok", "bf16": "ValueError", "block_ran": True, "join_warned": True,
+                    "joinable_untouched": True}
+
+
+def _join_rank():
+    import warnings
+    from unittest.mock import Mock
+
+    from torch.utils.data import DataLoader
+
+    from accel import Accelerator
+    from accel.utils import DataLoaderConfiguration, DistributedType
+
+    accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(even_batches=False))
+    assert accelerator.distributed_type == DistributedType.MULTI_CPU
+    model = accelerator.prepare(torch.nn.Linear(1, 1))
+    # 3 samples over 2 ranks: rank 0 gets 2 batches, rank 1 one; without Join rank 0 would hang in backward
+    loader = accelerator.prepare(DataLoader(torch.arange(3.0).view(-1, 1), batch_size=1))
+    batches = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # joining under MULTI_CPU must not warn
+        with accelerator.join_uneven_inputs([model]):
+            for batch in loader:
+                model(batch).sum().backward()
+                batches += 1
+    accelerator.state.distributed_type = DistributedType.FSDP  # code and tests set it; judged when called
+    joinable = Mock()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with accelerator.join_uneven_inputs([joinable]):
+            pass
+    accelerator.state.distributed_type = DistributedType.MULTI_CPU
+    return batches, [str(w.message) for w in caught], joinable.method_calls
+
+
+def test_join_uneven_inputs_reads_the_distributed_type_when_called():
+    from dist_utils import run_distributed
+
+    results = run_distributed(_join_rank, 2, timeout=240)
+    assert sorted(batches for batches, _, _ in results) == [1, 2]
+    for _, messages, calls in results:
+        assert any("only supported for multi-device data-parallel training" in m and "FSDP" in m for m in messages)
+        assert calls == []

@@ -61,6 +61,14 @@ class DistributedType(_StrEnum):
     MULTI_HPU = "MULTI_HPU"
     MULTI_NEURON = "MULTI_NEURON"
 
+    @property
+    def is_multi_device_data_parallel(self) -> bool:
+        """Whether processes run plain data parallelism (DDP) over devices or hosts: the ``MULTI_*`` types.
+
+        Those are the types where DDP can join uneven inputs (MULTI_CPU included: gloo joins too).
+        """
+        return self.name.startswith("MULTI_")
+
 
 class PrecisionType(_StrEnum):
     NO = "no"
