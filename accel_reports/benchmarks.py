@@ -141,6 +141,8 @@ import pandas as pd
 
 from accel_harness.records import device_neutral_id
 
+from .noise import NOISY_SPREAD, relative_iqr  # the one noise measure, shared with the console
+
 __all__ = [
     "BAND_K",
     "DEFAULT_ALPHA",
@@ -176,8 +178,6 @@ DEFAULT_WINDOW = 10
 MIN_HISTORY = 3
 #: half-width of the band in robust standard deviations of the per-run medians
 BAND_K = 3.0
-#: relative IQR of a run's own samples above which its median is not trusted alone
-NOISY_SPREAD = 0.25
 #: from this many earlier runs on, the band's scale is the median absolute deviation alone
 ROBUST_RUNS = 5
 #: standard error of a median over that of a mean, for normal samples (sqrt(pi / 2))
@@ -331,6 +331,7 @@ def benchmark_row(bench: Mapping[str, Any], machine: Mapping[str, Any] | None = 
         # the problem size as the benchmark states it (``extra_info.sizes``, e.g. {"m": 1024}) and its work unit
         "sizes": dict(extra["sizes"]) if isinstance(extra.get("sizes"), dict) else None,
         "work_unit": extra.get("work_unit") if isinstance(extra.get("work_unit"), str) else None,
+        "work_size": _number(extra.get("work_size")),
     }
 
 
@@ -450,15 +451,6 @@ def compare_samples(
 
 
 # ---------------------------------------------------------------------------- the history rule
-def relative_iqr(samples: Sequence[float]) -> float | None:
-    """Interquartile range of ``samples`` over their median (None with fewer than 4 or a zero median)."""
-    values = [v for v in (_number(x) for x in samples) if v is not None]
-    if len(values) < 4:
-        return None
-    q1, median, q3 = np.percentile(values, [25, 50, 75])
-    return float((q3 - q1) / abs(median)) if median else None
-
-
 class Band(tuple):
     """``(low, centre, high, runs)``: the noise band of a benchmark from ``runs`` earlier medians."""
 

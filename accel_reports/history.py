@@ -65,7 +65,7 @@ import pandas as pd
 from .loaders import RUN_COLUMNS, TEST_COLUMNS, Loaded, Problem, _benchmark_frame, _frame, tests_frame
 
 __all__ = ["BUSY_TIMEOUT", "POSTGRES_EXTRA", "SCHEMA_VERSION", "History", "HistoryConflict", "HistoryError", "IngestResult",
-           "append_results", "is_database_url", "open_history"]
+           "append_results", "is_database_url", "open_history", "shown_location"]
 
 SCHEMA_VERSION = 2
 #: seconds a process waits for another one's write transaction (generous: a loaded 2-core CI machine)
@@ -136,8 +136,8 @@ def is_database_url(target: Any) -> bool:
     return isinstance(target, str) and target.lower().startswith(_URL_SCHEMES)
 
 
-def _shown_url(url: str) -> str:
-    """``url`` without its password, for messages and reports."""
+def shown_location(url: str) -> str:
+    """A database URL as printed in messages and reports: its password replaced by ``***``."""
     from urllib.parse import urlsplit, urlunsplit
 
     try:
@@ -207,18 +207,21 @@ class _SQLite(_Database):
         super().__init__(str(path))
         if path.is_dir():
             raise HistoryError(f"{path} is a folder, not a history database file")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise HistoryError(f"its folder {path.parent} cannot be made: {exc.strerror or exc}") from None
+        if not path.exists():
+            from .outputs import OutputPathError, writable_folder
+
+            try:
+                writable_folder(path.parent, label="the history's folder")
+            except OutputPathError as exc:
+                raise HistoryError(str(exc)) from None
         try:
             # isolation_level=None: no implicit transactions; every one is begun and ended here
             self._db = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")  # persistent in the file; outside any transaction
-        except sqlite3.DatabaseError as exc:
-            raise HistoryError(f"{path} is not an accel history database ({exc})") from None
         except sqlite3.OperationalError as exc:
             raise HistoryError(f"{path} cannot be opened: {exc}") from None
+        except sqlite3.DatabaseError as exc:
+            raise HistoryError(f"{path} is not an accel history database ({exc})") from None
 
     def execute(self, statement: str, params: Sequence[Any] = ()) -> Any:
         return self._db.execute(statement, params)
@@ -249,7 +252,7 @@ class _Postgres(_Database):
     real = "DOUBLE PRECISION"
 
     def __init__(self, url: str):
-        super().__init__(_shown_url(url))
+        super().__init__(shown_location(url))
         try:
             import psycopg
         except ImportError:
@@ -261,7 +264,8 @@ class _Postgres(_Database):
             self._db = psycopg.connect(url, autocommit=True, connect_timeout=int(BUSY_TIMEOUT))
             self.execute(f"SET lock_timeout = {int(BUSY_TIMEOUT * 1000)}")
         except psycopg.Error as exc:
-            raise HistoryError(f"cannot connect: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
+            text = " ".join(str(exc).split()) or type(exc).__name__
+            raise HistoryError(f"{self.shown}: cannot connect: {text}") from None
 
     def sql(self, statement: str) -> str:
         return statement.replace("?", "%s")

@@ -86,13 +86,13 @@ TEST_COLUMNS = [
 RUN_COLUMNS = [
     "run_id", "source", "format", "backends", "torch_version", "torch_build", "accel_version", "host",
     "start_time", "end_time", "interrupted", "records", "device_models", "git_commit", "upstream",
-    "os", "kernel", "python", "driver_versions", "runtime_versions", "device_count",
+    "os", "kernel", "python", "driver_versions", "runtime_versions", "device_count", "devices",
 ]
 BENCH_COLUMNS = [
     "run_id", "source", "datetime", "name", "fullname", "group", "bench_id", "backend", "device", "dtype",
     "world_size", "torch_version", "accel_version", "metric", "unit", "higher_is_better", "value",
     "samples", "n_samples", "rounds", "time_median", "throughput", "host_bound", "host_ref",
-    "quick", "sizes", "work_unit",
+    "quick", "sizes", "work_unit", "work_size", "environment",
 ]
 
 #: backend names recognised in a JUnit nodeid when the file carries no ``accel_backend`` property
@@ -249,6 +249,7 @@ def load_jsonl(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, lis
         "driver_versions": _display_deep(dict(header.get("driver_versions") or {})),
         "runtime_versions": _display_deep(dict(header.get("runtime_versions") or {})),
         "device_count": _display_deep(dict(header.get("device_count") or {})),
+        "devices": _devices(header),
     }
     from .vendor import subject_label, upstream_block
 
@@ -275,6 +276,41 @@ def load_jsonl(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, lis
         rec["tracked_pass"] = tuple(display_text(str(t)) for t in tracked) if isinstance(tracked, list) and tracked else None
         rows.append(rec)
     return run, rows, list(problems)
+
+
+def _devices(header: dict[str, Any]) -> str:
+    """``xpu: 2 × Intel Data Center GPU Max 1550``: each backend's device count and models, from a run header."""
+    models = header.get("device_models")
+    counts = header.get("device_count")
+    counts = counts if isinstance(counts, dict) else {}
+    if not isinstance(models, dict):
+        return ""
+    parts = []
+    for name, found in models.items():
+        if isinstance(found, list) and found:
+            count = counts.get(name)
+            count = count if isinstance(count, int) and not isinstance(count, bool) else len(found)
+            parts.append(f"{name}: {count} × {', '.join(sorted({str(m) for m in found}))}")
+    return display_text("; ".join(parts))
+
+
+def _benchmark_environment(machine: dict[str, Any], commit: Any) -> dict[str, str]:
+    """The machine and commit a pytest-benchmark file was written on (its ``machine_info`` and
+    ``commit_info``), kept with each benchmark row so a report from a run history can show it."""
+    commit = commit if isinstance(commit, dict) else {}
+    cpu = machine.get("cpu") if isinstance(machine.get("cpu"), dict) else {}
+
+    def text(value: Any) -> str:
+        return "" if value is None or isinstance(value, (dict, list)) else display_text(str(value))
+
+    return {
+        "host": text(machine.get("node")),
+        "os": " ".join(text(machine[k]) for k in ("system", "release", "machine") if machine.get(k)),
+        "kernel": text(machine.get("release")),
+        "python": text(machine.get("python_version")),
+        "cpu": text(cpu.get("brand_raw")),
+        "git_commit": text(commit.get("id")) + (" (dirty)" if commit.get("dirty") is True and commit.get("id") else ""),
+    }
 
 
 # ---------------------------------------------------------------------------- JUnit XML
@@ -568,6 +604,7 @@ def load_benchmark_json(path: str | os.PathLike[str], *, named: bool = True) -> 
                                 f"{_short(when)}; the field is left empty", "invalid"))
         when = None
     when = display_text(when)
+    environment = _benchmark_environment(machine, doc.get("commit_info"))
     run_id = f"bench:{display_path(path.stem)}" + (f"@{when}" if when else "")
     rows = []
     for index, bench in enumerate(doc["benchmarks"]):
@@ -586,7 +623,7 @@ def load_benchmark_json(path: str | os.PathLike[str], *, named: bool = True) -> 
             problems.append(Problem(where, line, f"benchmark {shown} ignored: {display_text(str(exc))}", "invalid"))
             continue
         row = {k: display_text(v) for k, v in row.items()}
-        row.update({"run_id": run_id, "source": where, "datetime": when})
+        row.update({"run_id": run_id, "source": where, "datetime": when, "environment": dict(environment)})
         rows.append(row)
     if not doc["benchmarks"]:
         problems.append(Problem(where, 1, "benchmark file lists no benchmarks", "note"))

@@ -342,20 +342,6 @@ def _pass_rate_view(report: Report) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- environment block
-_HEADER_BYTES = 1 << 20
-
-
-def _read_header(source: Any) -> dict[str, Any]:
-    """Line 1 of a harness results file (the run header), or {} when it cannot be read."""
-    try:
-        with open(str(source), "rb") as fh:
-            line = fh.readline(_HEADER_BYTES)
-        header = json.loads(line)
-    except (OSError, ValueError, TypeError):
-        return {}
-    return header if isinstance(header, dict) and header.get("type") == "header" else {}
-
-
 def _join_map(value: Any) -> str:
     """``{"cuda": "550.54"}`` -> ``550.54``; with several backends ``cuda: 550.54; xpu: 1.3``."""
     if isinstance(value, dict):
@@ -373,37 +359,35 @@ _ENV_FIELDS = (("host", "host"), ("os", "OS"), ("kernel", "kernel"), ("python", 
 
 
 def _benchmark_environments(benchmarks: pd.DataFrame) -> list[dict[str, Any]]:
-    """Environment rows from pytest-benchmark files' ``machine_info`` and ``commit_info`` (for a
-    report of benchmarks only: harness runs carry a fuller header)."""
+    """Environment rows from the machine and commit each pytest-benchmark file recorded (kept in
+    the rows by the loader), for a report of benchmarks only: harness runs carry a fuller header."""
     rows = []
-    for source, group in benchmarks.groupby("source", sort=True):
-        try:
-            doc = json.loads(Path(str(source)).read_text(encoding="utf-8"))
-        except (OSError, ValueError, TypeError):
-            continue
-        machine = doc.get("machine_info") if isinstance(doc, dict) and isinstance(doc.get("machine_info"), dict) else {}
-        commit = doc.get("commit_info") if isinstance(doc, dict) and isinstance(doc.get("commit_info"), dict) else {}
-        cpu = machine.get("cpu") if isinstance(machine.get("cpu"), dict) else {}
+    for _, group in benchmarks.groupby("source", sort=True, dropna=False):
+        env = next((e for e in group["environment"] if isinstance(e, dict)), {}) if "environment" in group else {}
+
+        def text(key: str) -> str:
+            value = env.get(key)
+            return value if isinstance(value, str) else ""
+
         devices = sorted({f"{b}: {d}" for b, d in zip(group["backend"], group["device"]) if d})
         torch = sorted({str(t) for t in group["torch_version"] if t})
         accel = sorted({str(a) for a in group["accel_version"] if a})
-        os_name = " ".join(str(machine[k]) for k in ("system", "release", "machine") if machine.get(k))
+        when = next((str(w) for w in group["datetime"] if isinstance(w, str) and w), None)
         rows.append({
-            "host": str(machine.get("node") or ""), "os": os_name, "kernel": str(machine.get("release") or ""),
-            "python": str(machine.get("python_version") or ""), "backends": ", ".join(sorted({str(b) for b in group["backend"]})),
-            "devices": "; ".join(devices) or str(cpu.get("brand_raw") or ""), "driver_versions": "", "runtime_versions": "",
-            "torch": ", ".join(torch), "accel_version": ", ".join(accel),
-            "git_commit": str(commit.get("id") or "") + (" (dirty)" if commit.get("dirty") else ""),
-            "start_time": doc.get("datetime") if isinstance(doc, dict) else None,
+            "host": text("host"), "os": text("os"), "kernel": text("kernel"), "python": text("python"),
+            "backends": ", ".join(sorted({str(b) for b in group["backend"]})),
+            "devices": "; ".join(devices) or text("cpu"), "driver_versions": "", "runtime_versions": "",
+            "torch": ", ".join(torch), "accel_version": ", ".join(accel), "git_commit": text("git_commit"),
+            "start_time": when,
         })
     return rows
 
 
 def _environment_view(report: Report) -> list[dict[str, Any]]:
     """Distinct machine and software environments of the runs (OS, kernel, driver and runtime
-    versions, git commit), each with its run count and time span. Fields the runs frame lacks are
-    read from the results files' headers; a report of benchmarks only uses the benchmark files'
-    machine and commit information."""
+    versions, git commit), each with its run count and time span, from what the loader kept of
+    each run's header (no file is read here: a report from a run history has only the history);
+    a report of benchmarks only uses the benchmark files' machine and commit information."""
     runs = report.loaded.runs
     if runs.empty:
         bench = report.loaded.benchmarks
@@ -412,29 +396,20 @@ def _environment_view(report: Report) -> list[dict[str, Any]]:
         return _collapse_environments(_benchmark_environments(bench))
     rows = []
     for run in _records(runs):
-        header = _read_header(run.get("source")) if run.get("format") == "jsonl" else {}
-
-        def pick(key: str) -> Any:
+        def pick(key: str) -> str:
             value = run.get(key)
-            return value if value not in (None, "") else header.get(key)
+            return value if isinstance(value, str) else ""
 
-        counts = run.get("device_count") or header.get("device_count") or {}
-        models = header.get("device_models") or {}
-        devices = "; ".join(
-            f"{name}: {counts.get(name, len(m))} × {', '.join(sorted(set(map(str, m))))}" for name, m in models.items() if m
-        ) or (run.get("device_models") or "")
-        torch = " ".join(str(v) for v in (pick("torch_version"), pick("torch_build")) if v)
         commit = pick("git_commit")
-        row = {
-            "host": pick("host") or "", "os": pick("os") or "", "kernel": pick("kernel") or "", "python": pick("python") or "",
-            "backends": run.get("backends") or ", ".join(map(str, header.get("backends") or [])), "devices": devices,
-            "driver_versions": _join_map(run.get("driver_versions") or header.get("driver_versions")),
-            "runtime_versions": _join_map(run.get("runtime_versions") or header.get("runtime_versions")),
-            "torch": torch, "accel_version": pick("accel_version") or "",
-            "git_commit": str(commit) if commit else "",
-        }
-        row["start_time"] = run.get("start_time")
-        rows.append(row)
+        rows.append({
+            "host": pick("host"), "os": pick("os"), "kernel": pick("kernel"), "python": pick("python"),
+            "backends": pick("backends"), "devices": pick("devices") or pick("device_models"),
+            "driver_versions": _join_map(run.get("driver_versions")),
+            "runtime_versions": _join_map(run.get("runtime_versions")),
+            "torch": " ".join(v for v in (pick("torch_version"), pick("torch_build")) if v),
+            "accel_version": pick("accel_version"), "git_commit": commit,
+            "start_time": run.get("start_time"),
+        })
     return _collapse_environments(rows)
 
 
@@ -475,21 +450,6 @@ def _relative_iqr(samples: Any) -> float | None:
         return None
     q1, median, q3 = np.percentile(values, [25, 50, 75])
     return float((q3 - q1) / abs(median)) if median else None
-
-
-def _bench_extras(sources: Iterable[Any]) -> dict[tuple[str, str], dict[str, Any]]:
-    """(source, fullname) -> the entry's ``extra_info``, read from the pytest-benchmark files
-    (the loaded frame does not keep ``sizes``, ``work_unit`` or ``quick``)."""
-    out: dict[tuple[str, str], dict[str, Any]] = {}
-    for source in set(sources):
-        try:
-            doc = json.loads(Path(str(source)).read_text(encoding="utf-8"))
-        except (OSError, ValueError, TypeError):
-            continue
-        for entry in doc.get("benchmarks") or [] if isinstance(doc, dict) else []:
-            if isinstance(entry, dict) and isinstance(entry.get("extra_info"), dict):
-                out[(str(source), str(entry.get("fullname") or entry.get("name")))] = entry["extra_info"]
-    return out
 
 
 def _size_value(key: Any, value: Any) -> str:
@@ -541,7 +501,7 @@ def _bench_history(benchmarks: pd.DataFrame) -> tuple[dict[tuple, list[tuple[str
     series: dict[tuple, list[tuple[str, float]]] = {}
     latest: dict[tuple, dict[str, Any]] = {}
     columns = ["backend", "torch_version", "bench_id", "datetime", "value", "samples", "source", "fullname", "name",
-               "time_median", "throughput"] + [c for c in ("quick", "sizes", "work_unit") if c in ordered.columns]
+               "time_median", "throughput"] + [c for c in ("quick", "sizes", "work_unit", "work_size") if c in ordered.columns]
     for row in ordered[columns].to_dict("records"):
         key = (row["backend"], row["torch_version"], row["bench_id"])
         value = row["value"]
@@ -565,7 +525,6 @@ def _benchmark_view(report: Report) -> dict[str, Any]:
     series, latest = _bench_history(report.loaded.benchmarks)
     if not report.history_benchmarks.empty:
         series = _bench_history(report.history_benchmarks)[0]
-    extras = _bench_extras(r["source"] for r in latest.values() if r.get("source")) if latest else {}
     has = set(table.columns)
     tables, all_rows = [], []
     for (backend, torch_version), group in table.groupby(["backend", "torch_version"], sort=True):
@@ -573,11 +532,10 @@ def _benchmark_view(report: Report) -> dict[str, Any]:
         for row in _records(group):
             key = (row["backend"], row["torch_version"], row["bench_id"])
             last = latest.get(key, {})
-            extra = extras.get((str(last.get("source")), str(last.get("fullname") or last.get("name"))), {})
-            if "sizes" in last and isinstance(last.get("sizes"), dict):
-                extra = {**extra, "sizes": last["sizes"]}
-            if last.get("work_unit"):
-                extra = {**extra, "work_unit": last["work_unit"]}
+            # what the benchmark recorded of its problem size, kept in its row (no file is read here)
+            extra = {k: last[k] for k in ("sizes", "work_unit", "work_size") if last.get(k) is not None}
+            if not isinstance(extra.get("sizes"), dict):
+                extra.pop("sizes", None)
             unit = row["unit"]
             fmt = functools.partial(_quantity, unit=unit)
             ref_n = row.get("ref_n")
@@ -586,7 +544,7 @@ def _benchmark_view(report: Report) -> dict[str, Any]:
                 spread = _relative_iqr(last.get("samples"))
             quick = row.get("quick") if "quick" in has else None
             if quick is None:
-                quick = last.get("quick") if last.get("quick") is not None else extra.get("quick")
+                quick = last.get("quick")
             quick = bool(quick)
             band = (_number_or_none(row.get("band_low")), _number_or_none(row.get("band_high")))
             work = extra.get("work_size")

@@ -13,8 +13,22 @@ from accel_reports.history import SCHEMA_VERSION, History, HistoryConflict, Hist
 from accel_reports.loaders import BENCH_COLUMNS, RUN_COLUMNS, TEST_COLUMNS, load_results
 
 from _report_data import bench_file, longrepr, rec, run_file
+from _report_postgres import postgres_server  # noqa: F401  (fixture)
 
 FAIL = longrepr(["AssertionError: loss is nan"])
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def target(request, tmp_path):
+    """A new, empty history: an SQLite file, or a database on a real PostgreSQL server."""
+    if request.param == "sqlite":
+        return str(tmp_path / "h.db")
+    return request.getfixturevalue("postgres_server").new_database()
+
+
+def _count(target, table: str) -> int:
+    with History(target) as history:
+        return history._db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
 
 
 def _run(folder, day: int, outcomes: dict[str, str], *, torch: str = "2.8.0", run_id: str | None = None):
@@ -52,19 +66,18 @@ def test_schema_is_created_versioned_and_checked(tmp_path):
         History(tmp_path)
 
 
-def test_import_is_idempotent_and_round_trips_the_frames(tmp_path):
+def test_import_is_idempotent_and_round_trips_the_frames(tmp_path, target):
     _run(tmp_path / "r", 1, {"test_a": "passed", "test_b": "failed", "test_c": "skipped"})
     bench_file(tmp_path / "r", "bench-1", "cpu", {"test_step": _times(0.5, 1)}, when="2025-06-01T01:00:00")
     loaded = load_results([tmp_path / "r"])
-    with History(tmp_path / "h.db") as history:
+    with History(target) as history:
         first = history.ingest(loaded)
         assert sorted(first.added) == sorted(["run-2.8.0-01", "bench:bench-1@2025-06-01T01:00:00"]) and first.already == []
         again = history.ingest(load_results([tmp_path / "r"]))
         assert again.added == [] and sorted(again.already) == sorted(first.added)
         back = history.load()
-    db = sqlite3.connect(tmp_path / "h.db")
-    assert db.execute("SELECT COUNT(*) FROM tests").fetchone()[0] == 3  # not 6
-    assert db.execute("SELECT COUNT(*) FROM benchmarks").fetchone()[0] == 1
+    assert _count(target, "tests") == 3  # not 6
+    assert _count(target, "benchmarks") == 1
     assert list(back.tests.columns) == TEST_COLUMNS and list(back.runs.columns) == RUN_COLUMNS
     assert list(back.benchmarks.columns) == BENCH_COLUMNS
     ordered = loaded.tests.sort_values("nodeid").reset_index(drop=True)
@@ -73,29 +86,30 @@ def test_import_is_idempotent_and_round_trips_the_frames(tmp_path):
         assert restored[column].tolist() == ordered[column].tolist(), column
     assert back.benchmarks.iloc[0]["samples"] == pytest.approx(loaded.benchmarks.iloc[0]["samples"])
     assert isinstance(back.benchmarks.iloc[0]["samples"], tuple) and back.benchmarks.iloc[0]["quick"] is False
-    assert back.runs.iloc[0]["run_id"] == "run-2.8.0-01" and back.files == [str(tmp_path / "h.db")]
+    assert back.runs.iloc[0]["run_id"] == "run-2.8.0-01" and len(back.files) == 1
+    assert ("postgresql://" in back.files[0]) == target.startswith("postgresql://")
 
 
-def test_the_same_run_id_with_other_content_is_refused_and_nothing_is_written(tmp_path):
+def test_the_same_run_id_with_other_content_is_refused_and_nothing_is_written(tmp_path, target):
     _run(tmp_path / "a", 1, {"test_a": "passed"}, run_id="nightly")
     _run(tmp_path / "b", 2, {"test_x": "passed"})
     _run(tmp_path / "b", 3, {"test_a": "failed"}, run_id="nightly")  # another run reusing the id
-    with History(tmp_path / "h.db") as history:
+    with History(target) as history:
         history.ingest(load_results([tmp_path / "a"]))
         with pytest.raises(HistoryConflict, match="'nightly'.*other content"):
             history.ingest(load_results([tmp_path / "b"]))
         assert history.run_ids() == ["nightly"]  # run-2.8.0-02 of the refused import was not written either
 
 
-def test_a_moved_file_is_still_the_same_run(tmp_path):
+def test_a_moved_file_is_still_the_same_run(tmp_path, target):
     _run(tmp_path / "a", 1, {"test_a": "passed"})
-    with History(tmp_path / "h.db") as history:
+    with History(target) as history:
         history.ingest(load_results([tmp_path / "a"]))
         (tmp_path / "a").rename(tmp_path / "moved")
         assert history.ingest(load_results([tmp_path / "moved"])).already == ["run-2.8.0-01"]
 
 
-def test_flakiness_counts_flips_across_runs(tmp_path):
+def test_flakiness_counts_flips_across_runs(tmp_path, target):
     sequences = {
         "test_steady": "PPPPP",
         "test_flaky": "PFPFP",   # 4 flips
@@ -104,7 +118,7 @@ def test_flakiness_counts_flips_across_runs(tmp_path):
     }
     for day in range(5):
         _run(tmp_path / "r", day + 1, {name: {"P": "passed", "F": "failed"}[seq[day]] for name, seq in sequences.items()})
-    with History(tmp_path / "h.db") as history:
+    with History(target) as history:
         history.ingest(load_results([tmp_path / "r"]))
         table = history.flakiness().set_index("test_id")
     assert set(table.index) == {f"suites/test_core.py::{n}[ws1]" for n in sequences}
@@ -118,14 +132,14 @@ def test_flakiness_counts_flips_across_runs(tmp_path):
     assert table.index[0] == "suites/test_core.py::test_flaky[ws1]"  # flakiest first
 
 
-def test_first_failed_names_the_run_where_the_current_streak_began(tmp_path):
+def test_first_failed_names_the_run_where_the_current_streak_began(tmp_path, target):
     _run(tmp_path / "r", 1, {"test_a": "failed", "test_b": "passed", "test_c": "passed"})
     _run(tmp_path / "r", 2, {"test_a": "passed", "test_b": "passed", "test_c": "failed"})
     _run(tmp_path / "r", 3, {"test_a": "failed", "test_b": "passed", "test_c": "failed"})
     _run(tmp_path / "r", 4, {"test_a": "skipped", "test_b": "failed", "test_c": "failed"})  # a skip does not break a streak
     _run(tmp_path / "r", 5, {"test_a": "failed", "test_b": "failed", "test_c": "failed"})
     _run(tmp_path / "r", 1, {"test_a": "failed"}, torch="2.7.1")  # another cell: its own latest run
-    with History(tmp_path / "h.db") as history:
+    with History(target) as history:
         history.ingest(load_results([tmp_path / "r"]))
         table = history.first_failed()
     by = {(row["torch_version"], row["test_id"].split("::")[1]): row for row in table.to_dict("records")}
@@ -140,11 +154,11 @@ def test_first_failed_names_the_run_where_the_current_streak_began(tmp_path):
     assert "AssertionError: loss is nan" in a["signature"]
 
 
-def test_load_last_keeps_the_newest_runs_of_each_cell(tmp_path):
+def test_load_last_keeps_the_newest_runs_of_each_cell(tmp_path, target):
     for day in range(1, 5):
         _run(tmp_path / "r", day, {"test_a": "passed"})
     _run(tmp_path / "r", 1, {"test_a": "passed"}, torch="2.7.1")
-    with History(tmp_path / "h.db") as history:
+    with History(target) as history:
         history.ingest(load_results([tmp_path / "r"]))
         assert sorted(history.load(last=2).runs["run_id"]) == ["run-2.7.1-01", "run-2.8.0-03", "run-2.8.0-04"]
         assert len(history.load().runs) == 5
@@ -173,13 +187,13 @@ def _statuses(history: History, folder, count: int) -> list[str]:
     return statuses
 
 
-def test_identical_runs_on_a_noisy_machine_never_regress(tmp_path):
+def test_identical_runs_on_a_noisy_machine_never_regress(tmp_path, target):
     # run-to-run scatter of 6 % (lognormal), one wild run at -40 %: never a regression
     rng = random.Random(7)
     medians = [0.5 * rng.lognormvariate(0, 0.06) for _ in range(12)]
     medians[6] = 0.5 / 0.6
     _bench_history(tmp_path / "b", medians)
-    with History(tmp_path / "h.db") as history:
+    with History(target) as history:
         statuses = _statuses(history, tmp_path / "b", len(medians))
         trend = history.trends()
     assert statuses[0] == "no reference"
@@ -189,10 +203,10 @@ def test_identical_runs_on_a_noisy_machine_never_regress(tmp_path):
     assert (trend["band_low"].dropna() < trend["band_high"].dropna()).all()
 
 
-def test_a_planted_20_percent_slowdown_is_suspect_then_a_regression(tmp_path):
+def test_a_planted_20_percent_slowdown_is_suspect_then_a_regression(tmp_path, target):
     medians = [0.50, 0.51, 0.49, 0.505, 0.495, 0.60, 0.60]
     _bench_history(tmp_path / "b", medians)
-    with History(tmp_path / "h.db") as history:
+    with History(target) as history:
         statuses = _statuses(history, tmp_path / "b", len(medians))
         frame = history.benchmarks_frame()
     assert statuses == ["no reference", "unchanged", "unchanged", "unchanged", "unchanged", "suspect", "regression"]
@@ -204,10 +218,10 @@ def test_a_planted_20_percent_slowdown_is_suspect_then_a_regression(tmp_path):
     assert row["ref_source"] == "history: last 6 full run(s)"
 
 
-def test_a_quick_run_is_never_compared_with_full_history(tmp_path):
+def test_a_quick_run_is_never_compared_with_full_history(tmp_path, target):
     medians = [0.5, 0.5, 0.5, 0.5, 2.0, 2.1]  # the quick runs are 4x slower (smaller problems, other figures)
     _bench_history(tmp_path / "b", medians, quick_from=4)
-    with History(tmp_path / "h.db") as history:
+    with History(target) as history:
         statuses = _statuses(history, tmp_path / "b", len(medians))
         trend = history.trends()
     assert statuses[4] == "quick: not compared"
@@ -218,11 +232,11 @@ def test_a_quick_run_is_never_compared_with_full_history(tmp_path):
     assert row["quick"] and row["status"] == "quick: not compared" and "never compared" in row["evidence"]
 
 
-def test_an_import_killed_half_way_leaves_nothing(tmp_path, monkeypatch):
+def test_an_import_killed_half_way_leaves_nothing(tmp_path, target, monkeypatch):
     _run(tmp_path / "r", 1, {"test_a": "passed", "test_b": "passed"})
     bench_file(tmp_path / "r", "bench-1", "cpu", {"test_step": _times(0.5, 1)})
     loaded = load_results([tmp_path / "r"])
-    history = History(tmp_path / "h.db")
+    history = History(target)
     real = History._bench_runs
 
     def broken(loaded_):
@@ -248,8 +262,8 @@ def _report(*args):
                           timeout=300, env={**__import__("os").environ, "CI": ""})
 
 
-def test_accel_report_appends_to_the_history_and_renders_from_it(tmp_path):
-    db = tmp_path / "history.db"
+def test_accel_report_appends_to_the_history_and_renders_from_it(tmp_path, target):
+    db = target
     days = [{"test_flaky": "passed", "test_broke": "passed", "test_ok": "passed"},
             {"test_flaky": "failed", "test_broke": "passed", "test_ok": "passed"},
             {"test_flaky": "passed", "test_broke": "failed", "test_ok": "passed"},
@@ -284,3 +298,90 @@ def test_accel_report_history_usage_errors(tmp_path):
     _run(tmp_path / "r", 1, {"test_a": "passed"})
     proc = _report(str(tmp_path / "r"), "--last", "2", "-o", str(tmp_path / "o"))
     assert proc.returncode == 2 and "--last" in proc.stderr
+
+
+def test_a_version_1_history_is_upgraded_with_a_unique_import_order(tmp_path):
+    for day in (1, 2, 3):
+        _run(tmp_path / "r", day, {"test_a": "passed"})
+    path = tmp_path / "h.db"
+    with History(path) as history:
+        history.ingest(load_results([tmp_path / "r"]))
+    db = sqlite3.connect(path)  # as concurrent imports of the version-1 accel left it: repeated numbers
+    db.execute("DROP INDEX runs_seq")
+    db.execute("UPDATE runs SET seq = 1 WHERE run_id IN ('run-2.8.0-01', 'run-2.8.0-02')")
+    db.execute("UPDATE runs SET seq = 2 WHERE run_id = 'run-2.8.0-03'")
+    db.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    db.execute("PRAGMA user_version = 1")
+    db.commit()
+    db.close()
+    with History(path) as history:
+        assert history.run_ids() == ["run-2.8.0-01", "run-2.8.0-02", "run-2.8.0-03"]
+        assert [r[0] for r in history._db.execute("SELECT seq FROM runs ORDER BY seq")] == [1, 2, 3]
+        assert history._db.version() == SCHEMA_VERSION == 2
+        with pytest.raises(sqlite3.IntegrityError):
+            history._db.execute("UPDATE runs SET seq = 1 WHERE run_id = 'run-2.8.0-03'")
+
+
+def _tamper(db, kind: str, source: str, *, strip_devices: bool = False) -> None:
+    """Point every stored row of ``kind`` at ``source``, as an edited CI cache could."""
+    conn = sqlite3.connect(db)
+    info = "json_remove(json_set(info, '$.source', ?), '$.devices')" if strip_devices else "json_set(info, '$.source', ?)"
+    conn.execute(f"UPDATE runs SET source = ?, info = {info} WHERE kind = ?", (source, source, kind))
+    table = "tests" if kind == "tests" else "benchmarks"
+    conn.execute(f"UPDATE {table} SET \"row\" = json_set(\"row\", '$.source', ?)", (source,))
+    conn.commit()
+    conn.close()
+
+
+@pytest.mark.parametrize("where", ["/dev/zero", "fifo", "outside"])
+def test_files_a_history_row_names_are_never_read(tmp_path, where):
+    import json
+    import os
+
+    _run(tmp_path / "r", 1, {"test_a": "passed", "test_b": "failed"})
+    bench_file(tmp_path / "r", "bench-1", "cpu", {"test_step": _times(0.5, 1)})
+    db = tmp_path / "hist" / "history.db"
+    proc = _report(str(tmp_path / "r"), "--history", str(db), "-o", str(tmp_path / "first"), "--fail-on", "none")
+    assert proc.returncode == 0, proc.stderr
+    if where == "fifo":
+        source = str(tmp_path / "hist" / "run.jsonl")
+        os.mkfifo(source)  # opening it for reading would block until a writer comes: never
+    elif where == "outside":
+        source = str(tmp_path / "elsewhere" / "secret.json")
+        os.makedirs(os.path.dirname(source))
+        secret = {"type": "header", "host": "SECRET-HOST", "os": "SECRET-OS",
+                  "machine_info": {"node": "SECRET-NODE"}, "benchmarks": [], "commit_info": {"id": "SECRET-COMMIT"}}
+        with open(source, "w") as fh:
+            fh.write(json.dumps(secret) + "\n")
+    else:
+        source = where
+    _tamper(db, "tests", source, strip_devices=True)
+    _tamper(db, "benchmarks", source)
+    proc = _report("--history", str(db), "-o", str(tmp_path / "out"), "--fail-on", "none")  # a hang fails at the timeout
+    assert proc.returncode == 0, proc.stderr
+    html = (tmp_path / "out" / "report.html").read_text()
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "SECRET" not in html and "SECRET" not in md
+    assert "cpu-lab-01" in html and "lab-01" in html  # the stored environment of the run and of the benchmarks
+    assert "stored by an older accel without their device details" in proc.stderr
+    assert "never read" in proc.stderr
+
+
+def test_a_postgres_url_without_the_driver_names_the_extra(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['psycopg'] = None; from accel.commands.cli import main; "
+            "sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.run([sys.executable, "-c", code, "report", "--history", "postgresql://u:pw@/db?host=/nowhere",
+                           "-o", str(tmp_path / "o")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "pip install 'accel[postgres]'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_postgres_url_that_cannot_connect_is_one_clear_error_without_the_password(tmp_path):
+    pytest.importorskip("psycopg", reason="the PostgreSQL driver (accel[postgres]) is not installed")
+    with pytest.raises(HistoryError, match="cannot connect") as caught:
+        History(f"postgresql://someone:hunter2@/db?host={tmp_path}&port=1&connect_timeout=5")
+    assert "hunter2" not in str(caught.value)
+    assert "postgresql://someone:***@" in str(caught.value)

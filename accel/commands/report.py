@@ -131,7 +131,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="unreadable inputs (cut short, unparseable) exit 2 instead of a warning "
                              "(default: on when $CI is true)")
     parser.add_argument("--history", metavar="DB",
-                        help="SQLite run history: RESULTS' runs are appended (runs already there are skipped), benchmarks "
+                        help="run history, an SQLite file or a postgresql:// URL (pip install 'accel[postgres]'): "
+                             "RESULTS' runs are appended (runs already there are skipped), benchmarks "
                              "are judged against the noise band of their own last runs, and the report shows trends, "
                              "flaky tests and where each failure began; without RESULTS, render from the history")
     parser.add_argument("--last", type=int, metavar="N", help="with --history and no RESULTS: only the last N runs of each cell")
@@ -145,15 +146,20 @@ def _shown(path: object) -> str:
 
 
 def _check_output(output: str) -> Path:
-    """``-o``: a folder, or a path where one can be made (no part of it an existing file)."""
-    out = Path(output)
-    for part in (out, *out.parents):
-        if part.exists():
-            if not part.is_dir():
-                what = "is a file" if part == out else f"cannot be made: {_shown(part)} is a file"
-                raise UsageError(f"-o {_shown(out)}: {what}, not a folder (report.html and report.md go into a folder)")
-            break
-    return out
+    """``-o``: a folder, made if absent, in which files can be written; else exit 2 in one line."""
+    from accel_reports.outputs import OutputPathError, writable_folder
+
+    try:
+        return writable_folder(output, label="-o", purpose="report.html and report.md go into it")
+    except OutputPathError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _history_shown(target: str) -> str:
+    """The --history argument as printed: a file path, or a database URL without its password."""
+    from accel_reports.history import is_database_url, shown_location
+
+    return shown_location(target) if is_database_url(target) else _shown(target)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -197,7 +203,8 @@ def _run(args: argparse.Namespace) -> int:
     for path in [*args.results, *(args.baseline or [])]:
         if not Path(path).exists():
             raise UsageError(f"{_shown(path)}: no such file or folder")
-    out = _check_output(args.output)
+    if Path(args.output).is_file():  # before anything else: the commonest slip
+        _check_output(args.output)
     known = None
     if args.known_issues:
         try:
@@ -208,6 +215,7 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError("give RESULTS files or folders, or --history DB to render from a run history")
     if args.last is not None and (args.last < 1 or args.results):
         raise UsageError("--last N needs N >= 1 and goes with --history without RESULTS")
+    out = _check_output(args.output)  # made and proven writable before the history is changed
     try:
         loaded = load_results(args.results) if args.results else None
         baseline = load_results(args.baseline) if args.baseline else None
@@ -220,14 +228,16 @@ def _run(args: argparse.Namespace) -> int:
         try:
             history = open_history(args.history)
             if loaded is not None:
-                print(f"accel report: history {_shown(args.history)}: {history.ingest(loaded).summary()}", file=sys.stderr)
+                print(f"accel report: history {history.location}: {history.ingest(loaded).summary()}", file=sys.stderr)
             else:
                 loaded = history.load(last=args.last)
         except HistoryError as exc:
-            raise UsageError(f"--history {_shown(args.history)}: {exc}") from None
+            shown = _history_shown(args.history)
+            message = str(exc).removeprefix(f"{shown}: ")  # a database's errors start with its location already
+            raise UsageError(f"--history {shown}: {message}") from None
     if loaded.empty and not loaded.runs.shape[0]:
         details = "; ".join(f"{p.path}:{p.line}: {p.message}" for p in loaded.problems[:3])
-        raise UsageError("no test results or benchmarks found in " + (", ".join(map(_shown, args.results)) or _shown(args.history))
+        raise UsageError("no test results or benchmarks found in " + (", ".join(map(_shown, args.results)) or _history_shown(args.history))
                          + (f" ({details})" if details else ""))
     if baseline is not None and baseline.tests.empty:
         print("accel report: warning: the baseline holds no test records; every untracked failure counts as new"
