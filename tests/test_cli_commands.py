@@ -318,3 +318,48 @@ def test_accelerate_named_parser_functions_exist():
         assert parser.get_default("func") is not None
     args = root.parse_args(["to-fsdp2", "--config_file", "x.yaml", "--overwrite"])
     assert args.func.__name__ == "to_fsdp2_command"
+
+
+# ---------------------------------------------------------------------------- typos
+@pytest.mark.parametrize("argv, wrong, right", [
+    (["launch", "--num_proceses", "2", "train.py"], "--num_proceses", "--num_processes"),
+    (["launch", "--cpu", "--mixed-precison=bf16", "train.py"], "--mixed-precison=bf16", "--mixed_precision"),
+    (["test", "--num_proceses", "2"], "--num_proceses", "--num_processes"),
+    (["env", "--jsn"], "--jsn", "--json"),
+    (["config", "--mixed_precison", "bf16"], "--mixed_precison", "--mixed_precision"),  # bf16 is not taken for an action
+    (["config", "default", "--forse"], "--forse", "--force"),
+    (["report", "results", "--outptu", "x"], "--outptu", "--output"),  # not "-o/--output is required"
+    (["qualify", "--quik"], "--quik", "--quick"),
+    (["bench", "--quik"], "--quik", "--quick"),
+], ids=lambda v: v[0] if isinstance(v, list) else None)
+def test_an_unknown_flag_is_named_with_the_closest_one(argv, wrong, right, capsys):
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2
+    assert err.startswith(f"accel {argv[0]}: error: unrecognized argument {wrong}; did you mean {right}?"), err
+
+
+def test_typos_without_a_close_flag_and_stray_words(capsys):
+    code, _, err = run_cli(["launch", "--zzzzzzzz", "train.py"], capsys)
+    assert code == 2 and "unrecognized argument --zzzzzzzz (see 'accel launch --help')" in err and "did you mean" not in err
+    code, _, err = run_cli(["env", "stray", "words"], capsys)
+    assert code == 2 and "accel env: error: unrecognized arguments: stray words" in err
+    code, _, err = run_cli(["--verison"], capsys)
+    assert code == 2 and "did you mean --version?" in err
+    code, _, err = run_cli(["lanch", "x.py"], capsys)
+    assert code == 2 and "unknown command 'lanch'; did you mean launch?" in err
+
+
+def test_accel_launch_passes_the_scripts_own_flags_through():
+    """Only flags before the script are the launcher's: a script's misspelt-looking flag is its own business."""
+    parser = cli.build_parser(load="launch")
+    args, extra = parser.parse_known_args(["launch", "--cpu", "train.py", "--num_proceses", "2"])
+    assert extra == [] and args.training_script == "train.py" and args.training_script_args == ["--num_proceses", "2"]
+    assert cli.COMMAND_PARSERS["launch"].unknown_flags(["--num_proceses"]) == []  # never rescanned for typos
+
+
+def test_suggest_compares_dashes_and_underscores_alike():
+    known = ["--num_processes", "--num-processes", "--num_machines", "--cpu"]
+    assert cli.suggest("--num-proceses", known) == "--num_processes"
+    assert cli.suggest("--num_machins", known) == "--num_machines"
+    assert cli.suggest("--gpu", ["--cpu", "--gpu_ids"]) in ("--cpu", "--gpu_ids")
+    assert cli.suggest("--completely-different", known) is None and cli.suggest("-x", known) is None

@@ -336,7 +336,7 @@ def test_bad_flag_is_one_line_exit_2(capsys):
     out, err = capsys.readouterr()
     assert out == ""
     assert err.count("\n") == 1
-    assert "accel env: error: unrecognized arguments: --bogus" in err
+    assert "accel env: error: unrecognized argument --bogus" in err
     assert "Traceback" not in err
 
 

@@ -6,6 +6,10 @@ command's missing optional dependency cannot break the rest. A command module pr
 A command whose module is not installed (an optional part) is listed and, when run, says what is
 missing instead of failing with a traceback.
 
+An unknown flag, on any command, is named with the closest flag the command has ("unrecognized argument
+--num_proceses; did you mean --num_processes?", exit status 2). `accel launch` passes the words after the
+script to the script, so only the flags before the script are checked.
+
 Shell completion (bash, zsh, fish) comes from argcomplete: ``accel completion bash`` prints the
 script to source (``eval "$(accel completion bash)"``); while completing, the parser is built with the
 options of the command being completed only, so completion stays as fast as ``accel --help``.
@@ -22,7 +26,7 @@ from typing import Any, NoReturn, Sequence
 from accel import __version__
 from accel.commands import UsageError
 
-__all__ = ["COMMANDS", "SHELLS", "build_parser", "main"]
+__all__ = ["COMMANDS", "SHELLS", "build_parser", "main", "option_strings", "suggest"]
 
 # name -> (module providing add_arguments/run, one-line summary for `accel --help`)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -39,6 +43,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tpu-config": ("accel.commands.tpu", "run set-up commands on every worker of a Cloud TPU pod (builds the gcloud command)"),
     "completion": ("accel.commands.cli", "print the shell completion script: eval \"$(accel completion bash)\" (bash, zsh or fish)"),
 }
+#: the parser of each command, as the last :func:`build_parser` made it (for the "did you mean" hint)
+COMMAND_PARSERS: dict[str, argparse.ArgumentParser] = {}
 #: shells `accel completion` writes scripts for (argcomplete's shellcode)
 SHELLS = ("bash", "zsh", "fish")
 
@@ -48,8 +54,64 @@ class _ParseError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
+    """The parser of `accel` and of every command (argparse gives subcommand parsers their parent's class)."""
+
     def error(self, message: str) -> NoReturn:
+        """Raise instead of printing and exiting, so ``main`` returns the exit code."""
         raise _ParseError(f"{self.prog}: error: {message} (see '{self.prog} --help')")
+
+    def unrecognized(self, words: Sequence[str]) -> NoReturn:
+        """Refuse words no option took: each unknown flag named with the closest flag this command has."""
+        flags = [w for w in words if w.startswith("-") and len(w) > 1]
+        if not flags:  # stray words only; with an unknown flag, the words after it are most likely its value
+            self.error(f"unrecognized argument{'s' if len(words) > 1 else ''}: {' '.join(words)}")
+        known = option_strings(self)
+        parts = []
+        for word in flags:
+            flag = word.split("=", 1)[0]
+            parts.append(f"unrecognized argument {word}" + (f"; did you mean {close}?" if (close := suggest(flag, known)) else ""))
+        self.error("; ".join(parts))
+
+    def unknown_flags(self, words: Sequence[str]) -> list[str]:
+        """The long flags among ``words`` that this command does not take (nor abbreviates, where it allows
+        abbreviations); none for a command that passes words on to a script (``accel launch``)."""
+        if any(action.nargs == argparse.REMAINDER for action in self._actions):
+            return []
+        known = option_strings(self)
+        unknown = []
+        for word in words:
+            flag = word.split("=", 1)[0]
+            if not flag.startswith("--") or flag == "--" or flag in known:
+                continue
+            if self.allow_abbrev and any(k.startswith(flag) for k in known):
+                continue
+            unknown.append(word)
+        return unknown
+
+
+def option_strings(parser: argparse.ArgumentParser) -> list[str]:
+    """Every long flag ``parser`` takes, its subcommands' included (``--num_processes``, ``--cpu``, ...)."""
+    found: list[str] = []
+    for action in parser._actions:
+        found += [s for s in action.option_strings if s.startswith("--")]
+        choices = getattr(action, "choices", None)
+        if isinstance(choices, dict):
+            for sub in choices.values():
+                if isinstance(sub, argparse.ArgumentParser):
+                    found += option_strings(sub)
+    return list(dict.fromkeys(found))
+
+
+def suggest(flag: str, known: Sequence[str]) -> str | None:
+    """The flag in ``known`` closest to a mistyped ``flag`` (difflib's ratio, 0.6 or more), else None;
+    ``--num-proceses`` and ``--num_proceses`` are compared alike."""
+    import difflib
+
+    if not flag.startswith("--"):
+        return None
+    canonical = {k.replace("-", "_"): k for k in reversed(known)}  # the underscore spelling when both exist
+    match = difflib.get_close_matches(flag.replace("-", "_"), list(canonical), n=1, cutoff=0.6)
+    return canonical[match[0]] if match else None
 
 
 def _requested_command(argv: Sequence[str]) -> str | None:
@@ -67,6 +129,7 @@ def build_parser(load: str | None = None) -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="accel_command", metavar="<command>", title="commands")
     for name, (module_path, summary) in COMMANDS.items():
         sub = subparsers.add_parser(name, help=summary, description=summary)
+        COMMAND_PARSERS[name] = sub
         if name == load:
             if name == "completion":
                 add_arguments(sub)
@@ -82,6 +145,28 @@ def build_parser(load: str | None = None) -> argparse.ArgumentParser:
             module.add_arguments(sub)
             sub.set_defaults(_run=module.run)
     return parser
+
+
+def _better_error(exc: _ParseError, argv: Sequence[str], requested: str | None) -> str:
+    """A mistyped flag can make argparse fail elsewhere first (its value taken as a positional: "invalid
+    choice", or a required option not seen): then name the unknown flag instead, with the closest one."""
+    text = str(exc)
+    if requested not in COMMANDS and "argument <command>: invalid choice" in text:
+        import difflib
+
+        close = difflib.get_close_matches(requested or "", list(COMMANDS), n=1, cutoff=0.6)
+        return f"accel: error: unknown command {requested!r}" + (f"; did you mean {close[0]}?" if close else "") + " (see 'accel --help')"
+    command_parser = COMMAND_PARSERS.get(requested or "")
+    if not isinstance(command_parser, _Parser) or not ("invalid choice" in text or "arguments are required" in text):
+        return text
+    unknown = command_parser.unknown_flags(list(argv)[list(argv).index(requested) + 1:])
+    if not unknown:
+        return text
+    try:
+        command_parser.unrecognized(unknown)
+    except _ParseError as better:
+        return str(better)
+    return text
 
 
 def _missing(name: str, module_path: str) -> Any:
@@ -135,11 +220,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(load=requested if requested in COMMANDS else None)
     try:
         args, extra = parser.parse_known_args(argv)
-        if extra:  # name the command the stray words were given to, not just `accel`
-            prog = f"accel {args.accel_command}" if args.accel_command else "accel"
-            _Parser(prog=prog).error(f"unrecognized arguments: {' '.join(extra)}")
+        if extra:  # name the command the stray words were given to, not just `accel`, and the closest flag
+            command_parser = COMMAND_PARSERS.get(args.accel_command, parser) if args.accel_command else parser
+            if not isinstance(command_parser, _Parser):
+                command_parser = parser
+            command_parser.unrecognized(extra)
     except _ParseError as exc:
-        print(exc, file=sys.stderr)
+        print(_better_error(exc, argv, requested), file=sys.stderr)
         return 2
     except SystemExit as exc:  # --help and --version
         return exc.code if isinstance(exc.code, int) else 0

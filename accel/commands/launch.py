@@ -1059,10 +1059,12 @@ class HangWatchdog:
         self._thread = threading.Thread(target=self._watch, name="accel-hang-watchdog", daemon=True)
 
     def start(self) -> None:
+        """Start watching (nothing with a timeout of 0)."""
         if self.timeout > 0:
             self._thread.start()
 
     def stop(self) -> None:
+        """Stop watching; waits for the thread unless called from it."""
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()

@@ -51,6 +51,7 @@ __all__ = [
     "make_run_dir",
     "proc_state",
     "remove_orphaned_run_dirs",
+    "signal_name",
     "waiting_in_collective",
 ]
 
@@ -145,9 +146,11 @@ class ChildWatch:
         self._thread = threading.Thread(target=self._run, name="accel-child-watch", daemon=True)
 
     def start(self) -> None:
+        """Start watching (a daemon thread)."""
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop watching and wait for the thread."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
@@ -216,19 +219,23 @@ class RankEvidence:
     stack: str | None = None
 
     def to_json(self) -> dict[str, Any]:
+        """The evidence as a plain dict (published in the store as JSON)."""
         return asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "RankEvidence":
+        """Evidence read back from another node (unknown keys, from a newer launcher, are left out)."""
         names = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in names})
 
     @property
     def alive(self) -> bool:
+        """Whether the process was still there (running, sleeping, stopped) when the evidence was taken."""
         return self.state is not None and self.state not in ("Z", "X", "x")
 
     @property
     def in_collective(self) -> bool:
+        """Whether its stack shows it waiting for its peers (:func:`waiting_in_collective`)."""
         return waiting_in_collective(self.stack)
 
 
@@ -347,6 +354,7 @@ class NodeExchange:
             return False
 
     def declare_hang(self) -> None:
+        """Tell the other launchers that this one declared a hang (they end too and send their evidence)."""
         with contextlib.suppress(Exception):
             self._client(self.wait).set(_STORE_PREFIX + "hang", str(self.node))
 
