@@ -1,0 +1,63 @@
+"""accel-emu: an emulated accelerator ("emu") for PyTorch, installed as an out-of-tree backend.
+
+emu is a real PrivateUse1 device: its own allocator, device guard, streams, events, generators,
+autocast policies and a c10d collective backend, with every operator computed on the host by
+the boxed CPU fallback. Importing this package is cheap and changes nothing; :func:`load` (or
+``ACCEL_DEVICE=emu``/``--backend emu`` through accel) builds and loads the C++ extension and
+claims the process's single PrivateUse1 slot.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import ModuleType
+
+__all__ = ["DEVICE_TYPE", "COMM_BACKEND", "is_loaded", "load"]
+
+#: torch device type of the emulated accelerator
+DEVICE_TYPE = "emu"
+#: name of the torch.distributed backend registered for emu tensors
+COMM_BACKEND = "emu_ccl"
+__version__ = "0.1.0"
+
+_lock = threading.Lock()
+_loaded = False
+
+
+def is_loaded() -> bool:
+    """True once :func:`load` has registered emu in this process."""
+    return _loaded
+
+
+def load() -> ModuleType:
+    """Build (first time only) and load the extension, register ``torch.emu``; returns it.
+
+    Raises RuntimeError when another PrivateUse1 backend already owns this process.
+    """
+    global _loaded
+    with _lock:
+        import torch
+
+        if _loaded:
+            return torch.emu  # type: ignore[attr-defined]
+        current = torch._C._get_privateuse1_backend_name()
+        if current not in ("privateuseone", DEVICE_TYPE):
+            raise RuntimeError(
+                f"cannot load emu: this process already uses PrivateUse1 for {current!r} "
+                "(PyTorch allows one PrivateUse1 backend per process)"
+            )
+        if current != DEVICE_TYPE:
+            torch.utils.rename_privateuse1_backend(DEVICE_TYPE)
+        from . import device as device_module
+        from ._extension import load_extension
+
+        load_extension()
+        torch._register_device_module(DEVICE_TYPE, device_module)
+        torch.utils.generate_methods_for_privateuse1_backend(
+            for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+        )
+        from .distributed import register_comm_backend
+
+        register_comm_backend()
+        _loaded = True
+        return device_module

@@ -1,0 +1,500 @@
+// PyTorch integration of the emu device: allocator registration, device guard, PrivateUse1
+// hooks, the few native kernels a device must provide itself (memory, views, copies), the boxed
+// host fallback for every other operator, and autocast policies.
+#include "emu_runtime.h"
+
+#include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/native/CPUFallback.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/_local_scalar_dense_native.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/copy_native.h>
+#include <ATen/ops/set_native.h>
+#include <ATen/ops/unfold_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/view_as_real_native.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/library.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+
+namespace emu {
+namespace {
+
+constexpr auto kEmu = c10::DeviceType::PrivateUse1;
+
+// ------------------------------------------------------------------ pinned host memory
+// Page-locked memory is only bookkeeping here: blocks are tracked so `is_pinned()` answers and
+// copies from/to them may run asynchronously, as on a real device.
+class PinnedAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t nbytes) override {
+    if (nbytes == 0) return c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU));
+    void* p = nullptr;
+    TORCH_CHECK_WITH(OutOfMemoryError, posix_memalign(&p, 4096, nbytes) == 0,
+                     "emu: cannot allocate ", nbytes, " bytes of pinned host memory");
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ranges_[reinterpret_cast<uintptr_t>(p)] = nbytes;
+    }
+    return c10::DataPtr(p, p, &PinnedAllocator::deleter, c10::Device(c10::DeviceType::CPU));
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &PinnedAllocator::deleter; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
+
+  bool contains(const void* ptr) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto key = reinterpret_cast<uintptr_t>(ptr);
+    auto it = ranges_.upper_bound(key);
+    if (it == ranges_.begin()) return false;
+    --it;
+    return key < it->first + it->second;
+  }
+
+  static void deleter(void* p);
+
+ private:
+  std::mutex mutex_;
+  std::map<uintptr_t, size_t> ranges_;
+};
+
+PinnedAllocator& pinned_allocator() {
+  static PinnedAllocator* a = new PinnedAllocator();
+  return *a;
+}
+
+void PinnedAllocator::deleter(void* p) {
+  auto& self = pinned_allocator();
+  {
+    std::lock_guard<std::mutex> lock(self.mutex_);
+    self.ranges_.erase(reinterpret_cast<uintptr_t>(p));
+  }
+  std::free(p);
+}
+
+// ------------------------------------------------------------------ device guard
+struct EventHandle {
+  std::shared_ptr<Event> event;
+};
+
+Event* as_event(void* handle) { return static_cast<EventHandle*>(handle)->event.get(); }
+
+struct EmuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override { return kEmu; }
+
+  c10::Device exchangeDevice(c10::Device d) const override {
+    TORCH_CHECK(d.type() == kEmu, "emu guard given a ", d.type(), " device");
+    auto old = getDevice();
+    if (d.has_index() && d.index() != old.index()) set_current_device(d.index());
+    return old;
+  }
+  c10::Device getDevice() const override { return c10::Device(kEmu, current_device()); }
+  void setDevice(c10::Device d) const override {
+    TORCH_CHECK(d.type() == kEmu, "emu guard given a ", d.type(), " device");
+    if (d.has_index()) set_current_device(d.index());
+  }
+  void uncheckedSetDevice(c10::Device d) const noexcept override {
+    try {
+      if (d.has_index()) set_current_device(d.index());
+    } catch (...) {
+    }
+  }
+  c10::Stream getStream(c10::Device d) const override {
+    return current_stream(d.has_index() ? d.index() : current_device());
+  }
+  c10::Stream getDefaultStream(c10::Device d) const override {
+    auto idx = d.has_index() ? d.index() : current_device();
+    check_device(idx);
+    return c10::Stream(c10::Stream::DEFAULT, c10::Device(kEmu, idx));
+  }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool /*isHighPriority*/) const override;
+  c10::Stream getNewStream(c10::Device d, int /*priority*/) const override {
+    return new_stream(d.has_index() ? d.index() : current_device());
+  }
+  c10::Stream exchangeStream(c10::Stream s) const override { return exchange_stream(s); }
+  c10::DeviceIndex deviceCount() const noexcept override {
+    try {
+      return device_count();
+    } catch (...) {
+      return 0;
+    }
+  }
+  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
+    delete static_cast<EventHandle*>(event);
+  }
+  void record(void** event, const c10::Stream& stream, const c10::DeviceIndex device_index,
+              const c10::EventFlag flag) const override {
+    TORCH_CHECK(device_index == -1 || device_index == stream.device_index(),
+                "emu: event device index ", static_cast<int>(device_index),
+                " does not match the recording stream's device ", static_cast<int>(stream.device_index()));
+    if (*event == nullptr) *event = new EventHandle{std::make_shared<Event>()};
+    auto shared = static_cast<EventHandle*>(*event)->event;
+    // the stream task keeps the event alive even if Python drops it first
+    record_event(shared.get(), stream, flag == c10::EventFlag::BACKEND_DEFAULT);
+    stream_queue(stream.device_index(), stream.id()).enqueue([shared] {});
+  }
+  void block(void* event, const c10::Stream& stream) const override {
+    if (event == nullptr) return;
+    auto shared = static_cast<EventHandle*>(event)->event;
+    block_on_event(shared.get(), stream);
+    stream_queue(stream.device_index(), stream.id()).enqueue([shared] {});
+  }
+  bool queryEvent(void* event) const override { return event == nullptr || query_event(as_event(event)); }
+  bool queryStream(const c10::Stream& s) const override { return stream_queue(s.device_index(), s.id()).query(); }
+  void synchronizeStream(const c10::Stream& s) const override {
+    stream_queue(s.device_index(), s.id()).synchronize();
+  }
+  void synchronizeEvent(void* event) const override {
+    if (event != nullptr) synchronize_event(as_event(event));
+  }
+  void synchronizeDevice(const c10::DeviceIndex device_index) const override {
+    synchronize_device(device_index < 0 ? current_device() : device_index);
+  }
+  void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {}
+  double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
+    TORCH_CHECK(start && end, "emu: both events must be recorded before calculating elapsed time");
+    return elapsed_ms(as_event(start), as_event(end));
+  }
+};
+
+}  // namespace
+
+c10::Stream pool_stream(c10::DeviceIndex device);
+
+namespace {
+
+c10::Stream EmuGuardImpl::getStreamFromGlobalPool(c10::Device d, bool) const {
+  return pool_stream(d.has_index() ? d.index() : current_device());
+}
+
+C10_REGISTER_GUARD_IMPL(PrivateUse1, EmuGuardImpl);
+
+// ------------------------------------------------------------------ storage resize
+void resize_storage_bytes(const c10::Storage& storage, size_t new_bytes) {
+  auto* impl = storage.unsafeGetStorageImpl();
+  TORCH_CHECK(impl->resizable(), "emu: trying to resize storage that is not resizable");
+  c10::DeviceIndex device = current_device();
+  if (impl->data_ptr().device().has_index() && impl->data_ptr().device().type() == kEmu) {
+    device = impl->data_ptr().device().index();
+  }
+  c10::DeviceGuard guard(c10::Device(kEmu, device));
+  c10::DataPtr fresh = allocator().allocate(new_bytes);
+  const size_t old_bytes = impl->nbytes();
+  const size_t keep = std::min(old_bytes, new_bytes);
+  if (keep > 0 && impl->data() != nullptr) {
+    wait_current_stream(device);
+    allocator().copy_data(fresh.get(), impl->data(), keep);
+  }
+  impl->set_data_ptr_noswap(std::move(fresh));
+  impl->set_nbytes(new_bytes);
+}
+
+// ------------------------------------------------------------------ hooks
+struct EmuHooks final : public at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override {
+    try {
+      return device_count() > 0;
+    } catch (...) {
+      return false;
+    }
+  }
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex device_index) const override {
+    return default_generator(device_index);
+  }
+  at::Generator getNewGenerator(c10::DeviceIndex device_index) const override {
+    return new_generator(device_index);
+  }
+  at::Device getDeviceFromPtr(void* data) const override {
+    int d = allocator().device_of(data);
+    TORCH_CHECK(d >= 0, "emu: pointer ", data, " is not emu device memory");
+    return at::Device(kEmu, static_cast<c10::DeviceIndex>(d));
+  }
+  bool isPinnedPtr(const void* data) const override { return pinned_allocator().contains(data); }
+  at::Allocator* getPinnedMemoryAllocator() const override { return &pinned_allocator(); }
+  bool hasPrimaryContext(c10::DeviceIndex device_index) const override {
+    check_device(device_index);
+    return is_initialized();
+  }
+  void init() const override { device_count(); }
+  c10::DeviceIndex deviceCount() const override { return device_count(); }
+  void setCurrentDevice(c10::DeviceIndex device) const override { set_current_device(device); }
+  c10::DeviceIndex getCurrentDevice() const override { return current_device(); }
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex device) const override {
+    auto old = current_device();
+    if (device >= 0) set_current_device(device);
+    return old;
+  }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex device) const override { return exchangeDevice(device); }
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
+    resize_storage_bytes(storage, newsize);
+  }
+};
+
+struct Registrations {
+  Registrations() {
+    c10::SetAllocator(kEmu, &allocator());
+    at::RegisterPrivateUse1HooksInterface(new EmuHooks());
+  }
+} registrations;
+
+// ------------------------------------------------------------------ native kernels
+void check_factory(std::optional<c10::Layout> layout, std::optional<bool> pin_memory) {
+  TORCH_CHECK(c10::layout_or_default(layout) == c10::Layout::Strided,
+              "emu supports only strided tensors, got layout ", c10::layout_or_default(layout));
+  TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory), "emu: only host (cpu) tensors can be pinned");
+}
+
+at::Tensor emu_empty(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
+                     std::optional<c10::Device> device, std::optional<bool> pin_memory,
+                     std::optional<c10::MemoryFormat> memory_format) {
+  check_factory(layout, pin_memory);
+  auto dev = c10::device_or_default(device);
+  TORCH_CHECK(dev.type() == kEmu, "emu empty() called for device ", dev);
+  c10::OptionalDeviceGuard guard(dev.has_index() ? std::optional<c10::Device>(dev) : std::nullopt);
+  return at::detail::empty_generic(size, &allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                   c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor emu_empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
+                             std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                             std::optional<bool> pin_memory) {
+  check_factory(layout, pin_memory);
+  auto dev = c10::device_or_default(device);
+  TORCH_CHECK(dev.type() == kEmu, "emu empty_strided() called for device ", dev);
+  c10::OptionalDeviceGuard guard(dev.has_index() ? std::optional<c10::Device>(dev) : std::nullopt);
+  return at::detail::empty_strided_generic(size, stride, &allocator(),
+                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                           c10::dtype_or_default(dtype));
+}
+
+at::Tensor emu_as_strided(const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
+                          std::optional<c10::SymInt> storage_offset) {
+  std::optional<int64_t> offset;
+  if (storage_offset.has_value()) offset = storage_offset->guard_int(__FILE__, __LINE__);
+  return at::native::as_strided_tensorimpl(self, C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride),
+                                           offset);
+}
+
+at::Tensor emu_view(const at::Tensor& self, c10::SymIntArrayRef size) {
+  return at::native::view(self, C10_AS_INTARRAYREF_SLOW(size));
+}
+
+at::Tensor emu_reshape_alias(const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride) {
+  return at::native::_reshape_alias(self, C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride));
+}
+
+at::Tensor emu_unfold(const at::Tensor& self, int64_t dimension, int64_t size, int64_t step) {
+  return at::native::unfold(self, dimension, size, step);
+}
+
+at::Tensor emu_view_as_real(const at::Tensor& self) { return at::native::view_as_real(self); }
+at::Tensor emu_view_as_complex(const at::Tensor& self) { return at::native::view_as_complex(self); }
+
+const at::Tensor& emu_resize_(const at::Tensor& self, c10::SymIntArrayRef size,
+                              std::optional<c10::MemoryFormat> memory_format) {
+  auto sizes = C10_AS_INTARRAYREF_SLOW(size);
+  for (auto s : sizes) TORCH_CHECK(s >= 0, "emu resize_: negative dimension ", s);
+  auto* impl = self.unsafeGetTensorImpl();
+  if (self.sizes() != sizes) impl->set_sizes_contiguous(sizes);
+  auto fmt = memory_format.value_or(c10::MemoryFormat::Contiguous);
+  TORCH_CHECK(fmt != c10::MemoryFormat::Preserve, "emu resize_: unsupported memory format Preserve");
+  if (fmt != c10::MemoryFormat::Contiguous) impl->empty_tensor_restride(fmt);
+  const int64_t numel = self.numel();
+  if (numel > 0) {
+    const size_t needed = static_cast<size_t>(self.storage_offset() + numel) * self.dtype().itemsize();
+    if (needed > self.storage().nbytes()) resize_storage_bytes(self.storage(), needed);
+  }
+  return self;
+}
+
+at::Tensor& emu_set_storage(at::Tensor& self, at::Storage source, int64_t offset, c10::IntArrayRef size,
+                            c10::IntArrayRef stride) {
+  return at::native::set_storage_cpu_(self, std::move(source), offset, size, stride);
+}
+
+at::Tensor& emu_set_source_storage(at::Tensor& self, at::Storage source) { return at::native::set_(self, source); }
+
+at::Tensor& emu_set_source_tensor(at::Tensor& self, const at::Tensor& source) {
+  return at::native::set_tensor_(self, source);
+}
+
+// A host (cpu) tensor over the same bytes as an emu tensor; valid while a MemoryGuard holds it open.
+at::Tensor host_alias(const at::Tensor& t) {
+  return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options().device(c10::DeviceType::CPU));
+}
+
+bool is_pinned_host(const at::Tensor& t) {
+  return t.device().is_cpu() && t.has_storage() && t.storage().data() != nullptr &&
+         pinned_allocator().contains(t.storage().data());
+}
+
+void copy_now(const at::Tensor& self, const at::Tensor& dst) {
+  MemoryGuard guard;
+  guard.add(self);
+  guard.add(dst);
+  at::Tensor src_view = self.device().type() == kEmu ? host_alias(self) : self;
+  at::Tensor dst_view = dst.device().type() == kEmu ? host_alias(dst) : dst;
+  dst_view.copy_(src_view);
+}
+
+at::Tensor emu_copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  TORCH_CHECK(self.defined() && dst.defined(), "emu copy: undefined tensor");
+  if (self.numel() == 0) return dst;
+  const bool src_emu = self.device().type() == kEmu;
+  const bool dst_emu = dst.device().type() == kEmu;
+  TORCH_CHECK(src_emu || self.device().is_cpu(), "emu: cannot copy from ", self.device(), " to ", dst.device());
+  TORCH_CHECK(dst_emu || dst.device().is_cpu(), "emu: cannot copy from ", self.device(), " to ", dst.device());
+  const c10::DeviceIndex device = dst_emu ? dst.device().index() : self.device().index();
+  // Device-to-device copies, and host copies with non_blocking=True from/to pinned memory, are
+  // queued on the current stream (asynchronous, as on a real device); the rest wait for it.
+  const bool async = (src_emu && dst_emu) || (non_blocking && (src_emu ? is_pinned_host(dst) : is_pinned_host(self)));
+  auto stream = current_stream(device);
+  if (async) {
+    at::Tensor s = self;  // the task holds both storages alive
+    at::Tensor d = dst;
+    stream_queue(device, stream.id()).enqueue([s, d] { copy_now(s, d); });
+    return dst;
+  }
+  wait_current_stream(device);
+  if (src_emu && dst_emu && self.device() != dst.device()) wait_current_stream(self.device().index());
+  copy_now(self, dst);
+  return dst;
+}
+
+at::Tensor emu_copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  if (dst.device().type() == kEmu) {
+    emu_resize_(dst, self.sym_sizes(), std::nullopt);
+  } else {
+    at::native::resize_(dst, self.sizes(), std::nullopt);
+  }
+  return emu_copy_from(self, dst, false);
+}
+
+at::Scalar emu_local_scalar_dense(const at::Tensor& self) {
+  wait_current_stream(self.device().index());
+  MemoryGuard guard;
+  guard.add(self);
+  return at::native::_local_scalar_dense_cpu(host_alias(self));
+}
+
+// ------------------------------------------------------------------ the host fallback
+bool is_index_op(const c10::OperatorName& name) {
+  return name.name == "aten::index" || name.name == "aten::index_put_" || name.name == "aten::index_put" ||
+         name.name == "aten::_index_put_impl_";
+}
+
+bool is_generator_type(const c10::TypePtr& type) {
+  if (type->kind() == c10::TypeKind::GeneratorType) return true;
+  if (type->kind() == c10::TypeKind::OptionalType) {
+    return type->expectRef<c10::OptionalType>().getElementType()->kind() == c10::TypeKind::GeneratorType;
+  }
+  return false;
+}
+
+struct DeviceScan {
+  std::optional<c10::Device> emu_device;
+  std::optional<c10::Device> other_device;
+  void see(const at::Tensor& t, bool allow_host) {
+    if (!t.defined()) return;
+    auto d = t.device();
+    if (d.type() == kEmu) {
+      if (!emu_device) emu_device = d;
+      else if (*emu_device != d && !other_device) other_device = d;
+    } else if (!(d.is_cpu() && (t.dim() == 0 || allow_host))) {
+      if (!other_device) other_device = d;
+    }
+  }
+};
+
+void emu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const auto num_args = schema.arguments().size();
+  auto args = torch::jit::last(*stack, num_args);
+  const bool index_op = is_index_op(schema.operator_name());
+
+  DeviceScan scan;
+  for (const auto& v : args) {
+    if (v.isTensor()) {
+      scan.see(v.toTensor(), false);
+    } else if (v.isTensorList()) {
+      for (const auto& t : v.toTensorList()) scan.see(t, index_op);
+    } else if (v.isOptionalTensorList()) {
+      for (const auto& t : v.toOptionalTensorList()) {
+        std::optional<at::Tensor> ot = t;
+        if (ot.has_value()) scan.see(*ot, index_op);
+      }
+    }
+  }
+  if (scan.emu_device && scan.other_device) {
+    TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ",
+                *scan.emu_device, " and ", *scan.other_device, "! (in ", schema.operator_name(), " on emu)");
+  }
+  const c10::DeviceIndex device = scan.emu_device ? scan.emu_device->index() : current_device();
+  c10::DeviceGuard guard(c10::Device(kEmu, device));
+
+  // random operators draw from the device's generator, not the host's
+  for (size_t i = 0; i < num_args; ++i) {
+    if (!is_generator_type(schema.arguments()[i].type())) continue;
+    auto& slot = (*stack)[stack->size() - num_args + i];
+    if (slot.isNone()) {
+      slot = c10::IValue(host_generator_of(default_generator(device)));
+    } else if (slot.isGenerator()) {
+      slot = c10::IValue(host_generator_of(slot.toGenerator()));
+    }
+  }
+  wait_current_stream(device);
+  at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", emu_empty);
+  m.impl("empty_strided", emu_empty_strided);
+  m.impl("as_strided", emu_as_strided);
+  m.impl("view", emu_view);
+  m.impl("_reshape_alias", emu_reshape_alias);
+  m.impl("unfold", emu_unfold);
+  m.impl("view_as_real", emu_view_as_real);
+  m.impl("view_as_complex", emu_view_as_complex);
+  m.impl("resize_", emu_resize_);
+  m.impl("set_.source_Storage_storage_offset", emu_set_storage);
+  m.impl("set_.source_Storage", emu_set_source_storage);
+  m.impl("set_.source_Tensor", emu_set_source_tensor);
+  m.impl("_copy_from", emu_copy_from);
+  m.impl("_copy_from_and_resize", emu_copy_from_and_resize);
+  m.impl("_local_scalar_dense", emu_local_scalar_dense);
+}
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&emu_fallback>());
+}
+
+// ------------------------------------------------------------------ autocast
+// The same policies CUDA uses: matmul-like ops in the lower precision, precision-sensitive ops
+// in fp32, mixed-input ops promoted.
+TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
+#define EMU_LOWER(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, lower_precision_fp)
+#define EMU_FP32(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32)
+#define EMU_FP32_OPT(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32_set_opt_dtype)
+#define EMU_PROMOTE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, promote)
+  AT_FORALL_LOWER_PRECISION_FP(EMU_LOWER)
+  AT_FORALL_FP32(EMU_FP32)
+  AT_FORALL_FP32_SET_OPT_DTYPE(EMU_FP32_OPT)
+  AT_FORALL_PROMOTE(EMU_PROMOTE)
+#undef EMU_LOWER
+#undef EMU_FP32
+#undef EMU_FP32_OPT
+#undef EMU_PROMOTE
+}
+
+}  // namespace emu

@@ -1,0 +1,321 @@
+// Python bindings of the emu runtime (the `accel_emu._C` module) and the `emu_ccl` collective
+// backend, which stages emu tensors through a host (gloo) process group.
+#include "emu_runtime.h"
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/extension.h>
+
+#include <string>
+
+namespace emu {
+namespace {
+
+constexpr auto kEmu = c10::DeviceType::PrivateUse1;
+
+py::dict stats_dict(c10::DeviceIndex device) {
+  auto st = allocator().getDeviceStats(device);
+  py::dict out;
+  auto put_array = [&](const char* name, const c10::CachingDeviceAllocator::StatArray& arr) {
+    const auto& s = arr[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+    std::string base = std::string(name) + ".all.";
+    out[py::str(base + "current")] = s.current;
+    out[py::str(base + "peak")] = s.peak;
+    out[py::str(base + "allocated")] = s.allocated;
+    out[py::str(base + "freed")] = s.freed;
+  };
+  put_array("allocation", st.allocation);
+  put_array("segment", st.segment);
+  put_array("active", st.active);
+  put_array("allocated_bytes", st.allocated_bytes);
+  put_array("reserved_bytes", st.reserved_bytes);
+  put_array("active_bytes", st.active_bytes);
+  put_array("requested_bytes", st.requested_bytes);
+  out["num_ooms"] = st.num_ooms;
+  out["num_alloc_retries"] = st.num_alloc_retries;
+  out["num_device_alloc"] = st.num_device_alloc;
+  out["num_device_free"] = st.num_device_free;
+  return out;
+}
+
+// ------------------------------------------------------------------ collectives
+// A finished collective: emu_ccl runs each collective to completion on the host before
+// returning, so the work is complete and its future already holds the result.
+class DoneWork final : public c10d::Work {
+ public:
+  DoneWork(std::vector<at::Tensor> result, c10d::OpType type)
+      : c10d::Work(-1, type), result_(std::move(result)) {
+    std::vector<c10::Device> devices;
+    for (const auto& t : result_) {
+      if (t.defined() && t.device().type() == kEmu &&
+          std::find(devices.begin(), devices.end(), t.device()) == devices.end()) {
+        devices.push_back(t.device());
+      }
+    }
+    future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), devices);
+    future_->markCompleted(c10::IValue(result_));
+  }
+  bool isCompleted() override { return true; }
+  bool isSuccess() const override { return true; }
+  bool wait(std::chrono::milliseconds) override { return true; }
+  std::vector<at::Tensor> result() override { return result_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+ private:
+  std::vector<at::Tensor> result_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+at::Tensor to_host(const at::Tensor& t) { return t.to(c10::Device(c10::DeviceType::CPU), /*non_blocking=*/false, /*copy=*/true); }
+
+std::vector<at::Tensor> to_host(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> out;
+  out.reserve(ts.size());
+  for (const auto& t : ts) out.push_back(to_host(t));
+  return out;
+}
+
+void copy_back(std::vector<at::Tensor>& dst, const std::vector<at::Tensor>& src) {
+  for (size_t i = 0; i < dst.size(); ++i) dst[i].copy_(src[i]);
+}
+
+void finish(const c10::intrusive_ptr<c10d::Work>& work) {
+  work->wait();
+}
+
+class EmuCCL final : public c10d::Backend {
+ public:
+  EmuCCL(c10::intrusive_ptr<c10d::Backend> host, int rank, int size)
+      : c10d::Backend(rank, size), host_(std::move(host)) {}
+
+  const std::string getBackendName() const override { return "emu_ccl"; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override {
+    auto host = to_host(tensors);
+    finish(host_->broadcast(host, opts));
+    copy_back(tensors, host);
+    return done(tensors, c10d::OpType::BROADCAST);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override {
+    auto host = to_host(tensors);
+    finish(host_->allreduce(host, opts));
+    copy_back(tensors, host);
+    return done(tensors, c10d::OpType::ALLREDUCE);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override {
+    auto host = to_host(tensors);
+    finish(host_->allreduce_coalesced(host, opts));
+    copy_back(tensors, host);
+    return done(tensors, c10d::OpType::ALLREDUCE_COALESCED);
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override {
+    auto host = to_host(tensors);
+    finish(host_->reduce(host, opts));
+    copy_back(tensors, host);
+    return done(tensors, c10d::OpType::REDUCE);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override {
+    auto host_in = to_host(inputs);
+    std::vector<std::vector<at::Tensor>> host_out;
+    for (auto& list : outputs) host_out.push_back(to_host(list));
+    finish(host_->allgather(host_out, host_in, opts));
+    std::vector<at::Tensor> flat;
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      copy_back(outputs[i], host_out[i]);
+      flat.insert(flat.end(), outputs[i].begin(), outputs[i].end());
+    }
+    return done(flat, c10d::OpType::ALLGATHER);
+  }
+
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override {
+    auto host_in = to_host(input);
+    auto host_out = to_host(output);
+    finish(host_->_allgather_base(host_out, host_in, opts));
+    output.copy_(host_out);
+    return done({output}, c10d::OpType::_ALLGATHER_BASE);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override {
+    for (size_t i = 0; i < outputs.size(); ++i) _allgather_base(outputs[i], inputs[i], opts);
+    return done(outputs, c10d::OpType::COALESCED);
+  }
+
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) override {
+    auto host_in = to_host(inputs);
+    std::vector<std::vector<at::Tensor>> host_out;
+    for (auto& list : outputs) host_out.push_back(to_host(list));
+    finish(host_->gather(host_out, host_in, opts));
+    std::vector<at::Tensor> flat;
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      copy_back(outputs[i], host_out[i]);
+      flat.insert(flat.end(), outputs[i].begin(), outputs[i].end());
+    }
+    return done(flat, c10d::OpType::GATHER);
+  }
+
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override {
+    auto host_out = to_host(outputs);
+    std::vector<std::vector<at::Tensor>> host_in;
+    for (auto& list : inputs) host_in.push_back(to_host(list));
+    finish(host_->scatter(host_out, host_in, opts));
+    copy_back(outputs, host_out);
+    return done(outputs, c10d::OpType::SCATTER);
+  }
+
+  // reduce-scatter is staged as a host all-reduce of the whole input followed by taking this
+  // rank's share: simple and correct for every reduce op, at world_size times the traffic.
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override {
+    TORCH_CHECK(outputs.size() == 1 && inputs.size() == 1, "emu_ccl reduce_scatter takes one output tensor");
+    std::vector<at::Tensor> flat;
+    for (const auto& t : inputs[0]) flat.push_back(to_host(t).reshape({-1}));
+    std::vector<at::Tensor> joined{at::cat(flat)};
+    c10d::AllreduceOptions ar;
+    ar.reduceOp = opts.reduceOp;
+    ar.timeout = opts.timeout;
+    finish(host_->allreduce(joined, ar));
+    const int64_t n = outputs[0].numel();
+    outputs[0].copy_(joined[0].narrow(0, n * getRank(), n).view(outputs[0].sizes()));
+    return done(outputs, c10d::OpType::REDUCE_SCATTER);
+  }
+
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override {
+    std::vector<at::Tensor> joined{to_host(input).reshape({-1})};
+    c10d::AllreduceOptions ar;
+    ar.reduceOp = opts.reduceOp;
+    ar.timeout = opts.timeout;
+    finish(host_->allreduce(joined, ar));
+    const int64_t n = output.numel();
+    output.copy_(joined[0].narrow(0, n * getRank(), n).view(output.sizes()));
+    return done({output}, c10d::OpType::_REDUCE_SCATTER_BASE);
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override {
+    for (size_t i = 0; i < outputs.size(); ++i) _reduce_scatter_base(outputs[i], inputs[i], opts);
+    return done(outputs, c10d::OpType::COALESCED);
+  }
+
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_split, std::vector<int64_t>& input_split,
+                                               const c10d::AllToAllOptions& opts) override {
+    auto host_in = to_host(input);
+    auto host_out = to_host(output);
+    finish(host_->alltoall_base(host_out, host_in, output_split, input_split, opts));
+    output.copy_(host_out);
+    return done({output}, c10d::OpType::ALLTOALL_BASE);
+  }
+
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
+    auto host = to_host(tensors);
+    finish(host_->send(host, dst, tag));
+    return done(tensors, c10d::OpType::SEND);
+  }
+
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
+    auto host = to_host(tensors);
+    finish(host_->recv(host, src, tag));
+    copy_back(tensors, host);
+    return done(tensors, c10d::OpType::RECV);
+  }
+
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
+    c10d::BarrierOptions host_opts = opts;
+    host_opts.device_ids.clear();
+    host_opts.device = std::nullopt;
+    finish(host_->barrier(host_opts));
+    return done({}, c10d::OpType::BARRIER);
+  }
+
+ private:
+  static c10::intrusive_ptr<c10d::Work> done(std::vector<at::Tensor> result, c10d::OpType type) {
+    // the results were written by copies queued on the current stream: wait for them, as a
+    // device collective library would before reporting completion
+    for (const auto& t : result) {
+      if (t.defined() && t.device().type() == kEmu) wait_current_stream(t.device().index());
+    }
+    return c10::make_intrusive<DoneWork>(std::move(result), type);
+  }
+  c10::intrusive_ptr<c10d::Backend> host_;
+};
+
+// A gate queued on a stream: work queued after it waits until release(). Lets a test (or a
+// user debugging a missing synchronize) hold a stream's queue deterministically.
+struct StreamHold {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool released = false;
+  void release() {
+    std::lock_guard<std::mutex> lock(mutex);
+    released = true;
+    cv.notify_all();
+  }
+};
+
+std::shared_ptr<StreamHold> hold_stream(int device, int64_t stream_id) {
+  auto hold = std::make_shared<StreamHold>();
+  stream_queue(static_cast<c10::DeviceIndex>(device), stream_id).enqueue([hold] {
+    std::unique_lock<std::mutex> lock(hold->mutex);
+    hold->cv.wait(lock, [&] { return hold->released; });
+  });
+  return hold;
+}
+
+}  // namespace
+}  // namespace emu
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "emu device runtime (accel_emu)";
+  m.def("device_count", [] { return static_cast<int>(emu::device_count()); });
+  m.def("physical_index", [](int i) { return emu::physical_index(static_cast<c10::DeviceIndex>(i)); });
+  m.def("current_device", [] { return static_cast<int>(emu::current_device()); });
+  m.def("set_device", [](int i) { emu::set_current_device(static_cast<c10::DeviceIndex>(i)); });
+  m.def("synchronize", [](int i) {
+    py::gil_scoped_release nogil;
+    emu::synchronize_device(static_cast<c10::DeviceIndex>(i));
+  });
+  m.def("capacity", [] { return emu::capacity_bytes(); });
+  m.def("protection_enabled", [] { return emu::protection_enabled(); });
+  m.def("memory_stats", [](int i) { return emu::stats_dict(static_cast<c10::DeviceIndex>(i)); });
+  m.def("reset_peak_memory_stats", [](int i) { emu::allocator().resetPeakStats(static_cast<c10::DeviceIndex>(i)); });
+  m.def("reset_accumulated_memory_stats",
+        [](int i) { emu::allocator().resetAccumulatedStats(static_cast<c10::DeviceIndex>(i)); });
+  m.def("empty_cache", [] { emu::allocator().emptyCache(); });
+  m.def("mem_get_info", [](int i) { return emu::allocator().getMemoryInfo(static_cast<c10::DeviceIndex>(i)); });
+  m.def("default_generator", [](int i) { return emu::default_generator(static_cast<c10::DeviceIndex>(i)); });
+  m.def("current_stream_id", [](int i) {
+    return static_cast<int64_t>(emu::current_stream(static_cast<c10::DeviceIndex>(i)).id());
+  });
+  m.def("set_stream", [](int64_t id, int i) {
+    emu::exchange_stream(c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::PrivateUse1,
+                                     static_cast<c10::DeviceIndex>(i)), id));
+  });
+  py::class_<emu::StreamHold, std::shared_ptr<emu::StreamHold>>(m, "StreamHold")
+      .def("release", &emu::StreamHold::release);
+  m.def("hold_stream", &emu::hold_stream, py::arg("device"), py::arg("stream_id"));
+  m.def("is_initialized", [] { return emu::is_initialized(); });
+  m.def("in_bad_fork", [] { return emu::in_bad_fork(); });
+
+  py::object base = py::module::import("torch._C._distributed_c10d").attr("Backend");
+  py::class_<emu::EmuCCL, c10::intrusive_ptr<emu::EmuCCL>>(m, "EmuCCL", base)
+      .def(py::init<c10::intrusive_ptr<c10d::Backend>, int, int>(), py::arg("host"), py::arg("rank"),
+           py::arg("size"));
+}
