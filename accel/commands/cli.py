@@ -155,7 +155,8 @@ def _better_error(exc: _ParseError, argv: Sequence[str], requested: str | None) 
         import difflib
 
         close = difflib.get_close_matches(requested or "", list(COMMANDS), n=1, cutoff=0.6)
-        return f"accel: error: unknown command {requested!r}" + (f"; did you mean {close[0]}?" if close else "") + " (see 'accel --help')"
+        head, sep, tail = text.rpartition(" (see ")
+        return f"{head}; did you mean {close[0]}?{sep}{tail}" if close and sep else text
     command_parser = COMMAND_PARSERS.get(requested or "")
     if not isinstance(command_parser, _Parser) or not ("invalid choice" in text or "arguments are required" in text):
         return text
