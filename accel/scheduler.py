@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .state import AcceleratorState, GradientState
+from .state import GradientState, PartialState
 
 
 class AcceleratedScheduler:
+    """Wraps a learning-rate scheduler for ``Accelerator.prepare``, stepping it by the rules above."""
+
     def __init__(self, scheduler: Any, optimizers: Any, step_with_optimizer: bool = True, split_batches: bool = False):
         self.scheduler = scheduler
         self.optimizers = optimizers if isinstance(optimizers, (list, tuple)) else [optimizers]
@@ -29,13 +31,15 @@ class AcceleratedScheduler:
             if self.gradient_state.adjust_scheduler:
                 self.scheduler._step_count += 1
             return
-        if any(getattr(opt, "step_was_skipped", False) for opt in self.optimizers):
-            return
+        for opt in self.optimizers:  # a plain loop: this runs every step
+            if getattr(opt, "step_was_skipped", False):
+                return
         if self.split_batches:
             self.scheduler.step(*args, **kwargs)
             return
         total = getattr(self.scheduler, "total_steps", None)
-        for _ in range(AcceleratorState().num_processes):
+        # PartialState holds the ranks (AcceleratorState only forwards them) and is cheap to ask every step
+        for _ in range(PartialState().num_processes):
             if total is not None and self.scheduler._step_count > total:
                 break  # OneCycleLR raises past its total_steps
             self.scheduler.step(*args, **kwargs)

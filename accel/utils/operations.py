@@ -171,7 +171,9 @@ def send_to_device(tensor: Any, device: Any, non_blocking: bool = False, skip_ke
         except TypeError:  # a user ``.to`` without ``non_blocking``
             return tensor.to(device)
     if isinstance(tensor, (tuple, list)):
-        return honor_type(tensor, (send_to_device(t, device, non_blocking=non_blocking, skip_keys=skip_keys) for t in tensor))
+        # a list, not a generator: this runs for every batch of a prepared data loader
+        moved = [send_to_device(t, device, non_blocking, skip_keys) for t in tensor]
+        return type(tensor)(*moved) if is_namedtuple(tensor) else type(tensor)(moved)
     if isinstance(tensor, Mapping):
         skip = [skip_keys] if isinstance(skip_keys, str) else (skip_keys or [])
         return _rebuild_mapping(

@@ -1,11 +1,14 @@
 """Training steps per CPU-second for a small MLP: hand-written torch loop vs accel vs Accelerate.
 
-Every sample is a fresh process group of ``--world-size`` ranks (1 = single process, 2 = DDP over
-gloo), one torch thread per rank, the same model, data and step count. Only the timed steps after
-warm-up count. Variants alternate so drift hits all of them alike; the median over repeats is
-reported, with the ratio to the hand-written loop.
+One step is ``zero_grad``, forward, backward, ``optimizer.step`` and ``scheduler.step`` (no
+gradient accumulation). All variants live in ONE process group of ``--world-size`` ranks
+(1 = single process, 2 = DDP over gloo), one torch thread per rank, each with its own copy of the
+same model, data and optimizer. They run in alternating blocks of ``--steps`` timed steps (the
+order rotates every block), so whatever the host does meanwhile hits every variant alike. Each
+block is compared with the hand-written block next to it: the median of those per-block ratios is
+the figure, with the medians of the raw rates beside it.
 
-    python suites/benchmarks/train_step.py [--world-size 1] [--steps 400] [--repeats 5] [--json out.json]
+    python suites/benchmarks/train_step.py [--world-size 1] [--steps 200] [--blocks 15] [--json out.json]
 """
 
 from __future__ import annotations
@@ -17,17 +20,16 @@ import multiprocessing as mp
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 FEATURES, HIDDEN, BATCH = 32, 128, 32
 
 
-def _data(steps: int):
+def _data(batches: int):
     import torch
 
     g = torch.Generator().manual_seed(0)
-    n = BATCH * steps
+    n = BATCH * batches
     x = torch.randn(n, FEATURES, generator=g)
     y = x.sum(dim=1, keepdim=True)
     return torch.utils.data.TensorDataset(x, y)
@@ -41,43 +43,37 @@ def _model():
                                torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 1))
 
 
-def _loop(step_fn, loader, warmup: int) -> tuple[float, float, int]:
-    """Run all batches; time those after ``warmup``. Returns (cpu seconds, wall seconds, steps)."""
-    it = iter(loader)
-    for _ in range(warmup):
-        step_fn(*next(it))
-    cpu0, wall0 = time.process_time(), time.perf_counter()
-    steps = 0
-    for batch in it:
-        step_fn(*batch)
-        steps += 1
-    return time.process_time() - cpu0, time.perf_counter() - wall0, steps
+def _schedule(opt):
+    import torch
+
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)  # a real scheduler step; the rate stays put
 
 
-def run_variant(variant: str, steps: int, warmup: int, world: int) -> tuple[float, float, int]:
+def build_variant(variant: str, batches: int, world: int):
+    """A ``(step, loader)`` pair: ``step(x, y)`` is one full training step of ``variant``."""
     import torch
     import torch.nn.functional as F
 
-    model, dataset = _model(), _data(steps * world + warmup * world)
+    model, dataset = _model(), _data(batches * world)
     if variant == "torch":
         sampler = None
         if world > 1:
-            import torch.distributed as dist
             from torch.nn.parallel import DistributedDataParallel
 
-            dist.init_process_group("gloo")
             model = DistributedDataParallel(model)
             sampler = torch.utils.data.distributed.DistributedSampler(dataset, shuffle=False)
         loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=sampler)
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        sched = _schedule(opt)
 
         def step(x, y):
             opt.zero_grad()
             loss = F.mse_loss(model(x), y)
             loss.backward()
             opt.step()
+            sched.step()
 
-        return _loop(step, loader, warmup)
+        return step, loader
 
     if variant == "accel":
         from accel import Accelerator
@@ -86,18 +82,43 @@ def run_variant(variant: str, steps: int, warmup: int, world: int) -> tuple[floa
     accelerator = Accelerator(cpu=True)
     loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    model, opt, loader = accelerator.prepare(model, opt, loader)
+    sched = _schedule(opt)
+    model, opt, loader, sched = accelerator.prepare(model, opt, loader, sched)
 
     def step(x, y):
         opt.zero_grad()
         loss = F.mse_loss(model(x), y)
         accelerator.backward(loss)
         opt.step()
+        sched.step()
 
-    return _loop(step, loader, warmup)
+    return step, loader
 
 
-def _rank(variant: str, rank: int, world: int, store_dir: str, port: int, steps: int, warmup: int, queue) -> None:
+def _block(step_fn, loader) -> tuple[float, float, int]:
+    """One pass over ``loader``, timed. Returns (cpu seconds, wall seconds, steps)."""
+    steps = 0
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    for x, y in loader:
+        step_fn(x, y)
+        steps += 1
+    return time.process_time() - cpu0, time.perf_counter() - wall0, steps
+
+
+def run_blocks(variants: list[str], steps: int, blocks: int, world: int) -> list[tuple[int, str, float, float, int]]:
+    """Build every variant, warm each up with one untimed pass, then time ``blocks`` rounds of all of them."""
+    built = {v: build_variant(v, steps, world) for v in variants}
+    for v in variants:
+        _block(*built[v])
+    rows = []
+    for b in range(blocks):
+        shift = b % len(variants)
+        for v in variants[shift:] + variants[:shift]:
+            rows.append((b, v, *_block(*built[v])))
+    return rows
+
+
+def _rank(variants: list[str], rank: int, world: int, port: int, steps: int, blocks: int, queue) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
     if world == 1:
@@ -107,9 +128,15 @@ def _rank(variant: str, rank: int, world: int, store_dir: str, port: int, steps:
 
     torch.set_num_threads(1)
     try:
-        queue.put((rank, run_variant(variant, steps, warmup, world)))
+        if world > 1:
+            import torch.distributed as dist
+
+            dist.init_process_group("gloo")  # shared by every variant (accel and Accelerate adopt it)
+        queue.put((rank, run_blocks(variants, steps, blocks, world)))
     except Exception as exc:  # report instead of hanging the parent
-        queue.put((rank, f"{type(exc).__name__}: {exc}"))
+        import traceback
+
+        queue.put((rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
 
 
 def _free_port() -> int:
@@ -120,55 +147,63 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def sample(variant: str, world: int, steps: int, warmup: int) -> dict:
-    ctx = mp.get_context("spawn")  # a clean interpreter per sample: no shared singletons
+def measure(variants: list[str], world: int, steps: int, blocks: int) -> dict[str, list[dict]]:
+    """Per variant, one record per block: steps, CPU seconds (mean over ranks), wall seconds (slowest rank)."""
+    ctx = mp.get_context("spawn")  # a clean interpreter: no singletons from this one
     queue = ctx.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        port = _free_port()
-        procs = [ctx.Process(target=_rank, args=(variant, r, world, tmp, port, steps, warmup, queue)) for r in range(world)]
-        for p in procs:
-            p.start()
-        results = [queue.get(timeout=600) for _ in procs]
-        for p in procs:
-            p.join()
+    port = _free_port()
+    procs = [ctx.Process(target=_rank, args=(variants, r, world, port, steps, blocks, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=1800) for _ in procs]
+    for p in procs:
+        p.join()
     bad = [r for r in results if isinstance(r[1], str)]
     if bad:
-        raise RuntimeError(f"{variant}: rank {bad[0][0]} failed: {bad[0][1]}")
-    cpu = statistics.mean(r[1][0] for r in results)
-    wall = max(r[1][1] for r in results)
-    n = results[0][1][2]
-    return {"steps": n, "cpu_s": cpu, "wall_s": wall, "steps_per_cpu_s": n / cpu, "steps_per_s": n / wall}
+        raise RuntimeError(f"rank {bad[0][0]} failed: {bad[0][1]}")
+    per_rank = [r[1] for r in sorted(results)]
+    out: dict[str, list[dict]] = {v: [] for v in variants}
+    for i, (block, variant, _, _, n) in enumerate(per_rank[0]):
+        cpu = statistics.mean(rows[i][2] for rows in per_rank)
+        wall = max(rows[i][3] for rows in per_rank)
+        out[variant].append({"block": block, "steps": n, "cpu_s": cpu, "wall_s": wall,
+                             "steps_per_cpu_s": n / cpu, "steps_per_s": n / wall})
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-size", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=400, help="timed steps per rank")
-    parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=200, help="timed steps per rank in one block")
+    parser.add_argument("--blocks", type=int, default=15, help="rounds of alternating blocks")
+    parser.add_argument("--no-accelerate", action="store_true", help="leave Accelerate out even if installed")
     parser.add_argument("--json", help="write raw samples and medians here")
     args = parser.parse_args(argv)
+    if args.world_size < 1 or args.steps < 1 or args.blocks < 1:
+        parser.error("--world-size, --steps and --blocks must be positive")
 
-    variants = ["torch", "accel"] + (["accelerate"] if importlib.util.find_spec("accelerate") else [])
-    samples: dict[str, list[dict]] = {v: [] for v in variants}
-    for _ in range(args.repeats):
-        for v in variants:
-            samples[v].append(sample(v, args.world_size, args.steps, args.warmup))
+    variants = ["torch", "accel"]
+    if not args.no_accelerate and importlib.util.find_spec("accelerate"):
+        variants.append("accelerate")
+    samples = measure(variants, args.world_size, args.steps, args.blocks)
 
-    base = statistics.median(s["steps_per_cpu_s"] for s in samples["torch"])
-    print(f"MLP {FEATURES}-{HIDDEN}-{HIDDEN}-1, batch {BATCH}, world size {args.world_size}, "
-          f"{args.steps} timed steps, median of {args.repeats} (1 torch thread per rank)")
-    print(f"{'variant':<12}{'steps/CPU-s':>14}{'steps/s (wall)':>16}{'vs torch':>10}{'min..max steps/CPU-s':>24}")
+    raw = {s["block"]: s for s in samples["torch"]}
+    print(f"MLP {FEATURES}-{HIDDEN}-{HIDDEN}-1, batch {BATCH}, world size {args.world_size}, {args.blocks} alternating "
+          f"blocks of {args.steps} steps in one process group (1 torch thread per rank); medians over blocks")
+    print(f"{'variant':<12}{'steps/CPU-s':>14}{'steps/s (wall)':>16}{'vs torch':>10}{'ratio min..max':>18}")
     summary = {}
     for v in variants:
-        per_cpu = [s["steps_per_cpu_s"] for s in samples[v]]
-        med = statistics.median(per_cpu)
+        ratios = [s["steps_per_cpu_s"] / raw[s["block"]]["steps_per_cpu_s"] for s in samples[v]]
+        med = statistics.median(s["steps_per_cpu_s"] for s in samples[v])
         wall = statistics.median(s["steps_per_s"] for s in samples[v])
-        summary[v] = {"steps_per_cpu_s": med, "steps_per_s": wall, "ratio_vs_torch": med / base, "samples": samples[v]}
-        print(f"{v:<12}{med:>14.1f}{wall:>16.1f}{med / base:>10.3f}{min(per_cpu):>12.1f}..{max(per_cpu):<10.1f}")
+        ratio = statistics.median(ratios)
+        summary[v] = {"steps_per_cpu_s": med, "steps_per_s": wall, "ratio_vs_torch": ratio, "block_ratios": ratios,
+                      "samples": samples[v]}
+        print(f"{v:<12}{med:>14.1f}{wall:>16.1f}{ratio:>10.3f}{min(ratios):>9.3f}..{max(ratios):<8.3f}")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"world_size": args.world_size, "results": summary}, fh, indent=2)
+            json.dump({"world_size": args.world_size, "steps": args.steps, "blocks": args.blocks, "results": summary},
+                      fh, indent=2)
     return 0
 
 
