@@ -62,6 +62,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 import pandas as pd
 
+from .groups import CELL, FAILING
 from .loaders import RUN_COLUMNS, TEST_COLUMNS, Loaded, Problem, _benchmark_frame, _frame, tests_frame
 
 __all__ = ["BUSY_TIMEOUT", "POSTGRES_EXTRA", "SCHEMA_VERSION", "History", "HistoryConflict", "HistoryError", "IngestResult",
@@ -72,8 +73,6 @@ SCHEMA_VERSION = 2
 BUSY_TIMEOUT = 300.0
 #: the extra that installs the PostgreSQL driver
 POSTGRES_EXTRA = "accel[postgres]"
-CELL = ["backend", "torch_version", "accel_version"]
-FAILING = ("failed", "error")
 _URL_SCHEMES = ("postgresql://", "postgres://")
 #: the PostgreSQL advisory lock every write transaction of a history holds (any constant: "accelhst")
 _PG_LOCK = 0x616363656C687374

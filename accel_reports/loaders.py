@@ -62,6 +62,8 @@ from accel_harness.records import (
     read_records,
 )
 
+from .headers import subject_label, upstream_block
+
 __all__ = [
     "BENCH_COLUMNS",
     "RUN_COLUMNS",
@@ -251,8 +253,6 @@ def load_jsonl(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, lis
         "device_count": _display_deep(dict(header.get("device_count") or {})),
         "devices": _devices(header),
     }
-    from .vendor import subject_label, upstream_block
-
     block = upstream_block(header)
     if block is not None:  # an upstream suite (accel qualify --upstream): the cell's version is its subject
         run["upstream"] = block = _display_deep(block)

@@ -28,6 +28,9 @@ import pandas as pd
 
 from accel_harness.known_issues import KnownIssues
 
+from .groups import failure_clusters, skip_groups
+from .headers import side as _side, subject_label, upstream_block  # re-exported: the vendor table's vocabulary
+
 __all__ = ["VENDOR_COLUMNS", "COMPAT_COLUMNS", "compatibility", "subject_label", "upstream_block", "vendor_lines", "vendor_table"]
 
 VENDOR_COLUMNS = [
@@ -47,24 +50,6 @@ _NEEDS_SHORT = {
     "needs-multiprocess": "several processes", "backend-not-selected": "another selected backend",
     "unspecified": "something their message names (no reason code)",
 }
-
-
-def upstream_block(header: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """The ``extra["upstream"]`` block of a results header, or None for a harness-suite run."""
-    extra = (header or {}).get("extra")
-    block = extra.get("upstream") if isinstance(extra, Mapping) else None
-    return dict(block) if isinstance(block, Mapping) and block.get("project") else None
-
-
-def _side(project: Any, version: Any) -> str:
-    return f"{project} {version}" if version else str(project)
-
-
-def subject_label(block: Mapping[str, Any]) -> str:
-    """``accelerate 1.15.0 tests → accel 0.1.0``: the suite and what it ran against."""
-    suite = _side(block.get("project"), block.get("version"))
-    against = block.get("against") or block.get("project")
-    return f"{suite} tests → {_side(against, block.get('against_version'))}"
 
 
 def _runs_with_upstream(runs: pd.DataFrame) -> pd.DataFrame:
@@ -88,8 +73,6 @@ def _pct(value: float | None) -> str:
 
 def vendor_table(tests: pd.DataFrame, runs: pd.DataFrame, known: KnownIssues | None = None, clusters: int = 5) -> pd.DataFrame:
     """One row per (suite, subject, torch version, backend) of the upstream runs (see module doc)."""
-    from .analysis import failure_clusters, skip_groups
-
     upstream_runs = _runs_with_upstream(runs)
     if upstream_runs.empty:
         return pd.DataFrame(columns=VENDOR_COLUMNS)
