@@ -69,3 +69,14 @@ def test_writable_folder_makes_the_folder_and_leaves_nothing_behind(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(OutputPathError, match=r"^--output .*file: is a file, not a folder"):
         writable_folder(tmp_path / "file", label="--output")
+
+
+def test_accel_reports_has_no_import_cycle():
+    """The project's cycle lister finds none among accel_reports' modules (every import counts,
+    inside functions too)."""
+    tool = Path(__file__).resolve().parents[2] / "shared" / "tools" / "import_cycles.py"
+    if not tool.is_file():
+        pytest.skip(f"the shared cycle lister is not beside the repository ({tool})")
+    proc = subprocess.run([sys.executable, str(tool), "accel_reports"], cwd=Path(__file__).resolve().parents[1],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "0 import cycle(s)" in proc.stdout, proc.stdout
