@@ -42,10 +42,17 @@ def _builtin_factories() -> list[BackendFactory]:
     from .cpu import CPUBackend
     from .cuda import CUDABackend
     from .hpu import HPUBackend
+    from .mlu import MLUBackend
     from .mps import MPSBackend
+    from .musa import MUSABackend
+    from .neuron import NeuronBackend
+    from .npu import NPUBackend
+    from .sdaa import SDAABackend
+    from .xla import XLABackend
     from .xpu import XPUBackend
 
-    return [CUDABackend, XPUBackend, HPUBackend, MPSBackend, CPUBackend]
+    return [CUDABackend, XPUBackend, HPUBackend, MPSBackend, NPUBackend, MLUBackend, MUSABackend, SDAABackend,
+            NeuronBackend, XLABackend, CPUBackend]
 
 
 class BackendRegistry:
@@ -111,6 +118,7 @@ class BackendRegistry:
             source = OVERRIDE_ENV
         if name is not None:
             backend = self.get(name)
+            backend.request()
             if not backend.is_available():
                 raise BackendUnavailableError(
                     f"backend {backend.name!r} ({source}) is not available: {backend.availability.reason}"

@@ -78,7 +78,18 @@ def is_musa_available(check_device: bool = False) -> bool:
 
 
 def is_torch_xla_available(check_is_tpu: bool = False, check_is_gpu: bool = False) -> bool:
-    return False  # accel has no XLA backend
+    """Whether the xla backend is usable (torch_xla installed, not switched off by USE_TORCH_XLA, a device found);
+    ``check_is_tpu``/``check_is_gpu`` also ask that the XLA device be a TPU or a GPU."""
+    if check_is_tpu and check_is_gpu:
+        raise ValueError("is_torch_xla_available: check_is_tpu and check_is_gpu cannot both be True")
+    if not _backend_available("xla"):
+        return False
+    if check_is_tpu or check_is_gpu:
+        from ..backends import get_registry
+
+        kind = get_registry().get("xla").xla_device_type
+        return kind == "TPU" if check_is_tpu else kind in ("GPU", "CUDA")
+    return True
 
 
 def is_fp16_available() -> bool:
