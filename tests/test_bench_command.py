@@ -200,7 +200,7 @@ def test_no_match_and_failing_benchmarks_give_a_nonzero_exit(tmp_path):
 
 def test_summary_table_shows_runs_and_their_spread():
     def bench(name, value, median=0.5):
-        return {"name": name, "extra_info": {"throughput": value, "unit": "GB/s"},
+        return {"name": name, "extra_info": {"throughput": value, "unit": "GB/s", "spread": 0.1},
                 "stats": {"rounds": 10, "median": median, "iqr": median * 0.1}}
 
     text = bench_command.summary_table([[bench("test_a[cpu]", 10.0)], [bench("test_a[cpu]", 11.0)],
@@ -228,7 +228,7 @@ def test_summary_table_separates_host_drift_from_the_benchmarks_own_spread():
 
 
 def _entry(name: str, iqr: float, quick: bool = False) -> dict:
-    return {"name": name, "extra_info": {"throughput": 5.0, "unit": "GB/s", "quick": quick},
+    return {"name": name, "extra_info": {"throughput": 5.0, "unit": "GB/s", "quick": quick, "spread": iqr},
             "stats": {"rounds": 10, "median": 0.5, "iqr": 0.5 * iqr}}
 
 
@@ -245,6 +245,20 @@ def test_a_benchmark_too_noisy_to_judge_is_marked_and_warned_about():
     assert "load average 7.24" in warning and "test_calm" not in warning
     assert bench_command.noise_warning([[_entry("test_calm[cpu]", 0.05)]]) is None
     assert bench_command.noise_warning([]) is None
+
+
+def test_console_and_report_give_one_spread_for_the_same_record():
+    """The console (accel bench), the gate and the report read one noise measure: the stored spread,
+    or, for a record without it, the same function over the record's rounds."""
+    from accel_reports import benchmarks as report_benchmarks
+    from accel_reports.noise import relative_iqr, spread_of
+
+    rounds = [1.0, 1.1, 1.3, 0.9, 1.0, 2.0, 1.05, 0.95]
+    record = {"name": "test_x[cpu]", "stats": {"data": rounds, "median": 1.025, "iqr": 0.9}}  # pytest-benchmark's own iqr differs
+    assert spread_of(record) == relative_iqr(rounds) == report_benchmarks.relative_iqr(rounds)
+    assert bench_command.too_noisy([record]) == ([("test_x[cpu]", relative_iqr(rounds))] if relative_iqr(rounds) > 0.25 else [])
+    stored = {**record, "extra_info": {"spread": 0.31}}
+    assert spread_of(stored) == 0.31 and bench_command.too_noisy([stored]) == [("test_x[cpu]", 0.31)]
 
 
 def test_a_quick_run_is_labelled_in_the_table():

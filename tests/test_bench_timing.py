@@ -404,13 +404,25 @@ def test_interleaving_with_the_memory_probe_records_it_apart_from_the_variants(m
     settings = timing.Settings(warmup_rounds=1, min_rounds=3, max_rounds=3, round_time_s=0.02, budget_s=0.05)
     threads = []
 
-    def step():  # 1 ms per call: the benchmark's calibration must not see the (slower) 64 MiB probe copy
+    def step():  # 1 ms per call (busy, so a loaded machine cannot stretch it much)
         threads.append(torch.get_num_threads())
-        time.sleep(0.001)
+        end = time.perf_counter() + 0.001
+        while time.perf_counter() < end:
+            pass
 
+    # a probe round made deliberately slow (50 ms): had the benchmark's calibration timed it along with
+    # the step, one call would fill the 20 ms round; timed apart, about 20 calls do
+    slow_probe = host_reference.InterleavedMemoryProbe.__call__
+
+    def slower(self):
+        slow_probe(self)
+        time.sleep(0.05)
+
+    monkeypatch.setattr(host_reference.InterleavedMemoryProbe, "__call__", slower)
     results = host_reference.interleave_with_memory_probe(bench, CPUBackend(), {"a": step, "b": step}, settings)
     assert list(results) == ["a", "b"] and results["a"].rounds == results["b"].rounds == 3
-    assert results["a"].iterations >= 10, results["a"].iterations  # ~20 calls fill a 20 ms round
+    assert results["a"].iterations >= 4, results["a"].iterations  # the step's own time, not the probe's
+    monkeypatch.setattr(host_reference.InterleavedMemoryProbe, "__call__", slow_probe)
     probe = bench.extra_info[host_reference.PAIRED_KEY]
     assert probe["rounds"] == 3 and probe["memory_gbs"] > 0  # one probe round per measured round, none in warm-up
     assert set(threads) == {torch.get_num_threads()}  # the probe's single thread never leaks into the benchmark

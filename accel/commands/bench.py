@@ -148,11 +148,9 @@ def _pct(value: float | None) -> str:
 
 
 def _relative_iqr(bench: dict[str, Any]) -> float | None:
-    stats = bench.get("stats") or {}
-    med, q = stats.get("median"), stats.get("iqr")
-    if isinstance(med, (int, float)) and med and isinstance(q, (int, float)):
-        return q / med
-    return None
+    from accel_reports.noise import spread_of
+
+    return spread_of(bench)
 
 
 def _is_quick(benches: list[dict[str, Any]]) -> bool:
@@ -161,19 +159,19 @@ def _is_quick(benches: list[dict[str, Any]]) -> bool:
 
 def too_noisy(benches: list[dict[str, Any]]) -> list[tuple[str, float]]:
     """``(name, relative IQR)`` of the benchmarks of one run whose rounds spread too wide to judge."""
-    from accel_reports.benchmarks import NOISY_SPREAD
+    from accel_reports.noise import is_too_noisy
 
     out = []
     for bench in benches:
         spread = _relative_iqr(bench)
-        if spread is not None and spread > NOISY_SPREAD:
+        if is_too_noisy(spread):
             out.append((str(bench.get("name") or bench.get("fullname")), spread))
     return out
 
 
 def noise_warning(runs: list[list[dict[str, Any]]], loadavg: str | None = None) -> str | None:
     """The warning printed when benchmarks of the last run spread too wide to judge (None when none did)."""
-    from accel_reports.benchmarks import NOISY_SPREAD
+    from accel_reports.noise import NOISY_SPREAD
 
     if not runs:
         return None
@@ -195,7 +193,8 @@ def summary_table(runs: list[list[dict[str, Any]]]) -> str:
     far the probe moved between the runs (``host``) and the spread of their throughput relative to
     the probe (``vs host``): a large raw spread with a small ``vs host`` one is the machine drifting.
     """
-    from accel_reports.benchmarks import NOISY_SPREAD as noisy_limit, host_reference_value
+    from accel_reports.benchmarks import host_reference_value
+    from accel_reports.noise import NOISY_SPREAD as noisy_limit
 
     names: dict[str, None] = {}
     by_run: list[dict[str, dict[str, Any]]] = []

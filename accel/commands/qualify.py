@@ -220,7 +220,8 @@ def run_upstream(args: argparse.Namespace, backends: list[str], out: Path) -> in
     if getattr(args, "json_summary", False):
         up.write_summary(out / "summary.json", suite, runs, install)
     _print_vendor_lines(out / "results", args.known_issues)
-    print("accel qualify: done" + ("" if status == 0 else " (with failures)"))
+    print(_closing_line(status, "the upstream suites" if status == 130 else None))
+    print(f"accel qualify: {_tally(out / 'results', None)}")
     for label, path in [("results", out / "results"), ("logs", out / "logs"), ("report", report_dir / "report.html"),
                         ("markdown", report_dir / "report.md")] + ([("summary", out / "summary.json")] if getattr(args, "json_summary", False) else []):
         print(f"  {label:<9} {path}")
@@ -323,10 +324,46 @@ def run(args: argparse.Namespace) -> int:
         artefacts.append(("summary", out / "summary.json"))
     if getattr(args, "history", None):  # --history DB: this run appended to the run history
         status = _append_history(args.history, [results, out / "bench"]) or status
-    print("accel qualify: done" + ("" if status == 0 else " (with failures)"))
+    print(_closing_line(status, interrupted))
+    print(f"accel qualify: {_tally(results, out / 'bench' if not args.no_bench else None)}")
     for label, path in artefacts:
         print(f"  {label:<14} {path}")
     return status
+
+
+def _closing_line(status: int, interrupted: str | None) -> str:
+    """One line that says how the run ended: done, done with failures, or interrupted (never confused)."""
+    if interrupted:
+        return f"accel qualify: interrupted during {interrupted}; what finished is kept and the report is partial"
+    return "accel qualify: done" + ("" if status == 0 else " (with failures)")
+
+
+def _tally(results: Path, bench: Path | None) -> str:
+    """The whole run in one line: suite outcomes per backend, then benchmarks measured and too noisy to judge."""
+    from accel_harness.records import read_records
+
+    counts: dict[str, dict[str, int]] = {}
+    for path in sorted(results.glob("*.jsonl")) if results.is_dir() else []:
+        _, records, _ = read_records(path)
+        for rec in records:
+            per = counts.setdefault(str(rec.get("backend") or "?"), {})
+            per[rec["outcome"]] = per.get(rec["outcome"], 0) + 1
+    parts = []
+    for backend, per in sorted(counts.items()):
+        shown = ", ".join(f"{per[o]} {o}" for o in ("passed", "failed", "error", "skipped", "xfailed", "xpassed") if per.get(o))
+        parts.append(f"{backend}: {sum(per.values())} tests ({shown})")
+    if bench is not None and bench.is_dir():
+        measured = noisy = 0
+        for path in bench.rglob("*.json"):
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            for item in data.get("benchmarks", []) if isinstance(data, dict) else []:
+                measured += 1
+                noisy += bool((item.get("extra_info") or {}).get("too_noisy"))
+        parts.append(f"{measured} benchmarks measured" + (f", {noisy} too noisy to judge" if noisy else ""))
+    return "; ".join(parts) if parts else "no results were recorded"
 
 
 def _append_history(db: str, paths: list[Path]) -> int:

@@ -183,11 +183,11 @@ class Measurement:
         return work_per_round / self.median
 
     def relative_iqr(self) -> float:
-        """Interquartile range of the round times over their median (0 with fewer than 4 rounds)."""
-        if len(self.samples) < 4:
-            return 0.0
-        q = statistics.quantiles(self.samples, n=4)
-        return (q[2] - q[0]) / self.median
+        """Interquartile range of the round times over their median (0 with fewer than 4 rounds): the
+        report's and the console's one noise measure (:mod:`accel_reports.noise`)."""
+        from accel_reports.noise import relative_iqr
+
+        return relative_iqr(self.samples) or 0.0
 
 
 def _timing_kind(backend: Any) -> str:
@@ -433,6 +433,8 @@ def record(benchmark: Any, measurement: Measurement, info: Mapping[str, Any], cl
     With benchmarks disabled (``--benchmark-disable``) only ``extra_info`` is set and nothing is timed.
     """
     benchmark.extra_info.update(info)
+    # the one noise measure, computed once here; console, gate and report read this value
+    benchmark.extra_info["spread"] = measurement.relative_iqr() if len(measurement.samples) >= 4 else None
     if getattr(benchmark, "disabled", False):
         benchmark.pedantic(lambda: None, rounds=1)  # marks the fixture as used; disabled: runs once, records nothing
         return
