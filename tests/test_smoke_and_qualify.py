@@ -100,6 +100,7 @@ def test_accel_qualify_names_failing_tests(tmp_path):
                   env={**ENV, "ACCEL_SUITES_DIR": str(suites)})
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "1 failing test(s):" in proc.stdout and "test_mini.py::test_bad[cpu" in proc.stdout
+    assert "accel qualify: done (with failures)\naccel qualify: cpu: 2 tests (1 passed, 1 failed)\n" in proc.stdout  # one tally
     stage = json.loads((out / "summary.json").read_text())["stages"][0]
     assert stage["failed"] == 1 and stage["tests_done"] == stage["tests_total"] == 2
     assert [name.split("/")[-1] for name in stage["failing_tests"]] == ["test_mini.py::test_bad[cpu-ws1]"]
@@ -132,6 +133,7 @@ def test_ctrl_c_renders_a_partial_report(tmp_path):
             proc.kill()
     assert proc.returncode == 130, stdout
     assert "interrupted during conformance suites; rendering a partial report" in stdout
+    assert "with failures" not in stdout and "interrupted during conformance suites; what finished is kept" in stdout
     html = (out / "report" / "report.html").read_text()
     assert "PARTIAL: interrupted during conformance suites" in html
     summary = json.loads((out / "summary.json").read_text())
