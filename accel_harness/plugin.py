@@ -130,6 +130,7 @@ class HarnessContext:
             if name not in self.names:
                 raise pytest.UsageError(f"unknown backend {name!r}; known backends: {', '.join(self.names)}")
             backend = self.registry.get(name)
+            backend.request()
             if not backend.is_available():
                 missing.append(f"{name}: {backend.availability.reason}")
         if missing and not allow_missing:

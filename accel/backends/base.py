@@ -175,6 +175,14 @@ class Backend:
     def is_available(self) -> bool:
         return self.availability.available
 
+    def request(self) -> None:
+        """Called when a caller asks for this backend by name (flag, ``ACCEL_DEVICE``, ``-m``).
+
+        A plug-in that must not load its runtime unless asked for (one PrivateUse1 device per
+        process) answers "not requested" from its probe until this is called, then drops its
+        cached availability. Built-in backends need nothing here.
+        """
+
     def _probe(self) -> Availability:
         raise NotImplementedError
 
