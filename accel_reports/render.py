@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
-import json
 import math
 import re
 from pathlib import Path

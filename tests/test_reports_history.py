@@ -385,3 +385,22 @@ def test_a_postgres_url_that_cannot_connect_is_one_clear_error_without_the_passw
         History(f"postgresql://someone:hunter2@/db?host={tmp_path}&port=1&connect_timeout=5")
     assert "hunter2" not in str(caught.value)
     assert "postgresql://someone:***@" in str(caught.value)
+
+
+def test_a_write_lock_not_obtained_in_time_is_a_history_error(tmp_path, monkeypatch):
+    import accel_reports.history as history_module
+
+    _run(tmp_path / "r", 1, {"test_a": "passed"})
+    path = tmp_path / "h.db"
+    History(path).close()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process importing, for longer than the wait
+    monkeypatch.setattr(history_module, "BUSY_TIMEOUT", 0.2)
+    try:
+        with History(path) as history:
+            with pytest.raises(HistoryError, match="SQLite database failed: database is locked"):
+                history.ingest(load_results([tmp_path / "r"]))
+            assert history.run_ids() == []  # a reader is not blocked by the writer (WAL)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()

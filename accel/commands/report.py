@@ -245,6 +245,10 @@ def _run(args: argparse.Namespace) -> int:
     try:
         report = build_report(loaded, baseline, known, title=args.title, history=history,
                               threshold=args.threshold if args.threshold is not None else DEFAULT_THRESHOLD)
+    except Exception as exc:
+        if history is None or not isinstance(exc, HistoryError):  # HistoryError: imported with the history
+            raise
+        raise UsageError(f"--history {_history_shown(args.history)}: {exc}") from None  # e.g. a lock not obtained in time
     finally:
         if history is not None:
             history.close()
