@@ -22,9 +22,10 @@ file in use (--known-issues) defines it; with no known-issues file, every failur
 
 Exit codes (the first that applies, in this order):
 
-  2  usage or input error: bad options, -o naming a file, no results found, a results file with
-     an unknown schema version, an unreadable known-issues file (for these no report is
-     written); an invalid input (RESULTS or baseline), always; an unreadable input under
+  2  usage or input error: bad options, -o (or an SQLite history's folder) that cannot be made or
+     written, no results found, a results file with an unknown schema version, an unreadable
+     known-issues file, a history that cannot be used (see docs/reports.md) (for these no report
+     is written); an invalid input (RESULTS or baseline), always; an unreadable input under
      --strict (without it: a warning). For input problems the report is written and lists them.
   1  new-failures: failures without a known issue that are new against the baseline
      (with no --baseline: any failure without a known issue)
@@ -67,8 +68,9 @@ _PRINTED = 20
 
 _EPILOG = """\
 exit codes (the first that applies):
-  2  usage or input error: bad options, -o naming a file, no results, unknown schema version,
-     bad known-issues file; an invalid input (a wrong type, a missing field, garbage) always;
+  2  usage or input error: bad options, -o or the history's folder not writable, no results,
+     unknown schema version, bad known-issues file, a history that cannot be used; an invalid
+     input (a wrong type, a missing field, garbage) always;
      an unreadable input (cannot be parsed, cut short) only under --strict
   1  new untracked failures (vs --baseline; without one, any untracked failure)
   3  benchmark regressions
