@@ -1291,6 +1291,8 @@ def failure_report(err: Any, debug: bool = False, run_dir: str | None = None, wa
     missing: list[int] = []
     if exchange is not None:
         evidence, missing = exchange.swap(evidence)
+        # a node that ended as hung sends ranks without an exit status: they are not failures to weigh
+        evidence = [e for e in evidence if e.exitcode is not None]
     root = diagnosis.blame_failure(evidence)
     exitcode = root.exitcode if root.exitcode is not None else 1
     how = f"exit code {exitcode}"
