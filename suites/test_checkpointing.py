@@ -143,14 +143,14 @@ def test_interrupted_save_leaves_the_previous_checkpoint_loadable(on_backend, de
 
     with monkeypatch.context() as patch:
         if point == "writing-files":
-            real_save = C._torch_save
+            real_save = C.serialization.torch_save
 
             def failing_save(obj, path):
                 if Path(path).name == "optimizer.bin":
                     raise OSError(28, "No space left on device")
                 real_save(obj, path)
 
-            patch.setattr(C, "_torch_save", failing_save)
+            patch.setattr(C.serialization, "torch_save", failing_save)
             error = "No space left"
         else:  # the old directory is already moved aside when the new one fails to take its place
             real_replace = os.replace
@@ -160,7 +160,7 @@ def test_interrupted_save_leaves_the_previous_checkpoint_loadable(on_backend, de
                     raise OSError(5, "Input/output error while renaming")
                 return real_replace(src, dst, *args, **kwargs)
 
-            patch.setattr(C.os, "replace", failing_replace)
+            patch.setattr(os, "replace", failing_replace)
             error = "Input/output error"
         with pytest.raises(OSError, match=error):
             accelerator.save_state(target)
@@ -193,17 +193,17 @@ def test_multi_process_save_and_load(device, world_size, rank, tmp_path):
     run.train(epochs=1)
 
     writes: list[str] = []
-    real_save = C._safetensors_save
+    real_save = C.serialization.safetensors_save
 
     def counting_save(tensors, path, metadata=None):
         writes.append(Path(path).name)
         real_save(tensors, path, metadata)
 
-    C._safetensors_save = counting_save
+    C.serialization.safetensors_save = counting_save
     try:
         path = Path(accelerator.save_state(folder))
     finally:
-        C._safetensors_save = real_save
+        C.serialization.safetensors_save = real_save
     assert path == folder
     assert writes == (["model.safetensors"] if rank == 0 else []), "only the main process writes the model"
     assert sorted(os.listdir(path)) == sorted(

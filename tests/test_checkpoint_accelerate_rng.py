@@ -166,9 +166,9 @@ def test_the_pkl_and_the_json_hold_the_same_states(tmp_path):
     assert manifest["accelerate_random_states"] == ["random_states_0.pkl"]
     assert "random_states_0.pkl" in manifest["checksums"]
 
-    own = C._read_rng(run.acc, folder, 1)
+    own = C.rng.read_rng(run.acc, folder, 1)
     (folder / "random_states_0.json").unlink()
-    via_pkl = C._read_rng(run.acc, folder, 1)  # accel's weights-only reader with its numpy allowlist
+    via_pkl = C.rng.read_rng(run.acc, folder, 1)  # accel's weights-only reader with its numpy allowlist
     assert torch.equal(own["torch_tensor"], via_pkl["torch_tensor"])
     assert own["python_state"] == via_pkl["python_state"]
     assert own["numpy"] == via_pkl["numpy"]
@@ -219,11 +219,11 @@ def test_device_rng_states_go_under_accelerates_key_for_the_device_type(tmp_path
 
     backend = TwoDevices()
     stub = SimpleNamespace(step=2, backend=backend, device=SimpleNamespace(index=1), _dataloaders=[], process_index=0)
-    snapshot = C._rng_snapshot(stub)
-    pkl = C._rng_accelerate(stub, snapshot)
+    snapshot = C.rng.rng_snapshot(stub)
+    pkl = C.rng.rng_for_accelerate(stub, snapshot)
     assert [int(t[0]) for t in pkl["torch_xpu_manual_seed"]] == [10, 11]
-    assert C._rng_json(stub, snapshot)["device"]["index"] == 1
+    assert C.rng.rng_json(stub, snapshot)["device"]["index"] == 1
     torch.save(pkl, tmp_path / "random_states_0.pkl")
-    back = C._legacy_rng_load(tmp_path / "random_states_0.pkl", backend, 1)
+    back = C.rng.read_accelerate_rng(tmp_path / "random_states_0.pkl", backend, 1)
     assert back["device"]["backend"] == "fake" and int(back["device"]["tensor"][0]) == 11
     assert back["step"] == 2 and torch.equal(back["torch_tensor"], snapshot["torch"])

@@ -186,7 +186,7 @@ def _die_in_child(action) -> int:
 
 def _crash_at(point: str):
     """A patch that kills the process while writing files, or at the first or second rename."""
-    real_replace, real_save = os.replace, C._torch_save
+    real_replace, real_save = os.replace, C.serialization.torch_save
     calls = {"save": 0, "replace": 0}
 
     def save(obj, path):
@@ -202,8 +202,8 @@ def _crash_at(point: str):
         real_replace(src, dst)
 
     def install():
-        C._torch_save = save
-        C.os.replace = replace  # the os module itself: the child dies anyway
+        C.serialization.torch_save = save
+        os.replace = replace  # the os module itself: the child dies anyway
 
     return install
 
@@ -267,14 +267,14 @@ def test_exception_mid_save_leaves_previous_and_no_temp(tmp_path, monkeypatch):
     target = tmp_path / "ck"
     s.accelerator.save_state(target)
     before = {p.name: p.read_bytes() for p in target.iterdir()}
-    real = C._torch_save
+    real = C.serialization.torch_save
 
     def failing(obj, path):
         if Path(path).name == "optimizer.bin":
             raise OSError(28, "No space left on device")
         real(obj, path)
 
-    monkeypatch.setattr(C, "_torch_save", failing)
+    monkeypatch.setattr(C.serialization, "torch_save", failing)
     s.counter.value = 6
     with pytest.raises(OSError, match="No space left"):
         s.accelerator.save_state(target)
