@@ -31,8 +31,9 @@ Layout (schema version :data:`SCHEMA_VERSION`, recorded in ``meta`` and, in SQLi
   sizes and the machine it ran on included), indexed by (backend, torch version, bench id).
 
 The history holds everything a report shows: rendering from it reads no other file. It is input,
-not trusted state (a CI cache restores it): nothing a row names is opened, and every stored row
-goes through the same typed frames as freshly loaded results. A history written by schema
+not trusted state (a CI cache restores it): nothing a row names is opened, and every stored value
+is checked for its type when read (a wrong one is left empty, a record without a valid outcome left
+out, each with a note in the report). A history written by schema
 version 1 is upgraded in place when opened (its import order renumbered uniquely).
 
 Importing is idempotent: a run whose id is already stored with the same digest is skipped
@@ -63,7 +64,7 @@ import numpy as np
 import pandas as pd
 
 from .groups import CELL, FAILING
-from .loaders import RUN_COLUMNS, TEST_COLUMNS, Loaded, Problem, _benchmark_frame, _frame, tests_frame
+from .loaders import BENCH_COLUMNS, RUN_COLUMNS, TEST_COLUMNS, Loaded, Problem, _benchmark_frame, _frame, tests_frame
 
 __all__ = ["BUSY_TIMEOUT", "POSTGRES_EXTRA", "SCHEMA_VERSION", "History", "HistoryConflict", "HistoryError", "IngestResult",
            "append_results", "is_database_url", "open_history", "shown_location"]
@@ -353,6 +354,99 @@ def _signature(text: str) -> str | None:
     """The ``signature`` of a stored test record, or None (not stored, or not text)."""
     value = (_object(text) or {}).get("signature")
     return value if isinstance(value, str) else None
+
+
+# ---------------------------------------------------------------------------- stored rows are input
+def _is_text(value: Any) -> bool:
+    return value is None or type(value) is str
+
+
+def _is_number(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value))
+
+
+def _is_int(value: Any) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def _is_mapping(value: Any) -> bool:
+    return value is None or isinstance(value, dict)
+
+
+def _is_texts(value: Any) -> bool:
+    return value is None or (isinstance(value, (list, tuple)) and all(type(v) is str for v in value))
+
+
+def _is_numbers(value: Any) -> bool:
+    return value is None or (isinstance(value, (list, tuple)) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value))
+
+
+def _is_flag(value: Any) -> bool:
+    return value is None or isinstance(value, bool)
+
+
+_TEXT_FIELDS = ("run_id", "source", "format", "backend", "torch_version", "accel_version", "torch_build", "host",
+                "start_time", "end_time", "nodeid", "test_id", "when", "reason_code", "message", "signature", "traceback",
+                "known_issue", "backends", "device_models", "git_commit", "os", "kernel", "python", "devices", "datetime",
+                "name", "fullname", "group", "bench_id", "device", "dtype", "metric", "unit", "host_bound", "work_unit")
+#: the type each stored field must have (a value of another type is left empty); text unless named here
+_TYPES = {**{name: _is_text for name in _TEXT_FIELDS},
+          "duration": _is_number, "world_size": _is_int, "tracked_pass": _is_texts, "interrupted": _is_flag,
+          "records": _is_int, "upstream": _is_mapping, "driver_versions": _is_mapping, "runtime_versions": _is_mapping,
+          "device_count": _is_mapping, "higher_is_better": _is_flag, "value": _is_number, "samples": _is_numbers,
+          "n_samples": _is_int, "rounds": _is_int, "time_median": _is_number, "throughput": _is_number,
+          "host_ref": _is_number, "quick": _is_flag, "sizes": _is_mapping, "work_size": _is_number,
+          "environment": _is_mapping}
+#: checks that a value's type alone decides (numbers: a non-finite duration is made 0 by the tests frame)
+_PLAIN_TYPES = {_is_text: {str, type(None)}, _is_number: {int, float, type(None)}, _is_int: {int, type(None)}}
+_RUN_TYPES = {name: _TYPES[name] for name in RUN_COLUMNS if name in _TYPES}
+_OUTCOMES = frozenset(("passed", "failed", "error", "skipped", "xfailed", "xpassed"))
+
+
+def _clean_rows(rows: list[dict[str, Any]], types: dict[str, Any]) -> int:
+    """Empty (None) every field of ``rows`` whose value has another type than ``types`` says; how many."""
+    emptied = 0
+    for row in rows:
+        for name, check in types.items():
+            if not check(row.get(name)):
+                row[name] = None
+                emptied += 1
+    return emptied
+
+
+def _clean_tests(columns: dict[str, list[Any]]) -> tuple[int, int]:
+    """The test columns checked in place: wrong-typed values emptied, records without a valid
+    outcome dropped; (values emptied, records dropped)."""
+    emptied = 0
+    for name in TEST_COLUMNS:
+        check = _TYPES.get(name, _is_text)
+        values = columns[name]
+        if check in _PLAIN_TYPES and set(map(type, values)) <= _PLAIN_TYPES[check]:
+            continue  # every value of an allowed type: one C-level pass (100,000 records per column)
+        for i, value in enumerate(values):
+            if not check(value):
+                values[i] = None
+                emptied += 1
+    outcomes = columns["outcome"]
+    keep = [i for i, outcome in enumerate(outcomes) if outcome in _OUTCOMES]
+    dropped = len(outcomes) - len(keep)
+    if dropped:
+        for name in TEST_COLUMNS:
+            values = columns[name]
+            columns[name] = [values[i] for i in keep]
+    return emptied, dropped
+
+
+def _clean_benchmarks(rows: list[dict[str, Any]]) -> tuple[int, int]:
+    """The benchmark rows checked in place (see :func:`_clean_tests`); rows without a bench id, a
+    name or a finite value are dropped."""
+    bench_types = {name: _TYPES.get(name, _is_text) for name in BENCH_COLUMNS}
+    emptied = _clean_rows(rows, bench_types)
+    keep = [row for row in rows if row.get("bench_id") and row.get("name") and row.get("value") is not None]
+    dropped = len(rows) - len(keep)
+    rows[:] = keep
+    return emptied, dropped
 
 
 def _dumps(data: Any) -> str:
@@ -659,6 +753,14 @@ class History:
             columns = {c: [row.get(c) for row in test_rows] for c in TEST_COLUMNS}
         columns["tracked_pass"] = [tuple(v) if isinstance(v, list) else v for v in columns["tracked_pass"]]
         run_rows = [info for _, info in test_runs]
+        emptied, dropped = _clean_tests(columns)
+        emptied += _clean_rows(run_rows, _RUN_TYPES)
+        bench_emptied, bench_dropped = _clean_benchmarks(bench_rows)
+        if emptied or bench_emptied:
+            self._note(problems, f"{emptied + bench_emptied} stored value(s) of a wrong type were left empty (an edited history?)")
+        if dropped or bench_dropped:
+            self._note(problems, f"{dropped} stored test record(s) without a valid outcome and {bench_dropped} benchmark row(s) "
+                                 "without a name or a finite value were left out (an edited history?)")
         older = sum(1 for info in run_rows if any(k not in info for k in _STORED_SINCE_2))
         if older:
             self._note(problems, f"{older} run(s) were stored by an older accel without their device details; the report "
@@ -680,6 +782,7 @@ class History:
         :func:`accel_reports.benchmarks.compare_benchmarks`."""
         with self._transaction(write=False):
             rows = self._rows("benchmarks", [r for r, _ in self._runs("benchmarks", None)])
+        _clean_benchmarks(rows)
         return self._bench_frame(rows)
 
     # -- analyses

@@ -86,6 +86,7 @@ def test_import_is_idempotent_and_round_trips_the_frames(tmp_path, target):
         assert restored[column].tolist() == ordered[column].tolist(), column
     assert back.benchmarks.iloc[0]["samples"] == pytest.approx(loaded.benchmarks.iloc[0]["samples"])
     assert isinstance(back.benchmarks.iloc[0]["samples"], tuple) and back.benchmarks.iloc[0]["quick"] is False
+    assert back.problems == []  # nothing of what was stored needed a note
     assert back.runs.iloc[0]["run_id"] == "run-2.8.0-01" and len(back.files) == 1
     assert ("postgresql://" in back.files[0]) == target.startswith("postgresql://")
 
@@ -404,3 +405,33 @@ def test_a_write_lock_not_obtained_in_time_is_a_history_error(tmp_path, monkeypa
     finally:
         holder.execute("ROLLBACK")
         holder.close()
+
+
+def test_stored_values_of_a_wrong_type_are_left_empty_with_a_note(tmp_path):
+    _run(tmp_path / "r", 1, {"test_a": "passed", "test_b": "failed", "test_c": "passed"})
+    bench_file(tmp_path / "r", "bench-1", "cpu", {"test_step": _times(0.5, 1), "test_other": _times(0.2, 2)})
+    db = tmp_path / "history.db"
+    with History(db) as history:
+        history.ingest(load_results([tmp_path / "r"]))
+    conn = sqlite3.connect(db)  # an edited history: wrong types where the report expects text and numbers
+    conn.execute("""UPDATE tests SET "row" = json_set("row", '$.message', json('{"x": 1}'), '$.duration', 'slow')
+                    WHERE test_id LIKE '%::test_b%'""")
+    conn.execute("""UPDATE tests SET "row" = json_set("row", '$.outcome', 5) WHERE test_id LIKE '%::test_c%'""")
+    conn.execute("UPDATE runs SET info = json_set(info, '$.host', json('[1, 2]')) WHERE kind = 'tests'")
+    conn.execute("""UPDATE benchmarks SET "row" = json_set("row", '$.value', 'fast') WHERE bench_id LIKE '%test_other%'""")
+    conn.execute("""UPDATE benchmarks SET "row" = json_set("row", '$.samples', json('["a"]'))
+                    WHERE bench_id LIKE '%test_step%'""")
+    conn.commit()
+    conn.close()
+    with History(db) as history:
+        loaded = history.load()
+    notes = " ".join(p.message for p in loaded.problems)
+    assert "6 stored value(s) of a wrong type were left empty" in notes  # message, duration, outcome, host, value, samples
+    assert "1 stored test record(s) without a valid outcome and 1 benchmark row(s)" in notes
+    assert sorted(loaded.tests["test_id"].str.split("::").str[-1]) == ["test_a[ws1]", "test_b[ws1]"]
+    row_b = loaded.tests[loaded.tests["test_id"].str.contains("test_b")].iloc[0]
+    assert row_b["message"] is None and row_b["duration"] == 0.0 and row_b["outcome"] == "failed"
+    assert loaded.runs.iloc[0]["host"] is None and list(loaded.benchmarks["bench_id"].str.contains("test_step")) == [True]
+    proc = _report("--history", str(db), "-o", str(tmp_path / "out"), "--fail-on", "none")
+    assert proc.returncode == 0, proc.stderr
+    assert "wrong type" in proc.stderr
