@@ -16,32 +16,32 @@ What each option does, by family:
 * training features (``--mixed_precision``, ``--dynamo_*``, ``--use_deepspeed`` and the DeepSpeed
   options, ``--use_fsdp``/``--fsdp_*``, ``--fp8_*``, ``--gradient_*``, ``--use_parallelism_config``,
   ``--enable_cpu_affinity``): reach the ranks as the environment variables Accelerate's launcher sets
-  (:func:`accel.utils.launch.launch_env`; the list is in /work/notes/launch_env.md), read by the library;
+  (:func:`accel.utils.launch.launch_env`), read by the library;
 * ``--mpirun_hostfile`` launches through mpirun; a multi-node DeepSpeed launch with a launcher other
   than ``standard`` runs DeepSpeed's own runner, as Accelerate does;
 * options that cannot apply here are refused with the option and the reason: TPU (``--tpu``,
   ``--tpu_cluster``, ``--vm``, ``--downcast_bf16``, ...), SageMaker (``--aws_*`` and SageMaker
   configs) and Megatron-LM (``--use_megatron_lm``, ``--megatron_lm_*``).
 
-Each rank runs ``python -u -m accel.commands.launch [--module] TARGET ARGS``: a small bootstrap that
-runs the script (or module) as ``__main__`` and, when it raises, records the exception in torch
-elastic's per-rank error file. When a rank fails, ``accel launch`` prints which rank, its exit code
-and the end of its traceback, and exits with that rank's exit code.
+This module reads the arguments and makes the plan; the rest is split by job:
+:mod:`~accel.commands.launch_run` runs the plan (torch elastic's agent in this process),
+:mod:`~accel.commands.launch_bootstrap` is what every rank runs (``python -u -m
+accel.commands.launch_bootstrap [--module] TARGET ARGS``: the script as ``__main__``, its failure
+recorded), :mod:`~accel.commands.launch_watchdog` ends a hung job, :mod:`~accel.commands.launch_report`
+reports failed ranks, and :mod:`~accel.commands.launch_diagnosis` holds the evidence and the rules
+that decide whom to blame (docs/launch.md tells the whole story). In short:
 
-Faults (the ranks share a private folder with the launcher, ``$ACCEL_LAUNCH_RUN_DIR``; see
-:mod:`accel.utils.heartbeat`):
-
-* **the first rank to fail is named**, by event order: each rank records the monotonic time it failed
-  before it exits, and the earliest record wins, whichever exit the agent noticed first (a peer whose
-  collective broke because of it exits later in time, even when it reaches the agent first);
-* **a hang ends the job**: ranks pass progress points (optimizer steps, accel's ``gather``; checkpoint
-  writes count as busy) through a memory-mapped counter; when no rank has moved for ``--hang_timeout``
-  seconds (default 600, ``$ACCEL_HANG_TIMEOUT``, 0 never; the watch starts at a rank's first progress
-  point) every rank's Python stack is collected (faulthandler on SIGUSR2), the rank that is behind is
-  named (fewest progress points; among equals, the one not blocked inside torch.distributed), every
-  rank is killed and the launch exits with 124;
-* **no orphans**: each rank asks the kernel to SIGKILL it when the launcher dies (Linux
-  ``PR_SET_PDEATHSIG``), so even a SIGKILLed launcher leaves no rank running.
+* **the rank to blame is named by evidence**: the first to fail, by the time it recorded its failure
+  or, for a rank killed by a signal (which records nothing), the last moment the launcher saw it
+  running; the launch exits with that rank's exit code (128 + N for signal N);
+* **a hang ends the job**: when no rank has passed a progress point (steps, ``backward``, accel's
+  collectives) for ``--hang_timeout`` seconds (default 600, ``$ACCEL_HANG_TIMEOUT``, 0 never), every
+  rank's Python stack and OS state are collected; a live rank that does not answer (stopped, stuck in
+  the kernel) is the hung one, else the rank that is behind; every rank is killed, exit status 124;
+* **several nodes agree**: the launchers swap their evidence through the rendezvous store and print
+  the same verdict (each wait bounded);
+* **no leftovers**: ranks die with the launcher (Linux ``PR_SET_PDEATHSIG``), and the private folder
+  of a launcher that was killed is removed by the next launch.
 
 Besides the variables above, every rank gets ``ACCEL_DEVICE`` (when the backend was chosen by flag or
 config), ``OMP_NUM_THREADS`` (unless set: usable cores divided by local processes), the backend's
@@ -54,49 +54,52 @@ are passed on unchanged. Single-node runs meet on 127.0.0.1 at a free port unles
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import os
 import shutil
 import socket
 import sys
-import threading
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from accel.commands import UsageError
-from accel.commands import launch_diagnosis as diagnosis
+from accel.commands.launch_bootstrap import LAUNCHER_PID_ENV, worker_main
 from accel.commands.launch_diagnosis import waiting_in_collective
-from accel.utils import heartbeat
+from accel.commands.launch_report import TRACEBACK_LINES, clean_traceback, failure_report
+from accel.commands.launch_run import execute, patched_environ
+from accel.commands.launch_watchdog import HANG_EXIT_CODE, HangWatchdog, hang_report
 
 __all__ = [
+    "HANG_EXIT_CODE",
+    "LAUNCHER_PID_ENV",
     "LAUNCH_OPTIONS",
     "REFUSED",
+    "TRACEBACK_LINES",
+    "HangWatchdog",
     "LaunchPlan",
     "add_arguments",
     "add_launch_options",
     "build_plan",
+    "clean_traceback",
     "execute",
+    "failure_report",
+    "hang_report",
     "launch_command",
     "launch_command_parser",
     "loopback_interface",
+    "patched_environ",
     "run",
     "waiting_in_collective",
+    "worker_main",
 ]
 
 DEFAULT_PORT = 29500
-#: the launcher's pid, so a rank started after the launcher died exits at once
-LAUNCHER_PID_ENV = "ACCEL_LAUNCHER_PID"
 #: seconds without progress on any rank before `accel launch` ends the job as hung: NCCL's own collective
 #: timeout, which training users already live with; a step, an accel collective or a checkpoint file resets it
 DEFAULT_HANG_TIMEOUT = 600.0
 HANG_TIMEOUT_ENV = "ACCEL_HANG_TIMEOUT"
-#: exit status of a launch ended by the hang watchdog (as `timeout` exits)
-HANG_EXIT_CODE = 124
-#: traceback lines shown for the failing rank
-TRACEBACK_LINES = 15
-_THIS_FILE = os.path.abspath(__file__)
-_RUNPY_FILE = os.path.join(os.path.dirname(os.__file__), "runpy.py")
+#: the module every rank runs (it runs the script and records its failures)
+BOOTSTRAP_MODULE = "accel.commands.launch_bootstrap"
 
 MIXED_PRECISIONS = ("no", "fp16", "bf16", "fp8")
 DYNAMO_CHOICES = ("no", "eager", "aot_eager", "inductor", "aot_ts_nvfuser", "nvprims_nvfuser", "cudagraphs", "ofi",
@@ -713,7 +716,7 @@ def build_plan(args: argparse.Namespace) -> LaunchPlan:
         targs += ["--no-python", target]
     else:
         # every rank runs this module's bootstrap, which runs the target and records its errors
-        targs += ["--module", "accel.commands.launch"] + (["--module"] if module else []) + [target]
+        targs += ["--module", BOOTSTRAP_MODULE] + (["--module"] if module else []) + [target]
     targs += list(args.training_script_args)
 
     command = _other_launcher(args, env, host, port)
@@ -924,541 +927,3 @@ def loopback_interface() -> str | None:
     except Exception:
         return None
     return None
-
-
-# ---------------------------------------------------------------------------- running
-@contextlib.contextmanager
-def patched_environ(updates: dict[str, str]) -> Iterator[None]:
-    """Set ``updates`` in ``os.environ`` for the block, then restore what was there."""
-    saved = {name: os.environ.get(name) for name in updates}
-    os.environ.update(updates)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
-class _DropElasticFailureLine:
-    """Logging filter for the agent's one-line failure log, which our own summary replaces."""
-
-    def filter(self, record: Any) -> bool:
-        return not str(record.msg).startswith("failed (exitcode")
-
-
-def _exchange_for(plan: LaunchPlan) -> Any:
-    """The evidence exchange between the nodes' launchers (several nodes, static rendezvous); else None."""
-    if plan.num_machines <= 1 or plan.command is not None or plan.rdzv_backend != "static":
-        return None
-    host, _, port = plan.endpoint.rpartition(":")
-    return diagnosis.NodeExchange(host, int(port), plan.machine_rank, plan.num_machines)
-
-
-def execute(plan: LaunchPlan) -> int:
-    """Run the plan through ``torch.distributed.run``; return 0 or the failing rank's exit code."""
-    import logging
-
-    from torch.distributed import run as torchrun
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
-    if plan.debug:
-        print(
-            f"accel launch: {plan.num_processes} process(es) ({plan.nproc_per_node} per machine x {plan.num_machines}) "
-            f"on backend {plan.backend} ({plan.comm_backend or 'no collectives'}), mixed precision {plan.mixed_precision}, "
-            f"rendezvous at {plan.endpoint}\naccel launch: torchrun {' '.join(plan.torchrun_args)}",
-            file=sys.stderr,
-        )
-    if plan.command is not None:
-        return _run_command(plan)
-    api_logger = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
-    quiet = _DropElasticFailureLine()
-    if not plan.debug:
-        api_logger.addFilter(quiet)
-    # the private folder shared with the ranks (heartbeats, stacks, failure times) and, without --log_dir,
-    # torch elastic's per-rank error files; an owner file lets the next launcher remove it if this one is killed
-    diagnosis.remove_orphaned_run_dirs()
-    run_dir = diagnosis.make_run_dir()
-    log_dir = plan.log_dir or os.path.join(run_dir, "logs")
-    exchange = _exchange_for(plan)
-    watch = diagnosis.ChildWatch(run_dir)
-    watchdog = HangWatchdog(run_dir, plan.hang_timeout, exchange=exchange, node=plan.machine_rank, nnodes=plan.num_machines)
-    try:
-        with patched_environ({**plan.env, heartbeat.RUN_DIR_ENV: run_dir, LAUNCHER_PID_ENV: str(os.getpid())}):
-            if exchange is not None:
-                try:
-                    exchange.open()
-                except Exception as exc:  # the port is taken or unreachable: torch elastic will say so itself
-                    print(f"accel launch: warning: no evidence exchange between the nodes ({type(exc).__name__}: {exc})", file=sys.stderr)
-                    exchange = watchdog.exchange = None
-            watch.start()
-            watchdog.start()
-            try:
-                targs = torchrun.parse_args(["--log-dir", log_dir, *plan.torchrun_args])
-                torchrun.run(targs)
-            except ChildFailedError as err:
-                watchdog.stop()
-                if watchdog.report is not None:
-                    print(watchdog.report, file=sys.stderr)
-                    return HANG_EXIT_CODE
-                report, code = failure_report(err, plan.debug, run_dir, watch=watch, exchange=exchange,
-                                              node=plan.machine_rank, nnodes=plan.num_machines)
-                if plan.quiet:
-                    report = report.splitlines()[0]
-                print(report, file=sys.stderr)
-                return code
-            except SignalException as exc:
-                watchdog.stop()
-                if watchdog.report is not None:  # the watchdog stopped the agent (no restart of a hung job)
-                    print(watchdog.report, file=sys.stderr)
-                    return HANG_EXIT_CODE
-                print(f"accel launch: stopped by signal {exc.sigval.name}; the ranks were terminated", file=sys.stderr)
-                return 128 + int(exc.sigval)
-            except Exception as exc:
-                print(f"accel launch: the launch failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-                return 1
-            finally:
-                watchdog.stop()
-                watch.stop()
-                api_logger.removeFilter(quiet)
-            if watchdog.report is not None:  # ended as hung, though every rank's exit looked clean to the agent
-                print(watchdog.report, file=sys.stderr)
-                return HANG_EXIT_CODE
-            return 0
-    finally:
-        if exchange is not None:
-            exchange.close()
-        shutil.rmtree(run_dir, ignore_errors=True)
-
-
-# ---------------------------------------------------------------------------- hang watchdog
-class HangWatchdog:
-    """A thread in the launcher that ends the job when no rank has made progress for ``timeout`` seconds.
-
-    Progress is each rank's heartbeat (:mod:`accel.utils.heartbeat`); the watch starts once a rank has
-    passed its first progress point, so a script that never steps or calls an accel collective is never
-    ended. On a hang: every rank is asked for its Python stack (``faulthandler`` on the heartbeat's
-    signal), each rank's state is read from the OS, the evidence is swapped with the other nodes'
-    launchers (``exchange``, which also tells them to end), the rank to blame is chosen by
-    :func:`accel.commands.launch_diagnosis.blame_hang`, every local rank is killed, and ``report`` holds
-    the text ``accel launch`` prints before exiting with :data:`HANG_EXIT_CODE`.
-    """
-
-    def __init__(self, run_dir: str, timeout: float, poll: float | None = None, exchange: Any = None,
-                 node: int = 0, nnodes: int = 1):
-        self.run_dir = run_dir
-        self.timeout = float(timeout)
-        self.poll = poll if poll is not None else min(1.0, max(self.timeout / 20, 0.05))
-        self.exchange = exchange
-        self.node, self.nnodes = node, nnodes
-        self.report: str | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="accel-hang-watchdog", daemon=True)
-
-    def start(self) -> None:
-        """Start watching (nothing with a timeout of 0)."""
-        if self.timeout > 0:
-            self._thread.start()
-
-    def stop(self) -> None:
-        """Stop watching; waits for the thread unless called from it."""
-        self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join()
-
-    def _watch(self) -> None:
-        import time
-
-        seen: dict[int, tuple[int, int, int, float]] = {}  # rank -> (pid, count, busy, when first seen)
-        next_ask = 0.0
-        while not self._stop.wait(self.poll):
-            now = time.monotonic()
-            beats = heartbeat.read(self.run_dir)
-            for rank, b in beats.items():
-                old = seen.get(rank)
-                if old is None or old[:3] != (b.pid, b.count, b.busy):
-                    seen[rank] = (b.pid, b.count, b.busy, now)
-                b.last = seen[rank][3]
-            if not any(b.count > 0 for b in beats.values()) or any(heartbeat.read_failure(self.run_dir, r) for r in beats):
-                continue  # not armed yet, or a rank failed: the agent's failure report takes over
-            idle = now - max(b.last for b in beats.values())
-            declared = False
-            if self.exchange is not None and now >= next_ask:  # another node's launcher may have declared a hang
-                next_ask = now + 1.0
-                declared = self.exchange.hang_declared()
-            if idle >= self.timeout or declared:
-                self.report = self._end(beats, idle)
-                self._stop_agent()
-                return
-
-    def _end(self, beats: dict[int, heartbeat.Beat], idle: float) -> str:
-        import signal
-        import time
-
-        if self.exchange is not None:
-            self.exchange.declare_hang()
-        alive = {rank: b for rank, b in beats.items() if _is_our_rank(b.pid)}
-        for b in alive.values():
-            with contextlib.suppress(OSError):
-                os.kill(b.pid, heartbeat.STACK_SIGNAL)
-        stacks = _collect_stacks(self.run_dir, list(alive), deadline=time.monotonic() + 3.0)
-        now = time.monotonic()
-        evidence = []
-        for rank, b in sorted(beats.items()):
-            state = diagnosis.proc_state(b.pid) if rank in alive else None
-            stack = (stacks.get(rank) or "")[-diagnosis._STACK_CHARS:] or None
-            evidence.append(diagnosis.RankEvidence(
-                rank=rank, node=self.node, pid=b.pid, count=b.count, idle=now - b.last, state=state,
-                answered=stack is not None, stack=stack))
-        missing: list[int] = []
-        if self.exchange is not None:
-            evidence, missing = self.exchange.swap(evidence)
-        report = hang_report(evidence, idle, self.timeout, nnodes=self.nnodes, missing=missing)
-        for b in alive.values():
-            with contextlib.suppress(OSError):
-                os.kill(b.pid, signal.SIGKILL)
-        return report
-
-    def _stop_agent(self) -> None:
-        """Stop the elastic agent as SIGTERM does, so it restarts nothing (--max_restarts) and returns."""
-        import signal
-
-        with contextlib.suppress(OSError):
-            os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _is_our_rank(pid: int) -> bool:
-    """Whether ``pid`` is alive and a child of this launcher (a stale heartbeat's pid may be reused)."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-        return fields[0] != "Z" and int(fields[1]) == os.getpid()
-    except (OSError, IndexError, ValueError):
-        try:
-            os.kill(pid, 0)
-            return True
-        except OSError:
-            return False
-
-
-def _collect_stacks(run_dir: str, ranks: list[int], deadline: float) -> dict[int, str]:
-    """Each rank's stack file once it has stopped growing (faulthandler writes it from a signal handler);
-    a rank that wrote nothing by ``deadline`` (stopped, stuck in the kernel) has no entry."""
-    import time
-
-    from pathlib import Path
-
-    sizes: dict[int, int] = {}
-    while True:
-        now = {r: (Path(run_dir) / f"stack-{r}.txt").stat().st_size if (Path(run_dir) / f"stack-{r}.txt").exists() else 0
-               for r in ranks}
-        if all(now[r] > 0 and now[r] == sizes.get(r) for r in ranks) or time.monotonic() > deadline:
-            break
-        sizes = now
-        time.sleep(0.1)
-    stacks = {}
-    for r in ranks:
-        with contextlib.suppress(OSError):
-            text = (Path(run_dir) / f"stack-{r}.txt").read_text(errors="replace")
-            if text.strip():
-                stacks[r] = text
-    return stacks
-
-
-def hang_report(evidence: list[Any], idle: float, timeout: float, nnodes: int = 1, missing: list[int] | None = None) -> str:
-    """What `accel launch` prints for a hang: the blamed rank and why, then every rank's state and Python stack
-    (the same text on every node when the evidence was swapped)."""
-    culprit, why = diagnosis.blame_hang(evidence)
-    where = f"node {culprit.node}, " if nnodes > 1 else ""
-    lines = [f"accel launch: rank {culprit.rank} ({where}pid {culprit.pid}) hung: {why}; no rank made progress for "
-             f"{idle:.0f} s (--hang_timeout {timeout:g}); the job was ended"]
-    if missing:
-        lines.append(f"accel launch: no evidence from node(s) {', '.join(map(str, missing))} within "
-                     f"{diagnosis.EVIDENCE_WAIT:g} s: the verdict weighs this node's ranks only")
-    if culprit.in_collective and (missing or nnodes > 1 and len({e.node for e in evidence}) < nnodes):
-        lines.append(f"accel launch: rank {culprit.rank} is itself blocked in a collective: a peer on another machine may be the cause")
-    for e in sorted(evidence, key=lambda e: e.rank):
-        if e.answered:
-            state = "waiting in a collective" if e.in_collective else "not in a collective"
-        elif e.alive:
-            state = diagnosis.describe_state(e.state)
-        else:
-            state = "exited"
-        node = f"node {e.node}, " if nnodes > 1 else ""
-        lines.append(f"accel launch: --- rank {e.rank} ({node}pid {e.pid}, {e.count} progress points, {state}) Python stack:")
-        if e.stack:
-            lines += [f"  {line}" for line in e.stack.rstrip().splitlines()]
-        elif e.alive:
-            lines.append(f"  (no stack: the rank is {diagnosis.describe_state(e.state)} and did not answer)")
-        else:
-            lines.append("  (no stack: the rank had already exited)")
-    return "\n".join(lines)
-
-
-def _run_command(plan: LaunchPlan) -> int:
-    """Run mpirun or DeepSpeed's multi-node runner with the ranks' environment; its exit code."""
-    import subprocess
-
-    if plan.debug:
-        print(f"accel launch: {' '.join(plan.command)}", file=sys.stderr)
-    try:
-        completed = subprocess.run(plan.command, env={**os.environ, **plan.env}, check=False)
-    except FileNotFoundError as exc:
-        print(f"accel launch: cannot start {plan.command[0]}: {exc}", file=sys.stderr)
-        return 1
-    if completed.returncode:
-        print(f"accel launch: {plan.command[0]} failed with exit code {completed.returncode}", file=sys.stderr)
-    return _exit_code(completed.returncode) if completed.returncode else 0
-
-
-def _exit_code(exitcode: int) -> int:
-    if exitcode > 0:
-        return exitcode
-    if exitcode < 0:
-        return 128 + (-exitcode)  # killed by a signal: the shell's convention
-    return 1
-
-
-def _error_details(failure: Any) -> tuple[str | None, str | None]:
-    """(one-line message, traceback) from the rank's error file, when it wrote one."""
-    data = getattr(failure, "error_file_data", None) or {}
-    message = data.get("message")
-    if isinstance(message, dict):
-        extra = message.get("extraInfo") or {}
-        return message.get("message"), extra.get("py_callstack")
-    if isinstance(message, str) and message and message != "<NONE>":  # torch's "no error file" marker
-        return message, None
-    return None, None
-
-
-def _is_bootstrap_frame(line: str) -> bool:
-    text = line.strip()
-    return text.startswith("File ") and (
-        f'"{_THIS_FILE}"' in text or '"<frozen runpy>"' in text or f'"{_RUNPY_FILE}"' in text
-    )
-
-
-def clean_traceback(callstack: str) -> list[str]:
-    """The lines of a formatted traceback without the bootstrap's and runpy's frames."""
-    out: list[str] = []
-    lines = callstack.rstrip().splitlines()
-    i = 0
-    while i < len(lines):
-        if _is_bootstrap_frame(lines[i]):
-            indent = len(lines[i]) - len(lines[i].lstrip())
-            i += 1
-            while i < len(lines) and len(lines[i]) - len(lines[i].lstrip()) > indent:  # its source lines
-                i += 1
-            continue
-        out.append(lines[i])
-        i += 1
-    return out
-
-
-def failure_evidence(failures: dict[int, Any], run_dir: str | None = None, watch: Any = None, node: int = 0) -> list[Any]:
-    """Evidence on each failed rank of this node (see :mod:`accel.commands.launch_diagnosis`): its exit
-    status, the moment it recorded its failure (converted to wall-clock time), when the launcher last saw
-    it running, and the end of its traceback."""
-    import time
-
-    to_wall = time.time() - time.monotonic()  # CLOCK_MONOTONIC is one clock for every process of this machine
-    evidence = []
-    for rank, f in failures.items():
-        recorded = heartbeat.read_failure(run_dir, rank) if run_dir else None
-        last_alive, died_at = watch.seen(rank) if watch is not None else (None, None)
-        message, callstack = _error_details(f)
-        evidence.append(diagnosis.RankEvidence(
-            rank=rank, node=node, pid=f.pid, local_rank=f.local_rank, exitcode=f.exitcode,
-            signal=diagnosis.signal_name(f.exitcode), failed_at=recorded / 1e9 + to_wall if recorded is not None else None,
-            last_alive=last_alive, died_at=died_at, agent_time=float(f.timestamp or 0) or None, message=message,
-            traceback=clean_traceback(callstack)[-TRACEBACK_LINES:] if callstack else []))
-    return evidence
-
-
-def failure_report(err: Any, debug: bool = False, run_dir: str | None = None, watch: Any = None, exchange: Any = None,
-                   node: int = 0, nnodes: int = 1) -> tuple[str, int]:
-    """A short summary of a ChildFailedError: the rank to blame, its exit code and the end of its traceback;
-    returns (text, exit code for `accel launch`). ``run_dir``: where ranks recorded when they failed;
-    ``watch``: the launcher's own observation of the ranks' processes; ``exchange``: swaps the evidence
-    with the other nodes' launchers, so every node names the same rank."""
-    failures: dict[int, Any] = dict(err.failures)
-    if not failures:
-        return f"accel launch: {err}", 1
-    evidence = failure_evidence(failures, run_dir, watch, node)
-    missing: list[int] = []
-    if exchange is not None:
-        evidence, missing = exchange.swap(evidence)
-        # a node that ended as hung sends ranks without an exit status: they are not failures to weigh
-        evidence = [e for e in evidence if e.exitcode is not None]
-    root = diagnosis.blame_failure(evidence)
-    exitcode = root.exitcode if root.exitcode is not None else 1
-    how = f"exit code {exitcode}"
-    cause = None
-    if exitcode < 0 and root.failed_at is not None:  # it failed first, then was stopped while exiting (e.g. slow atexit work)
-        how = f"an error (then stopped by {root.signal} while exiting, after a peer's failure)"
-        exitcode = 1
-    elif exitcode < 0:
-        how = f"signal {-exitcode} ({root.signal})"
-        others = [e for e in evidence if e is not root]
-        if others and root.signal != diagnosis.STOP_SIGNAL:
-            cause = (f"accel launch: rank {root.rank} was killed by {root.signal} before any other rank reported an error: "
-                     f"it is the root cause (the out-of-memory killer, a crash, or a kill from outside)")
-    where = f"node {root.node}, " if nnodes > 1 else ""
-    lines = [f"accel launch: rank {root.rank} ({where}local rank {root.local_rank}, pid {root.pid}) failed with {how}"]
-    if cause:
-        lines.append(cause)
-    if missing:
-        lines.append(f"accel launch: no evidence from node(s) {', '.join(map(str, missing))} within "
-                     f"{diagnosis.EVIDENCE_WAIT:g} s: the verdict weighs this node's ranks only")
-    if root.traceback:
-        lines.append(f"accel launch: end of rank {root.rank}'s traceback:")
-        lines += [f"  {line}" for line in root.traceback]
-    elif root.message:
-        lines.append(f"accel launch: rank {root.rank}: {root.message}")
-    elif root.node != node:
-        lines.append(f"accel launch: rank {root.rank} recorded no traceback; its output is in node {root.node}'s launcher output")
-    else:
-        lines.append(f"accel launch: rank {root.rank} recorded no traceback (it exited without raising, or was killed); its own output is above")
-    others = [f"rank {e.rank} ({'signal ' + str(e.signal) if e.signal else 'exit code ' + str(e.exitcode)})"
-              for e in sorted(evidence, key=diagnosis._failure_key) if e is not root]
-    if others:
-        lines.append(f"accel launch: also stopped: {', '.join(others)}")
-    if debug:
-        lines.append(err.format_msg() if hasattr(err, "format_msg") else str(err))
-    return "\n".join(lines), _exit_code(exitcode)
-
-
-# ---------------------------------------------------------------------------- rank bootstrap
-def _trim(tb: Any) -> Any:
-    """Drop the bootstrap's and runpy's frames from the front of a traceback."""
-    def bootstrap(filename: str) -> bool:
-        return filename == "<frozen runpy>" or os.path.abspath(filename) in (_THIS_FILE, _RUNPY_FILE)
-
-    while tb is not None and bootstrap(tb.tb_frame.f_code.co_filename) and tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb
-
-
-def _record_error(exc: BaseException) -> None:
-    """Write ``exc`` to torch elastic's error file for this rank (TORCHELASTIC_ERROR_FILE)."""
-    if not os.environ.get("TORCHELASTIC_ERROR_FILE"):
-        return
-    try:
-        from torch.distributed.elastic.multiprocessing.errors import get_error_handler
-
-        get_error_handler().record_exception(exc)
-    except Exception as record_exc:  # the report must not hide the real error
-        print(f"accel launch: could not record the error: {record_exc}", file=sys.stderr)
-
-
-def worker_main(argv: list[str]) -> None:
-    """Run ``[--module] TARGET ARGS...`` as ``__main__`` the way python would, recording failures."""
-    import runpy
-    import traceback
-
-    module = bool(argv) and argv[0] == "--module"
-    if module:
-        argv = argv[1:]
-    if not argv:
-        sys.exit("accel.commands.launch: nothing to run (this module is the bootstrap of `accel launch`)")
-    target, rest = argv[0], argv[1:]
-    sys.argv = [target, *rest]
-    _die_with_launcher()
-    heartbeat.start()
-    try:
-        if module:
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
-        else:
-            sys.path[0] = os.path.dirname(os.path.abspath(target))  # as `python script.py` does
-            runpy.run_path(target, run_name="__main__")
-    except SystemExit as exc:
-        status = _exit_status(exc.code)
-        if status:
-            heartbeat.record_failure()
-        _finish(status)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:
-        heartbeat.record_failure()  # first: the moment of failure, before anything a peer could notice
-        _record_error(exc)
-        traceback.print_exception(type(exc), exc, _trim(exc.__traceback__))
-        _finish(1)
-    _finish(0)
-
-
-def _die_with_launcher() -> None:
-    """Make the kernel kill this rank (SIGKILL) when the launcher dies, whatever killed the launcher
-    (SIGKILL included), so no rank is left running without an owner. Linux only (prctl
-    PR_SET_PDEATHSIG); a rank whose launcher is already gone exits at once."""
-    expected = os.environ.get(LAUNCHER_PID_ENV)
-    if not expected or not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-        import signal
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        if libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0) != 0:
-            return
-    except (OSError, AttributeError):
-        return
-    if str(os.getppid()) != expected:  # the launcher died before the death signal was armed
-        os._exit(1)
-
-
-def _exit_status(code: Any) -> int:
-    """``sys.exit``'s argument as a process status, as the interpreter would turn it into one."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    print(code, file=sys.stderr)
-    return 1
-
-
-def _finish(status: int) -> None:
-    """End the rank: close the process group, run the script's atexit handlers, flush, and leave
-    without the interpreter's C++ teardown. With torch 2.13, gloo's threads can still be joinable
-    when static destructors run, which aborts a rank that already succeeded ("terminate called
-    without an active exception", SIGABRT) and fails the whole launch."""
-    import atexit
-
-    _close_process_group()
-    try:
-        atexit._run_exitfuncs()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
-        os._exit(status)
-
-
-def _close_process_group() -> None:
-    """Destroy a process group the script left open.
-
-    A process that exits with a live gloo group can abort in torch's C++ teardown ("terminate called
-    without an active exception", SIGABRT) long after the script succeeded; scripts written for
-    Accelerate rarely destroy their group. Only looked at when the script imported torch.distributed.
-    """
-    dist = sys.modules.get("torch.distributed")
-    if dist is None:
-        return
-    try:
-        if dist.is_available() and dist.is_initialized():
-            import gc
-
-            # objects such as a DDP reducer keep the C++ group alive past destroy_process_group;
-            # free them first so the group's threads are joined now, not in interpreter teardown
-            gc.collect()
-            dist.destroy_process_group()
-    except Exception as exc:
-        print(f"accel launch: could not destroy the process group at exit: {type(exc).__name__}: {exc}", file=sys.stderr)
-
-if __name__ == "__main__":
-    worker_main(sys.argv[1:])

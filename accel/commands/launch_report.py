@@ -1,0 +1,134 @@
+"""What `accel launch` prints when ranks fail: the evidence on each failed rank of this node, the rank to
+blame (:func:`accel.commands.launch_diagnosis.blame_failure`, over every node's evidence when the
+nodes swap it) with the end of its traceback, and the exit code of the launch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from accel.commands import launch_diagnosis as diagnosis
+from accel.commands.launch_bootstrap import BOOTSTRAP_FILE, RUNPY_FILE
+from accel.utils import heartbeat
+
+__all__ = ["TRACEBACK_LINES", "clean_traceback", "exit_code", "failure_evidence", "failure_report"]
+
+#: traceback lines shown for the failing rank
+TRACEBACK_LINES = 15
+
+
+def exit_code(exitcode: int) -> int:
+    """A rank's exit status as the launch's exit code: a death by signal N is 128 + N, as shells report it."""
+    if exitcode > 0:
+        return exitcode
+    if exitcode < 0:
+        return 128 + (-exitcode)  # killed by a signal: the shell's convention
+    return 1
+
+
+def _error_details(failure: Any) -> tuple[str | None, str | None]:
+    """(one-line message, traceback) from the rank's error file, when it wrote one."""
+    data = getattr(failure, "error_file_data", None) or {}
+    message = data.get("message")
+    if isinstance(message, dict):
+        extra = message.get("extraInfo") or {}
+        return message.get("message"), extra.get("py_callstack")
+    if isinstance(message, str) and message and message != "<NONE>":  # torch's "no error file" marker
+        return message, None
+    return None, None
+
+
+def _is_bootstrap_frame(line: str) -> bool:
+    text = line.strip()
+    return text.startswith("File ") and (
+        f'"{BOOTSTRAP_FILE}"' in text or '"<frozen runpy>"' in text or f'"{RUNPY_FILE}"' in text
+    )
+
+
+def clean_traceback(callstack: str) -> list[str]:
+    """The lines of a formatted traceback without the bootstrap's and runpy's frames."""
+    out: list[str] = []
+    lines = callstack.rstrip().splitlines()
+    i = 0
+    while i < len(lines):
+        if _is_bootstrap_frame(lines[i]):
+            indent = len(lines[i]) - len(lines[i].lstrip())
+            i += 1
+            while i < len(lines) and len(lines[i]) - len(lines[i].lstrip()) > indent:  # its source lines
+                i += 1
+            continue
+        out.append(lines[i])
+        i += 1
+    return out
+
+
+def failure_evidence(failures: dict[int, Any], run_dir: str | None = None, watch: Any = None, node: int = 0) -> list[Any]:
+    """Evidence on each failed rank of this node (see :mod:`accel.commands.launch_diagnosis`): its exit
+    status, the moment it recorded its failure (converted to wall-clock time), when the launcher last saw
+    it running, and the end of its traceback."""
+    import time
+
+    to_wall = time.time() - time.monotonic()  # CLOCK_MONOTONIC is one clock for every process of this machine
+    evidence = []
+    for rank, f in failures.items():
+        recorded = heartbeat.read_failure(run_dir, rank) if run_dir else None
+        last_alive, died_at = watch.seen(rank) if watch is not None else (None, None)
+        message, callstack = _error_details(f)
+        evidence.append(diagnosis.RankEvidence(
+            rank=rank, node=node, pid=f.pid, local_rank=f.local_rank, exitcode=f.exitcode,
+            signal=diagnosis.signal_name(f.exitcode), failed_at=recorded / 1e9 + to_wall if recorded is not None else None,
+            last_alive=last_alive, died_at=died_at, agent_time=float(f.timestamp or 0) or None, message=message,
+            traceback=clean_traceback(callstack)[-TRACEBACK_LINES:] if callstack else []))
+    return evidence
+
+
+def failure_report(err: Any, debug: bool = False, run_dir: str | None = None, watch: Any = None, exchange: Any = None,
+                   node: int = 0, nnodes: int = 1) -> tuple[str, int]:
+    """A short summary of a ChildFailedError: the rank to blame, its exit code and the end of its traceback;
+    returns (text, exit code for `accel launch`). ``run_dir``: where ranks recorded when they failed;
+    ``watch``: the launcher's own observation of the ranks' processes; ``exchange``: swaps the evidence
+    with the other nodes' launchers, so every node names the same rank."""
+    failures: dict[int, Any] = dict(err.failures)
+    if not failures:
+        return f"accel launch: {err}", 1
+    evidence = failure_evidence(failures, run_dir, watch, node)
+    missing: list[int] = []
+    if exchange is not None:
+        evidence, missing = exchange.swap(evidence)
+        # a node that ended as hung sends ranks without an exit status: they are not failures to weigh
+        evidence = [e for e in evidence if e.exitcode is not None]
+    root = diagnosis.blame_failure(evidence)
+    exitcode = root.exitcode if root.exitcode is not None else 1
+    how = f"exit code {exitcode}"
+    cause = None
+    if exitcode < 0 and root.failed_at is not None:  # it failed first, then was stopped while exiting (e.g. slow atexit work)
+        how = f"an error (then stopped by {root.signal} while exiting, after a peer's failure)"
+        exitcode = 1
+    elif exitcode < 0:
+        how = f"signal {-exitcode} ({root.signal})"
+        others = [e for e in evidence if e is not root]
+        if others and root.signal != diagnosis.STOP_SIGNAL:
+            cause = (f"accel launch: rank {root.rank} was killed by {root.signal} before any other rank reported an error: "
+                     f"it is the root cause (the out-of-memory killer, a crash, or a kill from outside)")
+    where = f"node {root.node}, " if nnodes > 1 else ""
+    lines = [f"accel launch: rank {root.rank} ({where}local rank {root.local_rank}, pid {root.pid}) failed with {how}"]
+    if cause:
+        lines.append(cause)
+    if missing:
+        lines.append(f"accel launch: no evidence from node(s) {', '.join(map(str, missing))} within "
+                     f"{diagnosis.EVIDENCE_WAIT:g} s: the verdict weighs this node's ranks only")
+    if root.traceback:
+        lines.append(f"accel launch: end of rank {root.rank}'s traceback:")
+        lines += [f"  {line}" for line in root.traceback]
+    elif root.message:
+        lines.append(f"accel launch: rank {root.rank}: {root.message}")
+    elif root.node != node:
+        lines.append(f"accel launch: rank {root.rank} recorded no traceback; its output is in node {root.node}'s launcher output")
+    else:
+        lines.append(f"accel launch: rank {root.rank} recorded no traceback (it exited without raising, or was killed); its own output is above")
+    others = [f"rank {e.rank} ({'signal ' + str(e.signal) if e.signal else 'exit code ' + str(e.exitcode)})"
+              for e in sorted(evidence, key=diagnosis._failure_key) if e is not root]
+    if others:
+        lines.append(f"accel launch: also stopped: {', '.join(others)}")
+    if debug:
+        lines.append(err.format_msg() if hasattr(err, "format_msg") else str(err))
+    return "\n".join(lines), exit_code(exitcode)
