@@ -102,8 +102,13 @@ class Accelerator:
             # sizes against the process count now (the FSDP strategy checks it while building its mesh)
             parallelism_config._validate_accelerator(self)
         # what runs, not just what was asked: a fallback is warned about and recorded
+        if self.fp8_recipe_handler is not None and self.state.mixed_precision != "fp8" \
+                and self.state.run_plan.strategy not in ("deepspeed", "fsdp"):
+            raise ValueError(f"{type(self.fp8_recipe_handler).__name__} was passed, but mixed_precision is "
+                             f"{self.state.mixed_precision!r}: fp8 recipes need mixed_precision='fp8'")
         self.precision = self.strategy.plan_precision(self.state.mixed_precision, self.autocast_handler, self.scaler_handler)
         self.state._mixed_precision = self.precision.used
+        self.state.mixed_precision_label = self.precision.label  # "fp8 (emulated)" where torchao emulates fp8
         self.scaler = self.precision.scaler
         self.native_amp = self.precision.dtype is not None
 

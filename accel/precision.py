@@ -3,7 +3,8 @@
 The requested precision is checked against the backend's capabilities. Where the installed torch
 supports it (torch 2.13 runs fp16 autocast and GradScaler on CPU) it really runs; where it does not,
 accel warns loudly and records the precision actually used, so nothing trains fp32 under an "fp16"
-label. fp8 training is refused with a clear message (not implemented yet).
+label. fp8 training runs through torchao (``accel.utils.fp8``): real fp8 GEMMs where the device has
+them, torchao's emulation elsewhere, refused with one clear message where torchao is missing.
 """
 
 from __future__ import annotations
@@ -40,10 +41,20 @@ class PrecisionPlan:
     scaler: torch.amp.GradScaler | None = None
     #: who runs the precision: "accel" (autocast + scaler here) or a strategy's engine ("deepspeed")
     managed_by: str = "accel"
+    #: for fp8: the torchao plan (``accel.utils.fp8.Fp8Plan``) and whether bf16 autocast runs around it
+    fp8: Any = None
+    fp8_autocast: bool = False
 
     @property
     def dtype(self) -> torch.dtype | None:
+        if self.used == "fp8":
+            return torch.bfloat16 if self.fp8_autocast else None
         return _DTYPES.get(self.used)
+
+    @property
+    def label(self) -> str:
+        """What runs, as shown to people: the precision, or "fp8 (emulated)" where torchao emulates fp8."""
+        return self.fp8.label if self.fp8 is not None else self.used
 
     @property
     def autocast_enabled(self) -> bool:
@@ -55,10 +66,25 @@ class PrecisionPlan:
 
     # ------------------------------------------------------------------ behaviour
     def wrap_forward(self, model: torch.nn.Module, backend: Backend) -> None:
-        """Run ``model.forward`` under autocast with fp32 outputs (once; nothing in full precision)."""
+        """Convert ``model`` for fp8 (if planned), then run ``model.forward`` under autocast with fp32 outputs
+        (once; nothing in full precision)."""
+        if self.managed_by == "accel" and self.fp8 is not None:
+            self.fp8.convert(model)
         if self.managed_by != "accel" or not self.autocast_enabled or isinstance(model.forward, AutocastForward):
             return
         model.forward = AutocastForward(model.forward, lambda: autocast_context(self, backend))
+
+    def adopt_parameters(self, optimizer: torch.optim.Optimizer) -> None:
+        """Point ``optimizer`` at the parameters fp8 conversion put in place of the ones it was built with
+        (torchao wraps weights for FSDP's float8 all-gather); nothing to do otherwise."""
+        replaced = self.fp8.replaced if self.fp8 is not None else {}
+        if not replaced:
+            return
+        for group in optimizer.param_groups:
+            group["params"] = [replaced.get(p, p) for p in group["params"]]
+        for old, new in replaced.items():
+            if old in optimizer.state:
+                optimizer.state[new] = optimizer.state.pop(old)
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``loss.backward()``, through the grad scaler when fp16 needs one."""
@@ -81,19 +107,25 @@ def plan_precision(
     backend: Backend,
     autocast_handler: AutocastKwargs | None = None,
     scaler_handler: GradScalerKwargs | None = None,
+    fp8_handler: Any = None,
 ) -> PrecisionPlan:
-    """Resolve ``requested`` against ``backend``; warn (never silently) on fallback."""
+    """Resolve ``requested`` against ``backend``; warn (never silently) on fallback.
+
+    ``fp8_handler`` is the fp8 recipe (``AORecipeKwargs``; default: Accelerate's torchao defaults).
+    """
     requested = str(requested or "no").lower()
     if requested not in PrecisionType.list():
         raise ValueError(f"mixed_precision must be one of {PrecisionType.list()}, got {requested!r}")
     if requested == "fp8":
-        from .backends import UnsupportedFeatureError
+        from .utils.fp8 import plan_fp8
 
-        capability = backend.supports_fp8
-        reason = capability.reason if not capability else (
-            "the device has fp8 matmuls, but accel has no fp8 training path yet (torchao / Transformer Engine "
-            "conversion is not integrated); use 'bf16'")
-        raise UnsupportedFeatureError(backend.name, "mixed_precision='fp8'", reason)
+        fp8 = plan_fp8(backend, fp8_handler)  # UnsupportedFeatureError with the reason where it cannot run
+        bf16 = backend.amp_capability(torch.bfloat16)
+        autocast_kwargs = {"enabled": True}
+        if autocast_handler is not None:
+            autocast_kwargs.update(autocast_handler.to_kwargs())
+        reason = f"{fp8.reason}; other layers under bf16 autocast" if bf16 else f"{fp8.reason}; no bf16 autocast ({bf16.reason})"
+        return PrecisionPlan("fp8", "fp8", reason, autocast_kwargs, fp8=fp8, fp8_autocast=bool(bf16))
     if requested == "no":
         return PrecisionPlan("no", "no", "full precision requested")
 

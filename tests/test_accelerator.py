@@ -416,10 +416,12 @@ def test_profile_writes_a_trace_per_process(tmp_path):
     assert (tmp_path / "profile_0.json").stat().st_size > 0
 
 
-def test_fp8_is_a_capability_error_naming_the_reason():
+def test_fp8_without_torchao_is_a_capability_error_naming_the_reason(monkeypatch):
+    import accel.utils.imports as imports
     from accel.backends import UnsupportedFeatureError
 
-    with pytest.raises(UnsupportedFeatureError, match="mixed_precision='fp8'"):
+    monkeypatch.setattr(imports, "is_torchao_available", lambda: False)  # fp8 itself: tests/test_fp8.py
+    with pytest.raises(UnsupportedFeatureError, match="mixed_precision='fp8'.*needs torchao"):
         Accelerator(mixed_precision="fp8")
 
 

@@ -307,7 +307,14 @@ def _run_plan(registry: Any) -> dict[str, Any]:
     backend = registry.select()
     plan = resolve_run(layout.world_size, backend.distributed_type)
     return {"strategy": plan.strategy, "distributed_type": str(plan.distributed_type), "num_processes": layout.world_size,
-            "launcher": layout.source, "reasons": dict(plan.reasons)}
+            "launcher": layout.source, "reasons": dict(plan.reasons), "fp8": _fp8_info(backend)}
+
+
+def _fp8_info(backend: Any) -> dict[str, Any]:
+    """What ``mixed_precision="fp8"`` would run here: "fp8", "fp8 (emulated)", or the refusal the launcher gives."""
+    from accel.utils.fp8 import describe_fp8
+
+    return describe_fp8(backend)
 
 
 def _deepspeed_info(registry: Any, ask: bool = True) -> dict[str, Any]:
@@ -598,6 +605,9 @@ def _run_plan_rows(section: Any) -> Rows:
     rows = [("strategy", section.get("strategy")), ("distributed type", section.get("distributed_type")),
             ("processes", f"{section.get('num_processes')} ({section.get('launcher')})")]
     rows += [(f"why ({key})", value) for key, value in (section.get("reasons") or {}).items()]
+    fp8 = section.get("fp8")
+    if isinstance(fp8, dict):
+        rows.append(("fp8", f"{fp8['mode']}: {fp8.get('reason')}" if fp8.get("mode") else f"refused: {fp8.get('refused')}"))
     return rows
 
 

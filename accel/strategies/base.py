@@ -101,7 +101,8 @@ class Strategy:
         """The precision this strategy runs for ``requested`` (accel's autocast + scaler by default)."""
         from ..precision import plan_precision
 
-        return plan_precision(requested, self.accelerator.backend, autocast_handler, scaler_handler)
+        return plan_precision(requested, self.accelerator.backend, autocast_handler, scaler_handler,
+                              fp8_handler=getattr(self.accelerator, "fp8_recipe_handler", None))
 
     # ------------------------------------------------------------------ setup
     def prepare(self, models: Sequence[torch.nn.Module], optimizers: Sequence[Any], schedulers: Sequence[Any],
@@ -136,6 +137,7 @@ class Strategy:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"{type(optimizer).__name__} is not a torch optimizer; DummyOptim only works with DeepSpeed "
                             f"(this run uses the {self.name!r} strategy)")
+        self.precision.adopt_parameters(optimizer)  # fp8 conversion may have replaced the model's parameters
         return AcceleratedOptimizer(optimizer, device_placement=device_placement, scaler=self.precision.scaler)
 
     def setup_scheduler(self, scheduler: Any, optimizers: Sequence[Any]) -> Any:

@@ -94,6 +94,16 @@ def _precision(args: Any) -> str:
     value = str(_get(args, "mixed_precision") or "no").lower()
     if value not in PRECISIONS:
         raise ValueError(f"Unknown mixed_precision mode: {value}. Choose between {list(PRECISIONS)}.")
+    if value == "fp8":
+        # refused here, before any rank starts, in the words the library and `accel env` use
+        from .fp8 import fp8_refusal
+
+        environ = dict(os.environ)
+        if _get(args, "fp8_backend"):
+            environ["ACCELERATE_FP8_BACKEND"] = str(_get(args, "fp8_backend"))
+        refusal = fp8_refusal(environ=environ)
+        if refusal is not None:
+            raise ValueError(f"mixed_precision='fp8' is not supported ({refusal})")
     return value
 
 
