@@ -122,6 +122,20 @@ def test_send_to_device_moves_tensors_and_objects():
     assert not out["a"].is_meta and not out["b"].is_meta
 
 
+def test_send_to_device_plain_batches_keep_their_type_and_leaves():
+    class Batch(list):
+        pass
+
+    weight = torch.nn.Parameter(torch.ones(1))
+    out = send_to_device((torch.ones(2), [weight, "tag", 3], Batch([torch.zeros(1)])), "meta")
+    assert type(out) is tuple and out[0].is_meta
+    assert type(out[1]) is list and out[1][0].is_meta and out[1][1:] == ["tag", 3]
+    assert type(out[2]) is Batch and out[2][0].is_meta
+    # a non_blocking that Tensor.to refuses takes the generic path, whose fallback drops it
+    moved = send_to_device([torch.ones(1)], "meta", non_blocking=None)
+    assert type(moved) is list and moved[0].is_meta
+
+
 def test_batch_size_listify_and_structure_round_trip():
     batch = {"ids": torch.zeros(5, 3, dtype=torch.int64), "mask": [torch.ones(5)]}
     assert find_batch_size(batch) == 5 and find_batch_size([Pair(torch.ones(4), 1)]) == 4

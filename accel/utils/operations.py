@@ -165,13 +165,21 @@ def send_to_device(tensor: Any, device: Any, non_blocking: bool = False, skip_ke
     themselves; values under ``skip_keys`` in dictionaries stay where they are; other leaves are
     returned unchanged.
     """
+    kind = type(tensor)
+    if kind is list or kind is tuple:
+        # the common batch (a plain list or tuple of tensors), taken without the generic checks below:
+        # this runs for every batch of a prepared data loader
+        try:
+            return kind([t.to(device, non_blocking=non_blocking) if type(t) is torch.Tensor
+                         else send_to_device(t, device, non_blocking, skip_keys) for t in tensor])
+        except TypeError:  # e.g. a ``non_blocking`` that ``Tensor.to`` refuses: the generic path below retries
+            pass
     if isinstance(tensor, torch.Tensor) or hasattr(tensor, "to"):
         try:
             return tensor.to(device, non_blocking=non_blocking)
         except TypeError:  # a user ``.to`` without ``non_blocking``
             return tensor.to(device)
     if isinstance(tensor, (tuple, list)):
-        # a list, not a generator: this runs for every batch of a prepared data loader
         moved = [send_to_device(t, device, non_blocking, skip_keys) for t in tensor]
         return type(tensor)(*moved) if is_namedtuple(tensor) else type(tensor)(moved)
     if isinstance(tensor, Mapping):
