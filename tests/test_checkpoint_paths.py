@@ -179,14 +179,35 @@ def test_strategy_files_are_checked_too(tmp_path):
     assert "'strategy' files" in _refused(s, folder, outside, "../outside")
 
 
-def test_a_checkpoint_written_by_accelerate_with_a_link_outside_is_refused(tmp_path):
+@pytest.mark.parametrize("exists", [True, False])
+def test_a_checkpoint_written_by_accelerate_with_a_link_outside_is_refused(tmp_path, exists):
+    """No manifest: the files are found by name, and a link among them is judged by where it leads, never
+    by whether its target exists (the error is the same either way)."""
     s, folder, outside = _saved(tmp_path)
     (folder / C.MANIFEST_NAME).unlink()
     (folder / "random_states_0.json").unlink()  # what Accelerate writes: no manifest, only the pkl RNG file
     os.replace(folder / "model.safetensors", outside / "model.safetensors")
+    if not exists:
+        (outside / "model.safetensors").unlink()
     (folder / "model.safetensors").symlink_to(outside / "model.safetensors")
     s.train(max_steps=1)
     trained = s.weights()
-    with pytest.warns(UserWarning, match="written by Accelerate"), pytest.raises(CheckpointError, match="symbolic link"):
+    with pytest.warns(UserWarning, match="written by Accelerate"), pytest.raises(CheckpointError) as info:
         s.accelerator.load_state(folder)
+    assert str(info.value) == (f"checkpoint {folder} was refused: the manifest's 'models' entry 'model.safetensors' "
+                               "leads out of the checkpoint folder through a symbolic link; a checkpoint's files lie "
+                               "inside its folder")
     assert same_weights(s.weights(), trained)
+
+
+@pytest.mark.parametrize("exists", [True, False])
+def test_a_linked_rng_file_does_not_tell_an_incomplete_checkpoint_by_its_target(tmp_path, exists):
+    s, folder, outside = _saved(tmp_path)
+    (folder / C.MANIFEST_NAME).unlink()
+    os.replace(folder / "random_states_0.json", outside / "random_states_0.json")
+    if not exists:
+        (outside / "random_states_0.json").unlink()
+    (folder / "random_states_0.json").symlink_to(outside / "random_states_0.json")
+    with OpenSpy() as opened, pytest.raises(CheckpointError, match="incomplete accel checkpoint"):
+        s.accelerator.load_state(folder)
+    assert not [p for p in opened if str(outside) in os.path.realpath(p)]

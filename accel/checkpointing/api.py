@@ -274,7 +274,8 @@ def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, loa
                 f"{FORMAT_VERSION} (upgrade accel)"
             )
     else:
-        if (folder / f"{RNG_STATE_NAME}_{accelerator.process_index}.json").exists():
+        # lexists: a link is judged by check_entries, never by whether what it points to exists
+        if os.path.lexists(folder / f"{RNG_STATE_NAME}_{accelerator.process_index}.json"):
             raise CheckpointError(
                 f"{manifest_path} is missing: {folder} is an incomplete accel checkpoint (the manifest is written last)"
             )

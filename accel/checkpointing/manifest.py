@@ -205,7 +205,7 @@ def accelerate_manifest(accelerator: Any, folder: Path, models: list[Any]) -> di
     names = []
     for i in range(len(models)):
         safe = f"{SAFE_MODEL_NAME}{index_suffix(i)}.safetensors"
-        names.append(safe if (folder / safe).exists() else f"{MODEL_NAME}{index_suffix(i)}.bin")
+        names.append(safe if os.path.lexists(folder / safe) else f"{MODEL_NAME}{index_suffix(i)}.bin")
     customs = sorted(p.name for p in folder.iterdir() if re.fullmatch(rf"{CUSTOM_NAME}_\d+\.pkl", p.name))
     return {
         "format": "accelerate",
@@ -214,6 +214,6 @@ def accelerate_manifest(accelerator: Any, folder: Path, models: list[Any]) -> di
         "schedulers": [f"{SCHEDULER_NAME}{index_suffix(i)}.bin" for i in range(len(accelerator._schedulers))],
         "dataloaders": None,  # Accelerate pickles whole sampler objects: not loadable safely, skipped
         "custom_objects": customs,
-        "scaler": SCALER_NAME if (folder / SCALER_NAME).exists() else None,
+        "scaler": SCALER_NAME if os.path.lexists(folder / SCALER_NAME) else None,
         "num_processes": None,
     }
