@@ -280,21 +280,29 @@ def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
 
 
 # ------------------------------------------------------------------ streams and events
-class Stream(torch.Stream):
-    """A queue of device work; copies queued on it run asynchronously on a worker thread."""
+class Stream:
+    """``Stream(device=None, priority=0)``: a new stream (a ``torch.Stream``) on an emu device.
 
-    def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> "Stream":
+    Copies queued on a stream run asynchronously on its worker. Instances are plain
+    ``torch.Stream`` objects, which torch's own stream and event methods require.
+    """
+
+    def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> torch.Stream:  # type: ignore[misc]
         if kwargs:
-            return super().__new__(cls, **kwargs)
-        with globals()["device"](_index(device)):
-            return super().__new__(cls, device=torch.device("emu", _index(device)), priority=priority)
+            return torch.Stream(**kwargs)
+        return torch.Stream(device=torch.device("emu", _index(device)), priority=priority)
 
 
-class Event(torch.Event):
-    """A marker in a stream; ``elapsed_time`` between two timed events is in milliseconds."""
+class Event:
+    """``Event(enable_timing=False)``: a marker in a stream (a ``torch.Event`` on emu).
 
-    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> "Event":
-        return super().__new__(cls, device=torch.device("emu"), enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
+    ``elapsed_time`` between two timed events is in milliseconds. Instances are plain
+    ``torch.Event`` objects, which torch's own methods require.
+    """
+
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> torch.Event:  # type: ignore[misc]
+        return torch.Event(device=torch.device("emu"), enable_timing=enable_timing, blocking=blocking,
+                           interprocess=interprocess)
 
 
 def _device_type_code() -> int:
@@ -302,14 +310,14 @@ def _device_type_code() -> int:
     return int(torch._C._autograd.DeviceType.PrivateUse1.value)
 
 
-def current_stream(device: Any = None) -> Stream:
+def current_stream(device: Any = None) -> torch.Stream:
     """The current stream of ``device`` for this thread."""
     index = _index(device)
     sid = int(_ext().current_stream_id(index))
     return Stream(stream_id=sid, device_index=index, device_type=_device_type_code())
 
 
-def default_stream(device: Any = None) -> Stream:
+def default_stream(device: Any = None) -> torch.Stream:
     """The default stream of ``device``."""
     return Stream(stream_id=0, device_index=_index(device), device_type=_device_type_code())
 

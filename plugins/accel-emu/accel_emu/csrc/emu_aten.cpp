@@ -354,9 +354,11 @@ at::Tensor emu_copy_from(const at::Tensor& self, const at::Tensor& dst, bool non
   TORCH_CHECK(src_emu || self.device().is_cpu(), "emu: cannot copy from ", self.device(), " to ", dst.device());
   TORCH_CHECK(dst_emu || dst.device().is_cpu(), "emu: cannot copy from ", self.device(), " to ", dst.device());
   const c10::DeviceIndex device = dst_emu ? dst.device().index() : self.device().index();
-  // Device-to-device copies, and host copies with non_blocking=True from/to pinned memory, are
+  // Copies within one device, and host copies with non_blocking=True from/to pinned memory, are
   // queued on the current stream (asynchronous, as on a real device); the rest wait for it.
-  const bool async = (src_emu && dst_emu) || (non_blocking && (src_emu ? is_pinned_host(dst) : is_pinned_host(self)));
+  const bool same_device = src_emu && dst_emu && self.device() == dst.device();
+  const bool async = same_device || (!(src_emu && dst_emu) && non_blocking &&
+                                     (src_emu ? is_pinned_host(dst) : is_pinned_host(self)));
   auto stream = current_stream(device);
   if (async) {
     at::Tensor s = self;  // the task holds both storages alive
@@ -384,6 +386,62 @@ at::Scalar emu_local_scalar_dense(const at::Tensor& self) {
   MemoryGuard guard;
   guard.add(self);
   return at::native::_local_scalar_dense_cpu(host_alias(self));
+}
+
+// ------------------------------------------------------------------ host-computed kernels
+// Operators whose CPU kernel the boxed fallback cannot reach (PyTorch routes unknown devices to
+// an "overrideable" stub) or whose CPU kernel draws from the host generator without a generator
+// argument. They run on the host over copies, like the fallback.
+void check_same_device(const char* op, std::initializer_list<const at::Tensor*> tensors) {
+  std::optional<c10::Device> seen;
+  for (const auto* t : tensors) {
+    if (t == nullptr || !t->defined()) continue;
+    if (!seen) seen = t->device();
+    else TORCH_CHECK(*seen == t->device(), "Expected all tensors to be on the same device, but found at least two devices, ",
+                     *seen, " and ", t->device(), "! (in ", op, " on emu)");
+  }
+}
+
+at::Tensor host(const at::Tensor& t) { return t.defined() ? t.to(c10::Device(c10::DeviceType::CPU)) : t; }
+
+at::Tensor emu_convolution(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                           c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
+                           c10::IntArrayRef output_padding, int64_t groups) {
+  const at::Tensor* b = bias.has_value() && bias->defined() ? &*bias : nullptr;
+  check_same_device("aten::convolution_overrideable", {&input, &weight, b});
+  c10::DeviceGuard guard(input.device());
+  std::optional<at::Tensor> host_bias;
+  if (b) host_bias = host(*b);
+  auto out = at::convolution(host(input), host(weight), host_bias, stride, padding, dilation, transposed,
+                             output_padding, groups);
+  return out.to(input.device());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> emu_convolution_backward(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight, c10::IntArrayRef stride,
+    c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed, c10::IntArrayRef output_padding,
+    int64_t groups, std::array<bool, 3> output_mask) {
+  check_same_device("aten::convolution_backward_overrideable", {&grad_output, &input, &weight});
+  c10::DeviceGuard guard(input.device());
+  std::vector<int64_t> bias_sizes{transposed ? weight.size(1) * groups : weight.size(0)};
+  auto [gi, gw, gb] = at::convolution_backward(host(grad_output), host(input), host(weight), c10::IntArrayRef(bias_sizes),
+                                               stride, padding, dilation, transposed, output_padding, groups, output_mask);
+  auto back = [&](const at::Tensor& t) { return t.defined() ? t.to(input.device()) : t; };
+  return {back(gi), back(gw), back(gb)};
+}
+
+std::tuple<at::Tensor, at::Tensor> emu_native_dropout(const at::Tensor& input, double p, std::optional<bool> train) {
+  TORCH_CHECK(p >= 0 && p <= 1, "dropout probability has to be between 0 and 1, but got ", p);
+  if (input.numel() == 0) return {input.clone(), at::empty_like(input, input.options().dtype(at::kBool))};
+  if (train.has_value() && !*train) {
+    return {input.clone(), at::ones_like(input, input.options().dtype(at::kBool))};
+  }
+  const double keep = 1.0 - p;
+  const double scale = keep == 0 ? 0.0 : 1.0 / keep;
+  // bernoulli_ goes through the fallback, which hands it this device's generator
+  auto draw = at::empty_like(input, c10::MemoryFormat::Contiguous).bernoulli_(keep);
+  auto output = input.mul(draw).mul_(scale);
+  return {output, draw.to(at::kBool)};
 }
 
 // ------------------------------------------------------------------ the host fallback
@@ -473,6 +531,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from", emu_copy_from);
   m.impl("_copy_from_and_resize", emu_copy_from_and_resize);
   m.impl("_local_scalar_dense", emu_local_scalar_dense);
+  m.impl("convolution_overrideable", emu_convolution);
+  m.impl("convolution_backward_overrideable", emu_convolution_backward);
+  m.impl("native_dropout", emu_native_dropout);
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
@@ -482,6 +543,11 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
 // ------------------------------------------------------------------ autocast
 // The same policies CUDA uses: matmul-like ops in the lower precision, precision-sensitive ops
 // in fp32, mixed-input ops promoted.
+// operators without an autocast policy pass straight through
+TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFallthrough());
+}
+
 TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
 #define EMU_LOWER(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, lower_precision_fp)
 #define EMU_FP32(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32)

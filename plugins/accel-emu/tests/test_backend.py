@@ -1,0 +1,83 @@
+"""The accel Backend plug-in: entry point, opt-in probe, capabilities, accel env."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+from conftest import SUBPROCESS_TIMEOUT, run_python
+
+
+def test_entry_point_names_the_backend_class():
+    from importlib.metadata import entry_points
+
+    (ep,) = [e for e in entry_points(group="accel.backends") if e.name == "emu"]
+    from accel_emu.backend import EmuBackend
+
+    assert ep.load() is EmuBackend
+
+
+def test_probe_does_not_load_emu_unless_asked():
+    result = run_python(
+        """
+        import sys, torch
+        from accel.backends import get_registry
+        b = get_registry().get("emu")
+        print("reason:", b.availability.reason)
+        print("loaded:", "accel_emu._extension" in sys.modules, torch._C._get_privateuse1_backend_name())
+        """,
+        env={"ACCEL_DEVICE": ""},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "reason: emu is loaded only when asked for (ACCEL_DEVICE=emu, --backend emu or -m emu)" in result.stdout
+    assert "loaded: False privateuseone" in result.stdout
+
+
+def test_asking_by_name_loads_it():
+    result = run_python(
+        """
+        from accel.backends import get_backend
+        b = get_backend("emu")
+        print(b.name, b.device_count(), b.comm_backend)
+        """,
+        env={"ACCEL_DEVICE": ""},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["emu", "2", "emu_ccl"]
+
+
+def test_capabilities_are_probed(emu):
+    from accel.backends import get_registry
+
+    backend = get_registry().get("emu")
+    assert backend.is_available(), backend.availability.reason
+    caps = backend.capabilities()
+    for key in ("memory_stats", "multiprocess", "fp16", "bf16", "fp16_amp", "bf16_amp", "grad_scaler"):
+        assert caps[key].supported, (key, caps[key].reason)
+    assert backend.comm_backend == "emu_ccl"
+    assert backend.device(1) == torch.device("emu:1")
+    props = backend.device_properties(1)
+    assert props.total_memory == 8 * 1024**3
+    t = torch.empty(1024, dtype=torch.uint8, device="emu:1")
+    assert backend.memory_allocated(1) >= 1024
+    del t
+    with backend.timer() as timer:
+        torch.ones(64, 64, device="emu") @ torch.ones(64, 64, device="emu")
+    assert timer.elapsed is not None and timer.elapsed >= 0
+    assert backend.is_oom_error(torch.OutOfMemoryError("emu out of memory. Tried to allocate"))
+
+
+def test_accel_env_shows_emu_with_its_memory():
+    env = {**os.environ, "ACCEL_DEVICE": "emu"}
+    result = subprocess.run(
+        [sys.executable, "-m", "accel.commands.cli", "env", "--json"], env=env, capture_output=True, text=True,
+        timeout=SUBPROCESS_TIMEOUT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(result.stdout)
+    text = json.dumps(data)
+    assert '"emu"' in text and "8589934592" in text, text[:3000]

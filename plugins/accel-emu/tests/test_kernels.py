@@ -1,0 +1,103 @@
+"""Kernels: numerics equal to the host, autograd, random numbers from the device's generator."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _pair(*shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    host = torch.randn(*shape, generator=g)
+    return host, host.to("emu")
+
+
+def test_ops_match_cpu(emu):
+    a, ea = _pair(8, 16, seed=1)
+    b, eb = _pair(16, 4, seed=2)
+    pairs = [
+        (a @ b, ea @ eb),
+        (F.softmax(a, dim=1), F.softmax(ea, dim=1)),
+        (a.cumsum(0), ea.cumsum(0)),
+        (a.sort(dim=1).values, ea.sort(dim=1).values),
+        (a.t().contiguous(), ea.t().contiguous()),
+        (a[:, 3:7] * 2 - 1, ea[:, 3:7] * 2 - 1),
+        (a.sum(), ea.sum()),
+        (a.to(torch.float16).to(torch.float32), ea.to(torch.float16).to(torch.float32)),
+    ]
+    for host, dev in pairs:
+        assert dev.device.type == "emu"
+        torch.testing.assert_close(dev.cpu(), host, rtol=0, atol=0)
+
+
+def test_conv_matches_cpu(emu):
+    x, ex = _pair(2, 3, 8, 8, seed=3)
+    w, ew = _pair(4, 3, 3, 3, seed=4)
+    torch.testing.assert_close(F.conv2d(ex, ew, padding=1).cpu(), F.conv2d(x, w, padding=1), rtol=0, atol=0)
+
+
+def test_mlp_forward_backward_matches_cpu(emu):
+    torch.manual_seed(0)
+    host = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    dev = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    dev.load_state_dict(host.state_dict())
+    dev.to("emu")
+    x, ex = _pair(8, 16, seed=5)
+    y, ey = _pair(8, 4, seed=6)
+    F.mse_loss(host(x), y).backward()
+    loss = F.mse_loss(dev(ex), ey)
+    loss.backward()
+    for (name, p_host), p_dev in zip(host.named_parameters(), dev.parameters()):
+        assert p_dev.grad.device.type == "emu", name
+        torch.testing.assert_close(p_dev.grad.cpu(), p_host.grad, rtol=1e-6, atol=1e-7, msg=name)
+    opt = torch.optim.AdamW(dev.parameters(), lr=0.1)
+    opt.step()
+    assert all(p.device.type == "emu" for p in dev.parameters())
+
+
+def test_manual_seed_controls_device_random_numbers(emu):
+    emu.manual_seed(7)
+    a = torch.randn(5, device="emu")
+    emu.manual_seed(7)
+    torch.randn(100)  # the host generator is independent
+    b = torch.randn(5, device="emu")
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_each_device_has_its_own_generator(emu):
+    emu.manual_seed_all(3)
+    a0 = torch.rand(4, device="emu:0").cpu()
+    a1 = torch.rand(4, device="emu:1").cpu()
+    torch.testing.assert_close(a0, a1, rtol=0, atol=0)  # same seed, separate streams of numbers
+    state1 = emu.get_rng_state(1)
+    torch.rand(4, device="emu:0")  # advances device 0 only
+    assert torch.equal(emu.get_rng_state(1), state1)
+    x = torch.rand(4, device="emu:1").cpu()
+    emu.set_rng_state(state1, 1)
+    torch.testing.assert_close(torch.rand(4, device="emu:1").cpu(), x, rtol=0, atol=0)
+    assert emu.initial_seed() == 3
+
+
+def test_dropout_uses_the_device_generator(emu):
+    x = torch.ones(64, device="emu")
+    emu.manual_seed(11)
+    a = F.dropout(x, p=0.5, training=True).cpu()
+    emu.manual_seed(11)
+    b = F.dropout(x, p=0.5, training=True).cpu()
+    assert torch.equal(a, b)
+    assert 0 < int((a == 0).sum()) < 64
+
+
+def test_torch_manual_seed_seeds_emu(emu):
+    torch.manual_seed(21)
+    a = torch.randn(3, device="emu").cpu()
+    torch.manual_seed(21)
+    b = torch.randn(3, device="emu").cpu()
+    assert torch.equal(a, b)
+
+
+def test_explicit_generator(emu):
+    g = torch.Generator(device="emu").manual_seed(5)
+    a = torch.randn(3, device="emu", generator=g).cpu()
+    g.manual_seed(5)
+    assert torch.equal(torch.randn(3, device="emu", generator=g).cpu(), a)

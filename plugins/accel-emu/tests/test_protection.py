@@ -1,0 +1,34 @@
+"""Host code may not read device memory: it is mapped without access outside kernels and copies."""
+
+from __future__ import annotations
+
+import signal
+
+from conftest import run_python
+
+_READ_DEVICE_POINTER = """
+    import ctypes, torch, accel_emu
+    accel_emu.load()
+    t = torch.full((4,), 7.0, device="emu")
+    print("value", t.cpu().tolist(), flush=True)
+    print("host read", ctypes.c_float.from_address(t.data_ptr()).value, flush=True)
+"""
+
+
+def test_host_read_of_device_memory_segfaults():
+    result = run_python(_READ_DEVICE_POINTER)
+    assert "value [7.0, 7.0, 7.0, 7.0]" in result.stdout, result.stderr
+    assert "host read" not in result.stdout
+    assert result.returncode == -signal.SIGSEGV, (result.returncode, result.stderr[-2000:])
+
+
+def test_protection_can_be_switched_off():
+    result = run_python(_READ_DEVICE_POINTER, env={"ACCEL_EMU_PROTECT": "0"})
+    assert result.returncode == 0, result.stderr
+    assert "host read 7.0" in result.stdout
+
+
+def test_protection_is_on_by_default(emu):
+    from accel_emu._extension import load_extension
+
+    assert load_extension().protection_enabled()

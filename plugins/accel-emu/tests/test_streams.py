@@ -1,0 +1,76 @@
+"""Streams and events: queued copies run asynchronously, so a missing synchronize shows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from accel_emu._extension import load_extension
+
+
+def _hold(stream):
+    return load_extension().hold_stream(stream.device_index, stream.stream_id)
+
+
+def test_non_blocking_copy_to_pinned_memory_needs_a_synchronize(emu):
+    src = torch.arange(1024.0, device="emu")
+    host = torch.zeros(1024).pin_memory()
+    assert host.is_pinned()
+    stream = emu.current_stream()
+    hold = _hold(stream)
+    try:
+        host.copy_(src, non_blocking=True)
+        assert not stream.query()
+        assert float(host.sum()) == 0.0  # read before synchronize: the copy has not run
+    finally:
+        hold.release()
+    emu.synchronize()
+    assert stream.query()
+    assert torch.equal(host, torch.arange(1024.0))
+
+
+def test_blocking_copy_waits_for_queued_work(emu):
+    src = torch.arange(16.0, device="emu")
+    dst = torch.empty(16, device="emu")
+    dst.copy_(src)  # device-to-device: queued on the current stream
+    assert dst.cpu().tolist() == src.cpu().tolist()  # the copy to the host waits for it
+
+
+def test_streams_are_independent_until_waited_on(emu):
+    s1, s2 = emu.Stream(), emu.Stream()
+    assert s1.stream_id != s2.stream_id
+    hold = _hold(s1)
+    try:
+        event = emu.Event()
+        with emu.stream(s1):
+            assert emu.current_stream() == s1
+            event.record()
+        assert not event.query()
+        s2.wait_event(event)
+        assert not s2.query()  # s2 waits behind s1's gate
+    finally:
+        hold.release()
+    event.synchronize()
+    s2.synchronize()
+    assert event.query() and s2.query()
+    assert emu.current_stream() == emu.default_stream()
+
+
+def test_event_elapsed_time(emu):
+    start, end = emu.Event(enable_timing=True), emu.Event(enable_timing=True)
+    x = torch.randn(256, 256, device="emu")
+    start.record()
+    for _ in range(3):
+        x = x.clone()
+    end.record()
+    end.synchronize()
+    assert start.elapsed_time(end) >= 0.0
+    untimed = emu.Event()
+    untimed.record()
+    with pytest.raises((RuntimeError, ValueError), match="enable_timing"):
+        start.elapsed_time(untimed)
+
+
+def test_torch_accelerator_synchronize_and_streams(emu):
+    torch.accelerator.synchronize()
+    assert torch.accelerator.current_stream().device.type == "emu"
