@@ -40,10 +40,6 @@ EXCLUDED = {
         "accel's save_state writes one transactional checkpoint (manifest, atomic commit) from the Accelerator; "
         "Accelerate's per-object writer has no counterpart there",
     ("accelerate.checkpointing", "load_accelerator_state"): "the reading half of save_accelerator_state (see there)",
-    ("accelerate.checkpointing", "save_custom_state"):
-        "objects passed to register_for_checkpointing are saved inside save_state's checkpoint "
-        "(as custom_checkpoint_<i>.pkl, Accelerate's names); there is no standalone per-object writer",
-    ("accelerate.checkpointing", "load_custom_state"): "the reading half of save_custom_state (see there)",
 }
 
 
@@ -383,6 +379,33 @@ def test_tqdm_and_install_xla():
         tqdm(True, range(3))
     with pytest.raises(RuntimeError, match="only works inside a Google Colab notebook"):
         install_xla()
+
+
+def test_custom_state_round_trip_in_accelerates_file(tmp_path):
+    from accelerate.checkpointing import load_custom_state as their_load
+
+    from accel.checkpointing import load_custom_state, save_custom_state
+    from accel.state import PartialState
+
+    PartialState(cpu=True)
+    source, target = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    save_custom_state(source, tmp_path, index=3)
+    assert (tmp_path / "custom_checkpoint_3.pkl").is_file()
+    load_custom_state(target, tmp_path, index=3)
+    assert torch.equal(target.weight, source.weight)
+    other = torch.nn.Linear(2, 2)
+    from accelerate.state import PartialState as TheirState
+
+    TheirState(cpu=True)  # Accelerate's logging needs its state
+    try:
+        their_load(other, str(tmp_path), index=3)  # Accelerate reads the same file
+    finally:
+        TheirState._reset_state()
+    assert torch.equal(other.weight, source.weight)
+    with pytest.raises(FileNotFoundError, match="no custom checkpoint custom_checkpoint_4.pkl"):
+        load_custom_state(target, tmp_path, index=4)
+    with pytest.raises(TypeError, match="has no state_dict"):
+        save_custom_state(object(), tmp_path)
 
 
 def test_small_state_and_optimizer_helpers():

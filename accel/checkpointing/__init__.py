@@ -15,6 +15,7 @@ The parts: ``layout`` (file names, the error), ``serialization`` (how each file 
 from __future__ import annotations
 
 from .api import load_state, save_state
+from .custom import load_custom_state, save_custom_state
 from .export import parse_size, save, save_model
 from .hooks import HookHandle, register_hook
 from .layout import (
@@ -42,10 +43,12 @@ from .layout import (
 __all__ = [
     "CheckpointError",
     "load_state",
+    "load_custom_state",
     "HookHandle",
     "parse_size",
     "register_hook",
     "save",
     "save_model",
     "save_state",
+    "save_custom_state",
 ]
