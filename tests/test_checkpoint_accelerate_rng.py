@@ -227,3 +227,24 @@ def test_device_rng_states_go_under_accelerates_key_for_the_device_type(tmp_path
     back = C.rng.read_accelerate_rng(tmp_path / "random_states_0.pkl", backend, 1)
     assert back["device"]["backend"] == "fake" and int(back["device"]["tensor"][0]) == 11
     assert back["step"] == 2 and torch.equal(back["torch_tensor"], snapshot["torch"])
+
+
+@pytest.mark.parametrize("device_type, declared, state, expected", [
+    ("npu", "torch_cuda_manual_seed", torch.arange(8, dtype=torch.uint8), "list"),  # the backend's own key wins
+    ("xla", "xm_seed", torch.tensor([1234], dtype=torch.int64), 1234),  # one integer seed, as Accelerate keeps it
+])
+def test_a_backend_names_its_accelerate_key(tmp_path, device_type, declared, state, expected):
+    from types import SimpleNamespace
+
+    backend = SimpleNamespace(name=device_type, device_type=device_type, accelerate_rng_key=declared,
+                              device_count=lambda: 1, get_rng_state=lambda index=None: state.clone())
+    stub = SimpleNamespace(step=0, backend=backend, device=SimpleNamespace(index=0), _dataloaders=[], process_index=0)
+    pkl = C.rng.rng_for_accelerate(stub, C.rng.rng_snapshot(stub))
+    assert f"torch_{device_type}_manual_seed" not in pkl
+    if expected == "list":
+        assert isinstance(pkl[declared], list) and torch.equal(pkl[declared][0], state)
+    else:
+        assert pkl[declared] == expected and type(pkl[declared]) is int
+    torch.save(pkl, tmp_path / "random_states_0.pkl")
+    back = C.rng.read_accelerate_rng(tmp_path / "random_states_0.pkl", backend, 0)
+    assert torch.equal(back["device"]["tensor"], state)

@@ -72,14 +72,24 @@ def rng_for_accelerate(accelerator: Any, snapshot: dict[str, Any]) -> dict[str, 
                              "torch_manual_seed": snapshot["torch"]}
     if snapshot["numpy"] is not None:
         state["numpy_random_seed"] = snapshot["numpy"]
-    if snapshot["device"] is not None:
-        state[accelerate_device_key(accelerator.backend)] = snapshot["device"]["all"]
+    device = snapshot["device"]
+    if device is not None:
+        if _is_seed(device["current"]):
+            # a generator whose state is one integer seed (XLA): Accelerate keeps that integer, for this device
+            state[accelerate_device_key(accelerator.backend)] = int(device["current"].reshape(-1)[0])
+        else:
+            state[accelerate_device_key(accelerator.backend)] = device["all"]
     return state
 
 
+def _is_seed(state: torch.Tensor) -> bool:
+    return state.dtype == torch.int64 and state.numel() == 1
+
+
 def accelerate_device_key(backend: Any) -> str:
-    """The key under which Accelerate keeps every device's RNG state of this backend's device type."""
-    return f"torch_{backend.device_type}_manual_seed"
+    """The key under which Accelerate keeps this backend's device RNG states: the one the backend declares
+    (``accelerate_rng_key``, e.g. npu's states under the cuda key), else ``torch_<device type>_manual_seed``."""
+    return getattr(backend, "accelerate_rng_key", "") or f"torch_{backend.device_type}_manual_seed"
 
 
 def read_accelerate_rng(path: Path, backend: Any, index: int | None) -> dict[str, Any]:
@@ -115,6 +125,8 @@ def read_accelerate_rng(path: Path, backend: Any, index: int | None) -> dict[str
                               "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
         devices = raw.get(accelerate_device_key(backend))
         if devices is not None:
+            if isinstance(devices, int) and not isinstance(devices, bool):
+                devices = [torch.tensor([devices], dtype=torch.int64)] * ((index or 0) + 1)  # one seed (XLA)
             chosen = devices[index or 0]
             if not isinstance(chosen, torch.Tensor):
                 raise ValueError(f"{accelerate_device_key(backend)} holds a {type(chosen).__name__}, not tensors")
