@@ -272,3 +272,12 @@ def test_importing_accel_imports_no_vendor_extension():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "HEAVY []" in out.stdout
+
+
+def test_checkpoints_use_accelerates_rng_key_per_backend():
+    from accel.checkpointing.rng import accelerate_device_key
+    from accel.backends.cuda import CUDABackend
+
+    assert accelerate_device_key(make("npu")[0]) == "torch_cuda_manual_seed"
+    assert accelerate_device_key(make("mlu")[0]) == "torch_mlu_manual_seed"
+    assert accelerate_device_key(CUDABackend(module=FakeDeviceModule(), accelerator=None)) == "torch_cuda_manual_seed"
