@@ -1,7 +1,7 @@
 """The checkpoint folder's one table of names: Accelerate's file names, accel's manifest and switches,
 the patterns of checkpoint and working folders, and the error every checkpoint problem raises.
 
-Torch-free, so tools that only look at folders import it cheaply.
+Plain names and patterns, with no import of torch or of the other parts, so every part can use it.
 """
 
 from __future__ import annotations
