@@ -21,13 +21,13 @@ import torch
 import torch.nn as nn
 
 from accel.utils.modeling import (
-    _as_torch_device,
     check_device_same,
     get_non_persistent_buffers,
     named_module_tensors,
     set_module_tensor_to_device,
 )
 from accel.utils.offload import PrefixedDataset
+from accel.utils.placement import as_torch_device as _as_torch_device
 from accel.utils.operations import find_device, send_to_device
 
 __all__ = [
@@ -197,6 +197,9 @@ class AlignDevicesHook(ModelHook):
         skip_keys: keys of dict inputs/outputs that are not moved.
         tied_params_map: shared map (data pointer -> {device: tensor}) so tied weights are onloaded once.
     """
+
+    #: how accel.utils.modeling.has_offloaded_params recognises this hook without importing this module
+    aligns_devices = True
 
     def __init__(
         self,

@@ -568,7 +568,7 @@ class AcceleratorState:
     def __repr__(self) -> str:
         text = repr(self._partial).replace(f"Distributed environment: {self._partial.distributed_type}",
                                             f"Distributed environment: {self.distributed_type}", 1)
-        text += f"Mixed precision type: {self.mixed_precision}\n"
+        text += f"Mixed precision type: {self.__dict__.get('mixed_precision_label') or self.mixed_precision}\n"
         plan = self.__dict__.get("run_plan")
         if plan is not None:
             text += f"Strategy: {plan.strategy} ({plan.describe()})\n"
@@ -619,7 +619,7 @@ def _as_plugin_dict(plugin: Any) -> dict[str, Any] | None:
     """``deepspeed_plugin`` as Accelerate takes it: one plugin, or ``{name: plugin}`` for several models."""
     if plugin is None:
         return None
-    from .utils.deepspeed import DeepSpeedPlugin
+    from .utils.deepspeed_config import DeepSpeedPlugin
 
     plugins = dict(plugin) if isinstance(plugin, dict) else {"default": plugin}
     if not plugins:
@@ -634,7 +634,7 @@ def _plugins_from_environment() -> tuple[Any, Any]:
     """The plugins a launcher asked for through Accelerate's variables (``accel launch --use_deepspeed``/``--use_fsdp``)."""
     deepspeed_plugin = fsdp_plugin = None
     if _env_flag("ACCEL_USE_DEEPSPEED", "ACCELERATE_USE_DEEPSPEED"):
-        from .utils.deepspeed import DeepSpeedPlugin
+        from .utils.deepspeed_config import DeepSpeedPlugin
 
         deepspeed_plugin = DeepSpeedPlugin()
     if _env_flag("ACCEL_USE_FSDP", "ACCELERATE_USE_FSDP"):

@@ -53,6 +53,7 @@ __all__ = [
     "SuiteRun",
     "UpstreamError",
     "backend_env",
+    "caller_free_environment",
     "classify_skip",
     "complete_records",
     "fetch_sdist",
@@ -92,6 +93,14 @@ REWRITE_SUFFIXES = (".py", ".yaml", ".yml", ".json")
 
 #: hub variables set for the run unless asked online: the suite must not depend on the network
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+#: prefixes of the caller's variables an upstream run never sees (user configuration of accel and Accelerate)
+CALLER_PREFIXES = ("ACCEL_", "ACCELERATE_")
+
+#: variables that would point a run at the caller's own configuration or pytest options
+CALLER_VARIABLES = ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER", "PYTEST_PLUGINS", "HF_HOME", "HF_HUB_CACHE",
+                    "TRANSFORMERS_CACHE", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME")
 
 
 class UpstreamError(RuntimeError):
@@ -601,6 +610,24 @@ def backend_env(backend: str, others_visible: Mapping[str, str | None] | None = 
     return env
 
 
+def caller_free_environment(base: Mapping[str, str], home: str | os.PathLike[str], *, offline: bool = True,
+                            keep: Sequence[str] = ()) -> dict[str, str]:
+    """``base`` without the caller's accel/Accelerate configuration, with ``home`` as a fresh home folder.
+
+    ``keep`` names variables to keep anyway (set by the run itself, e.g. ``ACCEL_DEVICE``).
+    """
+    home = Path(home)
+    env = {k: v for k, v in base.items()
+           if k in keep or not (k.startswith(CALLER_PREFIXES) or k in CALLER_VARIABLES)}
+    for sub in (".cache", ".config", ".local/share"):
+        (home / sub).mkdir(parents=True, exist_ok=True)
+    env.update({"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"), "XDG_CONFIG_HOME": str(home / ".config"),
+                "XDG_DATA_HOME": str(home / ".local" / "share"), "HF_HOME": str(home / ".cache" / "huggingface")})
+    if offline:
+        env.update(OFFLINE_ENV)
+    return env
+
+
 @dataclass
 class SuiteRun:
     """One run of a suite on one backend."""
@@ -777,7 +804,6 @@ def run_suite(suite: Suite, backend: str, out_dir: str | os.PathLike[str], *, ag
     none of the caller's accel/Accelerate configuration: a temporary home under its work folder, no
     ``ACCEL_*``/``ACCELERATE_*`` variables but the backend's own.
     """
-    from .upstream_env import caller_free_environment
 
     out_dir = Path(out_dir)
     side = against or suite.project

@@ -12,8 +12,9 @@ the user's environment as it found it. So:
   After installing, every distribution the venv holds is imported once; one that does not import
   (a torch companion built for another torch, say) is removed again and reported with the error.
   pip's whole output is kept in ``logs/pip-install.log``.
-- **configuration**: the run gets a temporary home (``HOME``, ``XDG_*``, ``HF_HOME``), no
-  ``ACCEL_*``/``ACCELERATE_*`` variable of the caller's, the hub offline unless asked otherwise.
+- **configuration** (:func:`accel_harness.upstream.caller_free_environment`): the run gets a
+  temporary home (``HOME``, ``XDG_*``, ``HF_HOME``), no ``ACCEL_*``/``ACCELERATE_*`` variable of the
+  caller's, the hub offline unless asked otherwise.
 """
 
 from __future__ import annotations
@@ -29,20 +30,12 @@ import sysconfig
 import venv
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Sequence
 
-__all__ = ["ENV_MARKER", "IsolatedEnv", "caller_free_environment", "environment_key", "prepare_environment"]
+__all__ = ["ENV_MARKER", "IsolatedEnv", "environment_key", "prepare_environment"]
 
 #: written last into a venv that finished installing; a venv without it is rebuilt
 ENV_MARKER = "accel-upstream-env.json"
-
-#: prefixes of the caller's variables an upstream run never sees (user configuration of accel and Accelerate)
-CALLER_PREFIXES = ("ACCEL_", "ACCELERATE_")
-
-#: variables that would point a run at the caller's own configuration or pytest options
-CALLER_VARIABLES = ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER", "PYTEST_PLUGINS", "HF_HOME", "HF_HUB_CACHE",
-                    "TRANSFORMERS_CACHE", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME")
-
 
 @dataclass
 class IsolatedEnv:
@@ -55,7 +48,7 @@ class IsolatedEnv:
 
 
 def _cache_root() -> Path:
-    from accel.commands.config_file import cache_dir
+    from accel.utils.paths import cache_dir
 
     return cache_dir() / "upstream-envs"
 
@@ -160,23 +153,3 @@ def prepare_environment(label: str, requirements: Sequence[str], *, log_dir: str
         marker.write_text(json.dumps({"install": install, "log": str(log), "key": key}, indent=2) + "\n",
                           encoding="utf-8")
         return IsolatedEnv(target, python, False, install)
-
-
-def caller_free_environment(base: Mapping[str, str], home: str | os.PathLike[str], *, offline: bool = True,
-                            keep: Sequence[str] = ()) -> dict[str, str]:
-    """``base`` without the caller's accel/Accelerate configuration, with ``home`` as a fresh home folder.
-
-    ``keep`` names variables to keep anyway (set by the run itself, e.g. ``ACCEL_DEVICE``).
-    """
-    from .upstream import OFFLINE_ENV
-
-    home = Path(home)
-    env = {k: v for k, v in base.items()
-           if k in keep or not (k.startswith(CALLER_PREFIXES) or k in CALLER_VARIABLES)}
-    for sub in (".cache", ".config", ".local/share"):
-        (home / sub).mkdir(parents=True, exist_ok=True)
-    env.update({"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"), "XDG_CONFIG_HOME": str(home / ".config"),
-                "XDG_DATA_HOME": str(home / ".local" / "share"), "HF_HOME": str(home / ".cache" / "huggingface")})
-    if offline:
-        env.update(OFFLINE_ENV)
-    return env

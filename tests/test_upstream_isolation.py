@@ -14,7 +14,7 @@ import zipfile
 from pathlib import Path
 
 from accel_harness.records import read_records
-from accel_harness.upstream_env import caller_free_environment
+from accel_harness.upstream import caller_free_environment
 
 
 def _wheel(folder: Path, name: str, version: str, module_source: str) -> Path:

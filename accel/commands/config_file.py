@@ -85,16 +85,10 @@ LEGACY_KEYS = {"command": "commands", "fp16": "mixed_precision", "dynamo_backend
 ACCELERATE_ONLY_KEYS = SECTION_KEYS + TEXT_KEYS + FLAG_KEYS + LIST_KEYS
 
 
-def cache_dir() -> Path:
-    """accel's cache folder: ``${XDG_CACHE_HOME:-~/.cache}/accel`` (config file, upstream environments, builds)."""
-    cache = os.environ.get("XDG_CACHE_HOME")
-    if not cache or not os.path.isabs(cache):  # the XDG spec says to ignore relative paths
-        cache = os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "accel"
-
-
 def default_config_path() -> Path:
     """``$ACCEL_CONFIG_FILE`` if set, else ``${XDG_CACHE_HOME:-~/.cache}/accel/default_config.yaml``."""
+    from accel.utils.paths import cache_dir
+
     override = os.environ.get(CONFIG_ENV)
     if override:
         return Path(override).expanduser()

@@ -34,6 +34,7 @@ from .offload import (
     offload_weight,
     save_offload_index,
 )
+from .placement import as_torch_device
 
 logger = logging.getLogger(__name__)
 
@@ -84,17 +85,7 @@ def _backend():
     return get_backend()
 
 
-def _as_torch_device(device: Union[int, str, torch.device]) -> torch.device:
-    """The torch device a device-map value means: integers are devices of the active backend."""
-    if isinstance(device, torch.device):
-        return device
-    if isinstance(device, bool):
-        raise ValueError(f"{device!r} is not a device")
-    if isinstance(device, int):
-        return _backend().device(device)
-    if device == "disk":
-        raise ValueError('"disk" is an offload target, not a device tensors can be put on')
-    return torch.device(device)
+_as_torch_device = as_torch_device  # the name the rest of accel (and older callers) use
 
 
 def check_device_same(first_device: torch.device, second_device: torch.device) -> bool:
@@ -1184,10 +1175,8 @@ def _safetensors_dtype(code: str) -> torch.dtype:
 # ---------------------------------------------------------------------------------------------- offloaded models
 def has_offloaded_params(module: nn.Module) -> bool:
     """True when ``module`` carries an ``AlignDevicesHook`` that offloads its weights."""
-    from accel.hooks import AlignDevicesHook
-
-    hook = getattr(module, "_hf_hook", None)
-    return isinstance(hook, AlignDevicesHook) and bool(hook.offload)
+    hook = getattr(module, "_hf_hook", None)  # duck-typed: this module sits below accel.hooks
+    return bool(getattr(type(hook), "aligns_devices", False)) and bool(getattr(hook, "offload", False))
 
 
 @contextlib.contextmanager

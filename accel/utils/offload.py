@@ -251,9 +251,9 @@ class OffloadedWeightsLoader(Mapping):
             if "dtype" in info:
                 tensor = tensor.to(_torch_dtype(info["dtype"]))
             if self.device is not None:
-                from accel.utils.modeling import _as_torch_device
+                from accel.utils.placement import as_torch_device
 
-                tensor = tensor.to(_as_torch_device(self.device))
+                tensor = tensor.to(as_torch_device(self.device))
             return tensor
         if self.save_folder is None:
             raise KeyError(f"{key!r} is offloaded to a .dat file but this loader has no `save_folder`")
