@@ -113,7 +113,11 @@ class Strategy:
         ``dataloaders`` are the (unprepared) data loaders of the same call, for strategies that size
         themselves from the batch size (DeepSpeed).
         """
+        before = [dict(m.named_parameters(remove_duplicate=False)) for m in models]
         prepared_models = [self.setup_model(m, p, evaluation_mode) for m, p in zip(models, model_placement)]
+        replaced = _replaced_parameters(before, models)
+        for optimizer in optimizers:
+            _follow_replaced_parameters(optimizer, replaced)
         prepared_optimizers = [self.setup_optimizer(o, p) for o, p in zip(optimizers, optimizer_placement)]
         known = list(self.accelerator._optimizers) + prepared_optimizers
         prepared_schedulers = [self.setup_scheduler(s, known) for s in schedulers]
@@ -211,3 +215,33 @@ class SingleDeviceStrategy(Strategy):
     """One process: the model stays as it is."""
 
     name = "single"
+
+
+def _replaced_parameters(before: Sequence[dict[str, torch.nn.Parameter]],
+                         models: Sequence[torch.nn.Module]) -> dict[torch.nn.Parameter, torch.nn.Parameter]:
+    """Old -> new for the parameters that placing the models replaced instead of moving in place.
+
+    ``Module.to`` keeps a parameter object only when host and device tensors are shallow-copy
+    compatible (cpu, cuda, xpu, mps, hpu); for other devices (PrivateUse1 devices, XLA) it puts new
+    parameter objects in, and an optimizer built before ``prepare`` would keep updating the old ones.
+    """
+    replaced: dict[torch.nn.Parameter, torch.nn.Parameter] = {}
+    for names, model in zip(before, models):
+        after = dict(model.named_parameters(remove_duplicate=False))
+        for name, old in names.items():
+            new = after.get(name)
+            if new is not None and new is not old:
+                replaced.setdefault(old, new)
+    return replaced
+
+
+def _follow_replaced_parameters(optimizer: Any, replaced: dict[torch.nn.Parameter, torch.nn.Parameter]) -> None:
+    """Point ``optimizer`` (and its state) at the replacements of the parameters it was built with."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    if not replaced or not isinstance(inner, torch.optim.Optimizer):
+        return
+    for group in inner.param_groups:
+        group["params"] = [replaced.get(p, p) for p in group["params"]]
+    for old, new in replaced.items():
+        if old in inner.state:
+            inner.state[new] = inner.state.pop(old)
