@@ -903,14 +903,15 @@ class History:
 
 
 def open_history(path: str | os.PathLike[str]) -> History:
-    """Open (or create) the history database at ``path``; raises :class:`HistoryError` with the reason
-    when the file is not one this accel can use."""
+    """Open (or create) the history at ``path``: an SQLite file, or a ``postgresql://`` URL. Raises
+    :class:`HistoryError` with the reason when it is not one this accel can use."""
     return History(path)
 
 
 def append_results(db: str | os.PathLike[str], paths: Iterable[str | os.PathLike[str]]) -> IngestResult:
     """Load the result files under ``paths`` (those that exist) and append their runs to the history
-    ``db`` (``accel qualify --history``). Raises :class:`HistoryError` when the history cannot take them."""
+    ``db`` (a file or a ``postgresql://`` URL; ``accel qualify --history``). Raises :class:`HistoryError`
+    when the history cannot take them."""
     from .loaders import load_results
 
     existing = [p for p in paths if Path(p).exists()]
