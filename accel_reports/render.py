@@ -27,6 +27,7 @@ import pandas as pd
 
 from . import charts
 from .analysis import FAILING, Report, cell_label, cell_positions
+from .noise import NOISY_SPREAD, relative_iqr  # the one noise measure (console, gate and report)
 
 __all__ = ["GLYPHS", "MD_ROWS", "SKIP_LETTERS", "md_escape", "render_html", "render_markdown", "safe_url", "write_report"]
 
@@ -39,8 +40,6 @@ MAX_DETAILS = 400
 TRACEBACK_CHARS = 4000
 #: rows of the Markdown throughput table before "... and N more"
 MD_BENCH_ROWS = 200
-#: relative IQR of a benchmark's samples above which the figure is flagged "too noisy to judge"
-NOISY_SPREAD = 0.25
 #: runs drawn in a benchmark's trend line (the newest ones), so a long history keeps the page small
 TREND_POINTS = 30
 
@@ -441,16 +440,6 @@ def _collapse_environments(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------------- benchmarks
-def _relative_iqr(samples: Any) -> float | None:
-    import numpy as np
-
-    values = [float(v) for v in (samples or ()) if isinstance(v, (int, float)) and math.isfinite(v)]
-    if len(values) < 4:
-        return None
-    q1, median, q3 = np.percentile(values, [25, 50, 75])
-    return float((q3 - q1) / abs(median)) if median else None
-
-
 def _size_value(key: Any, value: Any) -> str:
     """``4096``, ``350M``, ``64 MiB`` (a key naming bytes): a problem size as a person writes it."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -540,7 +529,7 @@ def _benchmark_view(report: Report) -> dict[str, Any]:
             ref_n = row.get("ref_n")
             spread = _number_or_none(row.get("spread")) if "spread" in has else None
             if spread is None:
-                spread = _relative_iqr(last.get("samples"))
+                spread = relative_iqr(last.get("samples") or ())
             quick = row.get("quick") if "quick" in has else None
             if quick is None:
                 quick = last.get("quick")
