@@ -187,3 +187,10 @@ def test_other_fp8_libraries_are_refused_by_name(monkeypatch):
 
     with pytest.raises(ValueError, match="the MSAMP fp8 backend"):
         launch_env(SimpleNamespace(mixed_precision="fp8", fp8_backend="msamp"))
+
+
+def test_require_fp8_needs_torchao_as_in_accelerate(no_torchao):
+    from accel.test_utils.testing import REQUIREMENTS
+
+    satisfied, reason = REQUIREMENTS["require_fp8"].evaluate()
+    assert not satisfied and REFUSAL in reason

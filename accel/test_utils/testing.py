@@ -201,6 +201,17 @@ def _capability(attr: str) -> Check:
     return bool(cap), f"{active.name}: {cap.reason}" if cap.reason else active.name
 
 
+def _fp8_training() -> Check:
+    """fp8 training can run: a library accel drives for it (torchao) and fp8 on the active backend (as Accelerate's
+    require_fp8 asks for a library and the device's capability)."""
+    from ..utils.fp8 import fp8_refusal
+
+    refusal = fp8_refusal()
+    if refusal is not None:
+        return False, refusal
+    return _capability("supports_fp8")
+
+
 def _package(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
@@ -318,7 +329,7 @@ REQUIREMENTS: dict[str, Requirement] = {
     # dtypes on the active backend
     "require_fp16": Requirement(partial(_capability, "supports_fp16"), "unsupported-dtype", "test requires fp16 support"),
     "require_bf16": Requirement(partial(_capability, "supports_bf16"), "unsupported-dtype", "test requires bf16 support"),
-    "require_fp8": Requirement(partial(_capability, "supports_fp8"), "unsupported-dtype", "test requires fp8 support"),
+    "require_fp8": Requirement(_fp8_training, "unsupported-dtype", "test requires fp8 training support"),
     # torch
     "require_torch_min_version": Requirement(_torch_at_least, "torch-version", "test requires torch >= {version}"),
     "require_fsdp2": Requirement(partial(_torch_at_least, "2.5.0"), "torch-version", "test requires FSDP2 (torch >= 2.5.0)"),
