@@ -52,7 +52,7 @@ def verify_checksums(folder: Path, checksums: Any) -> str | None:
         return f"{folder / MANIFEST_NAME}: 'checksums' is not a mapping"
     jobs = []
     for name, entry in sorted(checksums.items()):
-        path = folder / name
+        path = entry_path(folder, name, "the manifest's 'checksums'")  # never a file outside the folder
         if not isinstance(entry, dict):
             return f"{folder / MANIFEST_NAME}: the checksum entry of {name} is malformed"
         algorithm = next((a for a in entry if a != "size"), None)
