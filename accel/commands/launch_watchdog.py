@@ -69,7 +69,9 @@ class HangWatchdog:
                 continue  # not armed yet, or a rank failed: the agent's failure report takes over
             idle = now - max(b.last for b in beats.values())
             declared = False
-            if self.exchange is not None and now >= next_ask:  # another node's launcher may have declared a hang
+            # another node's launcher may have declared a hang; this node's ranks then wait for the hung one
+            # too, so the store is asked only once they have been idle a while (a healthy job never asks)
+            if self.exchange is not None and idle >= self.timeout / 2 and now >= next_ask:
                 next_ask = now + 1.0
                 declared = self.exchange.hang_declared()
             if idle >= self.timeout or declared:
