@@ -380,6 +380,17 @@ def test_blame_failure_goes_by_evidence():
         D.blame_failure([])
 
 
+def test_blame_failure_across_hosts_allows_for_clock_skew():
+    # node 0's clock runs 0.1 s behind node 1's: its peer's record looks earlier than the killed rank's last sight
+    skewed = [_ev(0, exitcode=1, failed_at=10.0), _ev(3, node=1, exitcode=-9, signal="SIGKILL", last_alive=10.1)]
+    assert D.blame_failure(skewed).rank == 3
+    # a failure recorded well before (more than the margin) is still the first, even against a killed rank
+    earlier = [_ev(0, exitcode=1, failed_at=10.1 - D.CLOCK_SKEW_MARGIN - 0.5), skewed[1]]
+    assert D.blame_failure(earlier).rank == 0
+    # on one node there is one clock: no margin
+    assert D.blame_failure([_ev(0, exitcode=1, failed_at=10.0), _ev(1, exitcode=-9, signal="SIGKILL", last_alive=10.1)]).rank == 0
+
+
 STOPPED_STACK = None
 AUTOGRAD = ('Current thread 0x1 (most recent call first):\n  File "/v/torch/autograd/graph.py", line 9 in _engine_run_backward\n'
             '  File "/v/torch/_tensor.py", line 6 in backward\n  File "t.py", line 1 in <module>\n')

@@ -20,7 +20,8 @@ did not answer is the hung one (stopped ranks first); else the rank that is behi
 points; among equals one not waiting in a collective; then the oldest progress; then the lowest rank).
 
 Times that cross nodes are wall-clock seconds (``time.time()``); on one host every node shares one clock,
-across hosts the comparison is as good as their clock synchronisation.
+across hosts the comparison is as good as their clock synchronisation, so with several nodes a rank
+killed by a signal is favoured by :data:`CLOCK_SKEW_MARGIN`.
 """
 
 from __future__ import annotations
@@ -41,12 +42,15 @@ from typing import Any, Iterable
 from accel.utils import heartbeat
 
 __all__ = [
+    "CLOCK_SKEW_MARGIN",
     "EVIDENCE_WAIT",
+    "STACK_CHARS",
     "ChildWatch",
     "NodeExchange",
     "RankEvidence",
     "blame_failure",
     "blame_hang",
+    "failure_order",
     "describe_state",
     "make_run_dir",
     "proc_state",
@@ -58,13 +62,17 @@ __all__ = [
 #: seconds a launcher waits for the other nodes' evidence before judging its own alone (a dead node
 #: must not hang the launcher); generous because the other nodes first collect their ranks' stacks
 EVIDENCE_WAIT = 30.0
+#: seconds by which a rank killed by a signal is favoured when the evidence comes from several nodes:
+#: their wall clocks disagree a little (NTP keeps hosts within milliseconds of each other)
+CLOCK_SKEW_MARGIN = 0.25
 #: the signal torch elastic stops surviving ranks with once one rank failed
 STOP_SIGNAL = "SIGTERM"
 #: prefix of the launcher's private folders in the temporary directory, and the owner file inside
 RUN_DIR_PREFIX = "accel_run_"
 OWNER_FILE = "owner.pid"
 _STORE_PREFIX = "accel_launch/"
-_STACK_CHARS = 20_000
+#: characters of a rank's stack kept in its evidence (faulthandler writes the most recent call first)
+STACK_CHARS = 20_000
 
 
 # ---------------------------------------------------------------------------------------------- processes
@@ -239,18 +247,29 @@ class RankEvidence:
         return waiting_in_collective(self.stack)
 
 
-def _failure_key(e: RankEvidence) -> tuple[int, float, int]:
+def _failure_key(e: RankEvidence, margin: float = 0.0) -> tuple[int, float, int]:
     stopped_by_us = e.failed_at is None and e.signal == STOP_SIGNAL
     when = next((t for t in (e.failed_at, e.last_alive, e.agent_time) if t is not None), float("inf"))
+    if margin and e.failed_at is None and e.signal and not stopped_by_us:
+        when -= margin  # killed by a signal: favoured by the clock margin between hosts
     return (1 if stopped_by_us else 0, when, e.rank)
 
 
-def blame_failure(evidence: Iterable[RankEvidence]) -> RankEvidence:
-    """The rank whose failure came first (see the module's rule); ``evidence`` lists the failed ranks."""
+def failure_order(evidence: Iterable[RankEvidence]) -> list[RankEvidence]:
+    """The failed ranks in the order their failures came (see the module's rule): the first is to blame.
+    With evidence from several nodes, a rank killed by a signal (no record of its own) is favoured by
+    :data:`CLOCK_SKEW_MARGIN` seconds, since the wall clocks of different hosts disagree a little."""
     failed = list(evidence)
-    if not failed:
+    margin = CLOCK_SKEW_MARGIN if len({e.node for e in failed}) > 1 else 0.0
+    return sorted(failed, key=lambda e: _failure_key(e, margin))
+
+
+def blame_failure(evidence: Iterable[RankEvidence]) -> RankEvidence:
+    """The rank whose failure came first (:func:`failure_order`); ``evidence`` lists the failed ranks."""
+    ordered = failure_order(evidence)
+    if not ordered:
         raise ValueError("blame_failure needs at least one failed rank")
-    return min(failed, key=_failure_key)
+    return ordered[0]
 
 
 _STATE_ORDER = {"T": 0, "t": 0, "D": 1}

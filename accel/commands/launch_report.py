@@ -126,7 +126,7 @@ def failure_report(err: Any, debug: bool = False, run_dir: str | None = None, wa
     else:
         lines.append(f"accel launch: rank {root.rank} recorded no traceback (it exited without raising, or was killed); its own output is above")
     others = [f"rank {e.rank} ({'signal ' + str(e.signal) if e.signal else 'exit code ' + str(e.exitcode)})"
-              for e in sorted(evidence, key=diagnosis._failure_key) if e is not root]
+              for e in diagnosis.failure_order(evidence) if e is not root]
     if others:
         lines.append(f"accel launch: also stopped: {', '.join(others)}")
     if debug:

@@ -94,7 +94,7 @@ class HangWatchdog:
         evidence = []
         for rank, b in sorted(beats.items()):
             state = diagnosis.proc_state(b.pid) if rank in alive else None
-            stack = (stacks.get(rank) or "")[-diagnosis._STACK_CHARS:] or None
+            stack = (stacks.get(rank) or "")[:diagnosis.STACK_CHARS] or None
             evidence.append(diagnosis.RankEvidence(
                 rank=rank, node=self.node, pid=b.pid, count=b.count, idle=now - b.last, state=state,
                 answered=stack is not None, stack=stack))
