@@ -125,10 +125,15 @@ def failure_report(err: Any, debug: bool = False, run_dir: str | None = None, wa
         lines.append(f"accel launch: rank {root.rank} recorded no traceback; its output is in node {root.node}'s launcher output")
     else:
         lines.append(f"accel launch: rank {root.rank} recorded no traceback (it exited without raising, or was killed); its own output is above")
-    others = [f"rank {e.rank} ({'signal ' + str(e.signal) if e.signal else 'exit code ' + str(e.exitcode)})"
-              for e in diagnosis.failure_order(evidence) if e is not root]
+    others = [f"rank {e.rank} ({_how_it_ended(e)})" for e in diagnosis.failure_order(evidence) if e is not root]
     if others:
         lines.append(f"accel launch: also stopped: {', '.join(others)}")
     if debug:
         lines.append(err.format_msg() if hasattr(err, "format_msg") else str(err))
     return "\n".join(lines), exit_code(exitcode)
+
+
+def _how_it_ended(e: Any) -> str:
+    if e.signal and e.failed_at is not None:
+        return f"an error, then signal {e.signal}"
+    return f"signal {e.signal}" if e.signal else f"exit code {e.exitcode}"
