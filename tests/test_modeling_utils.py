@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 
 from accel.big_modeling import init_empty_weights
 from accel.backends import Backend
-from accel.utils import modeling
+from accel.utils import modeling, placement
 from accel.utils.modeling import (
     check_device_map,
     clean_device_map,
@@ -148,6 +148,7 @@ def test_device_map_works_on_meta_models():
 def test_integer_ids_and_free_memory_come_from_the_active_backend(monkeypatch):
     fake = FakeAcceleratorBackend(free=(1000, 2000))
     monkeypatch.setattr(modeling, "_backend", lambda: fake)
+    monkeypatch.setattr(placement, "_backend", lambda: fake)  # what a device-map integer means
     monkeypatch.setattr(torch, "zeros", lambda *a, **k: None)  # no real xpu to initialise
     budget = get_max_memory()
     assert budget[0] == 1000 and budget[1] == 2000 and "cpu" in budget

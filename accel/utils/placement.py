@@ -13,6 +13,12 @@ import torch
 __all__ = ["as_torch_device"]
 
 
+def _backend():
+    from accel.backends import get_backend
+
+    return get_backend()
+
+
 def as_torch_device(device: Union[int, str, torch.device]) -> torch.device:
     """The torch device a device-map value means: integers are devices of the active backend."""
     if isinstance(device, torch.device):
@@ -20,9 +26,7 @@ def as_torch_device(device: Union[int, str, torch.device]) -> torch.device:
     if isinstance(device, bool):
         raise ValueError(f"{device!r} is not a device")
     if isinstance(device, int):
-        from accel.backends import get_backend
-
-        return get_backend().device(device)
+        return _backend().device(device)
     if device == "disk":
         raise ValueError('"disk" is an offload target, not a device tensors can be put on')
     return torch.device(device)
