@@ -134,7 +134,9 @@ def cpu_offload(
         execution_device = _first_param_device(model)
     if state_dict is None:
         state_dict = {name: t.to("cpu") for name, t in model.state_dict().items()}
-    add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
+    # the root hook also moves the inputs to the execution device: a forward that combines its
+    # input with a submodule's output (a residual) would otherwise mix host and device tensors
+    add_hook_to_module(model, AlignDevicesHook(execution_device=execution_device, io_same_device=True), append=True)
     attach_align_device_hook(
         model,
         execution_device=execution_device,
@@ -172,7 +174,9 @@ def disk_offload(
     if execution_device is None:
         execution_device = _first_param_device(model)
     weights_map = OffloadedWeightsLoader(save_folder=offload_dir)
-    add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
+    # the root hook also moves the inputs to the execution device: a forward that combines its
+    # input with a submodule's output (a residual) would otherwise mix host and device tensors
+    add_hook_to_module(model, AlignDevicesHook(execution_device=execution_device, io_same_device=True), append=True)
     attach_align_device_hook(
         model,
         execution_device=execution_device,

@@ -29,6 +29,8 @@ Semantics worth knowing:
 
 from __future__ import annotations
 
+import functools
+
 import importlib.machinery
 import importlib.util
 import re
@@ -534,9 +536,42 @@ def _check_require_deepspeed(mark: _Mark) -> list[_Check]:
 
     def run(ctx: _Context) -> SkipReason | None:
         problem = probe()
-        return SkipReason(NEEDS_PACKAGE, problem) if problem else None
+        if problem:
+            return SkipReason(NEEDS_PACKAGE, problem)
+        device_type = getattr(ctx.backend, "device_type", None)
+        supported = _deepspeed_accelerators()
+        if device_type and supported and device_type not in supported:
+            return SkipReason(NOT_ON_BACKEND, f"DeepSpeed has no accelerator for {device_type} "
+                                              f"(DS_ACCELERATOR accepts {', '.join(supported)})")
+        return None
 
     return [_Check(_RANK_PACKAGE, run)]
+
+
+@functools.lru_cache(maxsize=None)
+def _deepspeed_accelerators() -> tuple[str, ...]:
+    """The device types the installed DeepSpeed has an accelerator for, read from its source
+    (importing DeepSpeed takes seconds); empty when that list cannot be found."""
+    import ast
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("deepspeed")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for location in locations:
+        path = Path(location) / "accelerator" / "real_accelerator.py"
+        try:
+            tree = ast.parse(path.read_text())
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in tree.body:
+            if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                    and node.targets[0].id == "SUPPORTED_ACCELERATOR_LIST"):
+                try:
+                    value = ast.literal_eval(node.value)
+                except ValueError:
+                    return ()
+                return tuple(str(v) for v in value)
+    return ()
 
 
 def _comm_backend(backend: Any) -> tuple[str | None, str]:

@@ -1,0 +1,41 @@
+"""require_deepspeed skips backends DeepSpeed has no accelerator for (found running the suites on emu)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from accel_harness import markers
+
+
+def _mark(name: str) -> types.SimpleNamespace:
+    return types.SimpleNamespace(name=name, args=(), kwargs={})
+
+
+def _backend(device_type: str) -> types.SimpleNamespace:
+    return types.SimpleNamespace(name=device_type, device_type=device_type, is_available=lambda: True)
+
+
+@pytest.fixture
+def accelerators(monkeypatch):
+    monkeypatch.setattr(markers, "_deepspeed_accelerators", lambda: ("cuda", "cpu", "xpu"))
+    monkeypatch.setattr(markers, "_package_check", lambda mark, name: (lambda: None))
+
+
+def test_a_device_deepspeed_knows_runs(accelerators):
+    assert markers.evaluate([_mark("require_deepspeed")], _backend("cpu"), world_size=1) is None
+
+
+def test_a_device_deepspeed_does_not_know_skips_with_a_reason(accelerators):
+    reason = markers.evaluate([_mark("require_deepspeed")], _backend("emu"), world_size=1)
+    assert reason is not None
+    assert reason.code == markers.NOT_ON_BACKEND
+    assert "DeepSpeed has no accelerator for emu (DS_ACCELERATOR accepts cuda, cpu, xpu)" in reason.message
+
+
+def test_the_list_is_read_from_the_installed_deepspeed():
+    pytest.importorskip("deepspeed")
+    markers._deepspeed_accelerators.cache_clear()
+    supported = markers._deepspeed_accelerators()
+    assert "cpu" in supported and "cuda" in supported
