@@ -423,7 +423,7 @@ def _clean_tests(columns: dict[str, list[Any]]) -> tuple[int, int]:
         check = _TYPES.get(name, _is_text)
         values = columns[name]
         if check in _PLAIN_TYPES and set(map(type, values)) <= _PLAIN_TYPES[check]:
-            continue  # every value of an allowed type: one C-level pass (100,000 records per column)
+            continue  # every value of an allowed type: one C-level pass over the column
         for i, value in enumerate(values):
             if not check(value):
                 values[i] = None
@@ -719,7 +719,7 @@ class History:
                     f"SELECT {self._db.rowkey}, run_id, \"row\" FROM {table} WHERE run_id IN ({marks})", chunk):
                 found.append((order[run_id], rowid, text))
         found.sort(key=lambda item: (item[0], item[1]))
-        try:  # one parse of one array instead of one call per row: a third less time for 100,000 rows
+        try:  # one parse of one array instead of one call per row (faster on large histories)
             rows = json.loads("[" + ",".join(text for _, _, text in found) + "]")
             if all(type(row) is dict for row in rows):
                 return rows
@@ -790,8 +790,8 @@ class History:
         """(cell..., test id) -> one entry per run it ran in, oldest first: ``[run_id, start_time,
         failing, passing, mixed, signature]`` (failing when any record of the run failed, passing
         when one passed, mixed for both, the last failing record's signature); and cell -> its latest
-        run with test records. Grouped in plain Python over SQLite's ordered rows (a pandas group-by
-        of 100,000 records cost several times more); kept until the next import."""
+        run with test records. Grouped in plain Python over the database's ordered rows (cheaper than
+        a pandas group-by on large histories); kept until the next import."""
         if self._grouped is not None:
             return self._grouped
         failing_outcomes = frozenset(FAILING)

@@ -66,6 +66,7 @@ class Server:
         return subprocess.run([*self.prefix, *command], capture_output=True, text=True, timeout=START_TIMEOUT)
 
     def start(self) -> None:
+        """initdb, then pg_ctl start on a unix socket only; raises with the server's log when either fails."""
         init = self._run(str(self.bindir / "initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust",
                          "-E", "UTF8", "--no-sync", "--no-instructions")
         if init.returncode != 0:
@@ -78,9 +79,11 @@ class Server:
             raise RuntimeError(f"pg_ctl start failed: {started.stdout}\n{started.stderr}\n{log}")
 
     def url(self, database: str = "postgres") -> str:
+        """The libpq URL of ``database`` on this server (through its socket folder)."""
         return f"postgresql://postgres@/{database}?host={self.root}&port={self.port}"
 
     def new_database(self) -> str:
+        """Create an empty database with a fresh name; its URL."""
         import psycopg
 
         name = f"accel_{uuid.uuid4().hex[:12]}"
@@ -89,6 +92,7 @@ class Server:
         return self.url(name)
 
     def stop(self) -> None:
+        """Stop the server (immediate mode) and remove its folder."""
         if self.data.exists():
             self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
         shutil.rmtree(self.root, ignore_errors=True)
