@@ -529,8 +529,14 @@ def _end_processes(procs: dict[int, Any], grace: float = 1.0) -> None:
         for pid, started in procs.items():
             try:
                 fd = os.pidfd_open(pid)
-            except OSError:  # already gone
+            except ProcessLookupError:  # already gone
                 continue
+            except OSError:  # no pidfds in this kernel (or refused): the portable way, for all of them
+                for opened in fds.values():
+                    os.close(opened)
+                fds = {}
+                _end_processes_psutil(list(procs), grace)
+                return
             if _same_process(pid, started):  # checked after opening: the fd now pins this very process
                 fds[pid] = fd
             else:

@@ -107,6 +107,24 @@ def test_leftovers_are_found_in_the_rank_subtree_without_scanning_the_host():
     assert "first []" in proc.stdout
 
 
+def test_leftovers_are_ended_where_the_kernel_has_no_pidfds(monkeypatch):
+    import errno
+
+    from accel_harness import distributed
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    found = distributed._descendants([os.getpid()])
+    assert sleeper.pid in found
+
+    def no_pidfd(pid, flags=0):
+        raise OSError(errno.ENOSYS, "pidfd_open is not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd, raising=False)
+    distributed._end_processes({sleeper.pid: found[sleeper.pid]}, grace=10.0)
+    assert not psutil.pid_exists(sleeper.pid) or psutil.Process(sleeper.pid).status() == psutil.STATUS_ZOMBIE
+    sleeper.wait(timeout=10)
+
+
 def test_state_set_by_one_pooled_test_does_not_reach_the_next(pytester):
     pytester.makepyfile(test_state=textwrap.dedent(
         """
