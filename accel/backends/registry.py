@@ -13,14 +13,15 @@ import os
 import threading
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Callable, Iterable, Union
+from typing import Iterable
 
 from .base import Backend, BackendError, BackendUnavailableError
+from .builtin import BackendFactory, builtin_factories as _builtin_factories
 
 ENTRY_POINT_GROUP = "accel.backends"
 OVERRIDE_ENV = "ACCEL_DEVICE"
-
-BackendFactory = Union[type[Backend], Callable[[], Backend]]
+#: a device profile file (see ``accel.backends.profile``) whose backend joins the registry
+PROFILE_ENV = "ACCEL_PROFILE"
 
 
 class UnknownBackendError(BackendError, KeyError):
@@ -36,23 +37,6 @@ class PluginError:
 
     entry_point: str
     error: str
-
-
-def _builtin_factories() -> list[BackendFactory]:
-    from .cpu import CPUBackend
-    from .cuda import CUDABackend
-    from .hpu import HPUBackend
-    from .mlu import MLUBackend
-    from .mps import MPSBackend
-    from .musa import MUSABackend
-    from .neuron import NeuronBackend
-    from .npu import NPUBackend
-    from .sdaa import SDAABackend
-    from .xla import XLABackend
-    from .xpu import XPUBackend
-
-    return [CUDABackend, XPUBackend, HPUBackend, MPSBackend, NPUBackend, MLUBackend, MUSABackend, SDAABackend,
-            NeuronBackend, XLABackend, CPUBackend]
 
 
 class BackendRegistry:
@@ -142,7 +126,21 @@ def get_registry() -> BackendRegistry:
             # publish before loading plug-ins, so a plug-in that registers itself on import sees it
             _registry = BackendRegistry(_builtin_factories(), load_plugins=False)
             _registry._load_entry_points()
+            profile = os.environ.get(PROFILE_ENV, "").strip()
+            if profile:
+                try:
+                    _register_profile(_registry, profile)
+                except Exception:
+                    _registry = None  # a bad profile is an error every time, not once
+                    raise
         return _registry
+
+
+def _register_profile(registry: BackendRegistry, path: str) -> None:
+    """Register the backend of the profile at ``path``; it replaces a backend of the same name."""
+    from .profile import ProfileBackend, load_profile
+
+    registry.register(ProfileBackend(load_profile(path)), replace=True)
 
 
 def reset_registry() -> None:
