@@ -11,6 +11,9 @@ The file is a list of entries, or a mapping with one key ``issues`` holding that
         tests: ["suites/test_collectives.py::test_all_gather*"]   # optional patterns
         error: "UR_RESULT_ERROR_\\w+"      # optional regex searched in the failure text
         xfail: true                        # optional; default false
+        reason: known-limitation           # optional reason code (lower-case words joined by '-')
+        issue: https://github.com/...      # optional link to the tracking issue (as url)
+        expires: 2026-06-30                # optional date: after it the entry covers nothing
 
 An entry needs ``tests`` or ``error`` (or both: then both must match). Every condition given
 must hold: backend in ``backends``, installed torch in ``torch``, a ``tests`` pattern matching
@@ -21,12 +24,16 @@ text, ``::`` and ``/`` included) and ``?`` (one character) are wildcards; ``[`` 
 literal because test ids carry parameters in brackets. A pattern without ``[`` also matches a test
 whose id has a ``[...]`` parameter part (``t.py::test_x`` matches ``t.py::test_x[ws2]``).
 
+An entry whose ``expires`` date has passed no longer covers anything: its failures count as
+untracked again, and :meth:`KnownIssues.expired` lists it so the run can say so.
+
 ``xfail: true`` lets the plugin report a matching failure as xfailed when asked
 (``--known-issues-xfail``); otherwise a match only records the issue id.
 """
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import os
 import re
@@ -40,7 +47,7 @@ from packaging.version import InvalidVersion, Version
 __all__ = ["FIELDS", "KnownIssue", "KnownIssues", "KnownIssuesError", "load_known_issues"]
 
 #: the keys an entry may have
-FIELDS = ("id", "url", "title", "backends", "torch", "tests", "error", "xfail")
+FIELDS = ("id", "url", "title", "backends", "torch", "tests", "error", "xfail", "reason", "issue", "expires")
 
 
 class KnownIssuesError(ValueError):
@@ -93,6 +100,12 @@ class KnownIssue:
     #: regular expression searched in the failure text
     error: str | None = None
     xfail: bool = False
+    #: a reason code for the failure (free text of lower-case words joined by '-')
+    reason: str | None = None
+    #: link to the tracking issue
+    issue: str | None = None
+    #: the last day the entry covers failures (None: no end)
+    expires: datetime.date | None = None
     #: where the entry came from: ``"path, entry #3"``
     source: str = ""
     _specifier: SpecifierSet | None = field(default=None, repr=False, compare=False)
@@ -111,6 +124,10 @@ class KnownIssue:
         if self._specifier is not None and version is not None:
             return self._specifier.contains(version, prereleases=True)
         return True
+
+    def is_expired(self, today: datetime.date | None = None) -> bool:
+        """Whether ``expires`` lies before ``today`` (default: the current date)."""
+        return self.expires is not None and self.expires < (today or datetime.date.today())
 
     def matches_test(self, test_id: str | None, nodeid: str | None = None) -> bool:
         """Whether a ``tests`` pattern matches the test (False when the entry has none)."""
@@ -133,6 +150,8 @@ class KnownIssue:
             "id": self.id, "title": self.title, "url": self.url,
             "backends": list(self.backends) if self.backends is not None else None,
             "torch": self.torch, "tests": list(self.tests) or None, "error": self.error,
+            "reason": self.reason, "issue": self.issue,
+            "expires": self.expires.isoformat() if self.expires is not None else None,
         }
         data = {k: v for k, v in data.items() if v is not None}
         data["xfail"] = self.xfail
@@ -164,6 +183,21 @@ def _optional_text(key: str, value: Any) -> str | None:
     if not isinstance(value, str):
         raise _EntryError(key, f"expected a string, got {value!r} ({type(value).__name__})")
     return value.strip() or None
+
+
+def _date(key: str, value: Any) -> datetime.date | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime.datetime):
+        return value.date()
+    if isinstance(value, datetime.date):
+        return value
+    if isinstance(value, str):
+        try:
+            return datetime.date.fromisoformat(value.strip())
+        except ValueError:
+            pass
+    raise _EntryError(key, f"expected a date written YYYY-MM-DD, got {value!r}")
 
 
 def _parse_entry(entry: Any, source: str) -> KnownIssue:
@@ -206,9 +240,14 @@ def _parse_entry(entry: Any, source: str) -> KnownIssue:
     xfail = entry.get("xfail", False)
     if not isinstance(xfail, bool):
         raise _EntryError("xfail", f"expected true or false, got {xfail!r}")
+    reason = _optional_text("reason", entry.get("reason"))
+    if reason is not None and not re.fullmatch(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*", reason):
+        raise _EntryError("reason", f"expected a reason code such as 'known-limitation' (lower-case words joined by '-'), got {reason!r}")
+    issue = _optional_text("issue", entry.get("issue"))
+    expires = _date("expires", entry.get("expires"))
     return KnownIssue(
         id=issue_id, title=title, url=url, backends=backends, torch=spec_text, tests=tests,
-        error=error, xfail=xfail, source=source, _specifier=specifier, _error_regex=regex,
+        error=error, xfail=xfail, reason=reason, issue=issue, expires=expires, source=source, _specifier=specifier, _error_regex=regex,
         _test_regexes=tuple((_pattern_regex(p), "[" in p) for p in tests),
     )
 
@@ -278,13 +317,22 @@ class KnownIssues:
     def ids(self) -> list[str]:
         return [i.id for i in self.issues]
 
+    def expired(self, today: datetime.date | None = None) -> list[KnownIssue]:
+        """The entries whose ``expires`` date has passed: they cover nothing any more."""
+        return [issue for issue in self.issues if issue.is_expired(today)]
+
     def match_failure(self, test_id: str | None, nodeid: str | None, backend: str | None,
-                      torch_version: Any, text: str | None) -> KnownIssue | None:
+                      torch_version: Any, text: str | None, *, today: datetime.date | None = None,
+                      include_expired: bool = False) -> KnownIssue | None:
         """The first issue this failure matches, or None.
 
         ``text`` is the failure message and/or traceback the ``error`` regex is searched in.
+        Expired entries are passed over unless ``include_expired`` (to name the entry that
+        used to cover a failure).
         """
         for issue in self.issues:
+            if not include_expired and issue.is_expired(today):
+                continue
             if not issue.applies_to(backend, torch_version):
                 continue
             if issue.tests and not issue.matches_test(test_id, nodeid):
@@ -303,7 +351,7 @@ class KnownIssues:
         """
         return [
             issue for issue in self.issues
-            if issue.tests and issue.applies_to(backend, torch_version) and issue.matches_test(test_id, nodeid)
+            if issue.tests and not issue.is_expired() and issue.applies_to(backend, torch_version) and issue.matches_test(test_id, nodeid)
         ]
 
 

@@ -65,12 +65,39 @@ class HarnessContext:
         self.known_issues = None
         self.writer = None
         self._marked = set(marker_backend_names())  # registered at configure
+        #: what the results file's header ``extra`` carries (the profile's summary, ...)
+        self.header_extra: dict[str, Any] = {}
+        self.saved_profile_env: tuple[str, str | None] | None = None
+        self.profile = None  # accel.backends.profile.DeviceProfile, from --profile
+        self.profile_session = None  # accel_harness.profile.ProfileSession
+        path = config.getoption("accel_profile")
+        if path:
+            from accel.backends.profile import ProfileError, load_profile
+            from accel.backends.registry import PROFILE_ENV
+
+            try:
+                self.profile = load_profile(path)
+            except ProfileError as exc:
+                raise pytest.UsageError(f"--profile: {exc}") from None
+            # ranks and launched processes build their registry from this variable (restored at unconfigure)
+            self.saved_profile_env = (PROFILE_ENV, os.environ.get(PROFILE_ENV))
+            os.environ[PROFILE_ENV] = str(self.profile.path.resolve())
 
     @functools.cached_property
     def registry(self) -> Any:
         from accel.backends import get_registry
 
-        return get_registry()
+        registry = get_registry()
+        if self.profile is not None:  # a registry built before --profile was read lacks it
+            from accel.backends.profile import ProfileBackend
+
+            try:
+                current = registry.get(self.profile.name)
+            except KeyError:
+                current = None
+            if not isinstance(current, ProfileBackend):
+                registry.register(ProfileBackend(self.profile), replace=True)
+        return registry
 
     @functools.cached_property
     def names(self) -> list[str]:
@@ -96,7 +123,8 @@ class HarnessContext:
 
     def explicitly_requested(self) -> bool:
         """``--backend`` or ``ACCEL_DEVICE`` asked for a backend: the selection is checked at start-up."""
-        return bool(self.config.getoption("accel_backends") or os.environ.get("ACCEL_DEVICE", "").strip())
+        return bool(self.config.getoption("accel_backends") or os.environ.get("ACCEL_DEVICE", "").strip()
+                    or self.profile is not None)
 
     #: set once collection shows harness tests: only then does ``-m <backend>`` select backends
     markexpr_counts = False
@@ -115,6 +143,8 @@ class HarnessContext:
         requested: list[str] = []
         for value in config.getoption("accel_backends") or []:
             requested.extend(v.strip().lower() for v in value.split(",") if v.strip())
+        if not requested and self.profile is not None:
+            requested = [self.profile.name]  # --profile selects its backend unless --backend says otherwise
         explicit = list(requested)
         # ``-m xpu`` selects a backend when the session uses the harness (always when --backend is given)
         requested_by_mark = self.markexpr_backends() if (self.explicitly_requested() or self.markexpr_counts) else []
@@ -216,6 +246,10 @@ OPTIONS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("--accel-dist-timeout", "--dist-timeout", dict(
         dest="accel_dist_timeout", type=float, default=120.0, metavar="SECONDS",
         help="a multi-process test that runs longer is ended with every rank's stack (default 120)")),
+    ("--accel-profile", "--profile", dict(
+        dest="accel_profile", metavar="FILE",
+        help="device profile (YAML, TOML or a transformers-style spec.py): its backend is selected, its claims "
+             "are checked against skips, its tolerances and known issues apply")),
     ("--accel-allow-missing-backends", "--allow-missing-backends", dict(
         dest="accel_allow_missing_backends", action="store_true",
         help="record tests of requested but unavailable backends as skipped instead of stopping")),
@@ -283,7 +317,33 @@ def pytest_configure(config: pytest.Config) -> None:
         _ = ctx.selected
     from .reporting import ResultReporter
 
-    config.pluginmanager.register(ResultReporter(ctx), "accel-result-reporter")
+    reporter = ResultReporter(ctx)
+    if ctx.profile is not None:
+        _start_profile_session(ctx, reporter)
+    config.pluginmanager.register(reporter, "accel-result-reporter")
+
+
+def _start_profile_session(ctx: HarnessContext, reporter: Any) -> None:
+    """Merge the profile's known issues into the run's, warn about expired ones, check its claims."""
+    from .known_issues import KnownIssuesError
+    from .profile import ProfileSession, load_profile_known_issues
+
+    try:
+        reporter.known = load_profile_known_issues(ctx.profile, reporter.known)
+    except KnownIssuesError as exc:
+        raise pytest.UsageError(f"--profile: {exc}") from None
+    ctx.profile_session = ProfileSession(ctx.profile, reporter.known)
+    expired = reporter.known.expired()
+    for issue in expired:
+        warnings.warn(ExpiredKnownIssueWarning(
+            f"known issue {issue.id!r} expired on {issue.expires.isoformat()} ({issue.source}): "
+            "it no longer covers its tests; their failures count as untracked"))
+    ctx.header_extra["profile"] = ctx.profile_session.header(expired)
+    ctx.config.pluginmanager.register(ctx.profile_session, "accel-profile")
+
+
+class ExpiredKnownIssueWarning(pytest.PytestWarning):
+    """A known issue's ``expires`` date has passed: it covers nothing any more."""
 
 
 def _is_xdist_controller(config: pytest.Config) -> bool:
@@ -353,6 +413,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     ctx = config.stash.get(_STASH_CONTEXT, None)
     if ctx is not None and ctx.pools is not None:
         ctx.pools.close()
+    if ctx is not None and ctx.saved_profile_env is not None:
+        name, value = ctx.saved_profile_env
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def _context(config: pytest.Config) -> HarnessContext:
@@ -432,6 +498,26 @@ def device(backend):
 
 
 @pytest.fixture
+def tolerance(request: pytest.FixtureRequest):
+    """``tolerance(dtype, kind, default)`` -> ``{"rtol": ..., "atol": ...}`` for ``torch.testing.assert_close``.
+
+    On the instances of a ``--profile`` backend, the profile's ``tolerances[dtype][kind]`` when it
+    sets one; everywhere else ``default``, so a suite keeps its own bound for the built-in backends.
+    """
+    ctx = request.config.stash.get(_STASH_CONTEXT, None)
+    profile = ctx.profile if ctx is not None else None
+    callspec = getattr(request.node, "callspec", None)
+    name = callspec.params.get(BACKEND_PARAM) if callspec is not None else None
+
+    def lookup(dtype: Any, kind: str, default: dict[str, float]) -> dict[str, float]:
+        if profile is not None and name == profile.name:
+            return profile.tolerance(dtype, kind, default)
+        return dict(default)
+
+    return lookup
+
+
+@pytest.fixture
 def world_size(accel_world_size: int) -> int:
     return accel_world_size
 
@@ -463,6 +549,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             "backend-not-selected", f"{name} is available but not selected (selected: {', '.join(ctx.selected)}; use --backend)")
     else:
         reason = harness_markers.evaluate(list(item.iter_markers()), backend, world_size=world, where=item.nodeid)
+        if reason is not None and ctx.profile_session is not None and name == ctx.profile.name:
+            reason = ctx.profile_session.judge_setup_skip(item, world, reason)  # None: fails as claim-contradicted
     if reason is not None:  # reported at the test's own line, not inside the plugin
         raise pytest.skip.Exception(harness_markers.format_skip(reason), _use_item_location=True)
 

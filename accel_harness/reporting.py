@@ -74,7 +74,7 @@ class ResultReporter:
             return
         os.makedirs(self.results_dir, exist_ok=True)
         backends = [self.ctx.backend(name) for name in self.ctx.selected]
-        header = RunHeader.collect(backends, run_id=self.ctx.run_id)
+        header = RunHeader.collect(backends, run_id=self.ctx.run_id, extra=getattr(self.ctx, "header_extra", None))
         self.path = os.path.join(self.results_dir, f"{self.ctx.run_id}.jsonl")
         self.writer = RecordWriter(self.path, header)
 
@@ -107,9 +107,13 @@ class ResultReporter:
                 text = rep.longrepr if isinstance(rep.longrepr, tuple) else rep.longreprtext
                 break
         extra = {}
+        for rep in phases:  # per-test fields other harness parts add (the device profile's capability areas, ...)
+            for key, value in getattr(rep, "user_properties", ()) or ():
+                if key == "accel_record_extra" and isinstance(value, dict):
+                    extra.update(value)
         if props.get("accel_tracked_pass"):
             extra["tracked_pass"] = props["accel_tracked_pass"]
-        return make_record(
+        record = make_record(
             run_id=self.ctx.run_id,
             nodeid=nodeid,
             backend=props.get("accel_backend"),
@@ -122,12 +126,17 @@ class ResultReporter:
             known_issue=props.get("accel_known_issue"),
             extra=extra,
         )
+        if props.get("accel_reason_code") and outcome in ("failed", "error"):
+            record.reason_code = props["accel_reason_code"]  # e.g. claim-contradicted
+        return record
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if self.writer is not None:
             # Ctrl-C ends the session normally (the run_end line is written), so say it was cut short
             interrupted = int(exitstatus) == int(pytest.ExitCode.INTERRUPTED)
-            self.writer.close(exit_status=int(exitstatus), **({"interrupted": True} if interrupted else {}))
+            session_profile = getattr(self.ctx, "profile_session", None)
+            extra = {"profile_coverage": session_profile.coverage()} if session_profile is not None else {}
+            self.writer.close(exit_status=int(exitstatus), **extra, **({"interrupted": True} if interrupted else {}))
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.path:

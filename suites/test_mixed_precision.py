@@ -42,7 +42,8 @@ EPOCHS = 2
 # Measured on the host (torch 2.13): max deviation 1.5e-3 for bf16, 2e-4 for fp16. The bound below
 # (2e-2 + 1e-2 * |w|) leaves over 10x room for device kernels that round or accumulate differently,
 # while one lost update (~0.1 per step here), a forward in the wrong dtype everywhere or an fp16
-# gradient left scaled by 256 is far outside it.
+# gradient left scaled by 256 is far outside it. A device profile's tolerances.<dtype>.training replaces it
+# on that profile's backend (the ``tolerance`` fixture).
 MIXED_TOLERANCE = {"rtol": 1e-2, "atol": 2e-2}
 
 SUPPORTED = [
@@ -113,7 +114,7 @@ def test_fp16_grad_scaler_skips_the_step_on_inf(on_backend, device):
 
 
 @pytest.mark.parametrize("precision", SUPPORTED)
-def test_mixed_precision_training_reaches_the_fp32_result(on_backend, device, precision):
+def test_mixed_precision_training_reaches_the_fp32_result(on_backend, device, precision, tolerance):
     expected, _ = reference_training(device, EPOCHS)  # plain fp32 torch on the same device
     # a modest initial loss scale: the default 65536 overflows on this loss and skips the first steps
     accelerator = Accelerator(mixed_precision=precision, kwargs_handlers=[GradScalerKwargs(init_scale=256.0)])
@@ -133,8 +134,9 @@ def test_mixed_precision_training_reaches_the_fp32_result(on_backend, device, pr
     assert skipped == 0, f"{skipped} steps were skipped for inf/NaN gradients"
     weights = host_weights(accelerator.unwrap_model(model))
     assert not same_weights(weights, expected), f"{precision} training gave bitwise the fp32 result: it ran in fp32"
+    bound = tolerance(precision, "training", MIXED_TOLERANCE)  # a device profile may set its own
     for key in expected:
-        torch.testing.assert_close(weights[key], expected[key], **MIXED_TOLERANCE,
+        torch.testing.assert_close(weights[key], expected[key], **bound,
                                    msg=lambda m, key=key: f"{precision} vs fp32, parameter {key!r}: {m}")
 
 
