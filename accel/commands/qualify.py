@@ -47,10 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="pytest-xdist workers for the suites (default 0: one process)")
     parser.add_argument("-k", metavar="EXPR", help="only run suite tests matching this pytest -k expression")
     parser.add_argument("--known-issues", metavar="YAML", help="known-issues file for the suites and the report")
+    parser.add_argument("--profile", metavar="FILE",
+                        help="device profile (YAML, TOML or a transformers-style spec.py) for the suites: its backend "
+                             "is the one qualified (unless --backend says otherwise) and its claims are checked")
     parser.add_argument("--dist-timeout", type=float, default=120.0, metavar="SECONDS",
                         help="timeout of one multi-process test (default 120)")
     parser.add_argument("--no-bench", action="store_true", help="skip the benchmarks")
-    parser.add_argument("--history", metavar="DB", help="also append this run's results and benchmarks to a SQLite run history")
+    parser.add_argument("--history", metavar="DB", help="also append this run's results and benchmarks to a run history (an SQLite file, or a postgresql:// URL)")
     parser.add_argument("--quick", action="store_true", help="quick benchmarks (smoke run)")
     parser.add_argument("--json", dest="json_summary", action="store_true",
                         help="also write summary.json (stages, counts, failing tests, paths) and print its path")
@@ -91,6 +94,19 @@ def _selected_backends(requested: list[str] | None) -> list[str]:
         return list(dict.fromkeys(names))
     except BackendError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _use_profile(path: str) -> None:
+    """Put the profile's backend into this process's registry (and the children's, through the environment)."""
+    from accel.backends import BackendError, reset_registry
+    from accel.backends.registry import PROFILE_ENV, get_registry
+
+    os.environ[PROFILE_ENV] = os.path.abspath(path)
+    reset_registry()
+    try:
+        get_registry()
+    except BackendError as exc:
+        raise UsageError(f"--profile: {exc}") from None
 
 
 def _step(title: str, command: list[str], log: Path, record: list[dict] | None = None) -> int | None:
@@ -135,6 +151,12 @@ def _fresh_output(args: argparse.Namespace) -> Path:
     out = Path(args.output or f"qualify-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}").resolve()
     if out.exists() and any(out.iterdir()):
         raise UsageError(f"{out} already exists and is not empty: qualify writes into a fresh folder")
+    from accel_reports.outputs import OutputPathError, writable_folder
+
+    try:
+        writable_folder(out, label="--output", purpose="qualify writes its results and report into it")
+    except OutputPathError as exc:
+        raise UsageError(str(exc)) from None
     if args.workers < 0:
         raise UsageError(f"--workers must be >= 0, got {args.workers}")
     return out
@@ -256,6 +278,8 @@ def run(args: argparse.Namespace) -> int:
             parse_spec(args.upstream)
         except UpstreamError as exc:
             raise UsageError(str(exc)) from None
+    if getattr(args, "profile", None):
+        _use_profile(args.profile)
     backends = _selected_backends(args.backend)
     out = _fresh_output(args)
     if getattr(args, "upstream", None):
@@ -284,6 +308,8 @@ def run(args: argparse.Namespace) -> int:
         pytest_cmd += ["-k", args.k]
     if args.known_issues:
         pytest_cmd += ["--known-issues", args.known_issues]
+    if getattr(args, "profile", None):
+        pytest_cmd += ["--profile", os.path.abspath(args.profile)]
     stages: list[dict] = []
     artefacts = [("suite results", results), ("suite log", logs / "suites.log")]
     status, interrupted = 0, None
