@@ -21,7 +21,7 @@ its numbers swing by tens of percent from night to night), so its regressions ar
 report but never fail the gate. The full-mode benchmarks are judged by a second ``accel report``
 over them alone (``DIR/bench-gate/report.md``).
 
-``--history DB`` appends every cell's test runs and benchmark runs to the SQLite run history
+``--history DB`` appends every cell's test runs and benchmark runs to the run history (SQLite file or PostgreSQL URL)
 (:mod:`accel_reports.history`; a run already stored is skipped, so re-running the collection is
 harmless) before the reports, and passes ``--history DB`` on to ``accel report``: the benchmarks are then judged against their own last runs (the noise band of
 :mod:`accel_reports.benchmarks`) instead of one baseline run. Keep the file between nightlies (a
@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--fail-on", metavar="GATES", help="passed to accel report (default: its own)")
     parser.add_argument("--title", default="accel nightly", help="report title")
     parser.add_argument("--history", metavar="DB",
-                        help="SQLite run history to append every cell's results and benchmarks to (created if absent)")
+                        help="run history (SQLite file or postgresql:// URL) to append every cell's results and benchmarks to (created if absent)")
     return parser
 
 

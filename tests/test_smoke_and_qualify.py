@@ -151,3 +151,10 @@ def test_accel_qualify_refuses_a_used_folder(tmp_path):
     proc = _accel("qualify", "-o", str(tmp_path / "used"), "--no-bench")
     assert proc.returncode == 2 and "not empty" in proc.stderr
     assert (tmp_path / "used" / "x").read_text() == "keep me"
+
+
+def test_accel_qualify_output_that_cannot_be_made_is_one_line_and_exit_2(tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    proc = _accel("qualify", "-o", str(tmp_path / "a-file" / "sub"), "--no-bench")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and "--output" in proc.stderr and "is a file" in proc.stderr

@@ -66,7 +66,7 @@ def test_vendor_table_counts_clusters_and_skip_reasons(tmp_path):
     assert ref["skip_reasons"] == [{"code": "needs-devices", "count": 1, "needs": "more devices",
                                     "message": "test requires multiple GPUs"}]
     assert (acc["passed"], acc["failed"], acc["error"], acc["import_errors"]) == (1, 2, 1, 1)
-    assert acc["not_installed"] == ["bitsandbytes"]
+    assert acc["not_installed"] == ["bitsandbytes (no wheel)"]  # with the reason pip gave
     assert sum(c["count"] for c in acc["clusters"]) == 3
     assert "accelerate 1.15.0 against accel 0.1.0 on PyTorch 2.13.0, cpu: 2 failed, 1 passed, 0 skipped, 1 error (25.0%)" in acc["headline"]
     assert "1 test module(s) fail to import" in acc["headline"]
@@ -108,7 +108,7 @@ def test_renderers_show_the_vendor_table_and_leave_other_reports_alone(tmp_path)
     assert "## Upstream suites" in md
     assert "| accelerate 1.15.0 | accel 0.1.0 | 2.13.0 | cpu | completed | 1 | 2 | 1 | 0 | 25.0% | 1 |" in md
     assert "1 of the 4 tests that pass on the reference also pass (25.0%); 3 differ" in md
-    assert "Not installed for accelerate 1.15.0 (accel 0.1.0): bitsandbytes" in md
+    assert "Not installed for accelerate 1.15.0 (accel 0.1.0): bitsandbytes (no wheel)" in md
     assert "| tests/test\\_b.py | 2 / 0 / 0 / 1 | 0 / 0 / 1 / 0 | 0 / 2 |" in md
     html = render_html(report)
     assert '<section id="upstream">' in html and "accelerate 1.15.0 tests → accel 0.1.0" in html
