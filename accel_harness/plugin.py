@@ -70,6 +70,7 @@ class HarnessContext:
         self.saved_profile_env: tuple[str, str | None] | None = None
         self.profile = None  # accel.backends.profile.DeviceProfile, from --profile
         self.profile_session = None  # accel_harness.profile.ProfileSession
+        self.selection = None  # accel_harness.fingerprint.TestSelection, when results are written
         path = config.getoption("accel_profile")
         if path:
             from accel.backends.profile import ProfileError, load_profile
@@ -193,6 +194,15 @@ class HarnessContext:
 
     def backend(self, name: str) -> Any:
         return self.registry.get(name)
+
+    def run_end_extra(self) -> dict[str, Any]:
+        """What the results file's ``run_end`` line carries besides counts: facts known only at the end."""
+        extra: dict[str, Any] = {}
+        if self.profile_session is not None:
+            extra["profile_coverage"] = self.profile_session.coverage()
+        if self.selection is not None:
+            extra["fingerprint_tests"] = self.selection.summary()
+        return extra
 
     def pool_manager(self):
         if self.pools is None:
@@ -320,6 +330,12 @@ def pytest_configure(config: pytest.Config) -> None:
     reporter = ResultReporter(ctx)
     if ctx.profile is not None:
         _start_profile_session(ctx, reporter)
+    if config.getoption("accel_results_dir"):
+        from .fingerprint import TestSelection, environment_fingerprint
+
+        ctx.header_extra["fingerprint"] = environment_fingerprint(ctx.profile)
+        ctx.selection = TestSelection()
+        config.pluginmanager.register(ctx.selection, "accel-test-selection")
     config.pluginmanager.register(reporter, "accel-result-reporter")
 
 

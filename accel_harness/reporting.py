@@ -134,8 +134,7 @@ class ResultReporter:
         if self.writer is not None:
             # Ctrl-C ends the session normally (the run_end line is written), so say it was cut short
             interrupted = int(exitstatus) == int(pytest.ExitCode.INTERRUPTED)
-            session_profile = getattr(self.ctx, "profile_session", None)
-            extra = {"profile_coverage": session_profile.coverage()} if session_profile is not None else {}
+            extra = self.ctx.run_end_extra() if hasattr(self.ctx, "run_end_extra") else {}
             self.writer.close(exit_status=int(exitstatus), **extra, **({"interrupted": True} if interrupted else {}))
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:

@@ -461,3 +461,22 @@ def test_accel_qualify_passes_the_profile_to_the_suites(tmp_path):
     run = subprocess.run([sys.executable, "-m", "accel.commands.cli", "qualify", "--profile", str(bad), "--no-bench",
                           "-o", str(tmp_path / "q2")], capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert run.returncode == 2 and "missing required key 'device_type'" in run.stdout + run.stderr
+
+
+def test_run_fingerprint_in_header_and_run_end(pytester, tmp_path):
+    from accel_harness.fingerprint import environment_fingerprint, tests_fingerprint
+
+    pytester.makepyfile(test_suite="def test_a(backend):\n    pass\n\ndef test_b(backend):\n    pass\n")
+    profile = write(tmp_path, "mycpu.yaml", E2E_PROFILE)
+    results = tmp_path / "results"
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", "--profile", str(profile), "--results-dir", str(results),
+                                  "-k", "test_a", timeout=600)
+    header, tests, end = _records(results)
+    fp = header["extra"]["fingerprint"]
+    assert fp["torch"] == torch.__version__ and fp["accel"] and fp["profile"]["sha256"] == header["extra"]["profile"]["sha256"]
+    assert fp == environment_fingerprint(load_profile(profile))  # same inputs, same hash
+    every = [json.loads(line) for line in next(results.glob("*.jsonl")).read_text().splitlines()]
+    recorded = [r["nodeid"] for r in every if r["type"] == "test"]
+    assert recorded and all("test_a" in n for n in recorded)  # test_b was not selected
+    assert end["fingerprint_tests"] == tests_fingerprint(recorded)
+    assert tests_fingerprint(["b", "a"]) == tests_fingerprint(["a", "b"]) != tests_fingerprint(["a"])
