@@ -76,3 +76,25 @@ def test_accelerator_in_process_with_mixed_precision(emu, monkeypatch):
         assert last < first
     finally:
         reset_registry()
+
+
+def test_cpu_offload_takes_host_inputs_through_a_residual(emu):
+    from accel.big_modeling import cpu_offload
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return x + self.lin(x)  # the block's own input meets a submodule's output
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(Block(), Block())
+    x = torch.randn(2, 8)
+    expected = model(x)
+    offloaded = cpu_offload(model, execution_device=torch.device("emu:0"))
+    with torch.no_grad():
+        out = offloaded(x)
+    assert out.device.type == "cpu"  # back on the input's device
+    torch.testing.assert_close(out, expected.detach())

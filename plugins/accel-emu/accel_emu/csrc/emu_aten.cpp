@@ -318,6 +318,14 @@ const at::Tensor& emu_resize_(const at::Tensor& self, c10::SymIntArrayRef size,
 
 at::Tensor& emu_set_storage(at::Tensor& self, at::Storage source, int64_t offset, c10::IntArrayRef size,
                             c10::IntArrayRef stride) {
+  // grow the storage here: the host implementation would copy device bytes with memcpy
+  if (!stride.empty()) {
+    const size_t needed = at::detail::computeStorageNbytes(size, stride, self.dtype().itemsize(), offset);
+    if (needed > source.nbytes()) resize_storage_bytes(source, needed);
+  } else {
+    const size_t needed = at::detail::computeStorageNbytesContiguous(size, self.dtype().itemsize(), offset);
+    if (needed > source.nbytes()) resize_storage_bytes(source, needed);
+  }
   return at::native::set_storage_cpu_(self, std::move(source), offset, size, stride);
 }
 
@@ -379,6 +387,13 @@ at::Tensor emu_copy_from_and_resize(const at::Tensor& self, const at::Tensor& ds
     at::native::resize_(dst, self.sizes(), std::nullopt);
   }
   return emu_copy_from(self, dst, false);
+}
+
+// emu's allocator never hands a block to other work while queued copies still use it (the queued
+// task holds the tensors), so recording a stream on a tensor has nothing to do
+void emu_record_stream(at::Tensor& self, c10::Stream stream) {
+  TORCH_CHECK(stream.device_type() == kEmu, "emu: record_stream needs an emu stream, got one on ", stream.device());
+  (void)self;
 }
 
 at::Scalar emu_local_scalar_dense(const at::Tensor& self) {
@@ -531,6 +546,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from", emu_copy_from);
   m.impl("_copy_from_and_resize", emu_copy_from_and_resize);
   m.impl("_local_scalar_dense", emu_local_scalar_dense);
+  m.impl("record_stream", emu_record_stream);
   m.impl("convolution_overrideable", emu_convolution);
   m.impl("convolution_backward_overrideable", emu_convolution_backward);
   m.impl("native_dropout", emu_native_dropout);

@@ -456,7 +456,9 @@ int64_t now_ns() {
 StreamQueue::~StreamQueue() = default;
 
 void StreamQueue::enqueue(std::function<void()> task) {
+  std::vector<std::function<void()>> done;
   std::unique_lock<std::mutex> lock(mutex_);
+  done.swap(retired_);
   if (!started_) {
     started_ = true;
     mark_initialized();
@@ -484,14 +486,17 @@ void StreamQueue::run() {
       if (!error_) error_ = std::current_exception();
     }
     lock.lock();
+    retired_.push_back(std::move(task));
     running_ = 0;
     cv_.notify_all();
   }
 }
 
 void StreamQueue::synchronize() {
+  std::vector<std::function<void()>> done;
   std::unique_lock<std::mutex> lock(mutex_);
   cv_.wait(lock, [this] { return tasks_.empty() && running_ == 0; });
+  done.swap(retired_);
   if (error_) {
     auto e = error_;
     error_ = nullptr;
@@ -509,6 +514,7 @@ void StreamQueue::reset_after_fork() {
   new (&mutex_) std::mutex();
   new (&cv_) std::condition_variable();
   tasks_.clear();
+  retired_.clear();
   running_ = 0;
   started_ = false;
   stop_ = false;

@@ -132,6 +132,10 @@ class StreamQueue {
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> tasks_;
+  // Finished tasks, destroyed later by a caller of synchronize()/enqueue() rather than by the
+  // worker: a task's captures may hold the last reference to a tensor with a Python object,
+  // whose release needs the GIL, which a thread waiting for this stream may hold.
+  std::vector<std::function<void()>> retired_;
   size_t running_ = 0;
   bool stop_ = false;
   std::thread worker_;
