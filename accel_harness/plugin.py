@@ -260,6 +260,9 @@ OPTIONS: tuple[tuple[str, str, dict[str, Any]], ...] = (
         dest="accel_profile", metavar="FILE",
         help="device profile (YAML, TOML or a transformers-style spec.py): its backend is selected, its claims "
              "are checked against skips, its tolerances and known issues apply")),
+    ("--accel-flake-runs", "--flake-runs", dict(
+        dest="accel_flake_runs", type=int, default=0, metavar="N",
+        help="re-run each failing test N more times and record its flake rate (the outcome stays failed)")),
     ("--accel-allow-missing-backends", "--allow-missing-backends", dict(
         dest="accel_allow_missing_backends", action="store_true",
         help="record tests of requested but unavailable backends as skipped instead of stopping")),
@@ -330,6 +333,14 @@ def pytest_configure(config: pytest.Config) -> None:
     reporter = ResultReporter(ctx)
     if ctx.profile is not None:
         _start_profile_session(ctx, reporter)
+    runs = config.getoption("accel_flake_runs") or 0
+    if runs:
+        from .flake_runs import FlakeRuns
+
+        try:
+            config.pluginmanager.register(FlakeRuns(runs), "accel-flake-runs")
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
     if config.getoption("accel_results_dir"):
         from .fingerprint import TestSelection, environment_fingerprint
 

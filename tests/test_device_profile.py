@@ -480,3 +480,50 @@ def test_run_fingerprint_in_header_and_run_end(pytester, tmp_path):
     assert recorded and all("test_a" in n for n in recorded)  # test_b was not selected
     assert end["fingerprint_tests"] == tests_fingerprint(recorded)
     assert tests_fingerprint(["b", "a"]) == tests_fingerprint(["a", "b"]) != tests_fingerprint(["a"])
+
+
+FLAKY = textwrap.dedent(
+    """
+    import pathlib
+    import pytest
+
+    COUNT = pathlib.Path(__file__).with_name("runs.txt")
+    SETUPS = pathlib.Path(__file__).with_name("setups.txt")
+
+    @pytest.fixture
+    def fresh():
+        with SETUPS.open("a") as fh:
+            fh.write("x")
+        return object()
+
+    def test_flaky(backend, fresh):
+        n = int(COUNT.read_text()) if COUNT.exists() else 0
+        COUNT.write_text(str(n + 1))
+        assert n % 2 == 1, f"run {n} fails"
+
+    def test_always(backend):
+        assert False
+
+    def test_fine(backend):
+        pass
+    """
+)
+
+
+def test_flake_runs_record_a_rate_and_keep_the_outcome(pytester, tmp_path):
+    pytester.makepyfile(test_suite=FLAKY)
+    results = tmp_path / "results"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--backend", "cpu", "--flake-runs", "2",
+                                           "--results-dir", str(results), timeout=600)
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed") == 2 and outcomes.get("passed") == 1, outcomes  # reruns are not reported again
+    lines = [json.loads(line) for line in next(results.glob("*.jsonl")).read_text().splitlines()]
+    tests = {r["test_id"].split("::")[-1].removesuffix("[ws1]"): r for r in lines if r["type"] == "test" and r["backend"] == "cpu"}
+    assert tests["test_flaky"]["outcome"] == "failed"
+    assert tests["test_flaky"]["extra"]["flake"] == {"runs": 3, "failed": 2, "flake_rate": 0.6667,
+                                                     "outcomes": ["failed", "passed", "failed"]}
+    assert (pytester.path / "setups.txt").read_text() == "xxx"  # a fresh fixture for every run
+    assert tests["test_always"]["extra"]["flake"]["flake_rate"] == 1.0
+    assert "flake" not in tests["test_fine"]["extra"]
+    bad = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--flake-runs", "-1", timeout=600)
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR and "--flake-runs takes a number of re-runs" in bad.stderr.str()
