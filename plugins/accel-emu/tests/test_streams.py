@@ -74,3 +74,27 @@ def test_event_elapsed_time(emu):
 def test_torch_accelerator_synchronize_and_streams(emu):
     torch.accelerator.synchronize()
     assert torch.accelerator.current_stream().device.type == "emu"
+
+
+def test_queued_copies_of_dropped_tensors_do_not_deadlock():
+    # a queued copy may hold the last reference to a tensor Python already dropped; releasing it
+    # needs the GIL, which the thread waiting for the stream holds (this hung collectives and FSDP)
+    from conftest import SUBPROCESS_TIMEOUT, run_python
+
+    result = run_python(
+        """
+        import torch, accel_emu
+        accel_emu.load()
+        total = 0.0
+        for i in range(300):
+            a = torch.full((4096,), float(i), device="emu")
+            b = torch.empty_like(a)
+            b.copy_(a)  # queued on the stream, holding a and b
+            del a
+            total += float(b.cpu()[0])  # waits for the stream with the GIL held
+        print("total", total)
+        """,
+        timeout=SUBPROCESS_TIMEOUT,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "total 44850.0" in result.stdout
