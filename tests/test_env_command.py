@@ -213,7 +213,7 @@ def test_unavailable_accel_device_shows_why(capsys, monkeypatch):
 def test_accel_device_override_is_selected(capsys, monkeypatch):
     monkeypatch.setenv("ACCEL_DEVICE", "CPU")
     selected = run_env(capsys)["selected_backend"]
-    assert selected == {"name": "cpu", "source": "ACCEL_DEVICE", "error": None}
+    assert selected == {"name": "cpu", "source": "ACCEL_DEVICE", "note": None, "error": None}
 
 
 def test_one_failing_probe_does_not_take_the_command_down(capsys, monkeypatch):

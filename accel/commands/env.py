@@ -112,7 +112,7 @@ def collect_environment(include_deepspeed: bool = True, config_file: str | None 
         "cpu": _guard(_cpu_info),
         "packages": _guard(_package_versions),
         "backends": _guard(lambda: _backends(_usable(registry))),
-        "selected_backend": _guard(lambda: _selected_backend(_usable(registry))),
+        "selected_backend": _guard(lambda: _selected_backend(_usable(registry), config_file)),
         "distributed": _guard(_distributed_info),
         "run_plan": _guard(lambda: _run_plan(_usable(registry))),
         "deepspeed": _guard(lambda: _deepspeed_info(_usable(registry), include_deepspeed)),
@@ -286,13 +286,37 @@ def _backends(registry: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _selected_backend(registry: Any) -> dict[str, Any]:
-    from accel.backends import OVERRIDE_ENV, BackendUnavailableError, UnknownBackendError
+def _config_backend(config_file: str | None) -> tuple[str, str | None]:
+    """The config file in use and the backend it names (``backend``, or cpu by ``use_cpu``/MULTI_CPU)."""
+    from pathlib import Path
 
-    requested = os.environ.get(OVERRIDE_ENV) or None
-    info: dict[str, Any] = {"name": None, "source": OVERRIDE_ENV if requested else "detected", "error": None}
+    from accel.commands.config_file import ConfigError, config_file_in_use, load_config
+
+    path, exists = (Path(config_file).expanduser(), True) if config_file else config_file_in_use()
+    if not exists or not path.is_file():
+        return str(path), None
     try:
-        info["name"] = registry.select().name
+        config = load_config(path).to_dict()
+    except (ConfigError, OSError, ValueError):
+        return str(path), None  # the config section reports what is wrong with it
+    name = config.get("backend")
+    if not name and (config.get("use_cpu") or config.get("distributed_type") == "MULTI_CPU"):
+        name = "cpu"
+    return str(path), (str(name).strip().lower() if name else None)
+
+
+def _selected_backend(registry: Any, config_file: str | None = None) -> dict[str, Any]:
+    """The backend a launch here would use, by the one precedence rule, and where it came from."""
+    from accel.backends import OVERRIDE_ENV, BackendUnavailableError, UnknownBackendError
+    from accel.utils.precedence import choose
+
+    requested = (os.environ.get(OVERRIDE_ENV) or "").strip().lower() or None
+    config_path, configured = _config_backend(config_file)
+    choice = choose("backend", environment=(OVERRIDE_ENV, requested), config=(config_path, configured))
+    source = {"environment": OVERRIDE_ENV, "config file": f"config file {config_path}"}.get(choice.source, "detected")
+    info: dict[str, Any] = {"name": None, "source": source, "note": choice.note, "error": None}
+    try:
+        info["name"] = registry.select(choice.value).name
     except (BackendUnavailableError, UnknownBackendError) as exc:
         info["error"] = str(exc)
     return info
@@ -524,10 +548,14 @@ def _backend_rows(backends: Any, selected: Any) -> Rows:
     if _is_error(selected) or not isinstance(selected, dict):
         rows.append(("selected", _fmt(selected)))
     elif selected.get("error"):
-        rows.append(("selected", f"error: {selected['error']}"))
+        rows.append(("selected", f"error: {selected['error']} (from {selected.get('source')})"))
+        if selected.get("note"):
+            rows.append(("precedence", str(selected["note"])))
     else:
-        how = "from ACCEL_DEVICE" if selected.get("source") != "detected" else "first available in probe order"
+        how = f"from {selected['source']}" if selected.get("source") not in (None, "detected") else "first available in probe order"
         rows.append(("selected", f"{selected.get('name')} ({how})"))
+        if selected.get("note"):
+            rows.append(("precedence", str(selected["note"])))
     return rows
 
 

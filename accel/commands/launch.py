@@ -578,7 +578,7 @@ def build_plan(args: argparse.Namespace) -> LaunchPlan:
     warnings: list[str] = []
     where = f" (config file {args.config_file or _config_path_text()})" if defaults is not None else ""
 
-    backend = _resolve_backend(args, where)
+    backend = _resolve_backend(args, where, warnings)
     comm = _comm_backend(backend)
 
     num_machines, machine_rank = args.num_machines, args.machine_rank or 0
@@ -657,7 +657,8 @@ def build_plan(args: argparse.Namespace) -> LaunchPlan:
         env.pop("OMP_NUM_THREADS", None)
         if not os.environ.get("OMP_NUM_THREADS"):
             env["OMP_NUM_THREADS"] = str(max(_usable_cores() // nproc_per_node, 1))
-    for name in [n for n in env if n.endswith("_VISIBLE_DEVICES") or n in ("ZE_AFFINITY_MASK", "HABANA_VISIBLE_MODULES")]:
+    visible_vars = _visible_devices_variables()
+    for name in [n for n in env if n.endswith("_VISIBLE_DEVICES") or n in visible_vars]:
         del env[name]  # set below from the chosen backend, not the detected one
     if specific_ids:
         if backend.visible_devices_env:
@@ -793,35 +794,47 @@ def _config_path_text() -> str:
 
 
 def _backend_was_chosen(args: argparse.Namespace) -> bool:
-    return bool(args.cpu or args.backend or getattr(args, "use_cpu", False) or args.distributed_type_from_config == "MULTI_CPU")
+    return getattr(args, "backend_source", "detection") != "detection" or bool(
+        args.cpu or args.backend or getattr(args, "use_cpu", False) or args.distributed_type_from_config == "MULTI_CPU")
 
 
-def _resolve_backend(args: argparse.Namespace, where: str) -> Any:
-    """The hardware backend: --cpu/--backend, else the config's use_cpu/backend, else detection."""
-    from accel.backends import BackendUnavailableError, UnknownBackendError, get_backend
+def _resolve_backend(args: argparse.Namespace, where: str, notes: list[str] | None = None) -> Any:
+    """The hardware backend by the one precedence rule (:mod:`accel.utils.precedence`): --cpu/--backend,
+    else ``ACCEL_DEVICE``, else the config's use_cpu/backend, else detection. When the environment and
+    the config file disagree, ``notes`` gets a line saying which was used and why."""
+    from accel.backends import OVERRIDE_ENV, BackendUnavailableError, UnknownBackendError, get_backend
+    from accel.utils.precedence import choose
 
     given = _given(args)
     cli_name = args.backend.strip().lower() if args.backend and "backend" in given else None
     config_name = args.backend.strip().lower() if args.backend and "backend" not in given else None
     if args.cpu and cli_name not in (None, "cpu"):
         raise UsageError(f"--cpu contradicts --backend {args.backend}")
-    if args.cpu or cli_name:
-        name = cli_name or "cpu"
-    else:
-        use_cpu = bool(getattr(args, "use_cpu", False))
-        if use_cpu and config_name not in (None, "cpu"):
-            raise UsageError(f"use_cpu: true contradicts backend: {config_name}{where}")
-        if use_cpu or args.distributed_type_from_config == "MULTI_CPU":
-            name = config_name or "cpu"
-        else:
-            name = config_name
+    use_cpu = bool(getattr(args, "use_cpu", False))
+    if use_cpu and config_name not in (None, "cpu"):
+        raise UsageError(f"use_cpu: true contradicts backend: {config_name}{where}")
+    if use_cpu or args.distributed_type_from_config == "MULTI_CPU":
+        config_name = config_name or "cpu"
+    env_name = (os.environ.get(OVERRIDE_ENV) or "").strip().lower() or None
+    choice = choose("backend", flag="cpu" if args.cpu else cli_name, environment=(OVERRIDE_ENV, env_name),
+                    config=(where.strip(" ()").removeprefix("config file ") or "in use", config_name))
+    if choice.note and notes is not None:
+        notes.append(choice.describe("backend"))
+    args.backend_source = choice.source
     try:
-        backend = get_backend(name)
+        backend = get_backend(choice.value)
     except (UnknownBackendError, BackendUnavailableError) as exc:
-        raise UsageError(str(exc)) from None
+        raise UsageError(f"{exc} (the backend came from {choice.origin})" if choice.source != "detection" else str(exc)) from None
     if args.multi_gpu and backend.device_type == "cpu" and "multi_gpu" in given:
         raise UsageError("--multi_gpu asks for a device backend, but the selected backend is cpu (see `accel env`)")
     return backend
+
+
+def _visible_devices_variables() -> set[str]:
+    """Every registered backend's visible-devices variable (one table: the backends themselves)."""
+    from accel.backends import get_registry
+
+    return {b.visible_devices_env for b in get_registry().probe_order() if getattr(b, "visible_devices_env", None)}
 
 
 def _comm_backend(backend: Any) -> str | None:
