@@ -332,6 +332,8 @@ def benchmark_row(bench: Mapping[str, Any], machine: Mapping[str, Any] | None = 
         "sizes": dict(extra["sizes"]) if isinstance(extra.get("sizes"), dict) else None,
         "work_unit": extra.get("work_unit") if isinstance(extra.get("work_unit"), str) else None,
         "work_size": _number(extra.get("work_size")),
+        # why a figure is what it is, as the benchmark explains it (e.g. a dtype without fast kernels here)
+        "note": extra["note"].strip() if isinstance(extra.get("note"), str) and extra["note"].strip() else None,
     }
 
 

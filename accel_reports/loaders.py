@@ -94,7 +94,7 @@ BENCH_COLUMNS = [
     "run_id", "source", "datetime", "name", "fullname", "group", "bench_id", "backend", "device", "dtype",
     "world_size", "torch_version", "accel_version", "metric", "unit", "higher_is_better", "value",
     "samples", "n_samples", "rounds", "time_median", "throughput", "host_bound", "host_ref",
-    "quick", "sizes", "work_unit", "work_size", "environment",
+    "quick", "sizes", "work_unit", "work_size", "note", "environment",
 ]
 
 #: backend names recognised in a JUnit nodeid when the file carries no ``accel_backend`` property
@@ -528,7 +528,7 @@ _BENCH_FIELDS: dict[str | None, dict[str, tuple[Any, str]]] = {
     None: {"name": _TEXT, "fullname": _TEXT, "group": _TEXT},
     "stats": {"median": _NUMBER, "data": (_is_numbers, "an array of finite numbers"), "rounds": (_is_int, "an integer")},
     "extra_info": {
-        **{k: _TEXT for k in ("backend", "device", "dtype", "metric", "unit", "torch_version", "accel_version", "host_bound")},
+        **{k: _TEXT for k in ("backend", "device", "dtype", "metric", "unit", "torch_version", "accel_version", "host_bound", "note")},
         "world_size": (_is_int, "an integer"), "throughput": _NUMBER, "work_size": _NUMBER,
         "samples": (_is_numbers, "an array of finite numbers"),
     },

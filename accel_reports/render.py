@@ -27,7 +27,7 @@ import pandas as pd
 
 from . import charts
 from .analysis import FAILING, Report, cell_label, cell_positions
-from .noise import NOISY_SPREAD, relative_iqr  # the one noise measure (console, gate and report)
+from .noise import NOISY_SPREAD, is_too_noisy, relative_iqr  # the one noise measure (console, gate and report)
 
 __all__ = ["GLYPHS", "MD_ROWS", "SKIP_LETTERS", "md_escape", "render_html", "render_markdown", "safe_url", "write_report"]
 
@@ -214,11 +214,7 @@ def _grid_rows(report: Report, anchors: dict[tuple[str, int], int]) -> tuple[lis
     tests = report.tests
     tracked = tests[tests["outcome"].isin(FAILING) & tests["known_issue"].notna()]
     tracked_pairs = set(zip(tracked["test_id"], cell_positions(tracked, report.cells))) if not tracked.empty else set()
-    skipped = tests[tests["outcome"] == "skipped"]
-    skip_codes = {}
-    if not skipped.empty:
-        for test_id, position, code in zip(skipped["test_id"], cell_positions(skipped, report.cells), skipped["reason_code"]):
-            skip_codes[(test_id, int(position))] = code or "unspecified"
+    skip_codes = _skip_codes(report)
     rows, all_passing = [], []
     for test_id, outcomes, flaky in zip(grid.index, values, flaky_col):
         ran = [o for o in outcomes if isinstance(o, str)]
@@ -440,8 +436,23 @@ def _collapse_environments(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------------- benchmarks
+#: items of a list-valued size shown before "… (N in all)"
+SIZE_ITEMS = 4
+
+
 def _size_value(key: Any, value: Any) -> str:
-    """``4096``, ``350M``, ``64 MiB`` (a key naming bytes): a problem size as a person writes it."""
+    """``4096``, ``350M``, ``64 MiB`` (a key naming bytes): a problem size as a person writes it. A list
+    is written out, never as a Python repr: ``4 × 1 MiB`` when its items are equal, else ``[a, b, …]``."""
+    if isinstance(value, (list, tuple)):
+        items = [_size_value(key, v) for v in value]
+        if not items:
+            return "none"
+        if len(items) > 1 and len(set(items)) == 1:
+            return f"{len(items)} × {items[0]}"
+        shown = ", ".join(items[:SIZE_ITEMS])
+        return f"[{shown}, … ({len(items)} in all)]" if len(items) > SIZE_ITEMS else f"[{shown}]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}={_size_value(k, v)}" for k, v in value.items()) + "}"
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return str(value)
     if "byte" in str(key).lower() and value >= 1024:
@@ -489,7 +500,7 @@ def _bench_history(benchmarks: pd.DataFrame) -> tuple[dict[tuple, list[tuple[str
     series: dict[tuple, list[tuple[str, float]]] = {}
     latest: dict[tuple, dict[str, Any]] = {}
     columns = ["backend", "torch_version", "bench_id", "datetime", "value", "samples", "source", "fullname", "name",
-               "time_median", "throughput"] + [c for c in ("quick", "sizes", "work_unit", "work_size") if c in ordered.columns]
+               "time_median", "throughput"] + [c for c in ("quick", "sizes", "work_unit", "work_size", "note") if c in ordered.columns]
     for row in ordered[columns].to_dict("records"):
         key = (row["backend"], row["torch_version"], row["bench_id"])
         value = row["value"]
@@ -506,7 +517,7 @@ def _number_or_none(value: Any) -> float | None:
 def _benchmark_view(report: Report) -> dict[str, Any]:
     table = report.bench_table
     empty = {"tables": [], "summary": [], "charts": [], "regressions": [], "host_drift": [], "rows": [], "quick": False,
-             "suspect": []}
+             "suspect": [], "cols": _bench_columns([])}
     if table.empty:
         return empty
     # a run history (accel report --history) holds every stored run: the trend lines come from it
@@ -552,7 +563,8 @@ def _benchmark_view(report: Report) -> dict[str, Any]:
                          "short_name": re.sub(r"\[[^\[\]]*\]\s*\Z", "", str(row["name"])) or str(row["name"]),
                          "size": _problem_size(row["name"], row["backend"], row["dtype"], extra, work, unit),
                          "dtype": row.get("dtype") or "", "world_size": row.get("world_size"),
-                         "spread": spread, "spread_text": _pct(spread), "noisy": spread is not None and spread > NOISY_SPREAD,
+                         "spread": spread, "spread_text": _pct(spread), "noisy": is_too_noisy(spread),
+                         "note": last.get("note") if isinstance(last.get("note"), str) else "",
                          "quick": quick, "band_text": f"{fmt(band[0])} – {fmt(band[1])}" if band[0] is not None and band[1] is not None else "",
                          "history_runs": row.get("history_runs") if "history_runs" in has else len(points),
                          "status_css": _slug(status),
@@ -560,7 +572,7 @@ def _benchmark_view(report: Report) -> dict[str, Any]:
                          "trend": charts.trend(points, band=band, ref=ref, status=status, fmt=fmt, width=120) if len(points) > 1 else ""})
         tables.append({"backend": backend, "torch_version": torch_version, "rows": rows,
                        "has_host": any(r["host_text"] != "–" for r in rows), "has_p": any(r["p_text"] != "–" for r in rows),
-                       "quick": any(r["quick"] for r in rows)})
+                       "quick": any(r["quick"] for r in rows), "cols": _bench_columns(rows)})
         all_rows.extend(rows)
     summary = []
     for row in _records(report.bench_summary):
@@ -586,7 +598,17 @@ def _benchmark_view(report: Report) -> dict[str, Any]:
     drift = [r for r in all_rows if r["status"] == "host drift"]
     suspect = [r for r in all_rows if r["status"] == "suspect"]
     return {"tables": tables, "summary": summary, "charts": charts_out, "regressions": regressions, "host_drift": drift,
-            "suspect": suspect, "rows": all_rows, "quick": any(r["quick"] for r in all_rows)}
+            "suspect": suspect, "rows": all_rows, "quick": any(r["quick"] for r in all_rows), "cols": _bench_columns(all_rows)}
+
+
+def _bench_columns(rows: list[dict[str, Any]]) -> dict[str, bool]:
+    """Which of the benchmark table's optional columns have a value in some row (the others are left out)."""
+    return {
+        "size": _present(rows, "size"), "dtype": _present(rows, "dtype"), "ranks": _present(rows, "world_size"),
+        "spread": _present(rows, "spread"), "ref": _present(rows, "ref_text"), "change": _present(rows, "change_text"),
+        "trend": _present(rows, "trend"), "speedup": _present(rows, "speedup_text"), "evidence": _present(rows, "evidence"),
+        "note": _present(rows, "note"),
+    }
 
 
 def _diff_view(report: Report) -> dict[str, Any] | None:
@@ -632,8 +654,218 @@ def _upstream_view(report: Report) -> dict[str, Any] | None:
     return {"rows": rows, "compat": compat, "lines": vendor_lines(report.vendor, report.compat if report.compat is not None else pd.DataFrame())}
 
 
-def _context(report: Report) -> dict[str, Any]:
+# ---------------------------------------------------------------------------- title and verdict
+def _joined(values: Iterable[Any], most: int = 3) -> str:
+    """Distinct non-empty ``values`` in first-seen order, ``a, b, c +2 more`` past ``most``."""
+    seen = list(dict.fromkeys(str(v) for v in values if v not in (None, "") and not (isinstance(v, float) and math.isnan(v))))
+    return ", ".join(seen[:most]) + (f" +{len(seen) - most} more" if len(seen) > most else "")
+
+
+def _device_models(runs: pd.DataFrame, benchmarks: pd.DataFrame) -> dict[str, list[str]]:
+    """backend -> device models, from the run headers (``cpu: Intel Xeon …; cuda: H100``), else the benchmarks."""
+    found: dict[str, list[str]] = {}
+    for text in (runs["device_models"] if not runs.empty else ()):
+        for part in str(text or "").split("; "):
+            backend, sep, models = part.partition(": ")
+            if sep and models:
+                found.setdefault(backend, []).extend(m.strip() for m in models.split(", "))
+    if not benchmarks.empty:
+        for backend, device in zip(benchmarks["backend"], benchmarks["device"]):
+            if isinstance(device, str) and device and str(backend) not in found:
+                found.setdefault(str(backend), []).append(device)
+    return found
+
+
+def _report_title(report: Report) -> str:
+    """The caller's title followed by what was qualified: backends with their device, torch and accel
+    versions, from the run headers (the benchmark files when there are no runs)."""
+    runs, bench = report.loaded.runs, report.loaded.benchmarks
+    backends: list[str] = []
+    for text in (runs["backends"] if not runs.empty else ()):
+        backends.extend(b.strip() for b in str(text or "").split(",") if b.strip())
+    if not report.tests.empty:
+        backends.extend(str(b) for b in report.tests["backend"].dropna())
+    if not bench.empty:
+        backends.extend(str(b) for b in bench["backend"].dropna())
+    models = _device_models(runs, bench)
+    names = []
+    for backend in dict.fromkeys(backends):
+        device = _joined(models.get(backend, ()), most=2)
+        names.append(f"{backend} ({device})" if device else backend)
+    torch = _joined(list(runs["torch_version"]) if not runs.empty else list(bench["torch_version"]) if not bench.empty else [])
+    accel = _joined(list(runs["accel_version"]) if not runs.empty else list(bench["accel_version"]) if not bench.empty else [])
+    parts = [p for p in (_joined(names, most=4), f"torch {torch}" if torch else "", f"accel {accel}" if accel else "") if p]
+    title = str(report.title or "").strip()
+    if not parts:
+        return title
+    return f"{title} — {', '.join(parts)}" if title else ", ".join(parts)
+
+
+#: benchmark statuses that mean no reference was there to compare with
+_NOT_COMPARED = ("no reference", "quick: not compared")
+
+
+def _plural(count: int, word: str, many: str | None = None) -> str:
+    return f"{count} {word if count == 1 else (many or word + 's')}"
+
+
+def _verdict(report: Report, bench_rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The one line at the top: per backend how many tests passed, failed and were skipped (the latest
+    result of each test), then the benchmarks: how many, how many too noisy to judge, and what the
+    comparison found, with "no baseline" when nothing was there to compare with (never "no regressions")."""
+    per_backend: dict[str, dict[str, int]] = {}
+    for cell in _cell_counts(report):
+        counts = per_backend.setdefault(str(cell["backend"]), dict.fromkeys(("tests", "passed", "failed", "error", "skipped", "xfailed", "xpassed"), 0))
+        for key in counts:
+            counts[key] += cell[key]
+    parts, bad, unjudged = [], False, False
+    for backend, c in per_backend.items():
+        text = f"{backend}: {c['passed']}/{c['tests']} pass"
+        failing = c["failed"] + c["error"]
+        extras = [f"{failing} fail" if failing else "", f"{c['skipped']} skip" if c["skipped"] else "",
+                  f"{c['xfailed']} xfail" if c["xfailed"] else "", f"{c['xpassed']} xpass" if c["xpassed"] else ""]
+        parts.append(", ".join([text] + [e for e in extras if e]))
+        bad = bad or failing > 0
+    untracked = len(report.untracked_failures)
+    if untracked:
+        parts.append(f"{untracked} {'new ' if report.diff is not None else ''}untracked failure{'' if untracked == 1 else 's'}")
+    if report.diff is not None:
+        parts.append("tests compared with a baseline")
+    if bench_rows:
+        noisy = sum(1 for r in bench_rows if r["noisy"])
+        text = _plural(len(bench_rows), "benchmark") + (f", {noisy} too noisy to judge" if noisy else "")
+        compared = [r for r in bench_rows if r["status"] not in _NOT_COMPARED]
+        regressions = sum(1 for r in bench_rows if r["status"] == "regression")
+        if not compared:
+            text += "; no baseline"
+            unjudged = True
+        elif regressions:
+            text += "; " + _plural(regressions, "regression")
+            bad = True
+        else:
+            text += "; no regressions" + (f" ({len(compared)} of {len(bench_rows)} compared)" if len(compared) < len(bench_rows) else "")
+        parts.append(text)
+    if not parts:
+        parts.append("no results")
+        unjudged = True
+    return {"text": "; ".join(parts), "css": "bad" if bad else ("warn" if unjudged else "ok"),
+            "bench_baseline": any(r["status"] not in _NOT_COMPARED for r in bench_rows)}
+
+
+# ---------------------------------------------------------------------------- per-area summary
+#: skip reasons listed per area (the most common first)
+AREA_SKIP_REASONS = 3
+
+
+def _skip_codes(report: Report) -> dict[tuple[str, int], str]:
+    """(test id, cell position) -> the reason code of its latest skip."""
+    tests = report.tests
+    skipped = tests[tests["outcome"] == "skipped"] if not tests.empty else tests
+    codes: dict[tuple[str, int], str] = {}
+    if not skipped.empty:
+        for test_id, position, code in zip(skipped["test_id"], cell_positions(skipped, report.cells), skipped["reason_code"]):
+            codes[(test_id, int(position))] = code if isinstance(code, str) and code else "unspecified"
+    return codes
+
+
+def _area_view(report: Report, skip_codes: dict[tuple[str, int], str]) -> list[dict[str, Any]]:
+    """Per feature area (:mod:`accel_reports.areas`): the latest outcome of each test in each cell,
+    counted, with the most common skip reasons (code and count)."""
+    from .areas import AREA_ORDER, area_of
+
+    grid = report.grid
+    if grid.empty:
+        return []
+    columns = list(range(len(report.cells)))
+    areas: dict[str, dict[str, Any]] = {}
+    for test_id, outcomes in zip(grid.index, grid[columns].to_numpy()):
+        area = areas.setdefault(area_of(test_id), {"tests": set(), "passed": 0, "failed": 0, "skipped": 0, "xfail": 0, "reasons": {}})
+        for position, outcome in enumerate(outcomes):
+            if not isinstance(outcome, str):
+                continue
+            area["tests"].add(test_id)
+            if outcome == "passed":
+                area["passed"] += 1
+            elif outcome in FAILING:
+                area["failed"] += 1
+            elif outcome == "skipped":
+                area["skipped"] += 1
+                code = skip_codes.get((test_id, position), "unspecified")
+                area["reasons"][code] = area["reasons"].get(code, 0) + 1
+            else:
+                area["xfail"] += 1
+    rows = []
+    for name in sorted(areas, key=lambda a: (AREA_ORDER.index(a) if a in AREA_ORDER else len(AREA_ORDER), a)):
+        area = areas[name]
+        reasons = sorted(area.pop("reasons").items(), key=lambda kv: (-kv[1], kv[0]))
+        executed = area["passed"] + area["failed"]
+        rows.append({**area, "area": name, "tests": len(area["tests"]),
+                     "css": "r-bad" if area["failed"] else ("r-ok" if area["passed"] else "r-none"),
+                     "pass_rate_text": _pct(area["passed"] / executed) if executed else "–",
+                     "reasons": [{"code": c, "count": n, "letter": SKIP_LETTERS.get(c, "s")} for c, n in reasons[:AREA_SKIP_REASONS]],
+                     "more_reasons": len(reasons) - AREA_SKIP_REASONS if len(reasons) > AREA_SKIP_REASONS else 0})
+    return rows
+
+
+# ---------------------------------------------------------------------------- paths
+def _shown_path(path: Any, base: Path) -> str:
+    """``path`` relative to the report folder ``base`` (``../results/run.jsonl``): a report that is
+    moved with its inputs still names them, and no local absolute path is written into it."""
+    text = str(path or "")
+    if not text or "://" in text:
+        return text
+    import os
+
+    try:
+        return Path(os.path.relpath(os.path.abspath(text), base)).as_posix()
+    except ValueError:  # another drive (Windows): the file name is all that can be shown
+        return Path(text).name
+
+
+def _path_scrubber(base: Path):
+    """A function that replaces the absolute local folders found in free text (tracebacks, messages)
+    with their place relative to the report folder ``base``, or ``<python>`` / ``~`` for the Python
+    installation and the home folder."""
+    import os
+    import sys
+
+    roots: list[tuple[str, str]] = []
+    # the working folder (where the suites ran, as a rule) is left out: its files read as the suites name them
+    for folder, label in ((os.getcwd(), ""), (str(base), "./"), (sys.prefix, "<python>/"), (sys.base_prefix, "<python>/"),
+                          (os.path.expanduser("~"), "~/")):
+        folder = os.path.abspath(folder)
+        if len(folder) > 1:
+            roots.append((folder.rstrip(os.sep) + os.sep, label))
+    roots.sort(key=lambda r: -len(r[0]))  # the deepest folder first
+    pattern = re.compile("|".join(re.escape(folder) for folder, _ in roots)) if roots else None
+    replacement = dict(roots)
+
+    def scrub(value: Any) -> Any:
+        if not isinstance(value, str) or pattern is None:
+            return value
+        return pattern.sub(lambda m: replacement[m.group(0)], value)
+
+
+    return scrub
+
+
+def _present(rows: list[dict[str, Any]], key: str, empty: tuple = ("", "–", None)) -> bool:
+    """Whether any row has a value for ``key`` (a column with none is left out of the table)."""
+    return any(row.get(key) not in empty for row in rows)
+
+
+def _context(report: Report, out_dir: str | Path | None = None) -> dict[str, Any]:
+    """Everything the templates show; file names are relative to ``out_dir`` (the report folder; the
+    working folder when None) and local folders in free text are shortened (:func:`_path_scrubber`)."""
+    import os
+
+    base = Path(os.path.abspath(out_dir if out_dir is not None else os.getcwd()))
+    scrub = _path_scrubber(base)
     details, anchors, total_details = _failure_details(report)
+    for detail in details:
+        detail["source"] = _shown_path(detail["source"], base)
+        for key in ("traceback", "message", "signature", "nodeid", "test_id"):
+            detail[key] = scrub(detail[key])
     grid_rows, all_passing = _grid_rows(report, anchors)
     clusters = _records(report.clusters)
     for row in clusters:
@@ -649,6 +881,14 @@ def _context(report: Report) -> dict[str, Any]:
     for row in skips:
         row["letter"] = SKIP_LETTERS.get(row["reason_code"], "s")
     runs = _records(report.loaded.runs)
+    for run in runs:
+        run["source"] = _shown_path(run["source"], base)
+    for row in clusters + sig_clusters:
+        for key in ("key", "message", "signature"):
+            if key in row:
+                row[key] = scrub(row[key])
+    for row in skips:
+        row["messages"] = [(scrub(m), n) for m, n in (row.get("messages") or [])]
     bench_view = _benchmark_view(report)
     history_view = _history_view(report)
     for detail in details:
@@ -656,11 +896,18 @@ def _context(report: Report) -> dict[str, Any]:
     untracked = report.untracked_failures
     totals = {o: int(report.matrix[o].sum()) if not report.matrix.empty else 0 for o in ("tests", "passed", "failed", "error", "skipped", "xfailed", "xpassed")}
     executed = totals["passed"] + totals["failed"] + totals["error"]
+    environment = _environment_view(report)
+    diff_view = _diff_view(report)
+    if diff_view is not None:
+        diff_view["files"] = [_shown_path(f, base) for f in diff_view["files"]]
     return {
-        "title": report.title,
+        "title": _report_title(report),
+        "verdict": _verdict(report, bench_view["rows"]),
+        "areas": _area_view(report, _skip_codes(report)),
         "generated": report.generated,
         "runs": runs,
-        "files": report.loaded.files,
+        "run_cols": {k: _present(runs, k) for k in ("format", "torch_build", "host", "device_models", "start_time")},
+        "files": [_shown_path(f, base) for f in report.loaded.files],
         "totals": totals,
         "total_pass_rate": _pct(totals["passed"] / executed) if executed else "–",
         "matrix": _matrix_rows(report),
@@ -671,10 +918,12 @@ def _context(report: Report) -> dict[str, Any]:
         "skips": skips,
         "skip_letters": [(letter, code) for code, letter in SKIP_LETTERS.items()],
         "known_passing": known_passing,
-        "diff": _diff_view(report),
+        "diff": diff_view,
         "bench": bench_view,
         "pass_rates": _pass_rate_view(report),
-        "environment": _environment_view(report),
+        "environment": environment,
+        # the environment table's columns that some row has a value for (the commit has its own column)
+        "env_columns": [(k, h) for k, h in _ENV_FIELDS if k != "git_commit" and _present(environment, k)],
         "quick_run": bench_view["quick"],
         "threshold": report.threshold,
         "noisy_spread": NOISY_SPREAD,
@@ -685,7 +934,7 @@ def _context(report: Report) -> dict[str, Any]:
         "details": details,
         "details_total": total_details,
         "history": history_view,
-        "problems": [{"path": p.path, "line": p.line, "message": p.message, "kind": getattr(p, "kind", "invalid")}
+        "problems": [{"path": _shown_path(p.path, base), "line": p.line, "message": scrub(p.message), "kind": getattr(p, "kind", "invalid")}
                      for p in report.problems],
         "untracked_count": len(untracked),
         "untracked_examples": sorted(set(untracked["test_id"]))[:5] if len(untracked) else [],
@@ -721,8 +970,9 @@ def _environment(html: bool):
     return env
 
 
-def render_html(report: Report, context: dict[str, Any] | None = None) -> str:
-    """The report as one self-contained HTML page (``context``: from a previous render, reused)."""
+def render_html(report: Report, context: dict[str, Any] | None = None, out_dir: str | Path | None = None) -> str:
+    """The report as one self-contained HTML page (``context``: from a previous render, reused;
+    ``out_dir``: the folder it goes to, which file names are written relative to)."""
     from markupsafe import Markup
 
     script = _SCRIPT
@@ -730,13 +980,13 @@ def render_html(report: Report, context: dict[str, Any] | None = None) -> str:
         raise RuntimeError("the report script must not contain '</'")
     digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
     template = _environment(html=True).get_template("report.html.j2")
-    return template.render(**(context or _context(report)), script=Markup(script), script_hash=digest)
+    return template.render(**(context or _context(report, out_dir)), script=Markup(script), script_hash=digest)
 
 
-def render_markdown(report: Report, context: dict[str, Any] | None = None) -> str:
-    """The report's summary as GitHub-flavoured Markdown."""
+def render_markdown(report: Report, context: dict[str, Any] | None = None, out_dir: str | Path | None = None) -> str:
+    """The report's summary as GitHub-flavoured Markdown (``out_dir`` as for :func:`render_html`)."""
     template = _environment(html=False).get_template("report.md.j2")
-    return template.render(**(context or _context(report)))
+    return template.render(**(context or _context(report, out_dir)))
 
 
 def write_report(report: Report, out_dir: str | Path, formats: Iterable[str] = ("html", "md")) -> dict[str, Path]:
@@ -747,7 +997,7 @@ def write_report(report: Report, out_dir: str | Path, formats: Iterable[str] = (
     unknown = [f for f in formats if f not in ("html", "md")]
     if unknown:
         raise ValueError(f"unknown report format {unknown[0]!r} (html, md)")
-    context = _context(report)
+    context = _context(report, out)
     written = {}
     for fmt in formats:
         text = render_html(report, context) if fmt == "html" else render_markdown(report, context)

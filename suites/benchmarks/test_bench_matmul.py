@@ -3,9 +3,17 @@
 One call is ``a @ b`` of two ``n x n`` matrices into a preallocated output (``torch.matmul(out=)``,
 so allocation is not timed): ``2 n^3`` floating-point operations. ``n`` is chosen per device type:
 large enough to keep the device's units busy, small enough for a 2-core CPU runner.
+
+A dtype other than float32 whose matmul runs far slower than a float32 matmul of the same size on
+the same device (:data:`SLOW_FACTOR`) has no fast kernels there (half precision on a CPU without
+half-precision units falls back to a slow path): the device is asked by timing a few float32 calls
+beside the benchmark, and the record says so in ``extra_info["note"]``, which the report shows beside
+the figure. The ratio itself is ``extra_info["float32_ratio"]``.
 """
 
 from __future__ import annotations
+
+import time
 
 import pytest
 import torch
@@ -16,11 +24,41 @@ from accel_harness import markers
 DTYPES = ["float32", "bfloat16", "float16"]
 #: matrix side: (full, quick) on the host CPU and on accelerators
 SIDES = {"cpu": (512, 256), "device": (8192, 2048)}
+#: a dtype's matmul this many times slower per call than float32's has no fast kernels on the device
+SLOW_FACTOR = 8.0
+#: float32 calls timed to compare a dtype with
+REFERENCE_CALLS = 5
 
 
 def matrix_side(backend, settings: timing.Settings) -> int:
     full, quick = SIDES["cpu" if backend.device_type == "cpu" else "device"]
     return quick if settings.quick or settings.smoke else full
+
+
+def float32_seconds_per_call(backend, n: int) -> float:
+    """Seconds one float32 ``n x n`` matmul takes on the backend's device (a short timing, warm-up first)."""
+    device = backend.device(0)
+    a = torch.randn(n, n, generator=torch.Generator().manual_seed(1)).to(device=device)
+    out = torch.empty_like(a)
+    torch.matmul(a, a, out=out)
+    backend.synchronize()
+    start = time.perf_counter()
+    for _ in range(REFERENCE_CALLS):
+        torch.matmul(a, a, out=out)
+    backend.synchronize()
+    return (time.perf_counter() - start) / REFERENCE_CALLS
+
+
+def slow_dtype_note(dtype_name: str, seconds_per_call: float, float32_seconds: float) -> str | None:
+    """The note a dtype's record carries when its matmul is past :data:`SLOW_FACTOR` times slower
+    than float32's on the same device (None otherwise, and for float32 itself)."""
+    if dtype_name == "float32" or not (seconds_per_call > 0 and float32_seconds > 0):
+        return None
+    ratio = seconds_per_call / float32_seconds
+    if ratio < SLOW_FACTOR:
+        return None
+    return (f"{dtype_name} matmul is {ratio:.0f}× slower than float32 here: the device has no fast "
+            f"{dtype_name} matmul kernels, so this figure measures a fallback path")
 
 
 @pytest.mark.parametrize("dtype_name", DTYPES)
@@ -41,10 +79,18 @@ def test_matmul(benchmark, backend, bench_settings, dtype_name):
 
     m = timing.measure(backend, call, bench_settings)
     flop = 2.0 * n ** 3
+    notes = {}
+    if dtype_name != "float32":
+        float32_seconds = float32_seconds_per_call(backend, n)
+        per_call = m.median / m.iterations
+        notes["float32_ratio"] = per_call / float32_seconds if float32_seconds > 0 else None
+        note = slow_dtype_note(dtype_name, per_call, float32_seconds)
+        if note:
+            notes["note"] = note
     info = timing.extra_info(
         backend, m, metric="matmul", unit="TFLOP/s", work_per_round=flop * m.iterations / timing.TFLOP,
         work_unit="TFLOP", dtype=dtype_name, sizes={"m": n, "n": n, "k": n, "flop_per_call": flop},
-        settings=bench_settings, host_bound=timing.on_host(backend, "compute"), float32_matmul_precision=torch.get_float32_matmul_precision(),
+        settings=bench_settings, host_bound=timing.on_host(backend, "compute"), float32_matmul_precision=torch.get_float32_matmul_precision(), **notes,
     )
     timing.record(benchmark, m, info)
     expected = torch.matmul(a[:4].float(), b[:, :4].float())
