@@ -333,6 +333,8 @@ def pytest_configure(config: pytest.Config) -> None:
     reporter = ResultReporter(ctx)
     if ctx.profile is not None:
         _start_profile_session(ctx, reporter)
+    if reporter.known is not None:
+        _note_expired_issues(ctx, reporter.known)
     runs = config.getoption("accel_flake_runs") or 0
     if runs:
         from .flake_runs import FlakeRuns
@@ -360,13 +362,20 @@ def _start_profile_session(ctx: HarnessContext, reporter: Any) -> None:
     except KnownIssuesError as exc:
         raise pytest.UsageError(f"--profile: {exc}") from None
     ctx.profile_session = ProfileSession(ctx.profile, reporter.known)
-    expired = reporter.known.expired()
+    ctx.header_extra["profile"] = ctx.profile_session.header(reporter.known.expired())
+    ctx.config.pluginmanager.register(ctx.profile_session, "accel-profile")
+
+
+def _note_expired_issues(ctx: HarnessContext, known: Any) -> None:
+    """Warn about each known issue past its ``expires`` date and list them in the run header."""
+    expired = known.expired()
     for issue in expired:
         warnings.warn(ExpiredKnownIssueWarning(
             f"known issue {issue.id!r} expired on {issue.expires.isoformat()} ({issue.source}): "
             "it no longer covers its tests; their failures count as untracked"))
-    ctx.header_extra["profile"] = ctx.profile_session.header(expired)
-    ctx.config.pluginmanager.register(ctx.profile_session, "accel-profile")
+    if expired:
+        ctx.header_extra["expired_known_issues"] = [
+            {"id": i.id, "expires": i.expires.isoformat(), "issue": i.issue or i.url, "source": i.source} for i in expired]
 
 
 class ExpiredKnownIssueWarning(pytest.PytestWarning):

@@ -527,3 +527,20 @@ def test_flake_runs_record_a_rate_and_keep_the_outcome(pytester, tmp_path):
     assert "flake" not in tests["test_fine"]["extra"]
     bad = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--flake-runs", "-1", timeout=600)
     assert bad.ret == pytest.ExitCode.USAGE_ERROR and "--flake-runs takes a number of re-runs" in bad.stderr.str()
+
+
+def test_expired_entries_of_a_known_issues_file_are_listed_without_a_profile(pytester, tmp_path):
+    pytester.makepyfile(test_suite="def test_broken(backend):\n    assert False, 'broken'\n")
+    known = write(tmp_path, "known.yaml", """\
+        - id: lapsed
+          tests: ["*::test_broken*"]
+          expires: 2021-05-01
+        """)
+    results = tmp_path / "results"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--backend", "cpu", "--known-issues", str(known),
+                                           "--results-dir", str(results), "-W", "always", timeout=600)
+    assert "known issue 'lapsed' expired on 2021-05-01" in result.stdout.str() + result.stderr.str()
+    lines = [json.loads(line) for line in next(results.glob("*.jsonl")).read_text().splitlines()]
+    assert [e["id"] for e in lines[0]["extra"]["expired_known_issues"]] == ["lapsed"]
+    broken = [r for r in lines if r["type"] == "test" and r["backend"] == "cpu"]
+    assert broken[0]["outcome"] == "failed" and broken[0]["known_issue"] is None  # an untracked failure again
