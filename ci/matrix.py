@@ -42,7 +42,7 @@ SCHEMA_VERSION = 1
 
 TOP_KEYS = ("version", "defaults", "backends", "torch", "exclude", "profiles", "known_issues")
 BACKEND_KEYS = ("runner", "comm", "world_sizes", "python", "suites", "workers", "bench", "dist_timeout",
-                "timeout_minutes", "setup_python", "enabled")
+                "timeout_minutes", "setup_python", "enabled", "plugins")
 TORCH_KEYS = ("enabled", "install")
 INSTALL_KEYS = ("requirement", "index_url", "extra_index_url", "pre", "pip_args")
 EXCLUDE_KEYS = ("backend", "torch", "python", "world_sizes", "reason")
@@ -268,6 +268,8 @@ class Backend:
     timeout_minutes: int
     setup_python: bool
     enabled: bool
+    #: backend plug-in packages (folders in the repository) installed after accel
+    plugins: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -328,6 +330,8 @@ class Cell:
     known_issues: str | None = None
     #: world sizes an exclusion removed from this cell
     removed_world_sizes: tuple[int, ...] = ()
+    #: backend plug-in packages (folders in the repository) installed after accel
+    plugins: tuple[str, ...] = ()
 
     def github(self) -> dict[str, Any]:
         """The cell as one ``include`` entry of the GitHub Actions job matrix."""
@@ -342,7 +346,7 @@ class Cell:
                 "suites": "all" if self.suites is None else list(self.suites), "workers": self.workers,
                 "bench": self.bench, "dist_timeout": self.dist_timeout, "timeout_minutes": self.timeout_minutes,
                 "setup_python": self.setup_python, "install": self.install.to_dict(),
-                "expected_torch": self.expected_torch, "enabled": self.enabled,
+                "expected_torch": self.expected_torch, "enabled": self.enabled, "plugins": list(self.plugins),
                 "known_issues": self.known_issues}
 
 
@@ -411,7 +415,7 @@ class Matrix:
             workers=backend.workers, bench=backend.bench, dist_timeout=backend.dist_timeout,
             timeout_minutes=backend.timeout_minutes, setup_python=backend.setup_python, install=spec,
             expected_torch=expected, enabled=backend.enabled and torch.enabled, known_issues=self.known_issues,
-            removed_world_sizes=tuple(removed),
+            removed_world_sizes=tuple(removed), plugins=backend.plugins,
         )
 
     def _profile_spec(self, profile: str, torch: str) -> InstallSpec:
@@ -607,7 +611,15 @@ def _backend(check: _Checker, name: str, settings: Any, defaults: dict[str, Any]
         bench = "off"
     if bench not in BENCH_MODES:
         raise check.fail(at("bench"), f"expected one of {', '.join(BENCH_MODES)}, got {bench!r}{suggest(bench, BENCH_MODES)}")
+    plugins: tuple[str, ...] = ()
+    if merged.get("plugins") is not None:
+        plugins = tuple(check.texts(merged["plugins"], at("plugins"), re.compile(r"^[\w/.-]+$"),
+                                    "plug-in package folders in the repository, such as plugins/accel-emu"))
+        for i, item in enumerate(plugins):
+            if not (REPO / item / "pyproject.toml").is_file():
+                raise check.fail(at("plugins") + (i,), f"no plug-in package (a folder with a pyproject.toml) at {item!r}")
     return Backend(
+        plugins=plugins,
         name=name, runner=tuple(runner), comm=comm, world_sizes=tuple(sizes), python=tuple(python), suites=suites,
         workers=workers, bench=bench,
         dist_timeout=check.whole(merged.get("dist_timeout", 120), at("dist_timeout"), 1),

@@ -194,6 +194,11 @@ class CellRunner:
     def accel_command(self) -> list[str]:
         return self.pip(*self.pip_args, "--constraint", str(self.venv / CONSTRAINTS), "--editable", f"{self.repo}[test]")
 
+    def plugin_commands(self) -> list[list[str]]:
+        """One pip install per backend plug-in of the cell, under the same torch constraint as accel."""
+        return [self.pip(*self.pip_args, "--constraint", str(self.venv / CONSTRAINTS), str(self.repo / folder))
+                for folder in self.cell.plugins]
+
     def suites_command(self) -> list[str]:
         cell, suites = self.cell, self.repo / "suites"
         targets = [str(suites / s) for s in cell.suites] if cell.suites else [str(suites)]
@@ -378,6 +383,9 @@ class CellRunner:
                                              f"torch=={torch_info.get('dist_version') or torch_info['version']}\n")
         if self.run_step(Step("install-accel", self.accel_command()), env) != 0:
             raise EnvironmentFailure(f"installing accel from {self.repo} failed (see {self.logs / 'install-accel.log'})")
+        for folder, command in zip(self.cell.plugins, self.plugin_commands()):
+            if self.run_step(Step(f"install-plugin-{Path(folder).name}", command), env) != 0:
+                raise EnvironmentFailure(f"installing the plug-in {folder} failed (see the install-plugin log in {self.logs})")
         info = self.probe("check-accel", ACCEL_PROBE, env)
         self.check_torch(info, "after installing accel")
         if info["version"] != torch_info["version"]:
@@ -490,6 +498,7 @@ class CellRunner:
                 steps.append(("install-torch", self.torch_command()))
         steps.append(("check-torch", [self.vpy, "-c", "<print torch.__version__; must match " + (cell.expected_torch or "any") + ">"]))
         steps.append(("install-accel", self.accel_command()))
+        steps += [(f"install-plugin-{Path(folder).name}", command) for folder, command in zip(cell.plugins, self.plugin_commands())]
         steps.append(("check-accel", [self.vpy, "-c", "<import accel; torch unchanged>"]))
         steps.append(("suites", self.suites_command()))
         if self.bench_mode != "off":

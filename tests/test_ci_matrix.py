@@ -15,13 +15,14 @@ def test_project_matrix_expands_to_the_documented_cells():
     ids = [c.id for c in matrix.cells()]
     assert ids == [
         "cpu-torch2.13.0-py3.11", "cpu-torch2.13.0-py3.12", "cpu-torch2.14.1-py3.11", "cpu-torch2.14.1-py3.12",
+        "emu-torch2.13.0-py3.11", "emu-torch2.14.1-py3.11",
         "cuda-torch2.13.0-py3.11", "cuda-torch2.14.1-py3.11",
         "xpu-torch2.13.0-py3.11", "xpu-torch2.14.1-py3.11",
         "hpu-torch2.13.0-py3.11",
         "mps-torch2.13.0-py3.11", "mps-torch2.14.1-py3.11",
     ]
     everything = matrix.cells(include_disabled=True)
-    assert len(everything) == 16 and not any(c.id.startswith("hpu-torchnightly") for c in everything)
+    assert len(everything) == 18 and not any(c.id.startswith(("hpu-torchnightly", "emu-torchnightly")) for c in everything)
     assert {c.id for c in everything} - set(ids) == {
         "cpu-torchnightly-py3.11", "cpu-torchnightly-py3.12", "cuda-torchnightly-py3.11",
         "xpu-torchnightly-py3.11", "mps-torchnightly-py3.11"}
@@ -37,6 +38,9 @@ def test_project_matrix_cells_carry_runner_install_and_world_sizes():
     assert cells["cpu-torch2.14.1-py3.12"].world_sizes == (1, 2)  # exclusion drops 4 ranks on 3.12
     assert cells["cpu-torch2.14.1-py3.12"].removed_world_sizes == (4,)
     assert cells["cuda-torch2.14.1-py3.11"].runner == ("self-hosted", "linux", "gpu-nvidia")
+    emu = cells["emu-torch2.13.0-py3.11"]  # the emulated device: an ordinary runner, its plug-in installed after accel
+    assert emu.runner == ("ubuntu-latest",) and emu.plugins == ("plugins/accel-emu",) and emu.comm == "emu_ccl"
+    assert emu.to_dict()["plugins"] == ["plugins/accel-emu"] and cpu.plugins == ()
     assert "cu" in cells["cuda-torch2.14.1-py3.11"].install.index_url
     hpu = cells["hpu-torch2.13.0-py3.11"]
     assert hpu.install.preinstalled and hpu.setup_python is False and hpu.expected_torch == "2.13.0"
@@ -248,3 +252,9 @@ def test_unknown_suite_file(tmp_path):
 def test_default_matrix_path_is_the_project_file():
     assert DEFAULT_MATRIX.name == "matrix.yaml" and DEFAULT_MATRIX.parent.name == "ci"
     assert load_matrix().path == DEFAULT_MATRIX
+
+
+def test_a_plugin_folder_that_is_not_a_package_is_named(tmp_path):
+    path = write(tmp_path, SMALL_MATRIX.replace("    comm: gloo\n", "    comm: gloo\n    plugins: [plugins/no-such-plugin]\n", 1))
+    with pytest.raises(MatrixError, match="no plug-in package .* at 'plugins/no-such-plugin'"):
+        load_matrix(path)

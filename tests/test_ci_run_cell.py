@@ -211,3 +211,14 @@ def test_count_outcomes_reads_harness_records(tmp_path):
         {"type": "test", "outcome": "failed"}, {"type": "test", "outcome": "skipped"}, {"type": "run_end"}]) + "\nnot json\n")
     assert run_cell.count_outcomes(tmp_path) == {"passed": 2, "failed": 1, "skipped": 1}
     assert run_cell.count_outcomes(tmp_path / "absent") == {}
+
+
+def test_dry_run_installs_the_cells_plugin_after_accel_under_the_same_constraint(tmp_path, capsys):
+    _, steps = dry_run(capsys, tmp_path, cell="emu-torch2.13.0-py3.11", matrix=str(REPO / "ci" / "matrix.yaml"))
+    names = list(steps)
+    assert names.index("install-accel") < names.index("install-plugin-accel-emu") < names.index("check-accel")
+    plugin = steps["install-plugin-accel-emu"]
+    venv = tmp_path / "venvs" / "emu-torch2.13.0-py3.11"
+    assert plugin[-1] == str(REPO / "plugins" / "accel-emu")
+    assert plugin[plugin.index("--constraint") + 1] == str(venv / run_cell.CONSTRAINTS)
+    assert steps["suites"][steps["suites"].index("--backend") + 1] == "emu"
