@@ -729,8 +729,8 @@ def _verdict(report: Report, bench_rows: list[dict[str, Any]]) -> dict[str, Any]
     untracked = len(report.untracked_failures)
     if untracked:
         parts.append(f"{untracked} {'new ' if report.diff is not None else ''}untracked failure{'' if untracked == 1 else 's'}")
-    if report.diff is not None:
-        parts.append("tests compared with a baseline")
+    elif report.diff is not None and per_backend:
+        parts.append("no new failures against the baseline")
     if bench_rows:
         noisy = sum(1 for r in bench_rows if r["noisy"])
         text = _plural(len(bench_rows), "benchmark") + (f", {noisy} too noisy to judge" if noisy else "")

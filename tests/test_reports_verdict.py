@@ -99,6 +99,17 @@ def test_against_a_baseline_the_verdict_counts_regressions(tmp_path):
     assert '<p class="verdict bad" id="verdict">' in render_html(slower)
 
 
+def test_against_a_test_baseline_the_verdict_counts_new_failures(tmp_path):
+    base = tmp_path / "base"
+    run_file(base, "base", "cpu", _records("b1"))
+    _bench(base, "base-bench")
+    same = render_markdown(_report(tmp_path / "same", baseline=base))
+    assert "**:white_check_mark: cpu: 4/7 pass, 3 skip; no new failures against the baseline; 3 benchmarks" in same
+    records = _records() + [rec("r1", "test_new", "cpu", "failed", "AssertionError: x", module="suites/test_launch.py")]
+    worse = render_markdown(_report(tmp_path / "worse", baseline=base, records=records))
+    assert "**:x: cpu: 4/8 pass, 1 fail, 3 skip; 1 new untracked failure; 3 benchmarks" in worse
+
+
 def test_failures_make_the_verdict_bad_and_are_counted(tmp_path):
     records = _records() + [rec("r1", "test_broken", "cpu", "failed", "AssertionError: loss is nan",
                                 module="suites/test_mixed_precision.py")]
