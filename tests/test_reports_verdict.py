@@ -153,6 +153,7 @@ def test_columns_without_data_are_left_out(tmp_path):
     bench_head = html[html.index('<table class="sortable bench-table">'):]
     bench_head = bench_head[:bench_head.index("</thead>")]
     assert ">reference<" not in bench_head and ">change<" not in bench_head and ">speedup<" not in bench_head
+    assert ">now vs reference<" not in bench_head  # no reference: the bar would show the figure alone
     compared = render_markdown(_report(tmp_path / "second", baseline=_bench(tmp_path / "base", "base")))
     header = next(line for line in compared.splitlines() if line.startswith("| benchmark |"))
     assert "| reference |" in header and "| change |" in header
