@@ -186,11 +186,13 @@ void resize_storage_bytes(const c10::Storage& storage, size_t new_bytes) {
     device = impl->data_ptr().device().index();
   }
   c10::DeviceGuard guard(c10::Device(kEmu, device));
+  // queued copies find their memory through the storage: let them finish before it changes
+  // (FSDP frees and re-allocates parameter storage this way between queued copies)
+  synchronize_device(device);
   c10::DataPtr fresh = allocator().allocate(new_bytes);
   const size_t old_bytes = impl->nbytes();
   const size_t keep = std::min(old_bytes, new_bytes);
   if (keep > 0 && impl->data() != nullptr) {
-    wait_current_stream(device);
     allocator().copy_data(fresh.get(), impl->data(), keep);
   }
   impl->set_data_ptr_noswap(std::move(fresh));
