@@ -710,6 +710,9 @@ class _ChildWatch:
             running = {pid: info[1] for pid, info in new.items() if info[0] != "Z"}
             described = [_describe(pid) for pid in running]
             _end_processes(running)
+            multiprocessing = sys.modules.get("multiprocessing")
+            if multiprocessing is not None:
+                multiprocessing.active_children()  # multiprocessing reaps its own ended children, keeping their exit codes
             for pid, info in new.items():
                 if info[0] == "Z":  # ended without being waited for (or an orphan that came to this subreaper)
                     try:

@@ -95,11 +95,17 @@ def test_leftovers_are_found_in_the_rank_subtree_without_scanning_the_host():
         out = subprocess.run(["sh", "-c", "sleep 122 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True).stdout
         done = subprocess.Popen([sys.executable, "-c", "pass"])  # ends unwaited: reaped, not reported
         os.waitid(os.P_PID, done.pid, os.WEXITED | os.WNOWAIT)
+        import multiprocessing
+
+        worker = multiprocessing.get_context("fork").Process(target=sys.exit, args=(3,))  # ends, never joined
+        worker.start()
+        os.waitid(os.P_PID, worker.pid, os.WEXITED | os.WNOWAIT)
         left = watch.end_leftovers()
         print("orphan", int(out), left)
         assert len(left) == 1 and left[0].startswith(f"pid {int(out)}: sleep 122"), left
         assert not os.path.exists(f"/proc/{int(out)}"), "the orphan still runs or was not reaped"
         assert not os.path.exists(f"/proc/{done.pid}"), "the ended child was not reaped"
+        assert worker.exitcode == 3 and not multiprocessing.active_children()  # multiprocessing kept its exit code
         assert watch.end_leftovers() == []
         """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
