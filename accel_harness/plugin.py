@@ -362,6 +362,7 @@ def _start_profile_session(ctx: HarnessContext, reporter: Any) -> None:
     except KnownIssuesError as exc:
         raise pytest.UsageError(f"--profile: {exc}") from None
     ctx.profile_session = ProfileSession(ctx.profile, reporter.known)
+    ctx.profile_session.probe(ctx.backend(ctx.profile.name))
     ctx.header_extra["profile"] = ctx.profile_session.header(reporter.known.expired())
     ctx.config.pluginmanager.register(ctx.profile_session, "accel-profile")
 

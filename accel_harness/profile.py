@@ -105,6 +105,8 @@ class ProfileSession:
         self.tallies: dict[str, _Tally] = {}
         self.not_claimed: dict[str, int] = {}
         self.expired: list[Any] = []
+        self.probes: dict[str, tuple[Any, str]] = {}
+        self.disagreements: dict[str, str] = {}
 
     # ------------------------------------------------------------------ judging skips
     def contradiction(self, areas: Iterable[str], reason: Any, needed_devices: int | None = None) -> str | None:
@@ -194,11 +196,25 @@ class ProfileSession:
             else:
                 tally.passed += 1
 
+    def probe(self, backend: Any) -> None:
+        """Ask the backend's own probes about every claimed area; disagreements are kept for the header."""
+        self.probes = probe_areas(backend)
+        self.disagreements = {}
+        for area, (value, reason) in self.probes.items():
+            claim = self.declared.get(area)
+            if area == "device_count":
+                if isinstance(claim, int) and not isinstance(claim, bool) and isinstance(value, int) and value < claim:
+                    self.disagreements[area] = f"declared {claim} devices; the backend sees {value}"
+            elif claim is True and value is False:
+                self.disagreements[area] = f"declared {area}; probe: {reason}"
+
     def header(self, expired: Iterable[Any] = ()) -> dict[str, Any]:
         """What the run header's ``extra["profile"]`` carries (known before any test runs)."""
         p = self.profile
         self.expired = list(expired)
         return {
+            "probes": {area: {"value": value, "reason": reason} for area, (value, reason) in self.probes.items()},
+            "disagreements": dict(self.disagreements),
             "name": p.name, "device_type": p.device_type, "format": p.format, "version": p.version,
             "path": str(p.path) if p.path else None, "sha256": p.sha256,
             "declared": self.declared,
@@ -221,9 +237,38 @@ class ProfileSession:
         for area, data in self.coverage()["areas"].items():
             bad = f", {len(data['contradicted'])} claim(s) contradicted" if data["contradicted"] else ""
             write(f"  {area}: {data['ran']} of {data['applicable']} ran ({data['passed']} passed, {data['failed']} failed){bad}")
+        for area, text in self.disagreements.items():
+            write(f"accel profile: claim not borne out by the backend's probe: {area}: {text}", red=True)
         for issue in self.expired:
             write(f"accel profile: known issue {issue.id!r} expired on {issue.expires.isoformat()}: "
                   "its tests' failures count as untracked", yellow=True)
+
+
+#: area -> the Backend property whose Capability answers it
+_PROBES = {"fp16": "supports_fp16", "bf16": "supports_bf16", "fp8": "supports_fp8",
+           "fp16_autocast": "supports_fp16_amp", "bf16_autocast": "supports_bf16_amp",
+           "memory_stats": "memory_stats_capability"}
+
+
+def probe_areas(backend: Any) -> dict[str, tuple[Any, str]]:
+    """``{area: (value, reason)}`` from the backend's probes: True/False per capability, the device count."""
+    out: dict[str, tuple[Any, str]] = {}
+    for area, attribute in _PROBES.items():
+        try:
+            cap = getattr(backend, attribute)
+            out[area] = (bool(cap), str(getattr(cap, "reason", "")))
+        except Exception as exc:  # a failing probe is evidence too
+            out[area] = (False, f"probe failed: {type(exc).__name__}: {exc}")
+    try:
+        comm = backend.comm_backend
+        out["collectives"] = (comm is not None, comm or backend.comm_backend_reason())
+    except Exception as exc:
+        out["collectives"] = (False, f"probe failed: {type(exc).__name__}: {exc}")
+    try:
+        out["device_count"] = (int(backend.device_count()), "device_count()")
+    except Exception as exc:
+        out["device_count"] = (0, f"probe failed: {type(exc).__name__}: {exc}")
+    return out
 
 
 def _needed_devices(item: pytest.Item, world_size: int | None) -> int | None:

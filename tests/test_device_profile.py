@@ -382,6 +382,9 @@ def test_pytest_profile_end_to_end(pytester, tmp_path, option):
     meta = header["extra"]["profile"]
     assert meta["name"] == "mycpu" and len(meta["sha256"]) == 64 and meta["declared"]["bf16_autocast"] is True
     assert [e["id"] for e in meta["expired_known_issues"]] == ["gone-stale"]
+    assert meta["probes"]["bf16_autocast"]["value"] is True and meta["probes"]["device_count"]["value"] == 1
+    assert meta["disagreements"] == {"device_count": "declared 2 devices; the backend sees 1"}
+    assert "claim not borne out by the backend's probe: device_count" in out
 
     assert tests["test_bf16_autocast_runs"]["outcome"] == "passed"
     assert tests["test_bf16_autocast_runs"]["extra"]["capability_areas"] == ["bf16_autocast"]
