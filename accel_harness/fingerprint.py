@@ -78,4 +78,5 @@ class TestSelection:
             self.ids = list(ids)
 
     def summary(self) -> dict[str, Any]:
+        """The selection's count and hash (see :func:`tests_fingerprint`)."""
         return tests_fingerprint(self.ids or [])

@@ -21,7 +21,7 @@ import pytest
 
 from . import markers as harness_markers
 
-__all__ = ["CLAIM_CONTRADICTED", "ProfileSession", "item_areas", "lacks_area"]
+__all__ = ["CLAIM_CONTRADICTED", "ProfileSession", "item_areas", "lacks_area", "load_profile_known_issues", "probe_areas"]
 
 #: reason code of a failure made from a skip that contradicts a declared capability
 CLAIM_CONTRADICTED = "claim-contradicted"

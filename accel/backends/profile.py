@@ -555,6 +555,7 @@ class ProfileBackend(Backend):
         return Availability(True, f"profile {self.profile.name!r} ({self.profile.format}): {count} {self.device_type} device(s)")
 
     def device_count_raw(self) -> int:
+        """The device count the hook reports, without asking availability first (the probe uses it)."""
         return int(self._call("device_count", None, fallback=lambda: self.base.device_count()))
 
     def device_count(self) -> int:
