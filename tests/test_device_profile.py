@@ -440,9 +440,12 @@ def test_a_bad_profile_stops_the_session_with_its_line(pytester, tmp_path):
 
 
 def test_example_profiles_load():
-    for path in sorted(EXAMPLE.iterdir()):
-        profile = load_profile(path)
-        assert profile.name and profile.sha256
+    loaded = {path.name: load_profile(path) for path in sorted(EXAMPLE.iterdir())}
+    assert {"mycpu.yaml", "mycpu.toml", "cpu_spec.py"} <= set(loaded)
+    yaml_profile, toml_profile = loaded["mycpu.yaml"], loaded["mycpu.toml"]
+    assert yaml_profile.declared() == toml_profile.declared() and yaml_profile.hooks == toml_profile.hooks
+    assert yaml_profile.tolerances == toml_profile.tolerances
+    assert loaded["cpu_spec.py"].format == "spec"
 
 
 def test_accel_qualify_passes_the_profile_to_the_suites(tmp_path):
