@@ -98,3 +98,27 @@ def test_queued_copies_of_dropped_tensors_do_not_deadlock():
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "total 44850.0" in result.stdout
+
+
+def test_storage_resize_waits_for_queued_copies():
+    # FSDP frees a parameter's storage (resize to 0) while a copy from it may still be queued
+    from conftest import SUBPROCESS_TIMEOUT, run_python
+
+    result = run_python(
+        """
+        import torch, accel_emu
+        accel_emu.load()
+        ok = 0
+        for i in range(100):
+            a = torch.full((65536,), float(i), device="emu")
+            b = torch.empty_like(a)
+            b.copy_(a)                       # queued
+            a.untyped_storage().resize_(0)   # frees a's memory: must wait for the copy
+            ok += int(float(b.cpu()[-1]) == float(i))
+            a.untyped_storage().resize_(65536 * 4)
+        print("ok", ok)
+        """,
+        timeout=SUBPROCESS_TIMEOUT,
+    )
+    assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
+    assert "ok 100" in result.stdout
