@@ -1,6 +1,6 @@
 """Times one small-MLP training step (forward, backward, AdamW) on emu and on cpu, alternating.
 
-Prints the median of each device's rounds and the ratio; the machine's load average comes from
+Prints the median of each device's rounds and the ratio, and the machine's load average from
 ``os.getloadavg()`` so figures from a busy machine can be recognised as such.
 
     python plugins/accel-emu/tools/time_mlp_step.py --rounds 7 --steps 20
@@ -61,7 +61,7 @@ def main() -> None:
         for device in ("cpu", "emu"):
             times[device].append(_round(device, args.steps))
     med = {d: statistics.median(v) for d, v in times.items()}
-    print(f"load average before/after: {os.getloadavg()}")
+    print(f"load average (1, 5, 15 min) at the end: {os.getloadavg()}")
     for device, values in times.items():
         print(f"{device}: median {med[device] * 1e3:.2f} ms/step over {args.rounds} rounds "
               f"(min {min(values) * 1e3:.2f}, max {max(values) * 1e3:.2f})")
