@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 
 from . import markers as harness_markers
+from accel.names import BUILTIN_BACKENDS
+
 from .params import BACKEND_PARAM, WORLD_SIZE_PARAM  # noqa: F401  (also imported from here by tests and suites)
 from .params import item_backend as _item_backend
 
@@ -30,9 +32,8 @@ _STASH_MARKER_LINES = pytest.StashKey[set]()
 _STASH_PROJECT_MARKERS = pytest.StashKey[set]()
 
 
-#: accel's built-in backends (``accel.backends.registry``), named here so that configuring pytest
-#: needs no torch import; a test checks the two lists agree
-BUILTIN_BACKEND_NAMES = ("cuda", "xpu", "hpu", "mps", "cpu")
+#: accel's built-in backends, from accel's torch-free name table (configuring pytest imports no torch)
+BUILTIN_BACKEND_NAMES = BUILTIN_BACKENDS
 PLUGIN_GROUP = "accel.backends"
 
 
