@@ -153,6 +153,9 @@ class Backend:
     distributed_type: str = "MULTI_GPU"
     #: substrings of an out-of-memory error message on this backend
     oom_messages: tuple[str, ...] = ()
+    #: True when the device's memory is the host's own RAM: filling it would take the machine down,
+    #: so tests that allocate until the device refuses do not run there
+    memory_is_host: bool = False
 
     def __init__(self, torch_version: Version | str | None = None):
         self._torch_version = Version(Version(str(torch_version)).base_version) if torch_version else None

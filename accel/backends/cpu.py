@@ -33,6 +33,7 @@ class CPUBackend(Backend):
     distributed_type = "MULTI_CPU"
     priority = 1000  # always last: the fallback
     use_host_timers = True
+    memory_is_host = True
     oom_messages = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
 
     def _probe(self) -> Availability:

@@ -465,7 +465,7 @@ class ProfileBackend(Backend):
         extra = profile.device_extra
         base = self.base
         for attr in ("start_method", "visible_devices_env", "distributed_type", "oom_messages", "use_host_timers",
-                     "compile_backend"):
+                     "compile_backend", "memory_is_host"):
             if attr in extra:
                 setattr(self, attr, extra[attr])
             elif base is not None:
