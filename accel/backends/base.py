@@ -347,6 +347,23 @@ class Backend:
         """Whether ``torch.autocast(device_type, dtype)`` really runs in ``dtype`` here."""
         raise NotImplementedError
 
+    def probe_autocast(self, dtype: torch.dtype) -> Capability:
+        """Run a tiny matmul on device 0 under ``torch.autocast`` and check it came out in ``dtype``: the
+        probe an ``amp_capability`` can answer with when the device module offers no query."""
+        if not self.is_available():
+            return Capability(False, f"backend unavailable: {self.availability.reason}")
+        device = self.device(0)
+        try:
+            a = torch.ones(4, 4, device=device)
+            with torch.autocast(self.autocast_device_type, dtype=dtype):
+                out = a @ a
+        except Exception as exc:
+            return Capability(False, f"torch.autocast({self.autocast_device_type!r}, {dtype}) failed on {device}: "
+                                     f"{type(exc).__name__}: {exc}")
+        if out.dtype != dtype:
+            return Capability(False, f"no {dtype} autocast on {device}: a matmul under autocast gave {out.dtype}")
+        return Capability(True, f"a matmul under torch.autocast({self.autocast_device_type!r}) runs in {dtype} on {device}")
+
     @property
     def supports_fp16_amp(self) -> Capability:
         return self.amp_capability(torch.float16)

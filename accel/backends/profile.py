@@ -669,17 +669,7 @@ class ProfileBackend(Backend):
 
     @functools.lru_cache(maxsize=None)  # noqa: B019 - backends live for the process
     def _amp_probe(self, dtype: torch.dtype) -> Capability:
-        if not self.is_available():
-            return Capability(False, f"backend unavailable: {self.availability.reason}")
-        device = self.device(0)
-        try:
-            with torch.autocast(self.autocast_device_type, dtype=dtype):
-                out = torch.ones(4, 4, device=device) @ torch.ones(4, 4, device=device)
-        except Exception as exc:
-            return Capability(False, f"torch.autocast({self.autocast_device_type!r}, {dtype}) failed: {type(exc).__name__}: {exc}")
-        if out.dtype != dtype:
-            return Capability(False, f"no {dtype} autocast on {device}: a matmul under autocast gave {out.dtype}")
-        return Capability(True, f"a matmul under torch.autocast({self.autocast_device_type!r}) runs in {dtype}")
+        return self.probe_autocast(dtype)
 
     @property
     def grad_scaler_capability(self) -> Capability:

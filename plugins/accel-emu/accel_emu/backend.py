@@ -105,18 +105,8 @@ class EmuBackend(DeviceModuleBackend):
 
     # ------------------------------------------------------------------ AMP
     def amp_capability(self, dtype: torch.dtype) -> Capability:
-        if not self.is_available():
-            return Capability(False, f"backend unavailable: {self.availability.reason}")
-        device = self.device(0)
-        try:
-            a = torch.ones(4, 4, device=device)
-            with torch.autocast(self.autocast_device_type, dtype=dtype):
-                out = a @ a
-        except Exception as exc:
-            return Capability(False, f"autocast({dtype}) failed on {device}: {type(exc).__name__}: {exc}")
-        if out.dtype != dtype:
-            return Capability(False, f"autocast({dtype}) on {device} computed a matmul in {out.dtype}")
-        return Capability(True, f"autocast runs a matmul in {dtype} on {device}")
+        """Probed on the device (``Backend.probe_autocast``): emu has autocast lists for fp16 and bf16."""
+        return self.probe_autocast(dtype)
 
     @property
     def grad_scaler_capability(self) -> Capability:
