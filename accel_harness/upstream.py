@@ -589,21 +589,24 @@ def _guess_project(tests: Path) -> str | None:
 
 
 def backend_env(backend: str, others_visible: Mapping[str, str | None] | None = None) -> dict[str, str]:
-    """Environment that puts a suite on ``backend``: ``ACCEL_DEVICE`` (accel and the harness honour it)
-    and, for the other *available* backends with a visible-devices variable, that variable empty,
-    so the upstream project's own device detection cannot pick them (``CUDA_VISIBLE_DEVICES=``).
+    """Environment that puts a suite on ``backend``: ``ACCEL_DEVICE`` (accel and the harness honour it),
+    the backend's own device settings (``Backend.device_environment``), and, for the other *available*
+    backends with a visible-devices variable, that variable empty, so the upstream project's own
+    device detection cannot pick them (``CUDA_VISIBLE_DEVICES=``).
 
     ``others_visible``: backend name -> visible-devices variable of the available backends
     (default: asked of accel's registry).
     """
     env = {"ACCEL_DEVICE": backend}
-    if others_visible is None:
-        try:
-            from accel.backends import get_registry
+    try:
+        from accel.backends import get_registry
 
-            others_visible = {b.name: b.visible_devices_env for b in get_registry().available()}
-        except Exception:  # a broken backend must not stop the run; the suite then sees every device
-            others_visible = {}
+        registry = get_registry()
+        env.update(registry.get(backend).device_environment())  # the device's own settings travel along
+        if others_visible is None:
+            others_visible = {b.name: b.visible_devices_env for b in registry.available()}
+    except Exception:  # a broken backend must not stop the run; the suite then sees every device
+        others_visible = others_visible or {}
     for name, var in others_visible.items():
         if name != backend and var:
             env[var] = ""

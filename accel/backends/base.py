@@ -186,6 +186,12 @@ class Backend:
         cached availability. Built-in backends need nothing here.
         """
 
+    def device_environment(self) -> dict[str, str]:
+        """Variables a child process needs to see this device as this process does (device counts,
+        memory sizes, a build cache), kept when a run is isolated from the caller's configuration
+        (``accel qualify --upstream``). Built-in backends need none."""
+        return {}
+
     def _probe(self) -> Availability:
         raise NotImplementedError
 

@@ -72,6 +72,16 @@ class EmuBackend(DeviceModuleBackend):
     def _why_not_available(self) -> str:
         return "torch.emu.is_available() is False: EMU_VISIBLE_DEVICES hides every emu device"
 
+    def device_environment(self) -> dict[str, str]:
+        """emu's own settings as set here, and the extension's build folder (so an isolated child run,
+        whose home folder is a fresh one, reuses the build instead of compiling again)."""
+        from ._extension import build_dir
+
+        names = ("ACCEL_EMU_DEVICES", "ACCEL_EMU_MEMORY", "ACCEL_EMU_PROTECT", "EMU_VISIBLE_DEVICES")
+        env = {name: os.environ[name] for name in names if name in os.environ}
+        env["ACCEL_EMU_BUILD_DIR"] = str(build_dir())
+        return env
+
     # ------------------------------------------------------------------ collectives
     @property
     def comm_backend(self) -> str | None:

@@ -81,3 +81,17 @@ def test_accel_env_shows_emu_with_its_memory():
     data = json.loads(result.stdout)
     text = json.dumps(data)
     assert '"emu"' in text and "8589934592" in text, text[:3000]
+
+
+def test_device_environment_carries_emus_settings_and_build_folder(monkeypatch):
+    """An isolated child run (a fresh home folder, no ACCEL_* variables of the caller) still sees the
+    same emu devices and reuses the built extension."""
+    from accel.backends import get_registry
+    from accel_emu._extension import build_dir
+    from accel_harness.upstream import backend_env
+
+    monkeypatch.setenv("ACCEL_EMU_MEMORY", "2GiB")
+    env = get_registry().get("emu").device_environment()
+    assert env["ACCEL_EMU_MEMORY"] == "2GiB" and env["ACCEL_EMU_BUILD_DIR"] == str(build_dir())
+    child = backend_env("emu", others_visible={})
+    assert child["ACCEL_DEVICE"] == "emu" and child["ACCEL_EMU_BUILD_DIR"] == str(build_dir())
