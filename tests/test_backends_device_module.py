@@ -477,3 +477,20 @@ def test_mps_forwards_to_its_module():
         mps.stream_context(None)
     t = torch.arange(4)
     assert mps.pin_memory(t) is t
+
+
+class _PicklableProbe(DeviceModuleBackend):
+    name = "probe"
+    device_type = "cpu"
+
+
+def test_a_device_module_backend_pickles_without_its_module():
+    """A prepared data loader (or anything else) that holds the backend must pickle: the cached
+    ``torch.<device>`` module is dropped and looked up again (found on the emulated device)."""
+    import pickle
+    import types
+
+    backend = _PicklableProbe(module=types.ModuleType("torch_probe"))
+    assert backend.module is not None
+    copy = pickle.loads(pickle.dumps(backend))
+    assert copy.name == "probe" and copy.module is getattr(__import__("torch"), "cpu", None)

@@ -38,6 +38,18 @@ class DeviceModuleBackend(Backend):
         self._module = module
         self._accelerator = accelerator
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the device modules it caches (a module cannot be pickled: a prepared data
+        loader or a saved object that holds the backend would fail); they are looked up again."""
+        state = self.__dict__.copy()
+        state["_module"] = None
+        state.pop("_accelerator", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._accelerator = _MISSING
+
     # ------------------------------------------------------------------ module lookup
     @property
     def module(self) -> Any:

@@ -98,3 +98,37 @@ def test_cpu_offload_takes_host_inputs_through_a_residual(emu):
         out = offloaded(x)
     assert out.device.type == "cpu"  # back on the input's device
     torch.testing.assert_close(out, expected.detach())
+
+
+def test_a_safetensors_checkpoint_loads_onto_a_device_safetensors_does_not_know(tmp_path, monkeypatch):
+    # safetensors' safe_open(device=...) knows a fixed list of device types ("device emu:0 is
+    # invalid"); load_state_dict reads such a device's tensors through the host instead
+    from safetensors.torch import save_file
+
+    from accel.utils.modeling import load_state_dict
+
+    monkeypatch.setenv("ACCEL_DEVICE", "emu")
+    path = tmp_path / "model.safetensors"
+    save_file({"a": torch.arange(4.0), "b": torch.ones(2)}, str(path))
+    state = load_state_dict(str(path), device_map={"a": 0, "b": "cpu"})
+    assert state["a"].device == torch.device("emu", 0) and state["b"].device.type == "cpu"
+    assert state["a"].cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_a_prepared_data_loader_pickles_on_a_device_module_backend(monkeypatch):
+    # the loader holds the backend, which cached torch.emu (a module cannot be pickled)
+    import pickle
+
+    from accel import Accelerator
+    from accel.state import AcceleratorState, GradientState
+
+    monkeypatch.setenv("ACCEL_DEVICE", "emu")
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    try:
+        loader = Accelerator().prepare(DataLoader(TensorDataset(torch.arange(8.0)), batch_size=2))
+        again = pickle.loads(pickle.dumps(loader))
+        assert [b[0].tolist() for b in again] == [b[0].tolist() for b in loader]
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
