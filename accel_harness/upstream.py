@@ -841,6 +841,9 @@ def run_suite(suite: Suite, backend: str, out_dir: str | os.PathLike[str], *, ag
     device_env = backend_env(backend)
     env = caller_free_environment(os.environ, work / "home", offline=offline, keep=tuple(device_env))
     env.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **device_env})
+    # commands the tests start (accel launch, torchrun, accelerate) come from the suite's environment first
+    env["PATH"] = os.pathsep.join([str(Path(python).parent), env.get("PATH", "")])
+    env["VIRTUAL_ENV"] = str(Path(python).parent.parent)
     start = time.perf_counter()
     from .progress import run_streamed
 

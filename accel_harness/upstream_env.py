@@ -119,6 +119,31 @@ def _create(root: Path) -> Path:
     return _venv_python(root)
 
 
+def _link_console_scripts(root: Path) -> int:
+    """Give the venv the active environment's console scripts (``accel``, ``accelerate``, ``torchrun``,
+    ...) rewritten to run under the venv's interpreter, so a test that starts ``accel launch`` or
+    ``torchrun`` runs it inside the suite's environment (with its packages), not the caller's."""
+    source = Path(sys.executable).parent
+    target = root / ("Scripts" if os.name == "nt" else "bin")
+    python = str(_venv_python(root))
+    made = 0
+    for script in sorted(source.iterdir()) if source.is_dir() else []:
+        if not script.is_file() or (target / script.name).exists():
+            continue
+        try:
+            with open(script, "rb") as fh:
+                first = fh.readline()
+                if not (first.startswith(b"#!") and b"python" in first):
+                    continue
+                body = fh.read()
+        except OSError:
+            continue
+        (target / script.name).write_bytes(f"#!{python}\n".encode() + body)
+        (target / script.name).chmod(0o755)
+        made += 1
+    return made
+
+
 def prepare_environment(label: str, requirements: Sequence[str], *, log_dir: str | os.PathLike[str],
                         pip_args: Sequence[str] = (), constraints: Sequence[str] | None = None,
                         root: str | os.PathLike[str] | None = None) -> IsolatedEnv:
@@ -141,12 +166,14 @@ def prepare_environment(label: str, requirements: Sequence[str], *, log_dir: str
         python = _venv_python(target)
         if marker.is_file() and python.exists():
             try:
+                _link_console_scripts(target)  # scripts installed in the active environment since
                 stored = json.loads(marker.read_text(encoding="utf-8"))
                 log.write_text(f"# reused {target} (prepared before; its install log: {stored.get('log')})\n", encoding="utf-8")
                 return IsolatedEnv(target, python, True, stored["install"])
             except (ValueError, KeyError):
                 pass  # a damaged marker: rebuild
         python = _create(target)
+        _link_console_scripts(target)
         result = install_requirements(list(requirements), target / "pip", pip_args=pip_args, constraints=pins,
                                       python=str(python), log=log, verify_all_in=_venv_site(target))
         install = result.to_dict()

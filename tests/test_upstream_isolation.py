@@ -54,6 +54,13 @@ def _project(tmp_path: Path) -> Path:
         "import os\n\n"
         "def test_dependency_from_the_suite_environment():\n"
         "    import isodep\n    assert isodep.ANSWER == 42\n\n"
+        "def test_commands_come_from_the_suite_environment():\n"
+        "    import shutil, subprocess\n"
+        "    out = subprocess.run([shutil.which('accel'), 'env', '--json'], capture_output=True, text=True)\n"
+        "    assert out.returncode == 0, out.stderr\n"
+        "    code = 'import isodep; print(isodep.ANSWER)'\n"
+        "    launched = subprocess.run(['python', '-c', code], capture_output=True, text=True)\n"
+        "    assert launched.stdout.strip() == '42', launched.stderr\n\n"
         "def test_no_caller_configuration():\n"
         "    leaked = sorted(k for k in os.environ if k.startswith(('ACCEL_', 'ACCELERATE_')) and k != 'ACCEL_DEVICE')\n"
         "    assert leaked == []\n"
@@ -95,7 +102,8 @@ def test_upstream_dependencies_go_to_their_own_environment_and_failures_are_repo
     assert "no-such-dependency" in pip_log and "$ " in pip_log  # every pip command with its whole output
     header, records, _ = read_records(out / "results" / "isoproj-1.0-against-isoproj-cpu.jsonl")
     outcomes = {r["nodeid"].split("::")[-1]: r["outcome"] for r in records}
-    assert outcomes == {"test_dependency_from_the_suite_environment": "passed", "test_no_caller_configuration": "passed"}, text
+    assert outcomes == {"test_dependency_from_the_suite_environment": "passed", "test_no_caller_configuration": "passed",
+                        "test_commands_come_from_the_suite_environment": "passed"}, text
     assert set(header["extra"]["upstream"]["install"]["failed"]) == {"no-such-dependency==9.9", "isobroken==1.0"}
     md = (out / "report" / "report.md").read_text()
     assert "Not installed for" in md and "no-such-dependency==9.9 (" in md and "built for another torch" in md
