@@ -141,3 +141,30 @@ def test_cpu_and_disk_offload_execute_on_the_device(on_backend, device, tmp_path
     assert model.blocks[0].up.weight.device.type == "meta"
     with torch.no_grad():
         torch.testing.assert_close(model(_inputs()).cpu(), expected, **TOLERANCE)
+
+
+def test_an_automatic_device_map_spreads_over_two_devices_cpu_and_disk(on_backend, device, tmp_path):
+    """``infer_auto_device_map`` with a budget per device places blocks on device 0, device 1, the host
+    and the disk, and ``load_checkpoint_and_dispatch`` with that map gives the full model's outputs."""
+    if on_backend.device_count() < 2 or device.index is None:
+        pytest.skip(f"[needs-devices] two devices of {on_backend.name} (this process sees {on_backend.device_count()})")
+    torch.manual_seed(0)
+    reference = Tower(depth=8).eval()
+    save_file({k: v.contiguous() for k, v in reference.state_dict().items()}, str(tmp_path / "model.safetensors"))
+    block = sum(p.numel() * p.element_size() for p in reference.blocks[0].parameters())
+    # the first device keeps room for the largest offloaded layer, as Accelerate's planner does
+    budget = {0: int(block * 2.5), 1: int(block * 1.5), "cpu": int(block * 2.1), "disk": 100 * block}
+    with init_empty_weights():
+        empty = Tower(depth=8)
+    device_map = infer_auto_device_map(empty, max_memory=budget, no_split_module_classes=["Block"])
+    assert {0, 1, "cpu", "disk"} <= set(device_map.values()), device_map
+    model = load_checkpoint_and_dispatch(empty, str(tmp_path), device_map=device_map, offload_folder=str(tmp_path / "off"))
+    for name, value in device_map.items():
+        if isinstance(value, int):
+            assert next(model.get_submodule(name).parameters()).device == on_backend.device(value), (name, value)
+    x = _inputs()
+    with torch.no_grad():
+        expected = reference(x)
+        out = model(x)
+    torch.testing.assert_close(out.to("cpu"), expected, **TOLERANCE)
+    remove_hook_from_submodules(model)
