@@ -494,7 +494,10 @@ print("RESULT" + json.dumps(out))
 
 
 def _probe(lib: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "ACCELERATE_"))}
+    # a single plain process: no launcher's variables (another test in this worker may have left some)
+    launcher = ("ACCEL_", "ACCELERATE_", "PMI_", "OMPI_", "MV2_", "TORCHELASTIC_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(launcher)
+           and k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")}
     done = subprocess.run([sys.executable, "-c", _PRECISION_PROBE, lib], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT"))
