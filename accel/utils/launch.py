@@ -2,7 +2,7 @@
 elastic, the command line), under Accelerate's names.
 
 The variables are the contract between the launcher and the library (the DeepSpeed, FSDP, compile and
-mixed-precision code reads them); /work/notes/launch_env.md lists them with their meaning. Names and
+mixed-precision code reads them); :func:`launch_env` is where each is set. Names and
 value spellings are exactly those of ``accelerate launch``, so a script or plugin that reads
 Accelerate's variables behaves the same under either launcher.
 
