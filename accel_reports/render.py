@@ -779,11 +779,12 @@ def _area_view(report: Report, skip_codes: dict[tuple[str, int], str]) -> list[d
     columns = list(range(len(report.cells)))
     areas: dict[str, dict[str, Any]] = {}
     for test_id, outcomes in zip(grid.index, grid[columns].to_numpy()):
-        area = areas.setdefault(area_of(test_id), {"tests": set(), "passed": 0, "failed": 0, "skipped": 0, "xfail": 0, "reasons": {}})
+        # "tests" counts results (a test in each cell), so the columns add up across backends
+        area = areas.setdefault(area_of(test_id), {"tests": 0, "passed": 0, "failed": 0, "skipped": 0, "xfail": 0, "reasons": {}})
         for position, outcome in enumerate(outcomes):
             if not isinstance(outcome, str):
                 continue
-            area["tests"].add(test_id)
+            area["tests"] += 1
             if outcome == "passed":
                 area["passed"] += 1
             elif outcome in FAILING:
@@ -799,7 +800,7 @@ def _area_view(report: Report, skip_codes: dict[tuple[str, int], str]) -> list[d
         area = areas[name]
         reasons = sorted(area.pop("reasons").items(), key=lambda kv: (-kv[1], kv[0]))
         executed = area["passed"] + area["failed"]
-        rows.append({**area, "area": name, "tests": len(area["tests"]),
+        rows.append({**area, "area": name, "tests": area["tests"],
                      "css": "r-bad" if area["failed"] else ("r-ok" if area["passed"] else "r-none"),
                      "pass_rate_text": _pct(area["passed"] / executed) if executed else "–",
                      "reasons": [{"code": c, "count": n, "letter": SKIP_LETTERS.get(c, "s")} for c, n in reasons[:AREA_SKIP_REASONS]],

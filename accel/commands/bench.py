@@ -79,9 +79,12 @@ def _backend_name(requested: str | None) -> str:
     name = requested.strip().lower()
     if name not in registry.names():
         raise UsageError(f"unknown backend {requested!r}; known backends: {', '.join(registry.names())}")
-    backend = registry.get(name)
-    if not backend.is_available():
-        raise UsageError(f"backend {name!r} is not available here: {backend.availability.reason}")
+    from accel.backends import BackendError
+
+    try:
+        registry.select(name)  # asked for by name: a plug-in that loads only when requested loads now
+    except BackendError as exc:
+        raise UsageError(f"backend {name!r} is not available here: {exc}") from None
     return name
 
 
