@@ -24,7 +24,7 @@ def _run(pytester, *args, timeout=180):
 def test_a_process_left_running_is_killed_and_warned_about(pytester):
     pytester.makepyfile(test_leak=textwrap.dedent(
         """
-        import subprocess, sys
+        import subprocess, sys, time
         import pytest
 
         @pytest.mark.world_size(2)
@@ -32,6 +32,13 @@ def test_a_process_left_running_is_killed_and_warned_about(pytester):
             child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
             with open(f"child-{rank}.pid", "w") as fh:
                 fh.write(str(child.pid))
+            # until the child has exec'd it is a copy of this rank (its command line too): wait for it
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                with open(f"/proc/{child.pid}/cmdline", "rb") as fh:
+                    if b"sleep(120)" in fh.read():
+                        break
+                time.sleep(0.01)
 
         @pytest.mark.world_size(2)
         def test_next_one_runs(backend, rank):
