@@ -144,7 +144,7 @@ def test_chained_plain_traceback_gives_the_root_cause():
         The above exception was the direct cause of the following exception:
 
         Traceback (most recent call last):
-          File "/work/suites/test_ops.py", line 12, in test_gather
+          File "/srv/ci/suites/test_ops.py", line 12, in test_gather
             gather(t)
         accel.utils.operations.DistributedOperationException: gather failed on rank 1
         """)
@@ -161,7 +161,7 @@ def test_rank_failure_message_from_the_plugin():
         return (
             f"rank {rank} of 2 failed: RuntimeError: Timed out after 30s waiting for rank {1 - rank} at port {port}\n\n"
             "Traceback (most recent call last):\n"
-            f'  File "/work/harness/distributed.py", line {300 + rank}, in _run_task\n'
+            f'  File "/srv/ci/harness/distributed.py", line {300 + rank}, in _run_task\n'
             "    fn(**kwargs)\n"
             f"RuntimeError: Timed out after 30s waiting for rank {1 - rank} at port {port}\n"
         )
