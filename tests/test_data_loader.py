@@ -273,9 +273,16 @@ def test_device_placement_and_set_epoch(monkeypatch):
         return real(batch, device, non_blocking=non_blocking, skip_keys=skip_keys)
 
     monkeypatch.setattr(ops, "send_to_device", spy)
-    dl = A.prepare_data_loader(DataLoader(MapData(6), batch_size=2), device=torch.device("cpu"), put_on_device=True, non_blocking=True)
-    assert [_idx(b) for b in dl] == [[0, 1], [2, 3], [4, 5]]
-    assert calls == [("cpu", True)] * 3
+    dl = A.prepare_data_loader(DataLoader(MapData(6), batch_size=2), device=torch.device("meta"), put_on_device=True, non_blocking=True)
+    batches = list(dl)
+    assert calls == [("meta", True)] * 3
+    assert all(t.device.type == "meta" for b in batches for t in b.values())
+    calls.clear()
+    # batches already on the device are handed over as they are (Tensor.to would return the same tensors)
+    dl = A.prepare_data_loader(DataLoader(MapData(6), batch_size=2), device=torch.device("cpu"), put_on_device=True)
+    assert [_idx(b) for b in dl] == [[0, 1], [2, 3], [4, 5]] and calls == []
+    nested = A.prepare_data_loader(DataLoader([{"x": [torch.zeros(1)]}] * 2, batch_size=1), device="cpu", put_on_device=True)
+    assert len(list(nested)) == 2 and calls == [("cpu", False)] * 2  # not a flat container of tensors: the full walk
     calls.clear()
     unplaced = A.prepare_data_loader(DataLoader(MapData(6), batch_size=2), device=torch.device("cpu"))
     list(unplaced)
