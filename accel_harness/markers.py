@@ -15,13 +15,16 @@ Semantics worth knowing:
   one host device (see :func:`ranks_share_device`).
 * On a backend whose ranks cannot share a device (every backend but cpu, unless the backend sets a
   boolean ``ranks_share_device`` attribute), a world size ``n > 1`` also needs ``n`` devices.
-* ``require_fsdp2`` means: torch >= 2.6 (``fully_shard`` is public there) and a backend with a
-  collective backend (``backend.comm_backend`` is not None).
+* ``require_fsdp2`` means: torch >= the FSDP2 floor of :mod:`accel.facts.versions` (``fully_shard``
+  is public there) and a backend with a collective backend (``backend.comm_backend`` is not None).
+* The Accelerate-style aliases (``require_cuda``, ``require_multi_gpu``, ...) are generated from
+  :data:`accel.facts.requirements.REQUIREMENT_TABLE`, the table ``accel.test_utils`` evaluates too,
+  so the two decorator sets cannot disagree.
 * ``require_package`` never imports anything: a plain name is looked up with
   ``importlib.util.find_spec`` (dotted names without importing their parents); a name with a
   version specifier (``"deepspeed>=0.14"``) is checked against installed distribution metadata.
-* Reason codes (:data:`SKIP_CODES`) are shared with ``accel.test_utils``, whose decorators write
-  the same ``"[code] message"`` skip text (and add ``opt-in`` for ``@slow``).
+* Reason codes (:data:`SKIP_CODES`) come from :mod:`accel.facts.reasons`; ``accel.test_utils``'
+  decorators write the same ``"[code] message"`` skip text.
 * Bad usage (``require_devices("two")``, ``require_torch("banana")``) raises
   :class:`MarkerUsageError` (a ``ValueError``) naming the test, the marker and the argument, for
   every instance alike, so the plugin can report it as a collection error.
@@ -29,15 +32,15 @@ Semantics worth knowing:
 
 from __future__ import annotations
 
-import functools
-
-import importlib.machinery
-import importlib.util
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 from packaging.version import InvalidVersion, Version
+
+from accel.facts import reasons, versions
+from accel.facts.backends import BUILTIN_BACKENDS
+from accel.facts.requirements import NOT_IN_TABLE, REQUIREMENT_TABLE, Need, package_problem
 
 # packaging.requirements/specifiers, importlib.metadata and difflib load on first use: the plugin imports
 # this module in every pytest session of the environment, most of which never evaluate a mark
@@ -71,27 +74,14 @@ TORCH_VERSION = "torch-version"
 KNOWN_LIMITATION = "known-limitation"
 NOT_ON_BACKEND = "not-on-backend"
 NEEDS_MULTIPROCESS = "needs-multiprocess"
-#: accel.test_utils' ``@slow`` and other tests that run only when asked
 OPT_IN = "opt-in"
 
-#: every reason code a harness skip may carry
-SKIP_CODES: tuple[str, ...] = (
-    BACKEND_UNAVAILABLE,
-    BACKEND_NOT_SELECTED,
-    NEEDS_DEVICES,
-    NEEDS_PACKAGE,
-    UNSUPPORTED_DTYPE,
-    TORCH_VERSION,
-    KNOWN_LIMITATION,
-    NOT_ON_BACKEND,
-    NEEDS_MULTIPROCESS,
-    OPT_IN,
-)
+#: every reason code a harness skip may carry (the table in accel.facts.reasons)
+SKIP_CODES: tuple[str, ...] = reasons.SKIP_CODES
 #: the code of a skip whose text carries no (known) code, e.g. a plain ``pytest.skip("...")``
-UNSPECIFIED = "unspecified"
+UNSPECIFIED = reasons.UNSPECIFIED
 
-#: backends that get a ``require_non_<name>`` marker registered
-BUILTIN_BACKENDS: tuple[str, ...] = ("cpu", "cuda", "xpu", "mps", "hpu")
+# each built-in backend (accel.facts.backends.BUILTIN_BACKENDS) gets a ``require_non_<name>`` marker registered
 
 # ---------------------------------------------------------------------------- marker table
 #: marker name -> description; the plugin registers each as ``f"{name}: {description}"``
@@ -101,101 +91,38 @@ MARKERS: dict[str, str] = {
         f"require_non_{name}": f"skip the instances that run on the {name} backend [not-on-backend]"
         for name in BUILTIN_BACKENDS
     },
-    "require_devices": "require_devices(n): skip unless the backend has at least n physical devices (cpu has 1) [needs-devices]",
+    "require_devices": "require_devices(n, exact=False, of=()): skip unless the backend has at least n physical devices (exactly n with exact=True; cpu has 1) and, with of=('cuda', ...), is one of those backends [needs-devices]",
     "require_multi_device": "same as require_devices(2) [needs-devices]",
     "require_fp16": "skip unless the backend computes in float16; require_fp16(amp=True) asks for fp16 autocast instead [unsupported-dtype]",
     "require_bf16": "skip unless the backend computes in bfloat16; require_bf16(amp=True) asks for bf16 autocast instead [unsupported-dtype]",
-    "require_fp8": "skip unless the backend runs float8 (e4m3) matmuls [unsupported-dtype]",
+    "require_fp8": "skip unless the backend runs float8 (e4m3) matmuls; require_fp8(training=True) also asks that accel can train in fp8 here [unsupported-dtype]",
     "require_package": "require_package(name, ..., any_of=False): skip unless each package (any_of=True: at least one) is installed; 'name>=1.2' also checks its version [needs-package]",
     "require_torch": "require_torch(spec): skip unless the installed torch matches the specifier, e.g. require_torch('>=2.5') [torch-version]",
-    "require_deepspeed": "skip unless deepspeed is installed [needs-package]",
-    "require_fsdp2": "skip unless torch >= 2.6 (fully_shard) and the backend has a collective backend [torch-version, needs-multiprocess]",
+    "require_no_package": "require_no_package(name): skip when the package is installed [known-limitation]",
+    "require_deepspeed": "skip unless deepspeed is installed with an accelerator for the backend [needs-package, not-on-backend]",
+    "require_fsdp2": f"skip unless torch >= {versions.TORCH_FSDP2} (fully_shard) and the backend has a collective backend [torch-version, needs-multiprocess]",
+    "require_opt_in": "require_opt_in(VARIABLE): skip unless the yes/no environment variable is true, e.g. require_opt_in('RUN_SLOW') [opt-in]",
     "slow": "takes more than a few seconds",
     "world_size": "world_size(n) or world_size([1, 2, 4]): run the body in n processes, one test instance per size [needs-multiprocess, needs-devices]",
     "known_limitation": "known_limitation('mps', ..., reason='...', torch='<2.8'): skip on the named backends (optionally only in a torch range) [known-limitation]",
 }
 
 # ---------------------------------------------------------------------------- Accelerate aliases
-class Alias(NamedTuple):
-    """An Accelerate decorator as a harness mark: ``pytest.mark.<marker>(*args, **kwargs)``."""
+#: an Accelerate decorator's condition as a harness mark: ``pytest.mark.<marker>(*args, **kwargs)``
+Alias = Need
 
-    marker: str
-    args: tuple[Any, ...] = ()
-    kwargs: Mapping[str, Any] = {}
-
-
-def _package(module: str) -> Alias:
-    return Alias("require_package", (module,))
+#: Accelerate ``accelerate.test_utils`` decorator name -> the harness marks it stands for, generated
+#: from accel.facts.requirements.REQUIREMENT_TABLE (the table accel.test_utils evaluates). "The backend"
+#: is the instance's: ``require_cuda`` means only the cuda instance runs, ``require_multi_gpu`` means a
+#: cuda instance with two devices.
+ACCELERATE_ALIASES: dict[str, tuple[Alias, ...]] = {name: row.needs for name, row in REQUIREMENT_TABLE.items()}
 
 
-#: Accelerate ``accelerate.test_utils`` decorator name -> (harness marker, marker args).
-#: Device names map to ``require_backend``: in the harness a test runs once per backend, so
-#: "requires cuda" means "only the cuda instance runs". ``require_multi_gpu`` and friends mean
-#: two devices of whatever backend the instance runs on; ``require_single_device`` means "not on
-#: the host cpu" (a harness test runs at world size 1 on one device of its backend).
-ACCELERATE_ALIASES: dict[str, Alias] = {
-    "require_cpu": Alias("require_backend", ("cpu",)),
-    "require_cuda": Alias("require_backend", ("cuda",)),
-    "require_xpu": Alias("require_backend", ("xpu",)),
-    "require_mps": Alias("require_backend", ("mps",)),
-    "require_hpu": Alias("require_backend", ("hpu",)),
-    "require_npu": Alias("require_backend", ("npu",)),
-    "require_mlu": Alias("require_backend", ("mlu",)),
-    "require_musa": Alias("require_backend", ("musa",)),
-    "require_sdaa": Alias("require_backend", ("sdaa",)),
-    "require_neuron": Alias("require_backend", ("neuron",)),
-    "require_tpu": Alias("require_backend", ("xla",)),
-    "require_cuda_or_xpu": Alias("require_backend", ("cuda", "xpu")),
-    "require_cuda_or_hpu": Alias("require_backend", ("cuda", "hpu")),
-    "require_single_gpu": Alias("require_backend", ("cuda",)),
-    "require_single_xpu": Alias("require_backend", ("xpu",)),
-    "require_single_device": Alias("require_non_cpu", ()),
-    "require_non_cpu": Alias("require_non_cpu", ()),
-    "require_non_cuda": Alias("require_non_cuda", ()),
-    "require_non_xpu": Alias("require_non_xpu", ()),
-    "require_non_mps": Alias("require_non_mps", ()),
-    "require_non_hpu": Alias("require_non_hpu", ()),
-    "require_multi_device": Alias("require_devices", (2,)),
-    "require_multi_gpu": Alias("require_devices", (2,)),
-    "require_multi_xpu": Alias("require_devices", (2,)),
-    "require_multi_gpu_or_xpu": Alias("require_devices", (2,)),
-    "require_fp16": Alias("require_fp16", ()),
-    "require_bf16": Alias("require_bf16", ()),
-    "require_fp8": Alias("require_fp8", ()),
-    "require_deepspeed": Alias("require_deepspeed", ()),
-    "require_fsdp2": Alias("require_fsdp2", ()),
-    "require_torchvision": _package("torchvision"),
-    "require_pandas": _package("pandas"),
-    "require_transformers": _package("transformers"),
-    "require_timm": _package("timm"),
-    "require_tensorboard": _package("tensorboard"),
-    "require_wandb": _package("wandb"),
-    "require_mlflow": _package("mlflow"),
-    "require_comet_ml": _package("comet_ml"),
-    "require_clearml": _package("clearml"),
-    "require_dvclive": _package("dvclive"),
-    "require_bnb": _package("bitsandbytes"),
-    "require_torchao": _package("torchao"),
-    "require_schedulefree": _package("schedulefree"),
-    "require_matplotlib": _package("matplotlib"),
-    "require_triton": _package("triton"),
-    "require_transformer_engine": _package("transformer_engine"),
-    "require_safetensors": _package("safetensors"),
-    "require_aim": _package("aim"),
-    "require_swanlab": _package("swanlab"),
-    "require_trackio": _package("trackio"),
-    "require_datasets": _package("datasets"),
-    "require_peft": _package("peft"),
-    "require_torchdata_stateful_dataloader": _package("torchdata.stateful_dataloader"),
-    "require_huggingface_suite": Alias("require_package", ("transformers", "datasets")),
-    "require_import_timer": _package("import_timer"),
-    "require_pippy": _package("torch.distributed.pipelining"),
-    "require_transformer_engine_mxfp8": Alias("require_package", ("transformer_engine>=2.0",)),
-    "require_tp": Alias("require_package", ("transformers>=4.52.0",)),
-    # Accelerate's choice of trackers; it also refuses when comet_ml is installed, which a marker cannot say
-    "require_trackers": Alias("require_package", ("wandb", "tensorboard", "trackio", "swanlab"), {"any_of": True}),
-    "slow": Alias("slow", ()),
-}
+def _mark_of(need: Alias) -> Any:
+    import pytest
+
+    decorator = getattr(pytest.mark, need.marker)
+    return decorator(*need.args, **dict(need.kwargs)) if need.args or need.kwargs else decorator
 
 
 def as_decorator(name: str) -> Any:
@@ -208,12 +135,22 @@ def as_decorator(name: str) -> Any:
     import pytest
 
     if name in ACCELERATE_ALIASES:
-        alias = ACCELERATE_ALIASES[name]
-        decorator = getattr(pytest.mark, alias.marker)
-        return decorator(*alias.args, **alias.kwargs) if alias.args or alias.kwargs else decorator
+        marks = [_mark_of(need) for need in ACCELERATE_ALIASES[name]]
+        if len(marks) == 1:
+            return marks[0]
+
+        def apply_all(test: Any) -> Any:
+            for mark_decorator in marks:
+                test = mark_decorator(test)
+            return test
+
+        apply_all.__name__ = apply_all.__qualname__ = name
+        apply_all.__doc__ = f"The harness marks of Accelerate's {name}: " + ", ".join(m.mark.name for m in marks)
+        apply_all.marks = marks  # type: ignore[attr-defined]
+        return apply_all
     if name in MARKERS or (name.startswith("require_non_") and len(name) > len("require_non_")):
         return getattr(pytest.mark, name)
-    known = sorted(set(MARKERS) | set(ACCELERATE_ALIASES))
+    known = sorted(set(MARKERS) | set(ACCELERATE_ALIASES) | set(NOT_IN_TABLE))
     import difflib
 
     close = difflib.get_close_matches(name, known, n=1)
@@ -223,11 +160,9 @@ def as_decorator(name: str) -> Any:
 
 def require_torch_min_version(test_case: Any = None, version: str | None = None) -> Any:
     """Accelerate's ``require_torch_min_version(version="2.5")``: ``require_torch(">=2.5")``."""
-    import pytest
-
     if version is None:
         raise ValueError("require_torch_min_version needs version=, e.g. require_torch_min_version(version='2.5')")
-    decorator = pytest.mark.require_torch(f">={version}")
+    decorator = _mark_of(Need("require_torch", (f">={version}",)))
     return decorator(test_case) if test_case is not None else decorator
 
 
@@ -320,7 +255,7 @@ _RANK_MULTIPROCESS = 4
 _RANK_DEVICES = 5
 _RANK_DTYPE = 6
 
-_FSDP2_MIN_TORCH = Version("2.6")
+_FSDP2_MIN_TORCH = Version(versions.TORCH_FSDP2)
 
 
 def is_harness_mark(name: str) -> bool:
@@ -461,23 +396,7 @@ def _check_require_torch(mark: _Mark) -> list[_Check]:
     return [_Check(_RANK_TORCH, run)]
 
 
-def _module_found(name: str) -> bool:
-    """Whether module ``name`` can be imported, without importing it or its parent packages."""
-    parts = name.split(".")
-    try:
-        spec = importlib.util.find_spec(parts[0])
-    except (ImportError, ValueError):
-        return False
-    for i in range(1, len(parts)):
-        if spec is None or not spec.submodule_search_locations:
-            return False
-        spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: i + 1]), list(spec.submodule_search_locations))
-    return spec is not None
-
-
 def _package_check(mark: _Mark, value: Any) -> Callable[[], str | None]:
-    from importlib import metadata
-
     from packaging.requirements import InvalidRequirement, Requirement
 
     if not isinstance(value, str) or not value.strip():
@@ -489,25 +408,46 @@ def _package_check(mark: _Mark, value: Any) -> Callable[[], str | None]:
         raise mark.error(repr(value), f"not a package name or requirement ({exc})") from None
     if requirement.extras or requirement.marker or requirement.url:
         raise mark.error(repr(value), "extras, URLs and environment markers are not supported; give a name and optional version specifier")
-    name = requirement.name
-    spec = requirement.specifier
 
     def missing() -> str | None:
-        if not spec:
-            if _module_found(name):
-                return None
-            return f"test needs the {name} package, which is not installed"
-        try:
-            installed = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return f"test needs {text}, which is not installed"
-        try:
-            ok = spec.contains(Version(installed), prereleases=True)
-        except InvalidVersion:
-            return f"test needs {text}; installed version {installed!r} cannot be compared"
-        return None if ok else f"test needs {text}; installed {installed}"
+        return package_problem(text)
 
     return missing
+
+
+def _check_require_no_package(mark: _Mark) -> list[_Check]:
+    mark.only_kwargs()
+    if len(mark.args) != 1:
+        raise mark.error(_args_text(mark.args, mark.kwargs) or "(none)", "require_no_package takes exactly one package name")
+    probe = _package_check(mark, mark.args[0])
+    if any(ch in mark.args[0] for ch in "<>=!~"):
+        raise mark.error(repr(mark.args[0]), "require_no_package takes a package name without a version")
+
+    def run(ctx: _Context) -> SkipReason | None:
+        if probe() is not None:
+            return None
+        return SkipReason(KNOWN_LIMITATION, f"test needs an environment without {mark.args[0].strip()}, which is installed")
+
+    return [_Check(_RANK_PACKAGE, run)]
+
+
+def _check_require_opt_in(mark: _Mark) -> list[_Check]:
+    mark.only_kwargs()
+    names = mark.names("environment variable")
+    if len(names) != 1:
+        raise mark.error(_args_text(mark.args, mark.kwargs), "require_opt_in takes exactly one variable name")
+    variable = names[0]
+
+    def run(ctx: _Context) -> SkipReason | None:
+        from accel.facts.environment import env_flag
+
+        try:
+            wanted = env_flag(variable)
+        except ValueError as exc:
+            return SkipReason(OPT_IN, f"test runs only when asked: {exc}")
+        return None if wanted else SkipReason(OPT_IN, f"test runs only when asked: set {variable}=1 to run it")
+
+    return [_Check(_RANK_LIMITATION, run)]
 
 
 def _check_require_package(mark: _Mark) -> list[_Check]:
@@ -548,30 +488,11 @@ def _check_require_deepspeed(mark: _Mark) -> list[_Check]:
     return [_Check(_RANK_PACKAGE, run)]
 
 
-@functools.lru_cache(maxsize=None)
 def _deepspeed_accelerators() -> tuple[str, ...]:
-    """The device types the installed DeepSpeed has an accelerator for, read from its source
-    (importing DeepSpeed takes seconds); empty when that list cannot be found."""
-    import ast
-    from pathlib import Path
+    """The device types the installed DeepSpeed has an accelerator for (empty when unknown)."""
+    from accel.backends.deepspeed_agreement import deepspeed_accelerator_types
 
-    spec = importlib.util.find_spec("deepspeed")
-    locations = list(spec.submodule_search_locations or []) if spec else []
-    for location in locations:
-        path = Path(location) / "accelerator" / "real_accelerator.py"
-        try:
-            tree = ast.parse(path.read_text())
-        except (OSError, SyntaxError, ValueError):
-            continue
-        for node in tree.body:
-            if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-                    and node.targets[0].id == "SUPPORTED_ACCELERATOR_LIST"):
-                try:
-                    value = ast.literal_eval(node.value)
-                except ValueError:
-                    return ()
-                return tuple(str(v) for v in value)
-    return ()
+    return deepspeed_accelerator_types()
 
 
 def _comm_backend(backend: Any) -> tuple[str | None, str]:
@@ -626,11 +547,32 @@ def _devices_check(n: int) -> Callable[[_Context], SkipReason | None]:
 
 
 def _check_require_devices(mark: _Mark) -> list[_Check]:
-    mark.only_kwargs("n")
+    mark.only_kwargs("n", "exact", "of")
     values = list(mark.args) + ([mark.kwargs["n"]] if "n" in mark.kwargs else [])
     if len(values) != 1:
         raise mark.error(_args_text(mark.args, mark.kwargs) or "(none)", "require_devices takes exactly one device count, e.g. require_devices(2)")
-    return [_Check(_RANK_DEVICES, _devices_check(_positive_int(mark, values[0])))]
+    n = _positive_int(mark, values[0])
+    exact = mark.kwargs.get("exact", False)
+    if not isinstance(exact, bool):
+        raise mark.error(f"exact={exact!r}", "expected True or False")
+    of = mark.kwargs.get("of", ())
+    if isinstance(of, str) or not isinstance(of, (tuple, list)) or not all(isinstance(v, str) and v for v in of):
+        raise mark.error(f"of={of!r}", "expected a tuple of backend names, e.g. of=('cuda',)")
+    of = tuple(v.lower() for v in of)
+
+    def run(ctx: _Context) -> SkipReason | None:
+        name = _backend_name(ctx.backend)
+        if of and name not in of:
+            return SkipReason(NEEDS_DEVICES, f"test needs {n} {' or '.join(of)} device(s); this instance runs on {name}")
+        if not exact:
+            return _too_few_devices(ctx, n, "test")
+        count, error = _device_count(ctx.backend)
+        if count == n:
+            return None
+        detail = f" ({error})" if error else ""
+        return SkipReason(NEEDS_DEVICES, f"test needs exactly {n} {name} device(s), {count} visible{detail}")
+
+    return [_Check(_RANK_DEVICES, run)]
 
 
 def _check_require_multi_device(mark: _Mark) -> list[_Check]:
@@ -642,15 +584,23 @@ def _dtype_check(label: str, plain: str, amp: str | None) -> Callable[[_Mark], l
     def parse(mark: _Mark) -> list[_Check]:
         if mark.args:
             raise mark.error(repr(mark.args[0]), f"{mark.name} takes no positional arguments")
-        mark.only_kwargs(*(("amp",) if amp else ()))
+        mark.only_kwargs(*(("amp",) if amp else ("training",)))
         use_amp = mark.kwargs.get("amp", False)
-        if not isinstance(use_amp, bool):
-            raise mark.error(f"amp={use_amp!r}", "expected True or False")
+        training = mark.kwargs.get("training", False)
+        for key, value in (("amp", use_amp), ("training", training)):
+            if not isinstance(value, bool):
+                raise mark.error(f"{key}={value!r}", "expected True or False")
         attribute = amp if (use_amp and amp) else plain
         what = f"{label} autocast" if use_amp else label
 
         def run(ctx: _Context) -> SkipReason | None:
             name = _backend_name(ctx.backend)
+            if training:
+                from accel.utils.fp8 import fp8_refusal
+
+                refusal, error = _safe("fp8_refusal()", fp8_refusal)
+                if refusal or error:
+                    return SkipReason(UNSUPPORTED_DTYPE, f"test needs {label} training: {refusal or error}")
             cap, error = _safe(f"{name}: {attribute}", lambda: getattr(ctx.backend, attribute))
             if error is None and cap is not None and bool(getattr(cap, "supported", cap)):
                 return None
@@ -681,6 +631,8 @@ _PARSERS: dict[str, Callable[[_Mark], list[_Check]]] = {
     "known_limitation": _check_known_limitation,
     "require_torch": _check_require_torch,
     "require_package": _check_require_package,
+    "require_no_package": _check_require_no_package,
+    "require_opt_in": _check_require_opt_in,
     "require_deepspeed": _check_require_deepspeed,
     "require_fsdp2": _check_require_fsdp2,
     "require_devices": _check_require_devices,

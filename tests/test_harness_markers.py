@@ -112,27 +112,20 @@ def test_marker_table_has_every_marker_with_a_one_line_description():
 
 
 def test_every_alias_points_at_a_registered_marker_with_valid_arguments():
-    for alias, spec in ACCELERATE_ALIASES.items():
-        assert spec.marker in MARKERS, alias
-        validate([mark(spec.marker, *spec.args, **spec.kwargs)], where=alias)  # raises on bad arguments
-
-
-#: accel.test_utils decorators with no harness alias, and why
-_NOT_ALIASED = {
-    "require_torch_min_version": "takes version=; accel_harness.markers.require_torch_min_version is its own function",
-    "require_non_torch_xla": "about an installed package's absence, which no harness marker expresses",
-    "skip": "unconditional; pytest.mark.skip already is that",
-}
+    for alias, needs in ACCELERATE_ALIASES.items():
+        assert needs, alias
+        for need in needs:
+            assert need.marker in MARKERS or markers.is_harness_mark(need.marker), alias
+            validate([mark(need.marker, *need.args, **need.kwargs)], where=alias)  # raises on bad arguments
 
 
 def test_every_accel_test_utils_decorator_has_a_harness_alias():
-    """accel.test_utils.testing.REQUIREMENTS and ACCELERATE_ALIASES describe the same decorators: a
-    decorator added to one and not the other would make upstream suites skip differently under the harness."""
+    """Both sets come from accel.facts.requirements: the same names, apart from the two that are no row."""
+    from accel.facts.requirements import NOT_IN_TABLE
     from accel.test_utils.testing import REQUIREMENTS
 
-    missing = set(REQUIREMENTS) - set(ACCELERATE_ALIASES) - set(_NOT_ALIASED)
-    assert not missing, f"decorators without a harness alias: {sorted(missing)}"
-    assert set(_NOT_ALIASED) <= set(REQUIREMENTS)
+    assert set(REQUIREMENTS) == set(ACCELERATE_ALIASES) | set(NOT_IN_TABLE)
+    assert not set(NOT_IN_TABLE) & set(ACCELERATE_ALIASES)
 
 
 def test_require_package_any_of_needs_only_one(cpu):
@@ -155,7 +148,6 @@ def test_require_package_any_of_needs_only_one(cpu):
     ("require_multi_gpu", "require_devices", (2,)),
     ("require_multi_xpu", "require_devices", (2,)),
     ("require_non_cpu", "require_non_cpu", ()),
-    ("require_single_device", "require_non_cpu", ()),
     ("require_deepspeed", "require_deepspeed", ()),
     ("require_bnb", "require_package", ("bitsandbytes",)),
 ])
@@ -170,6 +162,23 @@ def test_as_decorator_builds_the_canonical_mark(alias, marker, args):
 
     applied = test_something.pytestmark
     assert [(m.name, m.args) for m in applied] == [(marker, args)]
+
+
+def test_an_alias_of_several_marks_applies_them_all_in_table_order():
+    decorator = as_decorator("require_single_device")
+    assert [(m.mark.name, m.mark.args, m.mark.kwargs) for m in decorator.marks] == [
+        ("require_non_cpu", (), {}), ("require_devices", (1,), {"exact": True})]
+
+    @decorator
+    class TestOnOneAccelerator:
+        def test_x(self):
+            pass
+
+    assert [m.name for m in TestOnOneAccelerator.pytestmark] == ["require_non_cpu", "require_devices"]
+    one_cuda = FakeBackend("cuda", count=1)
+    assert evaluate(TestOnOneAccelerator.pytestmark, one_cuda) is None
+    assert evaluate(TestOnOneAccelerator.pytestmark, FakeBackend("cuda", count=2)).code == "needs-devices"
+    assert evaluate(TestOnOneAccelerator.pytestmark, CPUBackend()).code == "not-on-backend"
 
 
 def test_aliases_import_like_accelerate_test_utils():
@@ -351,11 +360,14 @@ def test_require_package_with_a_version_specifier(cpu):
 
 
 def test_require_deepspeed(monkeypatch, cpu):
-    monkeypatch.setattr(markers, "_module_found", lambda name: name != "deepspeed")
+    missing = "test needs the deepspeed package, which is not installed"
+    monkeypatch.setattr(markers, "package_problem", lambda text: missing if text == "deepspeed" else None)
     reason = evaluate([mark("require_deepspeed")], cpu)
-    assert reason == SkipReason("needs-package", "test needs the deepspeed package, which is not installed")
-    monkeypatch.setattr(markers, "_module_found", lambda name: True)
+    assert reason == SkipReason("needs-package", missing)
+    monkeypatch.setattr(markers, "package_problem", lambda text: None)
+    monkeypatch.setattr(markers, "_deepspeed_accelerators", lambda: ("cuda", "cpu"))
     assert evaluate([mark("require_deepspeed")], cpu) is None
+    assert evaluate([mark("require_deepspeed")], FakeBackend("mps", device_type="mps")).code == "not-on-backend"
 
 
 def test_require_torch_compares_the_base_version():

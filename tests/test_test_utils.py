@@ -83,13 +83,15 @@ def _backend_available(name):
 
 @pytest.mark.parametrize("name", ["cuda", "xpu", "mps", "hpu"])
 def test_backend_decorators_follow_the_registry(name):
+    """"Requires cuda" means the test runs on cuda: the active backend is it (the harness's require_backend)."""
     mark = _skipif_mark(_decorated(getattr(tu, f"require_{name}")))
     backend = get_registry().get(name)
-    assert mark.args == (not backend.is_available(),)
-    assert mark.kwargs["reason_code"] == "backend-unavailable"
+    assert mark.args == (get_backend().name != name,)
+    assert mark.kwargs["reason_code"] == "not-on-backend"
     assert mark.kwargs["requirement"] == f"require_{name}"
-    assert mark.kwargs["reason"].startswith(f"[backend-unavailable] test requires a {name} device (")
-    assert backend.availability.reason in mark.kwargs["reason"]
+    assert mark.kwargs["reason"].startswith(f"[not-on-backend] test requires a {name} device (the active backend is ")
+    if get_backend().name != name:
+        assert backend.availability.reason in mark.kwargs["reason"]
     if not backend.is_available():
         assert f"backend {name} unavailable:" in mark.kwargs["reason"]
 
@@ -184,7 +186,7 @@ def test_the_table_is_consistent():
     for name, row in REQUIREMENTS.items():
         assert row.reason_code in REASON_CODES, name
         assert callable(getattr(tu, name)), name
-    assert evaluate_requirement("require_cuda")[2] == "backend-unavailable"
+    assert evaluate_requirement("require_cuda")[2] == "not-on-backend"
     assert evaluate_requirement("require_torch_min_version", version="1.0")[:2] == (
         True, f"test requires torch >= 1.0 (installed torch is {torch_version()})")
     with pytest.raises(KeyError, match="require_nothing"):
@@ -328,12 +330,15 @@ def test_are_the_same_tensors_across_two_ranks():
 def test_new_requirement_rows_follow_their_packages(monkeypatch):
     from accel.test_utils import testing
 
-    real = testing._package
-    monkeypatch.setattr(testing, "_package", lambda name: name in ("wandb",) or (name != "comet_ml" and real(name)))
+    def installed(*names):
+        return lambda requirement: None if requirement.split(">")[0] in names else f"{requirement} not installed"
+
+    monkeypatch.setattr(testing, "_package_problem", installed("wandb"))
     assert evaluate_requirement("require_trackers")[0] is True
-    monkeypatch.setattr(testing, "_package", lambda name: name in ("wandb", "comet_ml"))
+    monkeypatch.setattr(testing, "_package_problem", installed("wandb", "comet_ml"))
     satisfied, reason, code = evaluate_requirement("require_trackers")
-    assert (satisfied, code) == (False, "needs-package") and "comet_ml" in reason
-    monkeypatch.setattr(testing, "_package", lambda name: False)
+    assert (satisfied, code) == (False, "known-limitation") and "comet_ml is installed" in reason
+    monkeypatch.setattr(testing, "_package_problem", installed())
+    assert evaluate_requirement("require_trackers")[2] == "needs-package"
     assert evaluate_requirement("require_import_timer")[:1] == (False,)
     assert evaluate_requirement("require_tp")[0] is False  # transformers missing

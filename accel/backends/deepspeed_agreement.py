@@ -21,7 +21,7 @@ import sys
 import tempfile
 from typing import Any, Mapping
 
-__all__ = ["COMM_FAMILIES", "compare", "deepspeed_installed", "probe_deepspeed"]
+__all__ = ["COMM_FAMILIES", "compare", "deepspeed_accelerator_types", "deepspeed_installed", "probe_deepspeed"]
 
 #: collective library names that are the same library under two names (Intel's oneCCL: the
 #: oneccl_bindings "ccl" and torch's built-in "xccl" from 2.7)
@@ -125,3 +125,29 @@ def compare(backend: Any, deepspeed: Mapping[str, Any]) -> dict[str, Any]:
         problems.append(f"DeepSpeed's collectives use {deepspeed.get('communication_backend')!r} but accel's "
                         f"{backend.name} backend uses {accel_comm!r}")
     return {**out, "agree": not problems, "problems": problems, "notes": notes}
+
+
+@functools.lru_cache(maxsize=None)
+def deepspeed_accelerator_types() -> tuple[str, ...]:
+    """The device types the installed DeepSpeed has an accelerator for, read from its source without importing
+    it (importing DeepSpeed takes seconds); empty when DeepSpeed or that list cannot be found."""
+    import ast
+    from pathlib import Path
+
+    try:
+        spec = importlib.util.find_spec("deepspeed")
+    except (ImportError, ValueError):
+        return ()
+    for location in list(spec.submodule_search_locations or []) if spec else []:
+        try:
+            tree = ast.parse((Path(location) / "accelerator" / "real_accelerator.py").read_text())
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in tree.body:
+            if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                    and node.targets[0].id == "SUPPORTED_ACCELERATOR_LIST"):
+                try:
+                    return tuple(str(v) for v in ast.literal_eval(node.value))
+                except ValueError:
+                    return ()
+    return ()

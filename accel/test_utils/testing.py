@@ -1,24 +1,19 @@
 """Test decorators and helpers with Accelerate's names, answered by accel's backend registry.
 
-Every ``require_*`` decorator is one row of :data:`REQUIREMENTS`: a predicate returning
-``(satisfied, detail)``, a reason code and a message. The codes are the harness's
-(``backend-unavailable``, ``not-on-backend``, ``needs-devices``, ``needs-package``,
-``unsupported-dtype``, ``torch-version``, ``known-limitation``) plus ``opt-in`` for tests that run
-only when asked (``@slow``). Applied to a test function, a test class or a ``unittest.TestCase``
-method, a decorator evaluates its row once (at decoration time) and attaches
-``pytest.mark.skipif(not satisfied, reason=..., reason_code=..., requirement=...)``; when the test
-is to be skipped it also applies ``unittest.skip`` so plain ``unittest`` runners skip it too. The
-skip text is ``"[code] message (detail)"``, e.g. ``[backend-unavailable] test requires a cuda
-device (backend cuda unavailable: ...)``, the form the harness's result recorder parses. The
-harness can reuse the table (:func:`evaluate_requirement`) to turn the same rows into its own
-markers.
+Every ``require_*`` decorator (and ``slow``) is a row of :data:`accel.facts.requirements.REQUIREMENT_TABLE`,
+the table ``accel_harness.markers`` builds its Accelerate aliases from, evaluated here against the
+active backend when the test is decorated. A decorator attaches
+``pytest.mark.skipif(not satisfied, reason=..., reason_code=..., requirement=...)`` to a test
+function, class or ``unittest.TestCase`` method and, when the test is to be skipped, also
+``unittest.skip`` so plain ``unittest`` runners skip it too. The skip text is
+``"[code] message (detail)"``, e.g. ``[not-on-backend] test requires a cuda device (the active
+backend is cpu; backend cuda unavailable: ...)``, the form the harness's result recorder parses.
 
 Device questions go to the backend registry only; this module never touches a device module.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import io
 import os
@@ -36,8 +31,13 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from ..facts import versions
+from ..facts.environment import env_flag
+from ..facts.network import DEFAULT_PORT
+from ..facts.reasons import SKIP_CODES
+from ..facts.requirements import REQUIREMENT_TABLE, Need, Row, marker_code, module_found, package_problem
+from ..utils.environment import str_to_bool  # noqa: F401 - Accelerate re-exports it here
 from ..utils.imports import is_hpu_available, is_torch_version, is_xpu_available  # noqa: F401 - Accelerate re-exports them here
-from ..utils.environment import str_to_bool  # noqa: F401
 
 __all__ = [
     "REASON_CODES",
@@ -65,57 +65,47 @@ __all__ = [
     "slow",
 ]
 
-REASON_CODES = (
-    "backend-unavailable",
-    "not-on-backend",
-    "needs-devices",
-    "needs-package",
-    "unsupported-dtype",
-    "torch-version",
-    "known-limitation",
-    "opt-in",
-)
-
-_TRUE = {"1", "true", "yes", "on", "y", "t"}
-_FALSE = {"0", "false", "no", "off", "n", "f", ""}
+REASON_CODES = SKIP_CODES
 
 
 def parse_flag_from_env(key: str, default: bool = False) -> bool:
-    """The boolean environment variable ``key`` (yes/no, true/false, 1/0), else ``default``."""
-    value = os.environ.get(key)
-    if value is None:
-        return default
-    text = value.strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise ValueError(f"if set, {key} must be yes or no (got {value!r})")
+    """The yes/no environment variable ``key``, else ``default``; another value is a ValueError naming ``key``."""
+    return env_flag(key, default=default)
 
 
-# ---------------------------------------------------------------------- the requirement table
+# ---------------------------------------------------------------------- the requirement table, evaluated here
 Check = tuple[bool, str]
 
 
 @dataclass(frozen=True)
 class Requirement:
-    """One decorator's condition: ``predicate(**params) -> (satisfied, detail)``, reason code, message.
+    """One decorator's condition: ``predicate(**params)`` gives ``(satisfied, detail)`` or
+    ``(satisfied, detail, code)``; ``reason_code`` is the code when the predicate names none.
 
     ``message`` may hold ``{param}`` fields (``"test requires torch >= {version}"``).
     """
 
-    predicate: Callable[..., Check]
+    predicate: Callable[..., Any]
     reason_code: str
     message: str
 
-    def evaluate(self, **params: Any) -> tuple[bool, str]:
-        """``(satisfied, reason)``; a predicate that raises counts as unsatisfied, with the error."""
+    def check(self, **params: Any) -> tuple[bool, str, str]:
+        """``(satisfied, reason, code)``; a predicate that raises counts as unsatisfied, with the error."""
+        code = self.reason_code
         try:
-            satisfied, detail = self.predicate(**params)
+            answer = self.predicate(**params)
+            satisfied, detail = answer[0], answer[1]
+            if len(answer) > 2:
+                code = answer[2]
         except Exception as exc:  # a broken probe must skip with its error, not break collection
             satisfied, detail = False, f"check failed: {type(exc).__name__}: {exc}"
         message = self.message.format(**params)
-        return bool(satisfied), f"{message} ({detail})" if detail else message
+        return bool(satisfied), (f"{message} ({detail})" if detail else message), code
+
+    def evaluate(self, **params: Any) -> tuple[bool, str]:
+        """``(satisfied, reason)``, as :meth:`check` without the code."""
+        satisfied, reason, _ = self.check(**params)
+        return satisfied, reason
 
 
 def _registry() -> Any:
@@ -124,256 +114,176 @@ def _registry() -> Any:
     return get_registry()
 
 
-def _lookup(name: str) -> tuple[Any, str]:
-    """(backend or None, why not)."""
-    from ..backends import UnknownBackendError
-
-    try:
-        return _registry().get(name), ""
-    except UnknownBackendError:
-        return None, f"no backend named {name!r} is registered (known: {', '.join(_registry().names())})"
-
-
 def _active() -> Any:
     from ..backends import get_backend
 
     return get_backend()
 
 
-def _backend_is_available(name: str) -> Check:
-    backend, why = _lookup(name)
-    if backend is None:
-        return False, why
-    if not backend.is_available():
-        return False, f"backend {name} unavailable: {backend.availability.reason}"
-    return True, f"backend {name} available: {backend.availability.reason}"
+def _package_problem(requirement: str) -> str | None:
+    return package_problem(requirement)
 
 
-def _any_backend_available(*names: str) -> Check:
-    details = []
-    for name in names:
-        ok, detail = _backend_is_available(name)
-        if ok:
-            return True, detail
-        details.append(detail)
-    return False, "; ".join(details)
+def _named_backend_state(name: str) -> str:
+    """Whether the backend ``name`` is registered and available here, in words."""
+    from ..backends import UnknownBackendError
 
-
-def _active_is(name: str) -> Check:
-    active = _active()
-    return active.name == name, f"the active backend is {active.name}"
-
-
-def _active_is_not(name: str) -> Check:
-    active = _active()
-    return active.name != name, f"the active backend is {active.name}"
-
-
-def _device_count(name: str) -> tuple[int, str]:
-    ok, detail = _backend_is_available(name)
-    if not ok:
-        return 0, detail
-    count = _registry().get(name).device_count()
-    return count, f"backend {name} has {count} device(s)"
-
-
-def _count_of(names: tuple[str, ...], wanted: Callable[[int], bool]) -> Check:
-    details = []
-    for name in names:
-        count, detail = _device_count(name)
-        if wanted(count):
-            return True, detail
-        details.append(detail)
-    return False, "; ".join(details)
-
-
-def _active_count(wanted: Callable[[int], bool], accelerator_only: bool = False) -> Check:
-    active = _active()
-    if accelerator_only and active.name == "cpu":
-        return False, "the active backend is cpu, not an accelerator"
-    count = active.device_count()
-    return wanted(count), f"the active backend {active.name} has {count} device(s)"
-
-
-def _capability(attr: str) -> Check:
-    active = _active()
-    cap = getattr(active, attr)
-    return bool(cap), f"{active.name}: {cap.reason}" if cap.reason else active.name
-
-
-def _fp8_training() -> Check:
-    """fp8 training can run: a library accel drives for it (torchao) and fp8 on the active backend (as Accelerate's
-    require_fp8 asks for a library and the device's capability)."""
-    from ..utils.fp8 import fp8_refusal
-
-    refusal = fp8_refusal()
-    if refusal is not None:
-        return False, refusal
-    return _capability("supports_fp8")
-
-
-def _package(name: str) -> bool:
     try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
+        backend = _registry().get(name)
+    except UnknownBackendError:
+        return f"no backend named {name!r} is registered (known: {', '.join(_registry().names())})"
+    state = "available" if backend.is_available() else "unavailable"
+    return f"backend {name} {state}: {backend.availability.reason}"
 
 
-def _packages(*names: str, any_of: bool = False) -> Check:
-    present = [n for n in names if _package(n)]
-    missing = [n for n in names if n not in present]
+def _need_backend(backend: Any, *names: str) -> tuple[bool, str, str]:
+    ok = backend.name in names
+    detail = f"the active backend is {backend.name}"
+    if not ok:
+        detail += "; " + "; ".join(_named_backend_state(name) for name in names)
+    return ok, detail, "not-on-backend"
+
+
+def _need_non(backend: Any, excluded: str) -> tuple[bool, str, str]:
+    return backend.name != excluded, f"the active backend is {backend.name}", "not-on-backend"
+
+
+def _need_devices(backend: Any, n: int, exact: bool = False, of: tuple[str, ...] = ()) -> tuple[bool, str, str]:
+    if of and backend.name not in of:
+        return False, f"needs {n} {' or '.join(of)} device(s); the active backend is {backend.name}", "needs-devices"
+    count = backend.device_count()
+    ok = count == n if exact else count >= n
+    return ok, f"the active backend {backend.name} has {count} device(s)", "needs-devices"
+
+
+def _need_dtype(attribute: str, backend: Any, amp: bool = False, training: bool = False) -> tuple[bool, str, str]:
+    if training:
+        from ..utils.fp8 import fp8_refusal
+
+        refusal = fp8_refusal()
+        if refusal is not None:
+            return False, refusal, "unsupported-dtype"
+    cap = getattr(backend, f"{attribute}_amp" if amp else attribute)
+    return bool(cap), f"{backend.name}: {cap.reason}" if cap.reason else backend.name, "unsupported-dtype"
+
+
+def _torch_matches(backend: Any, spec: str) -> tuple[bool, str, str]:
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    installed = Version(Version(str(backend.torch_version)).base_version)
+    return SpecifierSet(spec).contains(installed, prereleases=True), f"installed torch is {backend.torch_version}", "torch-version"
+
+
+def _need_fsdp2(backend: Any) -> tuple[bool, str, str]:
+    ok, detail, code = _torch_matches(backend, f">={versions.TORCH_FSDP2}")
+    if not ok:
+        return ok, detail, code
+    if backend.comm_backend is None:
+        return False, f"{backend.name} has no collective backend", "needs-multiprocess"
+    return True, detail, code
+
+
+def _need_packages(backend: Any, *requirements: str, any_of: bool = False) -> tuple[bool, str, str]:
+    problems = [p for p in (_package_problem(r) for r in requirements) if p]
     if any_of:
-        return bool(present), (f"{present[0]} is installed" if present else f"none of {', '.join(names)} is installed")
-    return not missing, (f"{', '.join(missing)} not installed" if missing else "")
+        ok = len(problems) < len(requirements)
+        return ok, "" if ok else f"none of {', '.join(requirements)} is installed", "needs-package"
+    return not problems, "; ".join(problems), "needs-package"
 
 
-def _torch_at_least(version: str | None = None) -> Check:
-    if version is None:
-        raise ValueError("require_torch_min_version needs version=...")
-    from ..utils.imports import is_torch_version
-    from ..backends import torch_version
-
-    return is_torch_version(">=", str(version)), f"installed torch is {torch_version()}"
+def _need_no_package(backend: Any, name: str) -> tuple[bool, str, str]:
+    present = _package_problem(name) is None
+    return not present, f"{name} is installed" if present else "", "known-limitation"
 
 
-def _no_package(name: str) -> Check:
-    return not _package(name), f"{name} is installed" if _package(name) else ""
+def _need_deepspeed(backend: Any) -> tuple[bool, str, str]:
+    problem = _package_problem("deepspeed")
+    if problem:
+        return False, problem, "needs-package"
+    from ..backends.deepspeed_agreement import deepspeed_accelerator_types
+
+    supported = deepspeed_accelerator_types()
+    if supported and backend.device_type not in supported:
+        return False, f"DeepSpeed has no accelerator for {backend.device_type} (DS_ACCELERATOR accepts " \
+                      f"{', '.join(supported)})", "not-on-backend"
+    return True, "", "needs-package"
 
 
-def _run_slow() -> Check:
-    return parse_flag_from_env("RUN_SLOW", default=False), "set RUN_SLOW=1 to run it"
+def _need_opt_in(backend: Any, variable: str) -> tuple[bool, str, str]:
+    try:
+        return env_flag(variable), f"set {variable}=1 to run it", "opt-in"
+    except ValueError as exc:  # not a yes/no word: the test skips, saying so
+        return False, str(exc), "opt-in"
+
+
+def _need_slow(backend: Any) -> tuple[bool, str, str]:
+    return True, "", "opt-in"
+
+
+#: harness marker -> how accel.test_utils answers it for the active backend
+_NEED_CHECKS: dict[str, Callable[..., tuple[bool, str, str]]] = {
+    "require_backend": _need_backend,
+    "require_devices": _need_devices,
+    "require_multi_device": partial(_need_devices, n=2),
+    "require_fp16": partial(_need_dtype, "supports_fp16"),
+    "require_bf16": partial(_need_dtype, "supports_bf16"),
+    "require_fp8": partial(_need_dtype, "supports_fp8"),
+    "require_torch": _torch_matches,
+    "require_fsdp2": _need_fsdp2,
+    "require_package": _need_packages,
+    "require_no_package": _need_no_package,
+    "require_deepspeed": _need_deepspeed,
+    "require_opt_in": _need_opt_in,
+    "slow": _need_slow,
+}
+
+
+def _check_need(need: Need, backend: Any) -> tuple[bool, str, str]:
+    if need.marker.startswith("require_non_"):
+        return _need_non(backend, need.marker[len("require_non_"):])
+    try:
+        check = _NEED_CHECKS[need.marker]
+    except KeyError:
+        raise ValueError(f"accel.test_utils cannot evaluate the marker {need.marker!r}") from None
+    return check(backend, *need.args, **dict(need.kwargs))
+
+
+def check_needs(needs: tuple[Need, ...], backend: Any = None) -> tuple[bool, str, str]:
+    """``(satisfied, detail, code)`` of ``needs`` (all must hold) on ``backend`` (default: the active one);
+    the first unmet need gives the detail and the code."""
+    backend = _active() if backend is None else backend
+    details, code = [], ""
+    for need in needs:
+        ok, detail, need_code = _check_need(need, backend)
+        code = code or need_code
+        if not ok:
+            return False, detail, need_code
+        if detail:
+            details.append(detail)
+    return True, "; ".join(dict.fromkeys(details)), code
+
+
+def _from_row(row: Row) -> Requirement:
+    return Requirement(partial(check_needs, row.needs), marker_code(row.needs[0].marker), row.message)
 
 
 def _never() -> Check:
     return False, ""
 
 
-def _flag(probe: str, what: str) -> Check:
-    from ..utils import imports
-
-    ok = getattr(imports, probe)()
-    return ok, f"{what} {'is' if ok else 'is not'} available"
-
-
-def _tensor_parallel() -> Check:
-    from ..utils.imports import compare_versions, is_torch_version
-
-    if not is_torch_version(">=", "2.3.0"):
-        return False, "torch < 2.3.0"
-    if not _package("transformers"):
-        return False, "transformers not installed"
-    ok = compare_versions("transformers", ">=", "4.52.0")
-    return ok, "" if ok else "transformers < 4.52.0"
+#: decorator name -> Requirement, one per row of accel.facts.requirements.REQUIREMENT_TABLE (plus ``skip``)
+REQUIREMENTS: dict[str, Requirement] = {name: _from_row(row) for name, row in REQUIREMENT_TABLE.items()}
+REQUIREMENTS["require_torch_min_version"] = Requirement(
+    lambda version=None: check_needs((Need("require_torch", (f">={_version_param(version)}",)),)),
+    "torch-version", "test requires torch >= {version}")
+REQUIREMENTS["skip"] = Requirement(_never, "known-limitation", "Test was skipped")
 
 
-#: the trackers whose presence lets ``require_trackers`` tests run (Accelerate's choice)
-_TRACKER_PACKAGES = ("wandb", "tensorboard", "trackio", "swanlab")
-
-
-def _trackers() -> Check:
-    present = [name for name in _TRACKER_PACKAGES if _package(name)]
-    if not present:
-        return False, f"none of {', '.join(_TRACKER_PACKAGES)} is installed"
-    if _package("comet_ml"):
-        return False, "comet_ml is installed (it patches the frameworks it finds at import)"
-    return True, f"{present[0]} is installed"
-
-
-def _backend_row(name: str) -> Requirement:
-    return Requirement(partial(_backend_is_available, name), "backend-unavailable", f"test requires a {name} device")
-
-
-def _package_row(package: str, label: str | None = None) -> Requirement:
-    return Requirement(partial(_packages, package), "needs-package", f"test requires {label or package}")
-
-
-#: decorator name -> Requirement; the one place each decorator's condition and reason live
-REQUIREMENTS: dict[str, Requirement] = {
-    # which backend is active / present
-    "require_cpu": Requirement(partial(_active_is, "cpu"), "not-on-backend", "test requires only a CPU"),
-    "require_non_cpu": Requirement(partial(_active_is_not, "cpu"), "not-on-backend",
-                                   "test requires a hardware accelerator"),
-    "require_cuda": _backend_row("cuda"),
-    "require_xpu": _backend_row("xpu"),
-    "require_mps": _backend_row("mps"),
-    "require_hpu": _backend_row("hpu"),
-    "require_npu": _backend_row("npu"),
-    "require_mlu": _backend_row("mlu"),
-    "require_musa": _backend_row("musa"),
-    "require_sdaa": _backend_row("sdaa"),
-    "require_neuron": _backend_row("neuron"),
-    "require_tpu": _backend_row("xla"),
-    "require_cuda_or_xpu": Requirement(partial(_any_backend_available, "cuda", "xpu"), "backend-unavailable",
-                                       "test requires a cuda or xpu device"),
-    "require_cuda_or_hpu": Requirement(partial(_any_backend_available, "cuda", "hpu"), "backend-unavailable",
-                                       "test requires a cuda or hpu device"),
-    "require_non_xpu": Requirement(partial(_active_is_not, "xpu"), "not-on-backend", "test does not run on xpu"),
-    "require_non_hpu": Requirement(partial(_active_is_not, "hpu"), "not-on-backend", "test does not run on hpu"),
-    "require_non_torch_xla": Requirement(partial(_no_package, "torch_xla"), "known-limitation",
-                                         "test requires an environment without torch_xla"),
-    # how many devices
-    "require_single_device": Requirement(partial(_active_count, lambda n: n == 1, accelerator_only=True),
-                                         "needs-devices", "test requires a single accelerator device"),
-    "require_multi_device": Requirement(partial(_active_count, lambda n: n > 1), "needs-devices",
-                                        "test requires several devices"),
-    "require_single_gpu": Requirement(partial(_count_of, ("cuda",), lambda n: n == 1), "needs-devices",
-                                      "test requires exactly one cuda device"),
-    "require_single_xpu": Requirement(partial(_count_of, ("xpu",), lambda n: n == 1), "needs-devices",
-                                      "test requires exactly one xpu device"),
-    "require_multi_gpu": Requirement(partial(_count_of, ("cuda",), lambda n: n > 1), "needs-devices",
-                                     "test requires several cuda devices"),
-    "require_multi_xpu": Requirement(partial(_count_of, ("xpu",), lambda n: n > 1), "needs-devices",
-                                     "test requires several xpu devices"),
-    "require_multi_gpu_or_xpu": Requirement(partial(_count_of, ("cuda", "xpu"), lambda n: n > 1), "needs-devices",
-                                            "test requires several cuda or xpu devices"),
-    # dtypes on the active backend
-    "require_fp16": Requirement(partial(_capability, "supports_fp16"), "unsupported-dtype", "test requires fp16 support"),
-    "require_bf16": Requirement(partial(_capability, "supports_bf16"), "unsupported-dtype", "test requires bf16 support"),
-    "require_fp8": Requirement(_fp8_training, "unsupported-dtype", "test requires fp8 training support"),
-    # torch
-    "require_torch_min_version": Requirement(_torch_at_least, "torch-version", "test requires torch >= {version}"),
-    "require_fsdp2": Requirement(partial(_torch_at_least, "2.5.0"), "torch-version", "test requires FSDP2 (torch >= 2.5.0)"),
-    # packages
-    "require_deepspeed": _package_row("deepspeed", "DeepSpeed"),
-    "require_tensorboard": Requirement(partial(_packages, "tensorboard", "tensorboardX", any_of=True), "needs-package",
-                                       "test requires tensorboard"),
-    "require_wandb": _package_row("wandb"),
-    "require_comet_ml": _package_row("comet_ml"),
-    "require_mlflow": _package_row("mlflow"),
-    "require_aim": _package_row("aim"),
-    "require_clearml": _package_row("clearml"),
-    "require_dvclive": _package_row("dvclive"),
-    "require_swanlab": _package_row("swanlab"),
-    "require_trackio": _package_row("trackio"),
-    "require_pandas": _package_row("pandas"),
-    "require_matplotlib": _package_row("matplotlib"),
-    "require_torchvision": _package_row("torchvision"),
-    "require_timm": _package_row("timm"),
-    "require_transformers": _package_row("transformers"),
-    "require_datasets": _package_row("datasets"),
-    "require_peft": _package_row("peft", "PEFT"),
-    "require_bnb": _package_row("bitsandbytes"),
-    "require_torchao": _package_row("torchao"),
-    "require_triton": _package_row("triton"),
-    "require_schedulefree": _package_row("schedulefree"),
-    "require_transformer_engine": _package_row("transformer_engine"),
-    "require_torchdata_stateful_dataloader": _package_row("torchdata", "torchdata (stateful_dataloader)"),
-    "require_huggingface_suite": Requirement(partial(_packages, "transformers", "datasets"), "needs-package",
-                                             "test requires the Hugging Face suite (transformers and datasets)"),
-    "require_import_timer": _package_row("import_timer", "import_timer (the tuna interpreter)"),
-    "require_pippy": Requirement(partial(_flag, "is_pippy_available", "torch.distributed.pipelining"), "needs-package",
-                                 "test requires pipeline parallelism (torch.distributed.pipelining)"),
-    "require_transformer_engine_mxfp8": Requirement(
-        partial(_flag, "is_transformer_engine_mxfp8_available", "transformer_engine >= 2.0"), "needs-package",
-        "test requires transformers engine MXFP8 block scaling"),
-    "require_tp": Requirement(_tensor_parallel, "needs-package",
-                              "test requires torch version >= 2.3.0 and transformers version >= 4.52.0"),
-    "require_trackers": Requirement(_trackers, "needs-package",
-                                    "test requires at least one tracker to be available and for `comet_ml` to not be installed"),
-    # opt-in and unconditional
-    "slow": Requirement(_run_slow, "opt-in", "test is slow"),
-    "skip": Requirement(_never, "known-limitation", "Test was skipped"),
-}
+def _version_param(version: Any) -> str:
+    if version is None:
+        raise ValueError("require_torch_min_version needs version=...")
+    return str(version)
 
 
 def evaluate_requirement(name: str, **params: Any) -> tuple[bool, str, str]:
@@ -382,8 +292,7 @@ def evaluate_requirement(name: str, **params: Any) -> tuple[bool, str, str]:
         row = REQUIREMENTS[name]
     except KeyError:
         raise KeyError(f"unknown requirement {name!r}; known: {', '.join(sorted(REQUIREMENTS))}") from None
-    satisfied, reason = row.evaluate(**params)
-    return satisfied, reason, row.reason_code
+    return row.check(**params)
 
 
 def skip_unless(satisfied: bool, reason: str, reason_code: str, requirement: str = "") -> Callable[[Any], Any]:
@@ -414,8 +323,8 @@ def _decorator(name: str) -> Callable[[Any], Any]:
     row = REQUIREMENTS[name]
 
     def decorator(test_case: Any) -> Any:
-        satisfied, reason = row.evaluate()
-        return skip_unless(satisfied, reason, row.reason_code, name)(test_case)
+        satisfied, reason, code = row.check()
+        return skip_unless(satisfied, reason, code, name)(test_case)
 
     decorator.__name__ = decorator.__qualname__ = name
     decorator.__doc__ = f"Skip the test unless: {row.message} (reason code {row.reason_code})."
@@ -434,7 +343,7 @@ def require_torch_min_version(test_case: Any = None, version: str | None = None)
 
 def run_first(test_case: Any) -> Any:
     """``pytest.mark.order(1)`` when the pytest-order plug-in is installed; the test unchanged otherwise."""
-    if _package("pytest_order"):
+    if module_found("pytest_order"):
         import pytest
 
         return pytest.mark.order(1)(test_case)
@@ -628,8 +537,8 @@ def pytest_xdist_worker_id() -> int:
 
 
 def get_torch_dist_unique_port() -> int:
-    """29500 plus the xdist worker number, so parallel workers use different rendezvous ports."""
-    return 29500 + pytest_xdist_worker_id()
+    """The default rendezvous port plus the xdist worker number, so parallel workers use different ports."""
+    return DEFAULT_PORT + pytest_xdist_worker_id()
 
 
 def path_in_accel_package(*components: str) -> Path:
