@@ -411,9 +411,9 @@ def test_nightly_commits_share_one_environment_row(tmp_path):
 
 
 def test_trend_keeps_the_newest_runs(tmp_path, monkeypatch):
-    from accel_reports import render
+    from accel_reports import render_text
 
-    monkeypatch.setattr(render, "TREND_POINTS", 3)
+    monkeypatch.setattr(render_text, "TREND_POINTS", 3)
     report = _nightly(tmp_path)
     html = render_html(report)
     assert html.count('aria-label="trend over 3 runs"') == len(report.bench_table) and "trend over 4 runs" not in html

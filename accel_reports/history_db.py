@@ -1,0 +1,262 @@
+"""The two databases a run history lives in (part of :mod:`accel_reports.history`): an SQLite file
+or a PostgreSQL database, behind one small interface (connecting, locking, a few SQL spellings), with
+the schema, the errors and the helpers that recognise and print a database URL."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+SCHEMA_VERSION = 2
+#: seconds a process waits for another one's write transaction (generous: a loaded 2-core CI machine)
+BUSY_TIMEOUT = 300.0
+#: the extra that installs the PostgreSQL driver
+POSTGRES_EXTRA = "accel[postgres]"
+_URL_SCHEMES = ("postgresql://", "postgres://")
+#: the PostgreSQL advisory lock every write transaction of a history holds (any constant: "accelhst")
+_PG_LOCK = 0x616363656C687374
+
+#: (statement, with {real} and {rowkey} filled in per database); column ``row`` is quoted (a PostgreSQL keyword)
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    kind TEXT NOT NULL CHECK (kind IN ('tests', 'benchmarks')),
+    digest TEXT NOT NULL,
+    backend TEXT, torch_version TEXT, accel_version TEXT,
+    start_time TEXT, quick INTEGER, source TEXT,
+    seq INTEGER NOT NULL, imported_at TEXT NOT NULL,
+    info TEXT NOT NULL
+)""",
+    "CREATE UNIQUE INDEX IF NOT EXISTS runs_seq ON runs (seq)",
+    """CREATE TABLE IF NOT EXISTS tests (
+    {rowkey}run_id TEXT NOT NULL REFERENCES runs(run_id),
+    backend TEXT, torch_version TEXT, accel_version TEXT,
+    test_id TEXT, outcome TEXT, "row" TEXT NOT NULL
+)""",
+    "CREATE INDEX IF NOT EXISTS tests_cell ON tests (backend, torch_version, accel_version, test_id)",
+    "CREATE INDEX IF NOT EXISTS tests_run ON tests (run_id)",
+    """CREATE TABLE IF NOT EXISTS benchmarks (
+    {rowkey}run_id TEXT NOT NULL REFERENCES runs(run_id),
+    backend TEXT, torch_version TEXT, accel_version TEXT, device TEXT,
+    bench_id TEXT, datetime TEXT, quick INTEGER, value {real},
+    "row" TEXT NOT NULL
+)""",
+    "CREATE INDEX IF NOT EXISTS bench_cell ON benchmarks (backend, torch_version, bench_id)",
+    "CREATE INDEX IF NOT EXISTS bench_run ON benchmarks (run_id)",
+)
+#: the environment fields a run row carries since schema version 2 (older rows: shown as not stored)
+_STORED_SINCE_2 = ("devices",)
+
+
+class HistoryError(RuntimeError):
+    """The history database cannot be used (another schema version, not a history, no driver, ...)."""
+
+
+class HistoryConflict(HistoryError):
+    """A run id already stored with other content; nothing of the import was written."""
+
+
+@dataclass
+class IngestResult:
+    """Run ids newly stored (``added``) and already stored with the same content (``already``)."""
+
+    added: list[str] = field(default_factory=list)
+    already: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        """The one line ``accel report``/``accel qualify`` print after an import."""
+        return f"{len(self.added)} run(s) added, {len(self.already)} already stored"
+
+
+def is_database_url(target: Any) -> bool:
+    """True when ``target`` names a PostgreSQL database (``postgresql://`` or ``postgres://``), not a file."""
+    return isinstance(target, str) and target.lower().startswith(_URL_SCHEMES)
+
+
+def shown_location(url: str) -> str:
+    """A database URL as printed in messages and reports: its password replaced by ``***``."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        netloc = parts.netloc.rsplit("@", 1)
+        return urlunsplit(parts._replace(netloc=netloc[0].split(":", 1)[0] + ":***@" + netloc[1]))
+    except ValueError:
+        return url.split("://", 1)[0] + "://(unparseable URL)"
+
+
+# ---------------------------------------------------------------------------- the two databases
+class _Database:
+    """What differs between SQLite and PostgreSQL: connecting, locking, a few SQL spellings.
+    SQL is written with ``?`` placeholders and converted where the driver wants ``%s``."""
+
+    kind = ""
+    rowkey = ""  # the column that keeps insertion order of test and benchmark rows
+    real = "REAL"
+    errors: tuple[type[BaseException], ...] = ()
+
+    def __init__(self, shown: str):
+        self.shown = shown
+
+    def sql(self, statement: str) -> str:
+        return statement
+
+    def execute(self, statement: str, params: Sequence[Any] = ()) -> Any:
+        raise NotImplementedError
+
+    def executemany(self, statement: str, rows: list[Sequence[Any]]) -> None:
+        raise NotImplementedError
+
+    def begin_write(self) -> None:
+        raise NotImplementedError
+
+    def begin_read(self) -> None:
+        self.execute("BEGIN")
+
+    def commit(self) -> None:
+        self.execute("COMMIT")
+
+    def rollback(self) -> None:
+        self.execute("ROLLBACK")
+
+    def tables(self) -> set[str]:
+        raise NotImplementedError
+
+    def version(self) -> int:
+        raise NotImplementedError
+
+    def set_version(self, version: int) -> None:
+        self.execute("DELETE FROM meta WHERE key = 'schema_version'")
+        self.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(version),))
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class _SQLite(_Database):
+    kind = "SQLite"
+    rowkey = "rowid"
+    errors = (sqlite3.Error,)
+
+    def __init__(self, path: Path):
+        super().__init__(str(path))
+        if path.is_dir():
+            raise HistoryError(f"{path} is a folder, not a history database file")
+        if not path.exists():
+            from .outputs import OutputPathError, writable_folder
+
+            try:
+                writable_folder(path.parent, label="the history's folder")
+            except OutputPathError as exc:
+                raise HistoryError(str(exc)) from None
+        try:
+            # isolation_level=None: no implicit transactions; every one is begun and ended here
+            self._db = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")  # persistent in the file; outside any transaction
+        except sqlite3.OperationalError as exc:
+            raise HistoryError(f"{path} cannot be opened: {exc}") from None
+        except sqlite3.DatabaseError as exc:
+            raise HistoryError(f"{path} is not an accel history database ({exc})") from None
+
+    def execute(self, statement: str, params: Sequence[Any] = ()) -> Any:
+        return self._db.execute(statement, params)
+
+    def executemany(self, statement: str, rows: list[Sequence[Any]]) -> None:
+        self._db.executemany(statement, rows)
+
+    def begin_write(self) -> None:
+        self.execute("BEGIN IMMEDIATE")  # the write lock now (waits up to BUSY_TIMEOUT), not at the first write
+
+    def tables(self) -> set[str]:
+        return {r[0] for r in self.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+    def version(self) -> int:
+        return int(self.execute("PRAGMA user_version").fetchone()[0])
+
+    def set_version(self, version: int) -> None:
+        super().set_version(version)
+        self.execute(f"PRAGMA user_version = {int(version)}")
+
+    def close(self) -> None:
+        self._db.close()
+
+
+class _Postgres(_Database):
+    kind = "PostgreSQL"
+    rowkey = "id"
+    real = "DOUBLE PRECISION"
+
+    def __init__(self, url: str):
+        super().__init__(shown_location(url))
+        try:
+            import psycopg
+        except ImportError:
+            raise HistoryError(f"a PostgreSQL history needs the psycopg driver: pip install '{POSTGRES_EXTRA}'") from None
+        self._psycopg = psycopg
+        self.errors = (psycopg.Error,)
+        try:
+            # autocommit: psycopg opens no transaction of its own; BEGIN/COMMIT are sent here
+            self._db = psycopg.connect(url, autocommit=True, connect_timeout=int(BUSY_TIMEOUT))
+            self.execute(f"SET lock_timeout = {int(BUSY_TIMEOUT * 1000)}")
+        except psycopg.Error as exc:
+            text = " ".join(str(exc).split()) or type(exc).__name__
+            raise HistoryError(f"{self.shown}: cannot connect: {text}") from None
+
+    def sql(self, statement: str) -> str:
+        return statement.replace("?", "%s")
+
+    def execute(self, statement: str, params: Sequence[Any] = ()) -> Any:
+        return self._db.execute(self.sql(statement), tuple(params))
+
+    def executemany(self, statement: str, rows: list[Sequence[Any]]) -> None:
+        if rows:
+            with self._db.cursor() as cursor:
+                cursor.executemany(self.sql(statement), rows)
+
+    def begin_write(self) -> None:
+        self.execute("BEGIN")
+        self.execute("SELECT pg_advisory_xact_lock(?)", (_PG_LOCK,))  # one writer at a time, until COMMIT
+
+    def begin_read(self) -> None:
+        self.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")  # one snapshot for every query
+
+    def tables(self) -> set[str]:
+        return {r[0] for r in self.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()")}
+
+    def version(self) -> int:
+        if "meta" not in self.tables():
+            return 0
+        row = self.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        try:
+            return int(row[0]) if row else 0
+        except ValueError:
+            return 0
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def _connect(target: str | os.PathLike[str]) -> _Database:
+    if is_database_url(target):
+        return _Postgres(str(target))
+    if isinstance(target, str) and "://" in target:
+        scheme = target.split("://", 1)[0]
+        raise HistoryError(f"{scheme}:// is not a history this accel can use: give an SQLite file path or a "
+                           "postgresql:// URL")
+    return _SQLite(Path(target))
+
+
+def _is_operational(exc: BaseException) -> bool:
+    """A database failure that is no bug of accel's: locked too long, read-only, disk full, connection lost."""
+    if isinstance(exc, sqlite3.OperationalError):
+        return True
+    return type(exc).__name__ in ("OperationalError", "LockNotAvailable", "QueryCanceled", "ReadOnlySqlTransaction",
+                                  "InsufficientPrivilege", "DiskFull", "AdminShutdown") or \
+        any(cls.__name__ == "OperationalError" for cls in type(exc).__mro__)
