@@ -13,6 +13,7 @@ from safetensors.torch import save_file
 from accel.big_modeling import init_empty_weights
 from accel.backends import Backend
 from accel.utils import modeling, placement
+from accel.utils.modeling import memory_map
 from accel.utils.modeling import (
     check_device_map,
     clean_device_map,
@@ -147,7 +148,7 @@ def test_device_map_works_on_meta_models():
 
 def test_integer_ids_and_free_memory_come_from_the_active_backend(monkeypatch):
     fake = FakeAcceleratorBackend(free=(1000, 2000))
-    monkeypatch.setattr(modeling, "_backend", lambda: fake)
+    monkeypatch.setattr(memory_map, "_backend", lambda: fake)
     monkeypatch.setattr(placement, "_backend", lambda: fake)  # what a device-map integer means
     monkeypatch.setattr(torch, "zeros", lambda *a, **k: None)  # no real xpu to initialise
     budget = get_max_memory()
@@ -159,7 +160,7 @@ def test_integer_ids_and_free_memory_come_from_the_active_backend(monkeypatch):
 
 
 def test_balanced_memory_spreads_over_devices(monkeypatch):
-    monkeypatch.setattr(modeling, "_backend", lambda: FakeAcceleratorBackend())
+    monkeypatch.setattr(memory_map, "_backend", lambda: FakeAcceleratorBackend())
     model = Small()
     assert get_balanced_memory(model, max_memory={0: 300, 1: 300}) == {0: 215, 1: 300}
     assert get_balanced_memory(model, max_memory={0: 0, 1: 300, 2: 300}) == {0: 0, 1: 215, 2: 300}
