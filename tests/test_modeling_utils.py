@@ -267,3 +267,63 @@ def test_missing_keys_on_a_materialised_model_only_warn(tmp_path, caplog):
     load_checkpoint_in_model(model, str(path))
     assert torch.equal(model.linear2.bias, before)
     assert "linear2.bias" in caplog.text
+
+
+def _broadcast_rank(checkpoint: str, empty_on_others: bool, bad_shape_on_rank1: bool, extra: dict) -> dict:
+    """One rank of a broadcast_from_rank0 load: rank 0 alone gets the real path; returns the loaded tensors."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    torch.manual_seed(100 + rank)  # every rank starts from different weights
+    if rank and empty_on_others:
+        with init_empty_weights():
+            model = Small()
+    else:
+        model = Small()
+    if rank == 1 and bad_shape_on_rank1:
+        model.linear2 = nn.Linear(4, 6)
+    path = checkpoint if rank == 0 else "/nonexistent/only-rank-0-reads-the-checkpoint"
+    try:
+        load_checkpoint_in_model(model, path, broadcast_from_rank0=True, **extra)
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "bin"])
+def test_broadcast_from_rank0_only_rank0_reads_and_every_rank_gets_the_weights(tmp_path, fmt):
+    from tests.dist_utils import run_distributed
+
+    reference = Small()
+    reference.batchnorm.running_mean.uniform_()
+    index = _sharded(tmp_path, reference, fmt)
+    for empty in (False, True):  # other ranks with real weights, or still on the meta device
+        results = run_distributed(_broadcast_rank, 2, index, empty, False, {}, timeout=120)
+        for rank, loaded in enumerate(results):
+            assert "error" not in loaded, loaded
+            assert set(loaded) == set(reference.state_dict())
+            for key, value in reference.state_dict().items():
+                assert loaded[key].device.type == "cpu" and torch.equal(loaded[key], value), (rank, key)
+    halves = run_distributed(_broadcast_rank, 2, index, True, False, {"dtype": torch.float16}, timeout=120)
+    assert all(r["linear1.weight"].dtype == torch.float16 and r["batchnorm.num_batches_tracked"].dtype == torch.int64
+               for r in halves)
+
+
+def test_broadcast_from_rank0_failures_reach_every_rank_instead_of_hanging(tmp_path):
+    from tests.dist_utils import run_distributed
+
+    missing = run_distributed(_broadcast_rank, 2, str(tmp_path / "absent.safetensors"), False, False, {}, timeout=120)
+    assert all("absent.safetensors" in r["error"] for r in missing), missing  # rank 0's listing error, everywhere
+
+    path = tmp_path / "model.safetensors"
+    save_file(Small().state_dict(), str(path), metadata={"format": "pt"})
+    mismatch = run_distributed(_broadcast_rank, 2, str(path), False, True, {}, timeout=120)
+    assert "rank(s) 1" in mismatch[0]["error"] and "linear2." in mismatch[0]["error"], mismatch
+    assert "Shape mismatch" in mismatch[1]["error"], mismatch
+
+
+def test_broadcast_from_rank0_needs_a_process_group_and_no_device_map(tmp_path):
+    path = tmp_path / "model.safetensors"
+    save_file(Small().state_dict(), str(path), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="process group"):
+        load_checkpoint_in_model(Small(), str(path), broadcast_from_rank0=True)

@@ -14,6 +14,7 @@ import torch.nn as nn
 
 from ..offload import _check_writable, _dtype_name, load_offloaded_weight, offload_weight, save_offload_index
 from ..placement import as_torch_device as _as_torch_device
+from .broadcast import RankZeroStream, require_process_group
 from .sizes import _proper_dtype
 from .tensors import set_module_tensor_to_device
 from .ties import (
@@ -118,6 +119,14 @@ class _CheckpointFile:
             return self._handle.get_tensor(key)
         return self._state[key]
 
+    def describe(self, key: str) -> tuple[tuple[int, ...], torch.dtype]:
+        """Shape and dtype of ``key`` without reading its data (a safetensors header, a mapped torch file)."""
+        if self._handle is not None:
+            info = self._handle.get_slice(key)
+            return tuple(info.get_shape()), _safetensors_dtype(info.get_dtype())
+        value = self._state[key]
+        return tuple(value.shape), value.dtype
+
     def close(self) -> None:
         self._handle = None
         self._state = None
@@ -199,12 +208,14 @@ def load_checkpoint_in_model(
     streaming already gives its memory bound). Unused checkpoint keys are logged, or raise with
     ``strict``; model tensors the checkpoint lacks raise with ``strict`` or when they have no value at
     all (still on the meta device), and are logged otherwise. Call ``dispatch_model`` afterwards to run
-    a model spread over devices (or use ``load_checkpoint_and_dispatch``).
+    a model spread over devices (or use ``load_checkpoint_and_dispatch``). With ``broadcast_from_rank0``
+    (an initialised process group, no ``device_map``) only rank 0 reads the checkpoint; every other rank
+    receives each tensor by broadcast, so its path need not exist there.
     """
     if offload_8bit_bnb:
         raise NotImplementedError("accel does not support offloading bitsandbytes 8-bit weights (offload_8bit_bnb=True)")
     if broadcast_from_rank0:
-        raise NotImplementedError("accel's load_checkpoint_in_model does not implement broadcast_from_rank0")
+        require_process_group(device_map)
     tied_params = find_tied_parameters(model)
     if check_tied_parameters_in_config(model) and not tied_params:
         logger.warning(
@@ -220,7 +231,6 @@ def load_checkpoint_in_model(
         if needs_disk:
             _check_writable(offload_folder)
     dtype = _proper_dtype(dtype) if dtype is not None else None
-    files = _checkpoint_files(checkpoint)
 
     model_state = model.state_dict(keep_vars=True)
     model_keys = set(model_state)
@@ -229,7 +239,9 @@ def load_checkpoint_in_model(
     unexpected: set[str] = set()
     loaded: set[str] = set()
 
-    for path in files:
+    if broadcast_from_rank0:
+        _load_broadcast(model, checkpoint, model_state, dtype, unexpected, loaded)
+    for path in [] if broadcast_from_rank0 else _checkpoint_files(checkpoint):
         source = _CheckpointFile(path)
         try:
             for key in source.keys():
@@ -284,6 +296,25 @@ def load_checkpoint_in_model(
     if device_map is not None:
         save_offload_index(offload_index, offload_folder)
     retie_parameters(model, tied_params)
+
+
+def _load_broadcast(model: nn.Module, checkpoint: Union[str, os.PathLike], model_state: Mapping[str, Any],
+                    dtype: Optional[torch.dtype], unexpected: set[str], loaded: set[str]) -> None:
+    """The ``broadcast_from_rank0`` walk: rank 0 reads, every rank loads what it receives in place."""
+    stream = RankZeroStream(checkpoint, set(model_state), _checkpoint_files, _CheckpointFile)
+    failure: Optional[BaseException] = None
+    for path, key, value in stream:
+        if failure is not None:
+            continue  # keep receiving, so the ranks stay in step until they all learn of the failure
+        if value is None or key not in model_state:
+            unexpected.add(key)
+            continue
+        try:
+            _load_in_place(model, key, value, model_state[key], dtype, path)
+        except Exception as exc:
+            failure = exc
+        loaded.add(key)
+    stream.finish(failure)
 
 
 def _check_shape(key: str, value: torch.Tensor, current: Optional[torch.Tensor], path: str) -> None:
