@@ -65,16 +65,10 @@ __all__ = [
 ]
 
 # ---------------------------------------------------------------------------- reason codes
-BACKEND_UNAVAILABLE = "backend-unavailable"
-BACKEND_NOT_SELECTED = "backend-not-selected"
-NEEDS_DEVICES = "needs-devices"
-NEEDS_PACKAGE = "needs-package"
-UNSUPPORTED_DTYPE = "unsupported-dtype"
-TORCH_VERSION = "torch-version"
-KNOWN_LIMITATION = "known-limitation"
-NOT_ON_BACKEND = "not-on-backend"
-NEEDS_MULTIPROCESS = "needs-multiprocess"
-OPT_IN = "opt-in"
+from accel.facts.reasons import (  # noqa: E402 - the codes under their names here
+    BACKEND_NOT_SELECTED, BACKEND_UNAVAILABLE, KNOWN_LIMITATION, NEEDS_DEVICES, NEEDS_MULTIPROCESS, NEEDS_PACKAGE,
+    NOT_ON_BACKEND, OPT_IN, TORCH_VERSION, UNSUPPORTED_DTYPE,
+)
 
 #: every reason code a harness skip may carry (the table in accel.facts.reasons)
 SKIP_CODES: tuple[str, ...] = reasons.SKIP_CODES

@@ -23,6 +23,7 @@ import os
 import sys
 from typing import Sequence
 
+from accel.facts.environment import env_flag  # torch-free: usable before accel's dependencies are installed
 from ci.matrix import DEFAULT_MATRIX, PROFILE_ENV, Cell, Matrix, MatrixError, load_matrix
 
 #: the step output the workflow's cells job reads (ci.validate_workflow checks the workflow uses it)
@@ -48,10 +49,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def github_matrix(cells: Sequence[Cell]) -> dict[str, list[dict]]:
     return {"include": [cell.github() for cell in cells]}
-
-
-def _bool_text(text: str | None) -> bool:
-    return str(text or "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def table(matrix: Matrix, cells: Sequence[Cell]) -> str:
@@ -80,7 +77,11 @@ def write_github_output(path: str, cells: Sequence[Cell]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    include_disabled = args.include_disabled or _bool_text(os.environ.get("ACCEL_CI_INCLUDE_DISABLED"))
+    try:
+        include_disabled = args.include_disabled or env_flag("ACCEL_CI_INCLUDE_DISABLED")
+    except ValueError as exc:  # a value that is no yes/no word
+        print(f"ci.plan: error: {exc}", file=sys.stderr)
+        return 2
     try:
         matrix = load_matrix(args.matrix)
         cells = matrix.cells(only=args.only, torch=args.torch, python=args.python, include_disabled=include_disabled,

@@ -24,11 +24,9 @@ __all__ = ["SCHEMA_VERSION", "add_arguments", "collect_environment", "env_comman
 #: bumped when a key is renamed or removed (adding keys keeps the version)
 SCHEMA_VERSION = 1
 
-#: variables that change what accel or torch.distributed does, reported when set
+#: variables of torch, DeepSpeed and the devices that change a run, reported when set (accel's own
+#: variables, those of accel.facts.environment's table, are reported too)
 ENV_VARS = (
-    "ACCEL_DEVICE",
-    "ACCEL_CONFIG_FILE",
-    "ACCEL_CPU_COMM_BACKEND",
     "CUDA_VISIBLE_DEVICES",
     "ZE_AFFINITY_MASK",
     "HABANA_VISIBLE_MODULES",
@@ -388,7 +386,10 @@ def _plugins(registry: Any) -> dict[str, Any]:
 
 
 def _environment_variables(registry: Any) -> dict[str, str]:
-    names = list(ENV_VARS)
+    from accel.facts.environment import ENV_VARS as CONTRACT, contract_entry
+
+    names = [name for row in CONTRACT.values() for name in row.names] + list(ENV_VARS)
+    names += sorted(name for name in os.environ if name not in names and contract_entry(name) is not None)
     if not _is_error(registry):  # plug-in backends may bring their own visible-devices variable
         for backend in registry.probe_order():
             if backend.visible_devices_env and backend.visible_devices_env not in names:

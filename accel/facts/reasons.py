@@ -6,20 +6,35 @@ the records keep the code and the reports group skips by it.
 
 from __future__ import annotations
 
-__all__ = ["SKIP_CODES", "SKIP_REASONS", "UNSPECIFIED", "describe_reason"]
+__all__ = [
+    "BACKEND_NOT_SELECTED", "BACKEND_UNAVAILABLE", "KNOWN_LIMITATION", "NEEDS_DEVICES", "NEEDS_MULTIPROCESS",
+    "NEEDS_PACKAGE", "NOT_ON_BACKEND", "OPT_IN", "SKIP_CODES", "SKIP_REASONS", "TORCH_VERSION", "UNSPECIFIED",
+    "UNSUPPORTED_DTYPE", "describe_reason",
+]
+
+BACKEND_UNAVAILABLE = "backend-unavailable"
+BACKEND_NOT_SELECTED = "backend-not-selected"
+NEEDS_DEVICES = "needs-devices"
+NEEDS_PACKAGE = "needs-package"
+UNSUPPORTED_DTYPE = "unsupported-dtype"
+TORCH_VERSION = "torch-version"
+KNOWN_LIMITATION = "known-limitation"
+NOT_ON_BACKEND = "not-on-backend"
+NEEDS_MULTIPROCESS = "needs-multiprocess"
+OPT_IN = "opt-in"
 
 #: code -> what the skipped test waits for (one line, used by the reports' skip tables)
 SKIP_REASONS: dict[str, str] = {
-    "backend-unavailable": "the backend's device and torch support on this machine",
-    "backend-not-selected": "its backend selected (--backend)",
-    "needs-devices": "more devices than the machine has",
-    "needs-package": "a library that is not installed",
-    "unsupported-dtype": "a dtype the backend does not support",
-    "torch-version": "another torch version",
-    "known-limitation": "a fix for a documented limitation",
-    "not-on-backend": "another backend (excluded here on purpose)",
-    "needs-multiprocess": "several processes (a collective backend)",
-    "opt-in": "to be asked for (slow or opt-in tests)",
+    BACKEND_UNAVAILABLE: "the backend's device and torch support on this machine",
+    BACKEND_NOT_SELECTED: "its backend selected (--backend)",
+    NEEDS_DEVICES: "more devices than the machine has",
+    NEEDS_PACKAGE: "a library that is not installed",
+    UNSUPPORTED_DTYPE: "a dtype the backend does not support",
+    TORCH_VERSION: "another torch version",
+    KNOWN_LIMITATION: "a fix for a documented limitation",
+    NOT_ON_BACKEND: "another backend (excluded here on purpose)",
+    NEEDS_MULTIPROCESS: "several processes (a collective backend)",
+    OPT_IN: "to be asked for (slow or opt-in tests)",
 }
 
 #: every code a skip may carry

@@ -32,6 +32,9 @@ import importlib.util
 from typing import Any, Mapping, NamedTuple
 
 from . import versions
+from .reasons import (
+    KNOWN_LIMITATION, NEEDS_DEVICES, NEEDS_PACKAGE, NOT_ON_BACKEND, OPT_IN, TORCH_VERSION, UNSUPPORTED_DTYPE,
+)
 
 __all__ = ["MARKER_CODES", "NOT_IN_TABLE", "REQUIREMENT_TABLE", "Need", "Row", "marker_code", "module_found", "package_problem"]
 
@@ -140,21 +143,21 @@ NOT_IN_TABLE: dict[str, str] = {
 #: marker -> the reason code its skips carry (``require_fsdp2`` and ``require_deepspeed`` name a second code
 #: for their second condition: needs-multiprocess and not-on-backend)
 MARKER_CODES: dict[str, str] = {
-    "require_backend": "not-on-backend",
-    "require_non_": "not-on-backend",
-    "require_devices": "needs-devices",
-    "require_multi_device": "needs-devices",
-    "require_fp16": "unsupported-dtype",
-    "require_bf16": "unsupported-dtype",
-    "require_fp8": "unsupported-dtype",
-    "require_torch": "torch-version",
-    "require_fsdp2": "torch-version",
-    "require_package": "needs-package",
-    "require_no_package": "known-limitation",
-    "require_deepspeed": "needs-package",
-    "require_opt_in": "opt-in",
-    "known_limitation": "known-limitation",
-    "slow": "opt-in",
+    "require_backend": NOT_ON_BACKEND,
+    "require_non_": NOT_ON_BACKEND,
+    "require_devices": NEEDS_DEVICES,
+    "require_multi_device": NEEDS_DEVICES,
+    "require_fp16": UNSUPPORTED_DTYPE,
+    "require_bf16": UNSUPPORTED_DTYPE,
+    "require_fp8": UNSUPPORTED_DTYPE,
+    "require_torch": TORCH_VERSION,
+    "require_fsdp2": TORCH_VERSION,
+    "require_package": NEEDS_PACKAGE,
+    "require_no_package": KNOWN_LIMITATION,
+    "require_deepspeed": NEEDS_PACKAGE,
+    "require_opt_in": OPT_IN,
+    "known_limitation": KNOWN_LIMITATION,
+    "slow": OPT_IN,
 }
 
 

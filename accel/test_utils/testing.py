@@ -34,7 +34,10 @@ import torch
 from ..facts import versions
 from ..facts.environment import env_flag
 from ..facts.network import DEFAULT_PORT
-from ..facts.reasons import SKIP_CODES
+from ..facts.reasons import (
+    KNOWN_LIMITATION, NEEDS_DEVICES, NEEDS_MULTIPROCESS, NEEDS_PACKAGE, NOT_ON_BACKEND, OPT_IN, SKIP_CODES, TORCH_VERSION,
+    UNSUPPORTED_DTYPE,
+)
 from ..facts.requirements import REQUIREMENT_TABLE, Need, Row, marker_code, module_found, package_problem
 from ..utils.environment import str_to_bool  # noqa: F401 - Accelerate re-exports it here
 from ..utils.imports import is_hpu_available, is_torch_version, is_xpu_available  # noqa: F401 - Accelerate re-exports them here
@@ -141,19 +144,19 @@ def _need_backend(backend: Any, *names: str) -> tuple[bool, str, str]:
     detail = f"the active backend is {backend.name}"
     if not ok:
         detail += "; " + "; ".join(_named_backend_state(name) for name in names)
-    return ok, detail, "not-on-backend"
+    return ok, detail, NOT_ON_BACKEND
 
 
 def _need_non(backend: Any, excluded: str) -> tuple[bool, str, str]:
-    return backend.name != excluded, f"the active backend is {backend.name}", "not-on-backend"
+    return backend.name != excluded, f"the active backend is {backend.name}", NOT_ON_BACKEND
 
 
 def _need_devices(backend: Any, n: int, exact: bool = False, of: tuple[str, ...] = ()) -> tuple[bool, str, str]:
     if of and backend.name not in of:
-        return False, f"needs {n} {' or '.join(of)} device(s); the active backend is {backend.name}", "needs-devices"
+        return False, f"needs {n} {' or '.join(of)} device(s); the active backend is {backend.name}", NEEDS_DEVICES
     count = backend.device_count()
     ok = count == n if exact else count >= n
-    return ok, f"the active backend {backend.name} has {count} device(s)", "needs-devices"
+    return ok, f"the active backend {backend.name} has {count} device(s)", NEEDS_DEVICES
 
 
 def _need_dtype(attribute: str, backend: Any, amp: bool = False, training: bool = False) -> tuple[bool, str, str]:
@@ -162,9 +165,9 @@ def _need_dtype(attribute: str, backend: Any, amp: bool = False, training: bool 
 
         refusal = fp8_refusal()
         if refusal is not None:
-            return False, refusal, "unsupported-dtype"
+            return False, refusal, UNSUPPORTED_DTYPE
     cap = getattr(backend, f"{attribute}_amp" if amp else attribute)
-    return bool(cap), f"{backend.name}: {cap.reason}" if cap.reason else backend.name, "unsupported-dtype"
+    return bool(cap), f"{backend.name}: {cap.reason}" if cap.reason else backend.name, UNSUPPORTED_DTYPE
 
 
 def _torch_matches(backend: Any, spec: str) -> tuple[bool, str, str]:
@@ -172,7 +175,7 @@ def _torch_matches(backend: Any, spec: str) -> tuple[bool, str, str]:
     from packaging.version import Version
 
     installed = Version(Version(str(backend.torch_version)).base_version)
-    return SpecifierSet(spec).contains(installed, prereleases=True), f"installed torch is {backend.torch_version}", "torch-version"
+    return SpecifierSet(spec).contains(installed, prereleases=True), f"installed torch is {backend.torch_version}", TORCH_VERSION
 
 
 def _need_fsdp2(backend: Any) -> tuple[bool, str, str]:
@@ -180,7 +183,7 @@ def _need_fsdp2(backend: Any) -> tuple[bool, str, str]:
     if not ok:
         return ok, detail, code
     if backend.comm_backend is None:
-        return False, f"{backend.name} has no collective backend", "needs-multiprocess"
+        return False, f"{backend.name} has no collective backend", NEEDS_MULTIPROCESS
     return True, detail, code
 
 
@@ -188,37 +191,37 @@ def _need_packages(backend: Any, *requirements: str, any_of: bool = False) -> tu
     problems = [p for p in (_package_problem(r) for r in requirements) if p]
     if any_of:
         ok = len(problems) < len(requirements)
-        return ok, "" if ok else f"none of {', '.join(requirements)} is installed", "needs-package"
-    return not problems, "; ".join(problems), "needs-package"
+        return ok, "" if ok else f"none of {', '.join(requirements)} is installed", NEEDS_PACKAGE
+    return not problems, "; ".join(problems), NEEDS_PACKAGE
 
 
 def _need_no_package(backend: Any, name: str) -> tuple[bool, str, str]:
     present = _package_problem(name) is None
-    return not present, f"{name} is installed" if present else "", "known-limitation"
+    return not present, f"{name} is installed" if present else "", KNOWN_LIMITATION
 
 
 def _need_deepspeed(backend: Any) -> tuple[bool, str, str]:
     problem = _package_problem("deepspeed")
     if problem:
-        return False, problem, "needs-package"
+        return False, problem, NEEDS_PACKAGE
     from ..backends.deepspeed_agreement import deepspeed_accelerator_types
 
     supported = deepspeed_accelerator_types()
     if supported and backend.device_type not in supported:
         return False, f"DeepSpeed has no accelerator for {backend.device_type} (DS_ACCELERATOR accepts " \
-                      f"{', '.join(supported)})", "not-on-backend"
-    return True, "", "needs-package"
+                      f"{', '.join(supported)})", NOT_ON_BACKEND
+    return True, "", NEEDS_PACKAGE
 
 
 def _need_opt_in(backend: Any, variable: str) -> tuple[bool, str, str]:
     try:
-        return env_flag(variable), f"set {variable}=1 to run it", "opt-in"
+        return env_flag(variable), f"set {variable}=1 to run it", OPT_IN
     except ValueError as exc:  # not a yes/no word: the test skips, saying so
-        return False, str(exc), "opt-in"
+        return False, str(exc), OPT_IN
 
 
 def _need_slow(backend: Any) -> tuple[bool, str, str]:
-    return True, "", "opt-in"
+    return True, "", OPT_IN
 
 
 #: harness marker -> how accel.test_utils answers it for the active backend
@@ -276,8 +279,8 @@ def _never() -> Check:
 REQUIREMENTS: dict[str, Requirement] = {name: _from_row(row) for name, row in REQUIREMENT_TABLE.items()}
 REQUIREMENTS["require_torch_min_version"] = Requirement(
     lambda version=None: check_needs((Need("require_torch", (f">={_version_param(version)}",)),)),
-    "torch-version", "test requires torch >= {version}")
-REQUIREMENTS["skip"] = Requirement(_never, "known-limitation", "Test was skipped")
+    TORCH_VERSION, "test requires torch >= {version}")
+REQUIREMENTS["skip"] = Requirement(_never, KNOWN_LIMITATION, "Test was skipped")
 
 
 def _version_param(version: Any) -> str:

@@ -1,7 +1,7 @@
 """Fixed names and versions with Accelerate's module path (``accelerate.utils.constants``).
 
-Checkpoint file names are Accelerate's, so checkpoints written by either library have the same
-layout; the ``BETA_*`` versions are the minimum versions at which Accelerate enables a feature.
+Checkpoint file names and minimum versions come from :mod:`accel.facts` (Accelerate's values, under
+Accelerate's names here); the ``BETA_*`` versions are the minimum versions at which a feature is enabled.
 """
 
 from __future__ import annotations
@@ -10,23 +10,14 @@ import operator
 
 import torch
 
+from ..facts import versions
+
 # ---------------------------------------------------------------------------- checkpoint file names
-SCALER_NAME = "scaler.pt"
-MODEL_NAME = "pytorch_model"
-SAFE_MODEL_NAME = "model"
-RNG_STATE_NAME = "random_states"
-OPTIMIZER_NAME = "optimizer"
-SCHEDULER_NAME = "scheduler"
-SAMPLER_NAME = "sampler"
-DATALOADER_STATE_NAME = "dl_state_dict"
-PROFILE_PATTERN_NAME = "profile_{suffix}.json"
-WEIGHTS_NAME = f"{MODEL_NAME}.bin"
-WEIGHTS_PATTERN_NAME = "pytorch_model{suffix}.bin"
-WEIGHTS_INDEX_NAME = f"{WEIGHTS_NAME}.index.json"
-SAFE_WEIGHTS_NAME = f"{SAFE_MODEL_NAME}.safetensors"
-SAFE_WEIGHTS_PATTERN_NAME = "model{suffix}.safetensors"
-SAFE_WEIGHTS_INDEX_NAME = f"{SAFE_WEIGHTS_NAME}.index.json"
-FSDP_MODEL_NAME = "pytorch_model_fsdp"
+from ..facts.checkpoint import (  # noqa: E402 - Accelerate's names, from the one table
+    DATALOADER_STATE_NAME, FSDP_MODEL_NAME, MODEL_NAME, OPTIMIZER_NAME, PROFILE_PATTERN_NAME, RNG_STATE_NAME,
+    SAFE_MODEL_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_PATTERN_NAME, SAMPLER_NAME, SCALER_NAME,
+    SCHEDULER_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_PATTERN_NAME,
+)
 
 # ---------------------------------------------------------------------------- option lists
 FSDP_SHARDING_STRATEGY = ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"]
@@ -43,17 +34,17 @@ SAGEMAKER_PYTHON_VERSION = "py38"
 SAGEMAKER_TRANSFORMERS_VERSION = "4.17.0"
 SAGEMAKER_PARALLEL_EC2_INSTANCES = ["ml.p3.16xlarge", "ml.p3dn.24xlarge", "ml.p4dn.24xlarge"]
 
-# ---------------------------------------------------------------------------- minimum versions
-FSDP_PYTORCH_VERSION = "2.1.0.a0+32f93b1"  # Accelerate's value, a pre-release build tag included
-FSDP2_PYTORCH_VERSION = "2.6.0"
-DTENSOR_PYTORCH_VERSION = "2.5.0"
-ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION = "2.2.0"
-XPU_PROFILING_AVAILABLE_PYTORCH_VERSION = "2.4.0"
-MITA_PROFILING_AVAILABLE_PYTORCH_VERSION = "2.1.0"
-BETA_TP_AVAILABLE_PYTORCH_VERSION = "2.3.0"
-BETA_TP_AVAILABLE_TRANSFORMERS_VERSION = "4.52.0"
-BETA_CP_AVAILABLE_PYTORCH_VERSION = "2.6.0"
-BETA_SP_AVAILABLE_DEEPSPEED_VERSION = "0.18.2"
+# ---------------------------------------------------------------------------- minimum versions (accel.facts.versions)
+FSDP_PYTORCH_VERSION = versions.TORCH_FSDP
+FSDP2_PYTORCH_VERSION = versions.TORCH_FSDP2
+DTENSOR_PYTORCH_VERSION = versions.TORCH_DTENSOR
+ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION = versions.TORCH_ELASTIC_LOG_LINE_PREFIX
+XPU_PROFILING_AVAILABLE_PYTORCH_VERSION = versions.TORCH_XPU_PROFILING
+MITA_PROFILING_AVAILABLE_PYTORCH_VERSION = versions.TORCH_MTIA_PROFILING
+BETA_TP_AVAILABLE_PYTORCH_VERSION = versions.TORCH_TP
+BETA_TP_AVAILABLE_TRANSFORMERS_VERSION = versions.TRANSFORMERS_TP
+BETA_CP_AVAILABLE_PYTORCH_VERSION = versions.TORCH_CP
+BETA_SP_AVAILABLE_DEEPSPEED_VERSION = versions.DEEPSPEED_SP
 
 STR_OPERATION_TO_FUNC = {">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne,
                          "<=": operator.le, "<": operator.lt}

@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
+from ..facts.environment import FALSE_WORDS, TRUE_WORDS, env_flag, env_text
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -36,18 +38,17 @@ __all__ = [
 #: accel's own prefix first, then Accelerate's: ``ACCEL_X`` wins over ``ACCELERATE_X``
 ENV_PREFIXES = ("ACCEL_", "ACCELERATE_")
 
-_TRUTHY = frozenset({"y", "yes", "t", "true", "on", "1"})
-_FALSY = frozenset({"n", "no", "f", "false", "off", "0"})
-
-
 def str_to_bool(value: str, to_bool: bool = False) -> int | bool:
-    """``1``/``0`` (or ``True``/``False`` with ``to_bool``) for a yes/no word; ValueError for anything else."""
+    """``1``/``0`` (or ``True``/``False`` with ``to_bool``) for a yes/no word; ValueError for anything else.
+
+    The words are :data:`accel.facts.environment.TRUE_WORDS` / ``FALSE_WORDS`` (Accelerate's).
+    """
     text = str(value).strip().lower()
-    if text in _TRUTHY:
+    if text in TRUE_WORDS:
         return True if to_bool else 1
-    if text in _FALSY:
+    if text in FALSE_WORDS:
         return False if to_bool else 0
-    raise ValueError(f"invalid truth value {value!r}: expected one of {sorted(_TRUTHY | _FALSY)}")
+    raise ValueError(f"invalid truth value {value!r}: expected one of {sorted(TRUE_WORDS | FALSE_WORDS)}")
 
 
 def env_value(suffix: str, default: str | None = None, environ: Mapping[str, str] | None = None) -> str | None:
@@ -55,12 +56,7 @@ def env_value(suffix: str, default: str | None = None, environ: Mapping[str, str
 
     Empty values count as unset, so ``ACCEL_X=`` does not hide ``ACCELERATE_X=1``.
     """
-    environ = os.environ if environ is None else environ
-    for prefix in ENV_PREFIXES:
-        value = environ.get(prefix + suffix)
-        if value not in (None, ""):
-            return value
-    return default
+    return env_text(*(prefix + suffix for prefix in ENV_PREFIXES), default=default, environ=environ)
 
 
 def get_int_from_env(env_keys: Iterable[str], default: int) -> int:
@@ -82,11 +78,9 @@ def get_int_from_env(env_keys: Iterable[str], default: int) -> int:
 
 
 def parse_flag_from_env(key: str, default: bool = False) -> bool:
-    """Whether the yes/no variable ``key`` is set to a true value (``default`` when unset)."""
-    value = os.environ.get(key)
-    if value is None:
-        return bool(default)
-    return bool(str_to_bool(value))
+    """Whether the yes/no variable ``key`` is set to a true value (``default`` when unset or empty);
+    another value is a ValueError naming ``key``."""
+    return env_flag(key, default=default)
 
 
 def parse_choice_from_env(key: str, default: str = "no") -> str:

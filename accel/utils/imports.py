@@ -9,6 +9,9 @@ from typing import Any, Callable
 
 from packaging.version import Version
 
+from ..facts import versions
+from ..facts.environment import env_flag
+
 _OPS = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne, ">=": operator.ge, ">": operator.gt}
 
 
@@ -203,7 +206,7 @@ def is_bitsandbytes_multi_backend_available() -> bool:
 
 
 def is_weights_only_available() -> bool:
-    return is_torch_version(">=", "2.4.0")
+    return is_torch_version(">=", versions.TORCH_WEIGHTS_ONLY)
 
 
 # ---------------------------------------------------------------------------- more packages (Accelerate's names)
@@ -288,7 +291,7 @@ def is_triton_available() -> bool:
 
 def is_pippy_available() -> bool:
     """Whether pipeline parallelism (``torch.distributed.pipelining``, torch >= 2.4) is importable."""
-    return is_torch_version(">=", "2.4.0") and _package("torch.distributed.pipelining")
+    return is_torch_version(">=", versions.TORCH_PIPELINING) and _package("torch.distributed.pipelining")
 
 
 def is_megatron_lm_available() -> bool:
@@ -303,12 +306,12 @@ def is_transformer_engine_available() -> bool:
 
 def is_transformer_engine_mxfp8_available() -> bool:
     """Whether Transformer Engine >= 2.0 (MXFP8 recipes) is installed."""
-    return is_transformer_engine_available() and _package_version_at_least("transformer_engine", "2.0.0")
+    return is_transformer_engine_available() and _package_version_at_least("transformer_engine", versions.TRANSFORMER_ENGINE_MXFP8)
 
 
 def is_torchao_available() -> bool:
-    """Whether torchao >= 0.6.1 (the fp8 "AO" backend) is installed."""
-    return _package("torchao") and _package_version_at_least("torchao", "0.6.1")
+    """Whether torchao at its fp8 floor (the fp8 "AO" backend) is installed."""
+    return _package("torchao") and _package_version_at_least("torchao", versions.TORCHAO_FP8)
 
 
 def is_torchdata_available() -> bool:
@@ -317,18 +320,18 @@ def is_torchdata_available() -> bool:
 
 
 def is_torchdata_stateful_dataloader_available() -> bool:
-    """Whether torchdata >= 0.8 (``StatefulDataLoader``) is installed."""
-    return _package("torchdata") and _package_version_at_least("torchdata", "0.8.0")
+    """Whether torchdata with ``StatefulDataLoader`` is installed."""
+    return _package("torchdata") and _package_version_at_least("torchdata", versions.TORCHDATA_STATEFUL)
 
 
 def is_4bit_bnb_available() -> bool:
-    """Whether the 4bit_bnb package is installed."""
-    return is_bnb_available() and _package_version_at_least("bitsandbytes", "0.39.0")
+    """Whether bitsandbytes with 4-bit layers is installed."""
+    return is_bnb_available() and _package_version_at_least("bitsandbytes", versions.BITSANDBYTES_4BIT)
 
 
 def is_8bit_bnb_available() -> bool:
-    """Whether the 8bit_bnb package is installed."""
-    return is_bnb_available() and _package_version_at_least("bitsandbytes", "0.37.2")
+    """Whether bitsandbytes with 8-bit layers is installed."""
+    return is_bnb_available() and _package_version_at_least("bitsandbytes", versions.BITSANDBYTES_8BIT)
 
 
 def is_pynvml_available() -> bool:
@@ -368,12 +371,13 @@ def is_habana_gaudi1() -> bool:
 
 
 def torchao_required(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorator: calling ``func`` without torchao >= 0.6.1 raises an ImportError saying so."""
+    """Decorator: calling ``func`` without torchao at its fp8 floor raises an ImportError saying so."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not is_torchao_available():
-            raise ImportError(f"{func.__qualname__} needs torchao >= 0.6.1, which is not installed (pip install torchao)")
+            raise ImportError(f"{func.__qualname__} needs torchao >= {versions.TORCHAO_FP8}, which is not installed "
+                              "(pip install torchao)")
         return func(*args, **kwargs)
 
     return wrapper
@@ -399,11 +403,5 @@ def deepspeed_required(func: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _use_torch_xla() -> bool:
-    from .environment import parse_flag_from_env
-
-    return parse_flag_from_env("USE_TORCH_XLA", True)
-
-
 #: whether torch_xla may be used when installed (``USE_TORCH_XLA=0`` runs a plain torch job beside it)
-USE_TORCH_XLA = _use_torch_xla()
+USE_TORCH_XLA = env_flag("USE_TORCH_XLA", default=True)

@@ -6,7 +6,6 @@ import logging
 import os
 import platform
 import re
-import socket
 import sys
 from collections import OrderedDict
 from types import MethodType
@@ -14,6 +13,10 @@ from typing import Any
 
 import torch
 from packaging.version import InvalidVersion, Version
+
+from ..facts import network
+from ..facts.precision import check_precision
+from ..facts.versions import LINUX_KERNEL
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +43,8 @@ __all__ = [
     "write_basic_config",
 ]
 
-#: kernels older than this can hang multi-process runs (Accelerate's issue #1929)
-MIN_KERNEL_VERSION = "5.5.0"
+#: kernels older than this can hang multi-process runs
+MIN_KERNEL_VERSION = LINUX_KERNEL
 
 
 # ---------------------------------------------------------------------------- compiled modules
@@ -289,17 +292,13 @@ def merge_dicts(source: dict, destination: dict) -> dict:
 
 
 def is_port_in_use(port: int | None = None) -> bool:
-    """Whether something listens on ``localhost:port`` (29500, torch's default, when not given)."""
-    port = 29500 if port is None else port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        return sock.connect_ex(("localhost", port)) == 0
+    """Whether something listens on ``localhost:port`` (the default rendezvous port when not given)."""
+    return network.is_port_in_use(port)
 
 
 def get_free_port() -> int:
     """A TCP port the operating system reports free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
+    return network.free_port()
 
 
 def convert_bytes(size: float) -> str:
@@ -353,9 +352,7 @@ def write_basic_config(mixed_precision: str = "no", save_location: str | os.Path
     from ..commands.config import default_config
     from ..commands.config_file import default_config_path, save_config
 
-    mixed_precision = str(mixed_precision).lower()
-    if mixed_precision not in ("no", "fp16", "bf16", "fp8"):
-        raise ValueError(f"`mixed_precision` should be one of 'no', 'fp16', 'bf16', or 'fp8'. Received {mixed_precision}")
+    mixed_precision = check_precision(mixed_precision, "`mixed_precision`")
     path = Path(save_location) if save_location is not None else default_config_path()
     if path.exists():
         print(f"Configuration already exists at {path}, will not override. Run `accel config` manually or pass a "

@@ -1,0 +1,171 @@
+"""A fact from accel.facts written again elsewhere fails here: the default port, checkpoint file names,
+precision-name collections, yes/no word collections, reason-code strings, and ``ACCEL_*``/``ACCELERATE_*``
+variable names missing from the environment table.
+
+Copies that other parts still hold are listed in :data:`OWNER_TO_FIX` (each with the table entry to use
+instead); :data:`JUSTIFIED` lists the ones that stay, with the reason. Both lists are matched by file,
+kind and value, with a count, so a new copy in an allow-listed file still fails.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections import Counter
+from pathlib import Path
+
+from accel.facts import checkpoint, environment, network, reasons, versions
+
+ROOT = Path(__file__).resolve().parents[1]
+SCANNED = ("accel", "accel_harness", "accel_reports")
+
+CHECKPOINT_NAMES = {
+    checkpoint.MODEL_NAME, checkpoint.WEIGHTS_NAME, checkpoint.SAFE_WEIGHTS_NAME, checkpoint.WEIGHTS_INDEX_NAME,
+    checkpoint.SAFE_WEIGHTS_INDEX_NAME, checkpoint.FSDP_MODEL_NAME, checkpoint.SCALER_NAME, checkpoint.RNG_STATE_NAME,
+    checkpoint.DATALOADER_STATE_NAME, checkpoint.CUSTOM_NAME,
+}
+REASON_CODES = set(reasons.SKIP_CODES) | {reasons.UNSPECIFIED}
+TRUTH_WORDS = environment.TRUE_WORDS | environment.FALSE_WORDS
+FLOOR_VALUES = {value for _, value in versions.FLOORS.values()}
+VARIABLE = re.compile(r"^(ACCEL|ACCELERATE)_[A-Z0-9_]+$")
+
+PORT, CKPT, PRECISION, TRUTH, CODE, VAR, FLOOR = (
+    "port", "checkpoint name", "precision names", "truth words", "reason code", "variable outside the table",
+    "version floor")
+
+#: (file, kind, value) -> (count, the table entry to use); the owners of these files replace them
+OWNER_TO_FIX: dict[tuple[str, str, str], tuple[int, str]] = {
+    # the default port -> accel.facts.network.DEFAULT_PORT
+    ("accel/commands/config/config.py", PORT, "29500"): (1, "owner to fix: network.DEFAULT_PORT"),
+    ("accel/commands/launch/options.py", PORT, "29500"): (1, "owner to fix: network.DEFAULT_PORT"),
+    ("accel/launchers.py", PORT, "29500"): (2, "owner to fix: str(network.DEFAULT_PORT)"),
+    ("accel/state.py", PORT, "29500"): (1, "owner to fix: network.DEFAULT_PORT"),
+    ("accel/utils/launch.py", PORT, "29500"): (1, "owner to fix: network.DEFAULT_PORT"),
+    # precision names -> accel.facts.precision.PRECISIONS / check_precision
+    ("accel/commands/config_file.py", PRECISION, "no,fp16,bf16,fp8"): (1, "owner to fix: precision.PRECISIONS"),
+    ("accel/commands/launch/options.py", PRECISION, "no,fp16,bf16,fp8"): (1, "owner to fix: precision.PRECISIONS"),
+    ("accel/launchers.py", PRECISION, "no,fp8,fp16,bf16"): (1, "owner to fix: precision.check_precision"),
+    ("accel/utils/launch.py", PRECISION, "no,fp16,bf16,fp8"): (1, "owner to fix: precision.check_precision"),
+    # yes/no words -> accel.facts.environment.env_flag / parse_bool
+    ("accel/big_modeling.py", TRUTH, "1,on,t,true,y,yes"): (1, "owner to fix: environment.env_flag"),
+    ("accel/checkpointing/manifest.py", TRUTH, "0,false,no,off"): (1, "owner to fix: environment.env_flag"),
+    ("accel/commands/config/config_utils.py", TRUTH, "0,false,n,no"): (1, "owner to fix: environment.parse_bool"),
+    ("accel/commands/config/config_utils.py", TRUTH, "1,true,y,yes"): (1, "owner to fix: environment.parse_bool"),
+    ("accel/commands/config_file.py", TRUTH, "false,no,true,yes"): (1, "owner to fix: environment.parse_bool"),
+    ("accel/commands/config_file.py", TRUTH, "true,yes"): (1, "owner to fix: environment.parse_bool"),
+    ("accel/commands/launch/options.py", TRUTH, "0,false,n,no,off"): (1, "owner to fix: environment.parse_bool"),
+    ("accel/commands/launch/options.py", TRUTH, "1,on,true,y,yes"): (1, "owner to fix: environment.parse_bool"),
+    ("accel/commands/launch/plan.py", TRUTH, "1,on,true,yes"): (1, "owner to fix: environment.env_flag"),
+    ("accel/commands/report.py", TRUTH, "1,on,true,yes"): (1, "owner to fix: environment.parse_bool"),
+    ("accel/state.py", TRUTH, "1,on,true,yes"): (1, "owner to fix: environment.env_flag"),
+    ("accel/strategies/fsdp.py", TRUTH, "1,true"): (1, "owner to fix: environment.env_flag"),
+    ("accel/utils/deepspeed_config.py", TRUTH, "1,on,t,true,y,yes"): (1, "owner to fix: environment.parse_bool"),
+    ("accel/utils/fsdp_plugin.py", TRUTH, "0,f,false,n,no,off"): (1, "owner to fix: environment.parse_bool"),
+    ("accel/utils/fsdp_plugin.py", TRUTH, "1,on,t,true,y,yes"): (1, "owner to fix: environment.parse_bool"),
+    ("accel/utils/launch.py", TRUTH, "1,on,true,y,yes"): (1, "owner to fix: environment.parse_bool"),
+    ("accel/utils/launch.py", TRUTH, "false,true"): (1, "owner to fix: environment.parse_bool"),
+    # checkpoint file names -> accel.facts.checkpoint
+    **{("accel/checkpointing/layout.py", CKPT, name): (1, "owner to fix: import it from accel.facts.checkpoint")
+       for name in ("pytorch_model", "model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
+                    "pytorch_model.bin.index.json", "scaler.pt", "random_states", "custom_checkpoint")},
+    ("accel/strategies/deepspeed.py", CKPT, "pytorch_model"): (1, "owner to fix: checkpoint.MODEL_NAME"),
+    ("accel/strategies/fsdp.py", CKPT, "pytorch_model_fsdp"): (1, "owner to fix: checkpoint.FSDP_MODEL_NAME"),
+    ("accel/utils/fsdp_utils.py", CKPT, "model.safetensors"): (1, "owner to fix: checkpoint.SAFE_WEIGHTS_NAME"),
+    ("accel/utils/fsdp_utils.py", CKPT, "pytorch_model.bin"): (1, "owner to fix: checkpoint.WEIGHTS_NAME"),
+    ("accel/utils/modeling/checkpoint.py", CKPT, "model.safetensors"): (1, "owner to fix: checkpoint.SAFE_WEIGHTS_NAME"),
+    ("accel/utils/modeling/checkpoint.py", CKPT, "pytorch_model.bin"): (1, "owner to fix: checkpoint.WEIGHTS_NAME"),
+    ("accel/utils/modeling/checkpoint.py", CKPT, "pytorch_model.bin.index.json"): (
+        1, "owner to fix: checkpoint.WEIGHTS_INDEX_NAME"),
+    # reason codes -> accel.facts.reasons
+    ("accel_harness/plugin.py", CODE, "backend-unavailable"): (1, "owner to fix: reasons.BACKEND_UNAVAILABLE"),
+    ("accel_harness/plugin.py", CODE, "backend-not-selected"): (1, "owner to fix: reasons.BACKEND_NOT_SELECTED"),
+    **{("accel_reports/groups.py", CODE, code): (1, "owner to fix: reasons.SKIP_REASONS / describe_reason")
+       for code in REASON_CODES},
+    ("accel_reports/groups.py", CODE, "unspecified"): (2, "owner to fix: reasons.UNSPECIFIED, describe_reason"),
+    ("accel_reports/render_tests.py", CODE, "unspecified"): (3, "owner to fix: reasons.UNSPECIFIED"),
+    **{("accel_reports/render_text.py", CODE, code): (1, "owner to fix: key the letters by reasons.* constants")
+       for code in REASON_CODES},
+    **{("accel_reports/vendor.py", CODE, code): (1, "owner to fix: reasons.SKIP_REASONS (or a vendor column there)")
+       for code in REASON_CODES},
+}
+
+#: (file, kind, value) -> (count, why it stays)
+JUSTIFIED: dict[tuple[str, str, str], tuple[int, str]] = {
+    ("accel/backends/xla.py", TRUTH, "0,f,false,n,no,off"): (
+        1, "accel.backends is the lowest layer of tests/test_import_layering.py and may not import accel.facts yet"),
+    ("accel/checkpointing/api.py", CKPT, "random_states"): (1, "a manifest field of that name, not the file name"),
+    ("accel/checkpointing/manifest.py", CKPT, "random_states"): (1, "a manifest field of that name, not the file name"),
+    ("accel_harness/markers.py", VAR, "ACCELERATE_ALIASES"): (1, "a Python name in __all__, not a variable"),
+    ("accel/commands/config_file.py", VAR, "ACCELERATE_ONLY_KEYS"): (1, "a Python name in __all__, not a variable"),
+    ("accel_reports/synthetic.py", VAR, "ACCEL_VERSIONS"): (1, "a Python name in __all__, not a variable"),
+}
+
+
+def _collection_strings(node: ast.AST) -> list[str]:
+    return [e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+
+
+def _findings_in(tree: ast.AST) -> list[tuple[str, str]]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant):
+            value = node.value
+            if value == network.DEFAULT_PORT or value == str(network.DEFAULT_PORT):
+                found.append((PORT, str(value)))
+            elif isinstance(value, str) and value in CHECKPOINT_NAMES:
+                found.append((CKPT, value))
+            elif isinstance(value, str) and value in REASON_CODES:
+                found.append((CODE, value))
+            elif (isinstance(value, str) and VARIABLE.match(value) and value not in environment.ENV_FAMILIES
+                  and environment.contract_entry(value) is None):
+                found.append((VAR, value))
+        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            strings = _collection_strings(node)
+            lowered = {s.strip().lower() for s in strings}
+            if {"no", "fp16", "bf16"} <= lowered:
+                found.append((PRECISION, ",".join(strings)))
+            elif (len(lowered & TRUTH_WORDS) >= 2 and lowered & {"true", "yes", "false", "no"}
+                  and not lowered - TRUTH_WORDS - {""}):
+                found.append((TRUTH, ",".join(sorted(lowered))))
+        elif isinstance(node, ast.Call) and re.search(r"version|Version|at_least", ast.unparse(node.func)):
+            found.extend((FLOOR, a.value) for a in node.args if isinstance(a, ast.Constant) and a.value in FLOOR_VALUES)
+    return found
+
+
+def scan(root: Path = ROOT) -> Counter:
+    """(file, kind, value) -> how often it occurs, over the scanned packages outside accel/facts."""
+    counts: Counter = Counter()
+    for package in SCANNED:
+        for path in sorted((root / package).rglob("*.py")):
+            relative = path.relative_to(root).as_posix()
+            if relative.startswith("accel/facts/"):
+                continue
+            for kind, value in _findings_in(ast.parse(path.read_text(encoding="utf-8"))):
+                counts[(relative, kind, value)] += 1
+    return counts
+
+
+def test_no_fact_is_written_again():
+    allowed = {key: count for key, (count, _) in {**OWNER_TO_FIX, **JUSTIFIED}.items()}
+    extra = {key: n for key, n in scan().items() if n > allowed.get(key, 0)}
+    assert not extra, "facts written again (use accel.facts): " + "; ".join(
+        f"{path}: {kind} {value!r} x{n}" for (path, kind, value), n in sorted(extra.items()))
+
+
+def test_the_allow_lists_hold_no_stale_entries():
+    """An entry whose copy is gone (or fewer) is removed from the list, so the lists only shrink."""
+    found = scan()
+    stale = [key for key, (count, _) in {**OWNER_TO_FIX, **JUSTIFIED}.items() if found.get(key, 0) < count]
+    assert not stale, f"allow-list entries to remove or lower: {stale}"
+
+
+def test_the_scanner_finds_each_kind(tmp_path):
+    package = tmp_path / "accel"
+    package.mkdir()
+    (package / "copy.py").write_text(
+        'PORT = 29500\nNAME = "scaler.pt"\nP = ("no", "fp16", "bf16", "fp8")\nT = {"1", "true", "yes"}\n'
+        'CODE = "needs-devices"\nV = "ACCEL_NOT_IN_THE_TABLE"\nOK = "ACCEL_DEVICE"\nF = "FSDP_VERSION"\n'
+        'is_torch_version(">=", "2.6.0")\n')
+    found = {(kind, value) for (_, kind, value) in scan(tmp_path)}
+    assert found == {(PORT, "29500"), (CKPT, "scaler.pt"), (PRECISION, "no,fp16,bf16,fp8"), (TRUTH, "1,true,yes"),
+                     (CODE, "needs-devices"), (VAR, "ACCEL_NOT_IN_THE_TABLE"), (FLOOR, "2.6.0")}
