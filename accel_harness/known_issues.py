@@ -29,6 +29,12 @@ untracked again, and :meth:`KnownIssues.expired` lists it so the run can say so.
 
 ``xfail: true`` lets the plugin report a matching failure as xfailed when asked
 (``--known-issues-xfail``); otherwise a match only records the issue id.
+
+Re-running only what known issues cover (``accel qualify --rerun-known``): this module is also a
+pytest plugin, loaded with ``-p accel_harness.known_issues``, whose ``--accel-rerun-known YAML``
+option keeps only the test instances that an entry's ``tests`` patterns name on a backend (and
+torch release) the entry concerns, and deselects the rest. :func:`rerun_verdicts` then says, per
+entry, whether its tests now pass.
 """
 
 from __future__ import annotations
@@ -44,7 +50,8 @@ from typing import Any, Iterable, Iterator, Mapping
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-__all__ = ["FIELDS", "KnownIssue", "KnownIssues", "KnownIssuesError", "load_known_issues"]
+__all__ = ["FIELDS", "KnownIssue", "KnownIssues", "KnownIssuesError", "RerunVerdict", "dump_known_issues", "load_known_issues",
+           "rerun_verdicts"]
 
 #: the keys an entry may have
 FIELDS = ("id", "url", "title", "backends", "torch", "tests", "error", "xfail", "reason", "issue", "expires")
@@ -377,3 +384,109 @@ def load_known_issues(*paths: str | os.PathLike[str]) -> KnownIssues:
             raise KnownIssuesError(f"known issues file {path}{where}: not valid YAML: {problem}") from None
         issues.extend(data, str(path))
     return issues
+
+
+def dump_known_issues(issues: Iterable[KnownIssue], path: str | os.PathLike[str]) -> Path:
+    """Write ``issues`` as a known-issues YAML file (what :func:`load_known_issues` reads back)."""
+    import yaml
+
+    target = Path(path)
+    target.write_text(yaml.safe_dump({"issues": [issue.as_dict() for issue in issues]}, sort_keys=False,
+                                     allow_unicode=True), encoding="utf-8")
+    return target
+
+
+# ---------------------------------------------------------------------------- re-running what they cover
+@dataclass(frozen=True)
+class RerunVerdict:
+    """What re-running one entry's tests found: ``status`` is ``now-passes`` (every covered test that
+    ran passed: the entry can go), ``still-fails``, ``not-run`` (its tests were all skipped or not
+    selected here) or ``not-rerunnable`` (an entry matched by error text alone names no test)."""
+
+    issue: KnownIssue
+    status: str
+    passed: tuple[str, ...] = ()
+    failed: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()
+
+    def line(self) -> str:
+        """The console sentence for this entry."""
+        ran = len(self.passed) + len(self.failed)
+        if self.status == "now-passes":
+            return f"known issue {self.issue.id} now passes ({len(self.passed)} of {ran} test(s)): remove it"
+        if self.status == "still-fails":
+            return (f"known issue {self.issue.id} still fails ({len(self.failed)} of {ran} test(s), e.g. "
+                    f"{self.failed[0]})")
+        if self.status == "not-run":
+            return f"known issue {self.issue.id}: none of its tests ran here ({len(self.skipped)} skipped)"
+        return f"known issue {self.issue.id}: matched by error text only, it names no test to re-run"
+
+
+def rerun_verdicts(issues: Iterable[KnownIssue], records: Iterable[Mapping[str, Any]],
+                   torch_version: Any = None) -> list[RerunVerdict]:
+    """Per entry, from test records (``nodeid``, ``test_id``, ``backend``, ``outcome``): whether the
+    tests its ``tests`` patterns name now pass. A test counts for an entry only on the backends and
+    torch release the entry concerns; xfailed counts as failing (the failure is still there),
+    xpassed as passing."""
+    records = list(records)
+    verdicts = []
+    for issue in issues:
+        if not issue.tests:
+            verdicts.append(RerunVerdict(issue, "not-rerunnable"))
+            continue
+        passed, failed, skipped = [], [], []
+        for rec in records:
+            backend = rec.get("backend")
+            if not issue.applies_to(backend, torch_version) or not issue.matches_test(rec.get("test_id"), rec.get("nodeid")):
+                continue
+            outcome = rec.get("outcome")
+            name = str(rec.get("nodeid"))
+            if outcome in ("passed", "xpassed"):
+                passed.append(name)
+            elif outcome in ("failed", "error", "xfailed"):
+                failed.append(name)
+            else:
+                skipped.append(name)
+        status = "still-fails" if failed else ("now-passes" if passed else "not-run")
+        verdicts.append(RerunVerdict(issue, status, tuple(passed), tuple(failed), tuple(skipped)))
+    return verdicts
+
+
+def pytest_addoption(parser: Any) -> None:
+    """``--accel-rerun-known YAML``: run only the tests the file's entries name (this module as a ``-p`` plugin)."""
+    parser.getgroup("accel").addoption(
+        "--accel-rerun-known", dest="accel_rerun_known", metavar="YAML", default=None,
+        help="run only the test instances that this known-issues file's test patterns name (on the backends and "
+             "torch release each entry concerns); the rest are deselected")
+
+
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    """Keep only the instances a known issue covers (when ``--accel-rerun-known`` is given)."""
+    path = config.getoption("accel_rerun_known", None)
+    if not path:
+        return
+    from importlib import metadata
+
+    from .params import item_backend
+    from .records import device_neutral_id
+
+    try:
+        issues = [i for i in load_known_issues(path) if i.tests]
+    except KnownIssuesError as exc:
+        import pytest
+
+        raise pytest.UsageError(f"--accel-rerun-known: {exc}") from None
+    try:
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = None
+    kept, dropped = [], []
+    for item in items:
+        backend, _ = item_backend(item)
+        test_id = device_neutral_id(item.nodeid, backend)
+        covered = any(issue.applies_to(backend, torch_version) and issue.matches_test(test_id, item.nodeid)
+                      for issue in issues)
+        (kept if covered else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept

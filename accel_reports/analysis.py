@@ -278,13 +278,19 @@ def _cell_map(current: Iterable[tuple], baseline: pd.DataFrame) -> dict[tuple, t
     return mapping
 
 
-def diff_runs(current: pd.DataFrame, baseline: pd.DataFrame) -> Diff:
+def diff_runs(current: pd.DataFrame, baseline: pd.DataFrame, collection_threshold: float | None = None) -> Diff:
     """Compare ``current`` test records with ``baseline`` ones (see the module docstring).
 
     New failures: failing now, not failing in the baseline (passing, skipped, or absent there, or
     the baseline has no such cell at all; ``was`` says which). Fixed: failing in the baseline, passing now. Disappeared: in the baseline
-    cell, absent now. Collection: tests per cell now and in the baseline; ``dropped`` when fewer.
+    cell, absent now. Collection: tests per cell now and in the baseline, ``drop_share`` (the share
+    of the baseline's tests missing now) and ``dropped`` when that share exceeds
+    ``collection_threshold`` (default :data:`accel_reports.evidence.DEFAULT_COLLECTION_DROP`, 5 %;
+    0 makes any drop count).
     """
+    from .evidence import DEFAULT_COLLECTION_DROP
+
+    threshold = DEFAULT_COLLECTION_DROP if collection_threshold is None else float(collection_threshold)
     keep = CELL + ["test_id", "outcome", "known_issue", "signature", "message", "nodeid"]
     cur = _latest(current, CELL + ["test_id"])
     base = _latest(baseline, ["backend", "torch_version", "test_id"])
@@ -324,12 +330,14 @@ def diff_runs(current: pd.DataFrame, baseline: pd.DataFrame) -> Diff:
             for test_id in sorted(before - now_ids):
                 disappeared_rows.append({"backend": cell[0], "torch_version": cell[1], "accel_version": cell[2],
                                          "test_id": test_id, "baseline_cell": f"{target[0]} · torch {target[1]}"})
+        share = (len(before) - len(now_ids)) / len(before) if target and before else 0.0
         collection_rows.append({
             "backend": cell[0], "torch_version": cell[1], "accel_version": cell[2],
             "baseline_cell": f"{target[0]} · torch {target[1]}" if target else None,
             "baseline": len(before) if target else None, "current": len(now_ids),
             "delta": len(now_ids) - len(before) if target else None,
-            "dropped": bool(target and len(now_ids) < len(before)),
+            "drop_share": max(share, 0.0) if target else None,
+            "dropped": bool(target and len(now_ids) < len(before) and share > threshold),
         })
     unmatched = [cell_label(*c) for c in cells if mapping.get(c) is None]
     return Diff(
@@ -338,7 +346,8 @@ def diff_runs(current: pd.DataFrame, baseline: pd.DataFrame) -> Diff:
         still_failing=still[out_cols].reset_index(drop=True),
         disappeared=pd.DataFrame(disappeared_rows, columns=CELL + ["test_id", "baseline_cell"]),
         new_tests=new_tests[out_cols].reset_index(drop=True),
-        collection=pd.DataFrame(collection_rows, columns=CELL + ["baseline_cell", "baseline", "current", "delta", "dropped"]),
+        collection=pd.DataFrame(collection_rows, columns=CELL + ["baseline_cell", "baseline", "current", "delta", "drop_share",
+                                                                 "dropped"]),
         unmatched_cells=unmatched,
     )
 
@@ -402,6 +411,14 @@ class Report:
     history_benchmarks: pd.DataFrame = field(default_factory=pd.DataFrame)
     flakiness: pd.DataFrame = field(default_factory=pd.DataFrame)
     first_failed: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: failures that are flaky, not broken (accel_reports.evidence.flaky_failures): never new failures
+    flaky: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: known issues past their expiry date and the untracked failures they used to cover
+    expired: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: what the fingerprints say about comparing with the baseline (accel_reports.evidence.comparison_notes)
+    comparison: list = field(default_factory=list)
+    #: the share of the baseline's tests that may go missing before the collection gate fails
+    collection_threshold: float | None = None
 
     @property
     def failures(self) -> int:
@@ -412,9 +429,17 @@ class Report:
         """The failures a CI gate fails on: new untracked ones against the baseline when there is
         one, else every untracked failure."""
         if self.diff is not None:
-            return self.diff.new_untracked
+            return self._not_flaky(self.diff.new_untracked)
         failing = self.tests[self.tests["outcome"].isin(FAILING)] if not self.tests.empty else self.tests
-        return failing[failing["known_issue"].isna()] if not failing.empty else failing
+        return self._not_flaky(failing[failing["known_issue"].isna()]) if not failing.empty else failing
+
+    def _not_flaky(self, failures: pd.DataFrame) -> pd.DataFrame:
+        """``failures`` without those of flaky tests (shown as flaky, never as new failures)."""
+        if self.flaky.empty or failures.empty:
+            return failures
+        flaky = set(self.flaky[CELL + ["test_id"]].itertuples(index=False, name=None))
+        keep = [key not in flaky for key in failures[CELL + ["test_id"]].itertuples(index=False, name=None)]
+        return failures[keep]
 
     @property
     def regressions(self) -> pd.DataFrame:
@@ -432,17 +457,21 @@ def build_report(
     alpha: float = bench.DEFAULT_ALPHA,
     min_samples: int = bench.DEFAULT_MIN_SAMPLES,
     history: Any = None,
+    collection_threshold: float | None = None,
 ) -> Report:
     """Run every analysis on ``loaded`` (and ``baseline``) and collect the results.
 
     ``history`` (an :class:`accel_reports.history.History`) judges benchmarks against the noise band
-    of their own stored runs and adds trends, flakiness and first failures to the report."""
+    of their own stored runs and adds trends, flakiness and first failures to the report.
+    ``collection_threshold``: see :func:`diff_runs`."""
+    from .evidence import comparison_notes, expired_issues, flaky_failures
+
     issue_notes: list[Problem] = []  # undefined known-issue ids
     tests = apply_known_issues(loaded.tests, known, issue_notes)
     # a baseline without test records (a wrong path, benchmarks only) cannot make failures "old"
     base_tests = apply_known_issues(baseline.tests, known, issue_notes) if baseline is not None and not baseline.tests.empty else None
     cells, grid = per_test_grid(tests)
-    diff = diff_runs(tests, base_tests) if base_tests is not None else None
+    diff = diff_runs(tests, base_tests, collection_threshold) if base_tests is not None else None
     clusters = failure_clusters(tests, known, by="root")
     history_benchmarks = history.benchmarks_frame() if history is not None else pd.DataFrame()
     table = bench.compare_benchmarks(
@@ -454,6 +483,7 @@ def build_report(
     from .vendor import compatibility, vendor_table
 
     vendor = vendor_table(tests, loaded.runs, known)
+    flakiness = history.flakiness() if history is not None else pd.DataFrame()
     return Report(
         title=title,
         generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -477,6 +507,10 @@ def build_report(
         vendor=vendor,
         compat=compatibility(tests, vendor),
         history_benchmarks=history_benchmarks,
-        flakiness=history.flakiness() if history is not None else pd.DataFrame(),
+        flakiness=flakiness,
         first_failed=history.first_failed() if history is not None else pd.DataFrame(),
+        flaky=flaky_failures(tests, flakiness),
+        expired=expired_issues(loaded.runs, tests, known),
+        comparison=comparison_notes(loaded.runs, baseline.runs) if baseline is not None else [],
+        collection_threshold=collection_threshold,
     )

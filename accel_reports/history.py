@@ -61,8 +61,8 @@ import pandas as pd
 from .groups import CELL, FAILING
 from .history_db import (BUSY_TIMEOUT, POSTGRES_EXTRA, SCHEMA_VERSION, _SCHEMA, _STORED_SINCE_2, HistoryConflict,
                          HistoryError, IngestResult, _connect, _is_operational, is_database_url, shown_location)
-from .history_rows import (_RUN_TYPES, _clean_benchmarks, _clean_rows, _clean_tests, _digest, _dumps, _object, _plain,
-                           _records, _signature, _text)
+from .history_rows import (_RUN_TYPES, _clean_benchmarks, _clean_rows, _clean_tests, _digest, _dumps, _failure_facts,
+                           _object, _plain, _records, _text)
 from .loaders import RUN_COLUMNS, TEST_COLUMNS, Loaded, Problem, _benchmark_frame, _frame, tests_frame
 
 __all__ = ["BUSY_TIMEOUT", "POSTGRES_EXTRA", "SCHEMA_VERSION", "History", "HistoryConflict", "HistoryError", "IngestResult",
@@ -391,8 +391,9 @@ class History:
     # -- analyses
     def _per_test(self) -> tuple[dict[tuple, list[list]], dict[tuple, str]]:
         """(cell..., test id) -> one entry per run it ran in, oldest first: ``[run_id, start_time,
-        failing, passing, mixed, signature]`` (failing when any record of the run failed, passing
-        when one passed, mixed for both, the last failing record's signature); and cell -> its latest
+        failing, passing, mixed, signature, flake_rate]`` (failing when any record of the run failed,
+        passing when one passed, mixed for both, the last failing record's signature and the flake
+        rate its ``--flake-runs`` re-runs measured, else None); and cell -> its latest
         run with test records. Grouped in plain Python over the database's ordered rows (cheaper than
         a pandas group-by on large histories); kept until the next import."""
         if self._grouped is not None:
@@ -408,7 +409,7 @@ class History:
                 f"FROM tests t JOIN runs r ON r.run_id = t.run_id ORDER BY COALESCE(r.start_time, ''), r.seq, t.{self._db.rowkey}"
             ).fetchall()
         for backend, torch_version, accel_version, test_id, run_id, outcome, start, record in rows:
-            signature = _signature(record) if record is not None else None
+            signature, rate = _failure_facts(record) if record is not None else (None, None)
             cell = (backend, torch_version, accel_version)
             latest[cell] = run_id  # oldest first: the last run seen in a cell is its latest
             runs = grouped.setdefault((*cell, test_id), [])
@@ -418,27 +419,35 @@ class History:
                 entry[2], entry[3] = entry[2] or failed, entry[3] or passed
                 entry[4] = entry[2] and entry[3]
                 entry[5] = signature if failed else entry[5]
+                entry[6] = rate if failed and rate is not None else entry[6]
             else:
-                runs.append([run_id, start, failed, passed, failed and passed, signature if failed else None])
+                runs.append([run_id, start, failed, passed, failed and passed, signature if failed else None,
+                             rate if failed else None])
         self._grouped = (grouped, latest)
         return self._grouped
 
     def flakiness(self) -> pd.DataFrame:
         """Per test id and cell across the stored runs: ``runs`` (runs the test ran in), ``passes``,
         ``failures``, ``flips`` (changes between passing and failing from one run to the next, runs
-        where it neither passed nor failed left out) and ``flaky``: two or more flips, or passing
-        and failing records within one run. A single flip is a change (it broke, or it was fixed),
-        not flakiness. Sorted flakiest first."""
-        columns = CELL + ["test_id", "runs", "passes", "failures", "flips", "flaky", "last_outcome"]
+        where it neither passed nor failed left out), ``flake_rate`` and ``measured`` (the mean of
+        the flake rates that ``--flake-runs`` re-runs recorded for its failures, over the ``measured``
+        runs that recorded one; None when none did) and ``flaky``: two or more flips, passing and
+        failing records within one run, or a measured flake rate below 1. A single flip is a change
+        (it broke, or it was fixed), not flakiness. Sorted flakiest first."""
+        columns = CELL + ["test_id", "runs", "passes", "failures", "flips", "flake_rate", "measured", "flaky", "last_outcome"]
         out = []
         for key, runs in sorted(self._per_test()[0].items(), key=lambda kv: tuple(map(str, kv[0]))):
-            decided = ["fail" if failing else "pass" for _, _, failing, passing, _, _ in runs if failing or passing]
+            decided = ["fail" if r[2] else "pass" for r in runs if r[2] or r[3]]
             flips = sum(a != b for a, b in zip(decided, decided[1:]))
+            rates = [r[6] for r in runs if r[6] is not None]
+            rate = round(sum(rates) / len(rates), 4) if rates else None
             out.append(dict(zip(CELL + ["test_id"], key), runs=len(runs),
                             passes=sum(1 for r in runs if r[3] and not r[2]), failures=sum(1 for r in runs if r[2]),
-                            flips=flips, flaky=flips >= 2 or any(r[4] for r in runs),
+                            flips=flips, flake_rate=rate, measured=len(rates),
+                            flaky=flips >= 2 or any(r[4] for r in runs) or any(x < 1 for x in rates),
                             last_outcome=decided[-1] if decided else "other"))
         frame = pd.DataFrame(out, columns=columns)
+        frame["flake_rate"] = pd.Series([row["flake_rate"] for row in out], dtype=object)  # None stays None
         return frame.sort_values(["flaky", "flips", "failures", "test_id"], ascending=[False, False, False, True],
                                  kind="mergesort").reset_index(drop=True)
 

@@ -45,8 +45,16 @@ def _object(text: Any) -> dict[str, Any] | None:
 
 def _signature(text: str) -> str | None:
     """The ``signature`` of a stored test record, or None (not stored, or not text)."""
-    value = (_object(text) or {}).get("signature")
-    return value if isinstance(value, str) else None
+    return _failure_facts(text)[0]
+
+
+def _failure_facts(text: str) -> tuple[str | None, float | None]:
+    """``(signature, flake_rate)`` of a stored failing test record, each None when not stored or of
+    a wrong type (a rate must be a number from 0 to 1)."""
+    record = _object(text) or {}
+    signature, rate = record.get("signature"), record.get("flake_rate")
+    return (signature if isinstance(signature, str) else None,
+            float(rate) if _is_rate(rate) and rate is not None else None)
 
 
 # ---------------------------------------------------------------------------- stored rows are input
@@ -79,9 +87,17 @@ def _is_flag(value: Any) -> bool:
     return value is None or isinstance(value, bool)
 
 
+def _is_mappings(value: Any) -> bool:
+    return value is None or (isinstance(value, (list, tuple)) and all(isinstance(v, dict) for v in value))
+
+
+def _is_rate(value: Any) -> bool:
+    return value is None or (_is_number(value) and 0 <= value <= 1)
+
+
 _TEXT_FIELDS = ("run_id", "source", "format", "backend", "torch_version", "accel_version", "torch_build", "host",
                 "start_time", "end_time", "nodeid", "test_id", "when", "reason_code", "message", "signature", "traceback",
-                "known_issue", "backends", "device_models", "git_commit", "os", "kernel", "python", "devices", "datetime",
+                "known_issue", "expired_issue", "backends", "device_models", "git_commit", "os", "kernel", "python", "devices", "datetime",
                 "name", "fullname", "group", "bench_id", "device", "dtype", "metric", "unit", "host_bound", "work_unit")
 #: the type each stored field must have (a value of another type is left empty); text unless named here
 _TYPES = {**{name: _is_text for name in _TEXT_FIELDS},
@@ -90,9 +106,11 @@ _TYPES = {**{name: _is_text for name in _TEXT_FIELDS},
           "device_count": _is_mapping, "higher_is_better": _is_flag, "value": _is_number, "samples": _is_numbers,
           "n_samples": _is_int, "rounds": _is_int, "time_median": _is_number, "throughput": _is_number,
           "host_ref": _is_number, "quick": _is_flag, "sizes": _is_mapping, "work_size": _is_number,
-          "environment": _is_mapping}
+          "environment": _is_mapping, "flake_rate": _is_rate, "fingerprint": _is_mapping, "selection": _is_mapping,
+          "profile": _is_mapping, "profile_coverage": _is_mapping, "expired_known_issues": _is_mappings}
 #: checks that a value's type alone decides (numbers: a non-finite duration is made 0 by the tests frame)
-_PLAIN_TYPES = {_is_text: {str, type(None)}, _is_number: {int, float, type(None)}, _is_int: {int, type(None)}}
+_PLAIN_TYPES = {_is_text: {str, type(None)}, _is_number: {int, float, type(None)}, _is_int: {int, type(None)},
+                _is_rate: {type(None)}}  # a rate: only a column without any skips the per-value check
 _RUN_TYPES = {name: _TYPES[name] for name in RUN_COLUMNS if name in _TYPES}
 _OUTCOMES = frozenset(("passed", "failed", "error", "skipped", "xfailed", "xpassed"))
 

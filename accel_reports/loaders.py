@@ -29,11 +29,18 @@ Frames (columns in :data:`TEST_COLUMNS`, :data:`RUN_COLUMNS`, :data:`BENCH_COLUM
 
 * ``tests``: run_id, source, format, backend, torch_version, accel_version, torch_build, host,
   start_time, nodeid, test_id (device-neutral), world_size, outcome, duration, when, reason_code,
-  message, signature, traceback, known_issue, tracked_pass (tuple of known-issue ids or None);
+  message, signature, traceback, known_issue, tracked_pass (tuple of known-issue ids or None),
+  flake_rate (``extra["flake"]["flake_rate"]`` of a failure re-run with ``--flake-runs``, else None),
+  expired_issue (``extra["expired_known_issue"]``: the expired known issue that used to cover it);
 * ``runs``: run_id, source, format, backends, torch_version, torch_build, accel_version, host,
   start_time, end_time, interrupted, records, device_models, git_commit, upstream (the header's
   ``extra["upstream"]`` block of an upstream-suite run, else None; such a run's ``accel_version``
-  is its subject, e.g. ``accelerate 1.15.0 tests → accel 0.1.0``, see :mod:`accel_reports.vendor`);
+  is its subject, e.g. ``accelerate 1.15.0 tests → accel 0.1.0``, see :mod:`accel_reports.vendor`),
+  os, kernel, python, driver_versions, runtime_versions, device_count, devices (the environment),
+  fingerprint (the header's ``extra["fingerprint"]``), selection (the ``run_end`` line's
+  ``fingerprint_tests``: count and hash of the selected test ids), profile (the header's
+  ``extra["profile"]`` without its local path), profile_coverage (the ``run_end`` line's) and
+  expired_known_issues (id, expires, issue of each entry the run found expired);
 * ``benchmarks``: see :data:`BENCH_COLUMNS`.
 """
 
@@ -83,12 +90,13 @@ __all__ = [
 TEST_COLUMNS = [
     "run_id", "source", "format", "backend", "torch_version", "accel_version", "torch_build", "host",
     "start_time", "nodeid", "test_id", "world_size", "outcome", "duration", "when", "reason_code",
-    "message", "signature", "traceback", "known_issue", "tracked_pass",
+    "message", "signature", "traceback", "known_issue", "tracked_pass", "flake_rate", "expired_issue",
 ]
 RUN_COLUMNS = [
     "run_id", "source", "format", "backends", "torch_version", "torch_build", "accel_version", "host",
     "start_time", "end_time", "interrupted", "records", "device_models", "git_commit", "upstream",
     "os", "kernel", "python", "driver_versions", "runtime_versions", "device_count", "devices",
+    "fingerprint", "selection", "profile", "profile_coverage", "expired_known_issues",
 ]
 BENCH_COLUMNS = [
     "run_id", "source", "datetime", "name", "fullname", "group", "bench_id", "backend", "device", "dtype",
@@ -103,7 +111,7 @@ _RESULT_SUFFIXES = {".jsonl": "jsonl", ".xml": "junit", ".json": "benchmark"}
 _OUTCOME_SET = frozenset(OUTCOMES)
 #: columns taken from each test row; the others come from the run
 _ROW_COLUMNS = ["nodeid", "test_id", "backend", "world_size", "outcome", "duration", "when", "reason_code",
-                "message", "signature", "traceback", "known_issue", "tracked_pass"]
+                "message", "signature", "traceback", "known_issue", "tracked_pass", "flake_rate", "expired_issue"]
 _RUN_FIELDS = [c for c in TEST_COLUMNS if c not in _ROW_COLUMNS]
 
 
@@ -252,6 +260,7 @@ def load_jsonl(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, lis
         "runtime_versions": _display_deep(dict(header.get("runtime_versions") or {})),
         "device_count": _display_deep(dict(header.get("device_count") or {})),
         "devices": _devices(header),
+        **_evidence(header),
     }
     block = upstream_block(header)
     if block is not None:  # an upstream suite (accel qualify --upstream): the cell's version is its subject
@@ -274,8 +283,40 @@ def load_jsonl(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, lis
         extra = rec.get("extra")
         tracked = extra.get("tracked_pass") if type(extra) is dict else None
         rec["tracked_pass"] = tuple(display_text(str(t)) for t in tracked) if isinstance(tracked, list) and tracked else None
+        flake = extra.get("flake") if type(extra) is dict else None
+        rate = flake.get("flake_rate") if isinstance(flake, dict) else None
+        rec["flake_rate"] = float(rate) if _is_number(rate) and 0 <= rate <= 1 else None
+        expired = extra.get("expired_known_issue") if type(extra) is dict else None
+        rec["expired_issue"] = display_text(expired) if isinstance(expired, str) and expired else None
         rows.append(rec)
     return run, rows, list(problems)
+
+
+def _mapping(value: Any) -> dict[str, Any] | None:
+    return _display_deep(dict(value)) if isinstance(value, dict) and value else None
+
+
+def _evidence(header: dict[str, Any]) -> dict[str, Any]:
+    """What makes runs comparable and what a device profile found, from the header's ``extra`` and the
+    ``run_end`` line: fingerprint, test selection, profile summary (no local path), coverage per area
+    and the expired known issues (each field None when the run did not record it)."""
+    extra = header.get("extra") if isinstance(header.get("extra"), dict) else {}
+    end = header.get("run_end") if isinstance(header.get("run_end"), dict) else {}
+    profile = _mapping(extra.get("profile"))
+    if profile is not None:
+        profile.pop("path", None)  # a local path: the name, version and hash identify the file
+    expired = extra.get("expired_known_issues")
+    if not isinstance(expired, list) and profile is not None:
+        expired = profile.get("expired_known_issues")
+    entries = [{k: display_text(str(e[k])) for k in ("id", "expires", "issue") if e.get(k) is not None}
+               for e in expired or [] if isinstance(e, dict) and e.get("id") is not None] if isinstance(expired, list) else []
+    return {
+        "fingerprint": _mapping(extra.get("fingerprint")),
+        "selection": _mapping(end.get("fingerprint_tests")),
+        "profile": profile,
+        "profile_coverage": _mapping(end.get("profile_coverage")),
+        "expired_known_issues": entries or None,
+    }
 
 
 def _devices(header: dict[str, Any]) -> str:

@@ -33,6 +33,7 @@ from .render_bench import _benchmark_view
 from .render_env import _ENV_FIELDS, _environment_view, _path_scrubber, _shown_path
 from .render_text import (GLYPHS, SKIP_LETTERS, TREND_POINTS, _md_link, _pct, _present, _records, md_escape,
                           safe_url)
+from .render_profile import evidence_context, flaky_keys, flaky_text
 from .render_tests import (_area_view, _cell_counts, _diff_view, _failure_details, _grid_rows, _history_view,
                            _matrix_rows, _pass_rate_series, _pass_rate_view, _report_title, _skip_codes,
                            _upstream_view, _verdict)
@@ -95,7 +96,14 @@ def _context(report: Report, out_dir: str | Path | None = None) -> dict[str, Any
     diff_view = _diff_view(report)
     if diff_view is not None:
         diff_view["files"] = [_shown_path(f, base) for f in diff_view["files"]]
+    evidence = evidence_context(report)
+    flaky = flaky_keys(report)
+    for detail in details:  # a failure shown with its flake rate, or the expired issue that used to cover it
+        rates = [flaky[(c[0], c[1], c[2], detail["test_id"])] for c in report.cells
+                 if (c[0], c[1], c[2], detail["test_id"]) in flaky]
+        detail["flaky"] = flaky_text(max(rates, key=lambda r: r or 0)) if rates else ""
     return {
+        **evidence,
         "title": _report_title(report),
         "verdict": _verdict(report, bench_view["rows"]),
         "areas": _area_view(report, _skip_codes(report)),

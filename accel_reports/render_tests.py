@@ -63,6 +63,7 @@ def _failure_details(report: Report) -> tuple[list[dict[str, Any]], dict[tuple[s
             "cells": [cell_label(*report.cells[int(c)]) for c in sorted(set(group["_c"]))],
             "traceback": (traceback[:TRACEBACK_CHARS] + f"\n... [{len(traceback) - TRACEBACK_CHARS} more characters in the results file]") if cut else traceback,
             "nodeid": first["nodeid"],
+            "expired_issue": first["expired_issue"] if isinstance(first["expired_issue"], str) else None,
             "source": first["source"],
         })
         for position in group["_c"]:
@@ -102,8 +103,16 @@ def _grid_rows(report: Report, anchors: dict[tuple[str, int], int]) -> tuple[lis
     tracked = tests[tests["outcome"].isin(FAILING) & tests["known_issue"].notna()]
     tracked_pairs = set(zip(tracked["test_id"], cell_positions(tracked, report.cells))) if not tracked.empty else set()
     skip_codes = _skip_codes(report)
+    from .render_profile import flaky_keys
+
+    measured: dict[str, set[int]] = {}  # failures whose re-runs or history call them flaky
+    for (backend, torch_version, accel_version, test_id) in flaky_keys(report):
+        if (backend, torch_version, accel_version) in report.cells:
+            measured.setdefault(test_id, set()).add(report.cells.index((backend, torch_version, accel_version)))
     rows, all_passing = [], []
     for test_id, outcomes, flaky in zip(grid.index, values, flaky_col):
+        if test_id in measured:
+            flaky = sorted(set(flaky or ()) | measured[test_id])
         ran = [o for o in outcomes if isinstance(o, str)]
         if all(o == "passed" for o in ran) and not flaky:
             all_passing.append(test_id)
@@ -216,8 +225,15 @@ def _diff_view(report: Report) -> dict[str, Any] | None:
     new = _records(diff.new_failures)
     for row in new:
         row["cell"] = cell_label(row["backend"], row["torch_version"], row["accel_version"])
-    untracked = [r for r in new if not r["known_issue"]]
-    tracked = [r for r in new if r["known_issue"]]
+    from .render_profile import flaky_keys, flaky_text
+
+    flaky = flaky_keys(report)
+    for row in new:
+        key = (row["backend"], row["torch_version"], row["accel_version"], row["test_id"])
+        row["flaky"] = flaky_text(flaky[key]) if key in flaky else ""
+    untracked = [r for r in new if not r["known_issue"] and not r["flaky"]]
+    tracked = [r for r in new if r["known_issue"] and not r["flaky"]]
+    flaky_rows = [r for r in new if r["flaky"]]
     fixed = _records(diff.fixed)
     disappeared = _records(diff.disappeared)
     for row in fixed + disappeared:
@@ -225,10 +241,12 @@ def _diff_view(report: Report) -> dict[str, Any] | None:
     collection = _records(diff.collection)
     for row in collection:
         row["cell"] = cell_label(row["backend"], row["torch_version"], row["accel_version"])
-        row["drop_text"] = f"{row['cell']}: {row['baseline']} → {row['current']} ({row['delta']:+d})" if row["dropped"] else ""
+        row["drop_text"] = (f"{row['cell']}: {row['baseline']} → {row['current']} ({row['delta']:+d}, "
+                            f"{row['drop_share']:.1%} of the baseline's tests)") if row["dropped"] else ""
     return {
         "files": report.baseline_files,
-        "new_untracked": untracked, "new_tracked": tracked, "fixed": fixed,
+        "new_untracked": untracked, "new_tracked": tracked, "new_flaky": flaky_rows, "fixed": fixed,
+        "collection_threshold": report.collection_threshold,
         "still_failing": len(diff.still_failing), "disappeared": disappeared, "new_tests": len(diff.new_tests),
         "collection": collection, "drops": [r for r in collection if r["dropped"]],
         "unmatched": diff.unmatched_cells,
@@ -318,6 +336,19 @@ def _verdict(report: Report, bench_rows: list[dict[str, Any]]) -> dict[str, Any]
         parts.append(f"{untracked} {'new ' if report.diff is not None else ''}untracked failure{'' if untracked == 1 else 's'}")
     elif report.diff is not None and per_backend:
         parts.append("no new failures against the baseline")
+    if not report.flaky.empty:
+        parts.append(f"{len(report.flaky)} flaky (not counted as new failures)")
+        unjudged = True
+    expired = report.expired
+    if not expired.empty:
+        parts.append(f"{_plural(len(expired), 'expired known issue')} ({'its' if len(expired) == 1 else 'their'} "
+                     "failures count as untracked)")
+        unjudged = True
+    unfair = [n for n in report.comparison if not n["fair"]]
+    if unfair:
+        parts.append("comparison with the baseline not like for like ("
+                     + "; ".join(dict.fromkeys(f"{n['backend']}: {n['what']}" for n in unfair)) + ")")
+        unjudged = True
     if bench_rows:
         noisy = sum(1 for r in bench_rows if r["noisy"])
         text = _plural(len(bench_rows), "benchmark") + (f", {noisy} too noisy to judge" if noisy else "")

@@ -80,7 +80,7 @@ def test_benchmark_regression_exits_3_and_collection_drop_4_when_asked(tmp_path,
     assert main(["report", str(cur), "-o", out, "--baseline", str(base), "--fail-on", "collection-drop"]) == report_command.EXIT_COLLECTION_DROP
     assert main(["report", str(cur), "-o", out, "--baseline", str(base), "--fail-on", "new-failures"]) == report_command.EXIT_OK
     html = (tmp_path / "out" / "report.html").read_text()
-    assert 'id="collection-drop"' in html and "6 → 5 (-1)" in html
+    assert 'id="collection-drop"' in html and "6 → 5 (-1, 16.7% of the baseline" in html
 
 
 def test_new_failures_take_precedence_over_regressions(tmp_path):

@@ -290,6 +290,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         env[THREADS_ENV] = str(args.threads)
     env.pop("PYTEST_ADDOPTS", None)  # an inherited -n would turn every benchmark into a skip
+    env["PYTHONSAFEPATH"] = "1"  # a folder named pytest or accel in the working folder cannot shadow the real ones
     repo = suites.parent.parent if (suites.parent.parent / "pyproject.toml").is_file() else suites
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     print(f"accel bench: backend {backend}{' (QUICK run: smaller problems, fewer rounds)' if args.quick else ''}, suites {suites}, "

@@ -12,6 +12,16 @@ test suite instead (see :mod:`accel_harness.upstream`): fetch its sdist, install
 with the installed torch pinned, run it on each selected backend with the harness's records
 (``--against accel``: with its imports pointed at accel, to measure accel's compatibility;
 ``--against accelerate,accel``: both, side by side) and render the vendor table.
+
+``--baseline RESULTS`` compares the run with an earlier one: besides new failures, a drop in the
+number of collected tests by more than ``--collection-threshold`` (default 5 %) of the baseline's
+fails the run, and the report says when the two runs' fingerprints (device profile, selected test
+ids) make the comparison not like for like. ``--rerun-known`` runs only the tests that the known
+issues (``--known-issues`` and the profile's ``known_issues``) cover and names each entry whose
+tests now pass.
+
+Every child process (pytest, ``accel bench``, ``accel report``) runs with ``PYTHONSAFEPATH=1``: a
+folder named ``accel`` or ``pytest`` in the caller's working folder cannot shadow the real ones.
 """
 
 from __future__ import annotations
@@ -55,6 +65,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-bench", action="store_true", help="skip the benchmarks")
     parser.add_argument("--history", metavar="DB", help="also append this run's results and benchmarks to a run history (an SQLite file, or a postgresql:// URL)")
     parser.add_argument("--quick", action="store_true", help="quick benchmarks (smoke run)")
+    parser.add_argument("--baseline", action="append", metavar="RESULTS",
+                        help="earlier results (files or folders, repeatable) to compare with: new untracked failures and a "
+                             "drop in collected tests fail the run; the report says whether the runs compare like for like")
+    parser.add_argument("--collection-threshold", type=_share, default=None, metavar="FRACTION",
+                        help="with --baseline: the share of the baseline's tests that may go missing before the run fails "
+                             "(default 0.05 = 5%%; 0: any drop)")
+    parser.add_argument("--rerun-known", action="store_true",
+                        help="run only the tests the known issues (--known-issues, the profile's known_issues) cover, "
+                             "and name each known issue whose tests now pass (no benchmarks)")
     parser.add_argument("--json", dest="json_summary", action="store_true",
                         help="also write summary.json (stages, counts, failing tests, paths) and print its path")
     up = parser.add_argument_group("upstream suites")
@@ -74,6 +93,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--session-timeout", type=float, default=0.0, metavar="SECONDS",
                     help="stop one suite run after this long (default 0: no limit); what finished is kept")
     up.add_argument("--online", action="store_true", help="let the suite reach the Hugging Face hub (default: HF_HUB_OFFLINE=1 ...)")
+
+
+def _share(text: str) -> float:
+    """A share given as ``0.05`` or ``5%``, from 0 to 1."""
+    try:
+        value = float(text.rstrip("%")) / (100 if text.endswith("%") else 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a share such as 0.05 or 5%, got {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a share from 0 to 1 (0.05 = 5 %), got {text!r}")
+    return value
+
+
+def child_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of qualify's child processes: this one's, unbuffered, with ``PYTHONSAFEPATH=1``
+    so that ``python -m pytest`` / ``python -m accel.commands.cli`` import the installed packages even
+    when the caller's working folder holds a folder named ``accel`` or ``pytest``."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONSAFEPATH": "1", **(extra or {})}
 
 
 def _selected_backends(requested: list[str] | None) -> list[str]:
@@ -121,7 +158,7 @@ def _step(title: str, command: list[str], log: Path, record: list[dict] | None =
 
     print(f"accel qualify: {title} ...", flush=True)
     progress = PytestProgress(title)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = child_environment()
     code: int | None = None
     try:
         with ProgressDisplay(progress) as display:
@@ -282,17 +319,36 @@ def run(args: argparse.Namespace) -> int:
         _use_profile(args.profile)
     backends = _selected_backends(args.backend)
     out = _fresh_output(args)
+    rerun = bool(getattr(args, "rerun_known", False))
+    baselines = list(getattr(args, "baseline", None) or [])
     if getattr(args, "upstream", None):
+        if rerun or baselines:
+            raise UsageError("--rerun-known and --baseline go with accel's own suites, not --upstream")
         return run_upstream(args, backends, out)
     if args.against:
         raise UsageError("--against only goes with --upstream")
+    if getattr(args, "collection_threshold", None) is not None and not baselines:
+        raise UsageError("--collection-threshold goes with --baseline (the drop is measured against it)")
     suites = suites_dir()
     if args.known_issues and not os.path.isfile(args.known_issues):
         raise UsageError(f"known-issues file not found: {args.known_issues}")
+    for path in baselines:
+        if not os.path.exists(path):
+            raise UsageError(f"--baseline {path}: no such file or folder")
+    known = _known_issues(args)
+    if rerun and (known is None or not any(issue.tests for issue in known)):
+        raise UsageError("--rerun-known needs known issues that name tests: give --known-issues YAML or a --profile "
+                         "whose known_issues have 'tests' patterns")
     results, logs = out / "results", out / "logs"
     results.mkdir(parents=True)
     logs.mkdir()
-    print(f"accel qualify: backends {', '.join(backends)}; suites {suites}; output {out}", flush=True)
+    known_file = None
+    if known is not None and len(known):  # the files' and the profile's entries in one file, for the report
+        from accel_harness.known_issues import dump_known_issues
+
+        known_file = dump_known_issues(known, out / "known-issues.yaml")
+    print(f"accel qualify: backends {', '.join(backends)}; suites {suites}; output {out}"
+          + (f"; re-running the tests of {sum(1 for i in known if i.tests)} known issue(s)" if rerun else ""), flush=True)
 
     pytest_cmd = [
         sys.executable, "-m", "pytest", str(suites), "-p", "no:cacheprovider", "-v", "--no-header", "-rfE",
@@ -310,6 +366,8 @@ def run(args: argparse.Namespace) -> int:
         pytest_cmd += ["--known-issues", args.known_issues]
     if getattr(args, "profile", None):
         pytest_cmd += ["--profile", os.path.abspath(args.profile)]
+    if rerun:
+        pytest_cmd += ["-p", "accel_harness.known_issues", "--accel-rerun-known", str(known_file)]
     stages: list[dict] = []
     artefacts = [("suite results", results), ("suite log", logs / "suites.log")]
     status, interrupted = 0, None
@@ -317,7 +375,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if _step(stage, pytest_cmd, logs / "suites.log", stages) != 0:
             status = 1
-        if not args.no_bench and importlib.util.find_spec("accel.commands.bench"):
+        if not args.no_bench and not rerun and importlib.util.find_spec("accel.commands.bench"):
             bench_dir = out / "bench"
             artefacts += [("benchmarks", bench_dir)]
             for name in backends:
@@ -334,27 +392,96 @@ def run(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("accel.commands.report"):
         report_dir = out / "report"
         inputs = [str(results)] + ([str(out / "bench")] if (out / "bench").is_dir() else [])
-        title = "accel qualify" + (f" — PARTIAL: interrupted during {interrupted}" if interrupted else "")
+        title = ("accel qualify --rerun-known" if rerun else "accel qualify") + (
+            f" — PARTIAL: interrupted during {interrupted}" if interrupted else "")
         cmd = [sys.executable, "-m", "accel.commands.cli", "report", *inputs, "-o", str(report_dir), "--title", title]
-        if args.known_issues:
-            cmd += ["--known-issues", args.known_issues]
+        if known_file is not None:
+            cmd += ["--known-issues", str(known_file)]
+        if baselines:
+            cmd += ["--baseline", *[os.path.abspath(b) for b in baselines], "--fail-on", "new-failures,regressions,collection-drop"]
+            if args.collection_threshold is not None:
+                cmd += ["--collection-threshold", f"{args.collection_threshold:g}"]
         code = _step("report", cmd, logs / "report.log", stages)
-        if code not in (0, 1, 3) and not interrupted:  # 1/3 are the report's own gate verdicts, already reflected by the suites
+        if baselines:
+            _print_comparison(logs / "report.log")
+        if code == COLLECTION_DROP and not interrupted:
+            print("accel qualify: FAILED: fewer tests were collected than in the baseline (see the report's baseline "
+                  "section; --collection-threshold sets how many may go missing)", flush=True)
+            status = status or 1
+        elif code not in (0, 1, 3) and not interrupted:  # 1/3 are the report's own gate verdicts, already reflected by the suites
             status = 1
         artefacts += [("report", report_dir)]
+    verdicts = _rerun_verdicts(known, results) if rerun else []
     if getattr(args, "json_summary", False):
         summary = {"backends": backends, "suites": str(suites), "output": str(out), "status": status,
                    "partial": interrupted is not None, "interrupted_during": interrupted, "stages": stages,
                    "artefacts": {label: str(path) for label, path in artefacts}}
+        if rerun:
+            summary["rerun_known"] = [{"id": v.issue.id, "status": v.status, "passed": list(v.passed),
+                                       "failed": list(v.failed), "skipped": len(v.skipped)} for v in verdicts]
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
         artefacts.append(("summary", out / "summary.json"))
     if getattr(args, "history", None):  # --history DB: this run appended to the run history
         status = _append_history(args.history, [results, out / "bench"]) or status
     print(_closing_line(status, interrupted))
     print(f"accel qualify: {_tally(results, out / 'bench' if not args.no_bench else None)}")
+    for verdict in verdicts:
+        print(f"accel qualify: {verdict.line()}")
     for label, path in artefacts:
         print(f"  {label:<14} {path}")
     return status
+
+
+#: ``accel report``'s exit status for a drop in collected tests (accel.commands.report.EXIT_COLLECTION_DROP)
+COLLECTION_DROP = 4
+
+
+def _known_issues(args: argparse.Namespace) -> object | None:
+    """The run's known issues: ``--known-issues`` merged with the profile's ``known_issues`` (None: neither)."""
+    from accel_harness.known_issues import KnownIssuesError, load_known_issues
+
+    known = None
+    try:
+        if args.known_issues:
+            known = load_known_issues(args.known_issues)
+        if getattr(args, "profile", None):
+            from accel.backends.profile import ProfileError, load_profile
+            from accel_harness.profile import load_profile_known_issues
+
+            try:
+                profile = load_profile(args.profile)
+            except ProfileError as exc:
+                raise UsageError(f"--profile: {exc}") from None
+            if profile.known_issues:
+                known = load_profile_known_issues(profile, known)
+    except KnownIssuesError as exc:
+        raise UsageError(str(exc)) from None
+    return known
+
+
+def _rerun_verdicts(known: object, results: Path) -> list:
+    """Per known issue, what re-running its tests found (from the run's results files)."""
+    from accel_harness.known_issues import rerun_verdicts
+    from accel_harness.records import read_records
+
+    records: list[dict] = []
+    torch_version = None
+    for path in sorted(results.glob("*.jsonl")) if results.is_dir() else []:
+        header, found, _ = read_records(path)
+        torch_version = torch_version or (header or {}).get("torch_version")
+        records.extend(found)
+    return rerun_verdicts(known, records, torch_version)
+
+
+def _print_comparison(log: Path) -> None:
+    """Echo what the report said about the baseline: collection drops and comparisons that are not like for like."""
+    try:
+        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return
+    for line in lines:
+        if line.startswith("accel report: baseline:"):
+            print("accel qualify: " + line.removeprefix("accel report: "), flush=True)
 
 
 def _closing_line(status: int, interrupted: str | None) -> str:

@@ -30,7 +30,8 @@ Exit codes (the first that applies, in this order):
   1  new-failures: failures without a known issue that are new against the baseline
      (with no --baseline: any failure without a known issue)
   3  regressions: a confirmed benchmark regression (see accel_reports.benchmarks for the rule)
-  4  collection-drop (only when asked with --fail-on): fewer tests than in the baseline
+  4  collection-drop (only when asked with --fail-on): more than --collection-threshold (default 5 %)
+     of the baseline's tests no longer collected
   0  none of the above
   5  internal error: accel report itself failed (a bug; the traceback is printed)
 
@@ -74,7 +75,8 @@ exit codes (the first that applies):
      an unreadable input (cannot be parsed, cut short) only under --strict
   1  new untracked failures (vs --baseline; without one, any untracked failure)
   3  benchmark regressions
-  4  fewer tests collected than the baseline (only with --fail-on collection-drop)
+  4  more than --collection-threshold (default 5%) of the baseline's tests no longer collected
+     (only with --fail-on collection-drop)
   0  none of the above
   5  internal error (a bug in accel report; the traceback is printed)
 --fail-on picks among 1, 3 and 4 (none: no gate); it never turns off exit 2.
@@ -112,6 +114,16 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _share(text: str) -> float:
+    try:
+        value = float(text.rstrip("%")) / (100 if text.endswith("%") else 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a share such as 0.05 or 5%, got {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a share from 0 to 1 (0.05 = 5 %), got {text!r}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = _EPILOG
@@ -127,6 +139,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="what to write (default: html,md)")
     parser.add_argument("--fail-on", type=_csv(GATES, allow_none=True), default=["new-failures", "regressions"],
                         metavar="GATES", help=f"what fails the run: {', '.join(GATES)} or none (default: new-failures,regressions)")
+    parser.add_argument("--collection-threshold", type=_share, default=None, metavar="FRACTION",
+                        help="share of the baseline's tests that may go missing before collection-drop applies "
+                             "(default 0.05 = 5%%; 0: any drop)")
     parser.add_argument("--threshold", type=_fraction, default=None, metavar="FRACTION",
                         help="benchmark regression threshold on the median (default 0.10 = 10%%)")
     parser.add_argument("--strict", action=argparse.BooleanOptionalAction, default=None,
@@ -246,7 +261,8 @@ def _run(args: argparse.Namespace) -> int:
               + ("" if not baseline.benchmarks.empty else " and benchmarks have no baseline"), file=sys.stderr)
     try:
         report = build_report(loaded, baseline, known, title=args.title, history=history,
-                              threshold=args.threshold if args.threshold is not None else DEFAULT_THRESHOLD)
+                              threshold=args.threshold if args.threshold is not None else DEFAULT_THRESHOLD,
+                              collection_threshold=getattr(args, "collection_threshold", None))
     except Exception as exc:
         if history is None or not isinstance(exc, HistoryError):  # HistoryError: imported with the history
             raise
@@ -269,6 +285,15 @@ def _run(args: argparse.Namespace) -> int:
     print(f"{n(len(loaded.runs), 'run')}, {n(len(report.tests), 'test record')}, {n(report.failures, 'failure')} "
           f"({untracked} {'new ' if report.diff is not None else ''}untracked), {n(regressions, 'benchmark regression')}"
           + (f", {n(drops, 'cell')} collected fewer tests than the baseline" if drops else ""))
+    for note in report.comparison:
+        print(f"accel report: baseline: {'' if note['fair'] else 'not like for like: '}{note['text']}", file=sys.stderr)
+    if drops:
+        for row in report.diff.collection_drops.to_dict("records"):
+            print(f"accel report: baseline: {row['backend']} · torch {row['torch_version']}: {row['current']} tests "
+                  f"collected, {row['baseline']} in the baseline ({row['drop_share']:.1%} fewer)", file=sys.stderr)
+    if not report.flaky.empty:
+        print(f"accel report: {n(len(report.flaky), 'flaky failure')} (passed in some re-runs): shown as flaky, not "
+              "counted as new failures", file=sys.stderr)
     for fmt in ("html", "md"):
         if fmt in written:
             print(f"{'HTML report' if fmt == 'html' else 'Markdown summary'}: {_shown(written[fmt])}")
