@@ -22,7 +22,7 @@ import pytest
 
 from accel.commands import UsageError
 from accel.commands import launch as L
-from accel.commands import launch_diagnosis as D
+from accel.commands.launch import diagnosis as D
 from accel.utils import heartbeat
 
 SCRIPTS = Path(__file__).parent / "scripts"

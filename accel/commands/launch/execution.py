@@ -1,4 +1,4 @@
-"""Running a launch plan (:class:`accel.commands.launch.LaunchPlan`): torch elastic's agent in this process,
+"""Running a launch plan (:class:`accel.commands.launch.plan.LaunchPlan`): torch elastic's agent in this process,
 with the launcher's private folder, the watch on the ranks' processes, the hang watchdog and, on several
 nodes, the evidence exchange; or mpirun / DeepSpeed's runner when the plan names a command instead."""
 
@@ -10,14 +10,14 @@ import shutil
 import sys
 from typing import TYPE_CHECKING, Any, Iterator
 
-from accel.commands import launch_diagnosis as diagnosis
-from accel.commands.launch_bootstrap import LAUNCHER_PID_ENV
-from accel.commands.launch_report import exit_code, failure_report
-from accel.commands.launch_watchdog import HANG_EXIT_CODE, HangWatchdog
+from . import diagnosis
+from .bootstrap import LAUNCHER_PID_ENV
+from .report import exit_code, failure_report
+from .watchdog import HANG_EXIT_CODE, HangWatchdog
 from accel.utils import heartbeat
 
 if TYPE_CHECKING:
-    from accel.commands.launch import LaunchPlan
+    from .plan import LaunchPlan
 
 __all__ = ["execute", "patched_environ"]
 

@@ -1,13 +1,13 @@
 """What `accel launch` prints when ranks fail: the evidence on each failed rank of this node, the rank to
-blame (:func:`accel.commands.launch_diagnosis.blame_failure`, over every node's evidence when the
+blame (:func:`accel.commands.launch.diagnosis.blame_failure`, over every node's evidence when the
 nodes swap it) with the end of its traceback, and the exit code of the launch."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from accel.commands import launch_diagnosis as diagnosis
-from accel.commands.launch_bootstrap import BOOTSTRAP_FILE, RUNPY_FILE
+from . import diagnosis
+from .bootstrap import BOOTSTRAP_FILE, RUNPY_FILE
 from accel.utils import heartbeat
 
 __all__ = ["TRACEBACK_LINES", "clean_traceback", "exit_code", "failure_evidence", "failure_report"]
@@ -62,7 +62,7 @@ def clean_traceback(callstack: str) -> list[str]:
 
 
 def failure_evidence(failures: dict[int, Any], run_dir: str | None = None, watch: Any = None, node: int = 0) -> list[Any]:
-    """Evidence on each failed rank of this node (see :mod:`accel.commands.launch_diagnosis`): its exit
+    """Evidence on each failed rank of this node (see :mod:`accel.commands.launch.diagnosis`): its exit
     status, the moment it recorded its failure (converted to wall-clock time), when the launcher last saw
     it running, and the end of its traceback."""
     import time

@@ -1,0 +1,40 @@
+"""The `accel launch` command: Accelerate's ``launch_command_parser``/``launch_command`` and the CLI's ``run``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from .execution import execute
+from .options import HideDashedAliasesFormatter, add_arguments
+from .plan import build_plan
+
+
+def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """Accelerate's entry point: the `launch` parser (added to ``subparsers`` when given); the parsed
+    namespace's ``func`` is :func:`launch_command`."""
+    if subparsers is not None:
+        parser = subparsers.add_parser("launch", help="run a script in several processes", allow_abbrev=False)
+    else:
+        parser = argparse.ArgumentParser("accel launch", allow_abbrev=False, formatter_class=HideDashedAliasesFormatter)
+    add_arguments(parser)
+    parser.set_defaults(func=launch_command)
+    return parser
+
+
+def launch_command(args: argparse.Namespace) -> None:
+    """Accelerate's entry point: validate ``args`` and run the launch; raises on a usage mistake
+    (UsageError, a ValueError) and exits with the failing rank's exit code when a rank fails."""
+    code = run(args)
+    if code:
+        raise SystemExit(code)
+
+
+def run(args: argparse.Namespace) -> int:
+    """`accel launch`: build the plan (all checks) and run it; the exit code."""
+    plan = build_plan(args)
+    if not plan.quiet:
+        for warning in plan.warnings:
+            print(f"accel launch: warning: {warning}", file=sys.stderr)
+    return execute(plan)

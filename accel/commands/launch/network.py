@@ -1,0 +1,44 @@
+"""The single-node rendezvous on this host: a free port, whether a port is taken, the loopback interface."""
+
+from __future__ import annotations
+
+import socket
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, 0))
+        except OSError:
+            sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+def _port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return socket.gethostbyname(host).startswith("127.")
+    except OSError:
+        return False
+
+
+def loopback_interface() -> str | None:
+    """Name of the network interface that carries 127.0.0.1 (``lo`` on Linux, ``lo0`` on macOS)."""
+    try:
+        import psutil
+
+        for name, addresses in psutil.net_if_addrs().items():
+            if any(a.family == socket.AF_INET and str(a.address).startswith("127.") for a in addresses):
+                return name
+    except Exception:
+        return None
+    return None
