@@ -187,8 +187,12 @@ def write_run(
     interrupted: bool = False,
     device_count: int | None = None,
     git_commit: str | None = None,
+    header_extra: Mapping[str, Any] | None = None,
+    end_extra: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write one harness results file (header, records, and a ``run_end`` unless ``interrupted``)."""
+    """Write one harness results file (header, records, and a ``run_end`` unless ``interrupted``);
+    ``header_extra`` goes into the header's ``extra`` (fingerprint, profile, ...), ``end_extra`` into
+    the ``run_end`` line (profile coverage, the test selection's fingerprint, ...)."""
     header = RunHeader(
         run_id=run_id, start_time=start_time, accel_version=accel_version, torch_version=torch_version,
         torch_build="cpu" if backend == "cpu" else {"cuda": "CUDA 12.6", "xpu": "XPU 2025.1"}.get(backend, backend),
@@ -198,6 +202,7 @@ def write_run(
         device_count={backend: device_count or DEVICE_COUNT.get(backend, 1)},
         driver_versions={backend: DRIVERS.get(backend, (None, None))[0]},
         runtime_versions={backend: DRIVERS.get(backend, (None, None))[1]},
+        extra=dict(header_extra or {}),
     )
     writer = RecordWriter(path, header)
     for record in records:
@@ -205,7 +210,7 @@ def write_run(
     if interrupted:
         writer._fh.close()  # what a killed run leaves: no run_end line
     else:
-        writer.close()
+        writer.close(**dict(end_extra or {}))
     return Path(path)
 
 
