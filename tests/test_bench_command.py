@@ -290,3 +290,20 @@ def test_help_lists_the_bench_command(capsys):
     out = capsys.readouterr().out
     for flag in ("--backend", "--quick", "--results-dir", "-k", "--repeat", "--threads"):
         assert flag in out
+
+
+def test_the_benchmark_child_runs_with_a_safe_path(monkeypatch, tmp_path):
+    """A folder named pytest or accel in the working folder cannot shadow the real ones in the child."""
+    suites = tmp_path / "suites"
+    suites.mkdir()
+    seen = {}
+
+    def fake_call(cmd, cwd, env):
+        seen.update(env=env, cmd=cmd)
+        Path(cmd[cmd.index("--benchmark-json") + 1]).write_text(json.dumps({"benchmarks": [_entry("test_a[cpu]", 0.05)]}))
+        return 0
+
+    monkeypatch.setattr(bench_command.subprocess, "call", fake_call)
+    monkeypatch.delenv("PYTHONSAFEPATH", raising=False)
+    assert main(["bench", "--backend", "cpu", "--suites", str(suites), "--results-dir", str(tmp_path / "out")]) == 0
+    assert seen["env"]["PYTHONSAFEPATH"] == "1" and seen["cmd"][1:3] == ["-m", "pytest"]
