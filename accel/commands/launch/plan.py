@@ -51,7 +51,14 @@ class LaunchPlan:
 
 
 def build_plan(args: argparse.Namespace) -> LaunchPlan:
-    """Resolve flags > config file > defaults and check everything; UsageError on any mistake."""
+    """Resolve flags > config file > defaults and check everything; UsageError on any mistake.
+
+    Besides Accelerate's variables (:func:`accel.utils.launch.launch_env`), the ranks get ``ACCEL_DEVICE``
+    (when the backend was chosen by flag or config), ``OMP_NUM_THREADS`` (unless set: usable cores per
+    local process), the backend's visible-devices variable for ``--gpu_ids`` and, on one CPU node,
+    ``GLOO_SOCKET_IFNAME`` bound to loopback. One node meets on 127.0.0.1 at a free port unless
+    ``--main_process_ip``/``--main_process_port`` say otherwise.
+    """
     from accel.utils.launch import launch_env
 
     target, no_python, module = _check_target(args)  # first: the cheapest check and the commonest slip
