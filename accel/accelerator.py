@@ -19,8 +19,10 @@ from .optimizer import AcceleratedOptimizer
 from .precision import AutocastForward, autocast_context
 from .resolve import strategy_class
 from .scheduler import AcceleratedScheduler
-from .state import AcceleratorState, GradientState, PartialState, _env
+from .state import AcceleratorState, GradientState, PartialState
+from .strategies.context import PreparedObjects, StrategyContext
 from .utils import heartbeat
+from .utils.environment import env_value
 from .utils.imports import is_bitsandbytes_multi_backend_available, is_xpu_available
 from .utils.dataclasses import (
     AutocastKwargs,
@@ -36,6 +38,23 @@ from .utils.dataclasses import (
 )
 
 _UNSET: Any = object()
+#: the block of a synchronising step: nothing to enter (reusable: a nullcontext holds no state)
+_NO_CONTEXT = contextlib.nullcontext()
+
+
+class _Unsynced:
+    """The block of an accumulating step: the models' ``no_sync`` contexts, entered already, left at its end."""
+
+    __slots__ = ("stack",)
+
+    def __init__(self, stack: contextlib.ExitStack):
+        self.stack = stack
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> bool:
+        return bool(self.stack.__exit__(*exc))
 
 
 class Accelerator:
@@ -86,41 +105,40 @@ class Accelerator:
         self.profile_handler = next((h for k, h in handlers.items() if k.__name__ == "ProfileKwargs"), None)
         self.fp8_recipe_handler = next((h for k, h in handlers.items() if "Recipe" in k.__name__), None)
 
-        init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
-        self.state = AcceleratorState(
-            mixed_precision=mixed_precision, cpu=cpu, deepspeed_plugin=deepspeed_plugins or deepspeed_plugin,
-            fsdp_plugin=fsdp_plugin, torch_tp_plugin=torch_tp_plugin, megatron_lm_plugin=megatron_lm_plugin,
-            parallelism_config=parallelism_config, dynamo_plugin=dynamo_plugin, _from_accelerator=True, **init_kwargs,
-        )
-        self.backend = self.state.hardware_backend
-        self.gradient_state = GradientState(self._accumulation_plugin(gradient_accumulation_steps, gradient_accumulation_plugin))
-        self.deepspeed_engine_wrapped: Any = None
-
-        # the strategy owns distribution; it also decides who runs the precision (accel or an engine)
-        self.strategy = strategy_class(self.state.run_plan.strategy)(self)
-        if parallelism_config is not None and self.state.run_plan.strategy != "fsdp":
-            # sizes against the process count now (the FSDP strategy checks it while building its mesh)
-            parallelism_config._validate_accelerator(self)
-        # what runs, not just what was asked: a fallback is warned about and recorded
-        if self.fp8_recipe_handler is not None and self.state.mixed_precision != "fp8" \
-                and self.state.run_plan.strategy not in ("deepspeed", "fsdp"):
-            raise ValueError(f"{type(self.fp8_recipe_handler).__name__} was passed, but mixed_precision is "
-                             f"{self.state.mixed_precision!r}: fp8 recipes need mixed_precision='fp8'")
-        self.precision = self.strategy.plan_precision(self.state.mixed_precision, self.autocast_handler, self.scaler_handler)
-        self.state._mixed_precision = self.precision.used
-        self.state.mixed_precision_label = self.precision.label  # "fp8 (emulated)" where torchao emulates fp8
-        self.scaler = self.precision.scaler
-        self.native_amp = self.precision.dtype is not None
-
         self.dataloader_config = dataloader_config or DataLoaderConfiguration()
         if split_batches is not _UNSET:
             warnings.warn("Accelerator(split_batches=...) is deprecated; pass DataLoaderConfiguration(split_batches=...)",
                           FutureWarning, stacklevel=2)
             self.dataloader_config.split_batches = bool(split_batches)
-
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.rng_types = [RNGType(r) for r in rng_types] if rng_types is not None else [RNGType.GENERATOR]
+
+        # backend, strategy and precision are resolved once (accel.resolve), and the state keeps the result
+        init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
+        self.state = AcceleratorState(
+            mixed_precision=mixed_precision, cpu=cpu, deepspeed_plugin=deepspeed_plugins or deepspeed_plugin,
+            fsdp_plugin=fsdp_plugin, torch_tp_plugin=torch_tp_plugin, megatron_lm_plugin=megatron_lm_plugin,
+            parallelism_config=parallelism_config, dynamo_plugin=dynamo_plugin, _from_accelerator=True,
+            _precision_handlers={"autocast_handler": self.autocast_handler, "scaler_handler": self.scaler_handler,
+                                 "fp8_handler": self.fp8_recipe_handler},
+            **init_kwargs,
+        )
+        plan = self.state.run_plan
+        self.backend = self.state.hardware_backend
+        self.gradient_state = GradientState(self._accumulation_plugin(gradient_accumulation_steps, gradient_accumulation_plugin))
+        # what runs, not just what was asked: a fallback was warned about and recorded by the resolution
+        self.precision = plan.precision
+        self.scaler = self.precision.scaler
+        self.native_amp = self.precision.dtype is not None
+
+        # the strategy owns distribution; it gets what it needs now and what was prepared with each call
+        self.strategy = strategy_class(plan.strategy)(StrategyContext(
+            state=self.state, gradient_state=self.gradient_state, precision=self.precision,
+            dataloader_config=self.dataloader_config, step_scheduler_with_optimizer=step_scheduler_with_optimizer,
+            ddp_kwargs=self.ddp_handler,
+        ))
+        self.strategy.settle_parallelism_config()
 
         self.step = 0
         self.flag_tensor: torch.Tensor | None = None
@@ -161,7 +179,7 @@ class Accelerator:
             if steps != 1:
                 raise ValueError("pass either gradient_accumulation_steps or gradient_accumulation_plugin, not both")
             return plugin
-        env_steps = _env("ACCEL_GRADIENT_ACCUMULATION_STEPS", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS")
+        env_steps = env_value("GRADIENT_ACCUMULATION_STEPS")
         if steps == 1 and env_steps is not None:
             steps = int(env_steps)
         if not isinstance(steps, int) or steps < 1:
@@ -369,7 +387,7 @@ class Accelerator:
             [args[i] for i in kinds["model"]], [args[i] for i in kinds["optimizer"]], [args[i] for i in kinds["scheduler"]],
             model_placement=[placement[i] for i in kinds["model"]],
             optimizer_placement=[placement[i] for i in kinds["optimizer"]],
-            dataloaders=loaders,
+            dataloaders=loaders, prepared=self.prepared_objects(),
         )
         models = [self._compile(m) for m in models]
         for kind, prepared, store in (("model", models, self._models), ("optimizer", optimizers, self._optimizers),
@@ -385,6 +403,7 @@ class Accelerator:
 
     @staticmethod
     def _kind_of(obj: Any) -> str | None:
+        """What ``prepare`` does with ``obj``: "dataloader", "model", "optimizer", "scheduler", or None (passed through)."""
         from .utils.deepspeed import DummyOptim, DummyScheduler
 
         if isinstance(obj, torch.utils.data.DataLoader):
@@ -462,7 +481,8 @@ class Accelerator:
         if getattr(scheduler, "_is_accelerate_prepared", False):
             self._register_prepared(scheduler)
             return scheduler
-        _, _, (prepared,) = self.strategy.prepare([], [], [scheduler], model_placement=[], optimizer_placement=[])
+        _, _, (prepared,) = self.strategy.prepare([], [], [scheduler], model_placement=[], optimizer_placement=[],
+                                                  prepared=self.prepared_objects())
         self._schedulers.append(prepared)
         prepared._is_accelerate_prepared = True
         return prepared
@@ -506,20 +526,29 @@ class Accelerator:
         gs = self.gradient_state
         if gs.sync_with_dataloader and gs.end_of_dataloader:
             self.step = 0
-            gs._set_sync_gradients(True)
+            gs.sync_gradients = True
         else:
             self.step += 1
-            gs._set_sync_gradients(self.step % gs.num_steps == 0)
+            gs.sync_gradients = self.step % gs.num_steps == 0
 
-    @contextlib.contextmanager
-    def accumulate(self, *models: torch.nn.Module):
-        """Accumulate gradients over ``gradient_accumulation_steps`` batches; sync on the last one."""
+    def accumulate(self, *models: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """Accumulate gradients over ``gradient_accumulation_steps`` batches; sync on the last one.
+
+        Called each step: the step count advances when this is called, and the block runs without
+        gradient sync (``no_sync`` on each model) except on the synchronising step.
+        """
         self._do_sync()
-        with contextlib.ExitStack() as stack:
-            if not self.sync_gradients and not self.gradient_state.sync_each_batch:
-                for model in models:
-                    stack.enter_context(self.no_sync(model))
-            yield
+        gs = self.gradient_state
+        if not models or gs.sync_gradients or gs.sync_each_batch:
+            return _NO_CONTEXT
+        stack = contextlib.ExitStack()
+        try:
+            for model in models:
+                stack.enter_context(self.no_sync(model))
+        except BaseException:
+            stack.close()
+            raise
+        return _Unsynced(stack)
 
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
         """Skip the gradient all-reduce for this block (a no-op on one process)."""
@@ -536,11 +565,11 @@ class Accelerator:
 
     def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2) -> Any:
         """Clip gradients by global norm (after unscaling); returns the norm. DeepSpeed clips in its step."""
-        return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type=norm_type, prepared=self.prepared_objects())
 
     def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:
         """Clip every gradient element to ``[-clip_value, clip_value]`` (after unscaling)."""
-        self.strategy.clip_grad_value_(parameters, clip_value)
+        self.strategy.clip_grad_value_(parameters, clip_value, prepared=self.prepared_objects())
 
     @contextlib.contextmanager
     def profile(self, profile_handler: Any = None):
@@ -743,7 +772,7 @@ class Accelerator:
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
         """The model's full state dict; under ZeRO-3/FSDP a collective that every process must call."""
-        return self.strategy.get_state_dict(model, unwrap=unwrap)
+        return self.strategy.get_state_dict(model, unwrap=unwrap, prepared=self.prepared_objects())
 
     def free_memory(self, *objects: Any) -> list[Any]:
         """Drop references to prepared objects, collect garbage and empty the device cache."""
@@ -836,7 +865,10 @@ class Accelerator:
         """Save models, optimizers, schedulers, loaders, scaler, RNG and registered objects atomically; collective."""
         from .checkpointing import save_state
 
-        return save_state(self, output_dir, safe_serialization=safe_serialization, **save_model_func_kwargs)
+        saved = save_state(self, self.prepared_objects(), output_dir, safe_serialization=safe_serialization,
+                           pre_hooks=list(self._save_model_state_pre_hook.values()), **save_model_func_kwargs)
+        self.project_configuration.iteration = saved.iteration
+        return saved.path
 
     def load_state(self, input_dir: str | os.PathLike | None = None, load_kwargs: dict | None = None, **load_model_func_kwargs: Any) -> None:
         """Restore what ``save_state`` wrote (the newest checkpoint with automatic naming); collective.
@@ -847,11 +879,25 @@ class Accelerator:
         """
         from .checkpointing import load_state
 
-        load_state(self, input_dir, load_kwargs=load_kwargs, **load_model_func_kwargs)
+        loaded = load_state(self, self.prepared_objects(), input_dir, load_kwargs=load_kwargs,
+                            pre_hooks=list(self._load_model_state_pre_hook.values()), **load_model_func_kwargs)
+        if loaded.step is not None:
+            self.step = loaded.step
+        if loaded.iteration is not None:
+            self.project_configuration.iteration = loaded.iteration
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self.strategy._attach(self)  # its weak reference to this Accelerator was dropped when pickled
+    def prepared_objects(self) -> PreparedObjects:
+        """A frozen snapshot of what this Accelerator prepared (and registered for checkpointing), with its scaler.
+
+        The strategy and checkpointing get this instead of reading the Accelerator's lists.
+        """
+        return PreparedObjects(tuple(self._models), tuple(self._optimizers), tuple(self._schedulers),
+                               tuple(self._dataloaders), tuple(self._custom_objects), self.scaler)
+
+    @property
+    def deepspeed_engine_wrapped(self) -> Any:
+        """The wrapper of the DeepSpeed engine built last (None without DeepSpeed or before ``prepare``)."""
+        return self.strategy.engine_wrapper
 
     def __repr__(self) -> str:
         return (f"Accelerator(backend={self.backend.name!r}, distributed_type={self.distributed_type}, "

@@ -22,8 +22,9 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .backends import Backend, get_backend
-from .utils.dataclasses import DistributedType, GradientAccumulationPlugin, PrecisionType
+from .backends import Backend
+from .resolve import plugin_dict, resolve, resolve_backend
+from .utils.dataclasses import DistributedType, GradientAccumulationPlugin
 
 __all__ = ["AcceleratorState", "DistributedType", "GradientState", "PartialState", "ProcessLayout", "is_initialized"]
 
@@ -80,6 +81,7 @@ class ProcessLayout:
 
     @property
     def single_node(self) -> bool:
+        """Whether every rank runs on this node."""
         return self.local_world_size >= self.world_size
 
 
@@ -141,12 +143,12 @@ def _is_loopback(host: str) -> bool:
 
 #: attributes a live PartialState holds (after ``_reset_state()`` reading one names the reset)
 _PARTIAL_FIELDS = frozenset({
-    "hardware_backend", "debug", "fork_launched", "layout", "num_processes", "process_index", "local_process_index",
+    "hardware_backend", "backend_reason", "debug", "fork_launched", "layout", "num_processes", "process_index", "local_process_index",
     "backend", "distributed_type", "device", "_initialized",
 })
 #: the same for AcceleratorState's own attributes
 _ACCELERATOR_FIELDS = frozenset({
-    "_mixed_precision", "dynamo_plugin", "deepspeed_plugins", "fsdp_plugin", "parallelism_config", "run_plan",
+    "dynamo_plugin", "deepspeed_plugins", "fsdp_plugin", "parallelism_config", "run_plan",
     "megatron_lm_plugin", "torch_tp_plugin",
 })
 
@@ -194,9 +196,8 @@ class PartialState:
         self.__dict__ = self._shared_state
         if self.initialized:
             return
-        cpu = cpu or _env_flag("ACCEL_USE_CPU", "ACCELERATE_USE_CPU")
-        backend: Backend = get_backend("cpu") if cpu else get_backend()
-        self.hardware_backend = backend
+        backend, self.backend_reason = resolve_backend(cpu)
+        self.hardware_backend: Backend = backend
         self.debug = _env_flag("ACCEL_DEBUG_MODE", "ACCELERATE_DEBUG_MODE")
         self.fork_launched = _env_flag("FORK_LAUNCHED")
 
@@ -289,26 +290,32 @@ class PartialState:
 
     @property
     def initialized(self) -> bool:
+        """Whether the shared state was set up in this process."""
         return self._shared_state.get("_initialized", False)
 
     @property
     def use_distributed(self) -> bool:
+        """Whether several processes run with a process group."""
         return self.distributed_type != DistributedType.NO and self.num_processes > 1
 
     @property
     def is_main_process(self) -> bool:
+        """Whether this is global rank 0."""
         return self.process_index == 0
 
     @property
     def is_local_main_process(self) -> bool:
+        """Whether this is rank 0 on its node."""
         return self.local_process_index == 0
 
     @property
     def is_last_process(self) -> bool:
+        """Whether this is the process with the highest rank."""
         return self.process_index == self.num_processes - 1
 
     @property
     def default_device(self) -> torch.device:
+        """Device 0 of the backend (the host without devices)."""
         return self.hardware_backend.device(0) if self.hardware_backend.device_count() else torch.device("cpu")
 
     # ------------------------------------------------------------------ synchronisation
@@ -335,6 +342,7 @@ class PartialState:
         return self._goes_first(self.is_main_process)
 
     def local_main_process_first(self) -> contextlib.AbstractContextManager:
+        """The local main process runs the block first, then the others on its node."""
         return self._goes_first(self.is_local_main_process)
 
     # ------------------------------------------------------------------ splitting work
@@ -452,26 +460,23 @@ class AcceleratorState:
         megatron_lm_plugin: Any = None,
         parallelism_config: Any = None,
         _from_accelerator: bool = False,
+        _precision_handlers: dict[str, Any] | None = None,
         **kwargs: Any,
     ):
         self.__dict__ = self._shared_state
-        explicit_precision = mixed_precision is not None
-        if mixed_precision is None:
-            mixed_precision = _env("ACCEL_MIXED_PRECISION", "ACCELERATE_MIXED_PRECISION", default="no")
-        mixed_precision = str(mixed_precision).lower()
-        if mixed_precision not in PrecisionType.list():
-            raise ValueError(f"mixed_precision must be one of {PrecisionType.list()}, got {mixed_precision!r}")
+        handlers = dict(_precision_handlers or {})
         if self.initialized and not PartialState._shared_state.get("_initialized", False):
             # PartialState alone was reset (a test, a notebook): bring the ranks and device back
             self._partial = PartialState(cpu, **kwargs)
         if self.initialized:
+            plan = self.run_plan
             given = {"deepspeed_plugin": deepspeed_plugin, "fsdp_plugin": fsdp_plugin, "parallelism_config": parallelism_config}
-            current = {"deepspeed_plugin": self.__dict__.get("deepspeed_plugins"), "fsdp_plugin": self.fsdp_plugin,
+            current = {"deepspeed_plugin": plan.deepspeed_plugins, "fsdp_plugin": plan.fsdp_plugin,
                        "parallelism_config": self.parallelism_config}
             for name, value in given.items():
                 if value is None:
                     continue
-                same = (_as_plugin_dict(value) == current[name]) if name == "deepspeed_plugin" else value is current[name]
+                same = (plugin_dict(value) == current[name]) if name == "deepspeed_plugin" else value is current[name]
                 if not same:
                     raise ValueError(
                         f"AcceleratorState is already initialised for this process; {name} cannot change now "
@@ -479,14 +484,20 @@ class AcceleratorState:
                     )
             # as in Accelerate: only an explicitly passed, different precision is an error (DeepSpeed's
             # config owns the precision, so there it is not); leaving it out keeps the state's precision
-            if explicit_precision and mixed_precision != self._mixed_precision and self.distributed_type != DistributedType.DEEPSPEED:
+            explicit = None if mixed_precision is None else str(mixed_precision).lower()
+            if explicit is not None and explicit != plan.requested_precision and self.distributed_type != DistributedType.DEEPSPEED:
                 raise ValueError(
-                    f"AcceleratorState was already initialised with mixed_precision={self._mixed_precision!r}; "
-                    f"it cannot change to {mixed_precision!r} in the same process (reset the state first)"
+                    f"AcceleratorState was already initialised with mixed_precision={plan.requested_precision!r}; "
+                    f"it cannot change to {explicit!r} in the same process (reset the state first)"
                 )
+            if _from_accelerator:
+                # each Accelerator makes its own resolution (its grad scaler, its handlers) on the state's choices
+                self.run_plan = resolve(self._partial.num_processes, self._partial.hardware_backend,
+                                        backend_reason=self._partial.backend_reason,
+                                        mixed_precision=plan.requested_precision,
+                                        deepspeed_plugins=plan.deepspeed_plugins, fsdp_plugin=plan.fsdp_plugin, **handlers)
             return
         self._partial = PartialState(cpu, **kwargs)
-        self._mixed_precision = mixed_precision
         self.dynamo_plugin = dynamo_plugin
         for unsupported, value in (("megatron_lm_plugin", megatron_lm_plugin), ("torch_tp_plugin", torch_tp_plugin)):
             if value is not None:
@@ -496,17 +507,13 @@ class AcceleratorState:
                 )
         self.megatron_lm_plugin = None
         self.torch_tp_plugin = None
-        if deepspeed_plugin is None and fsdp_plugin is None:
-            deepspeed_plugin, fsdp_plugin = _plugins_from_environment()
-        self.deepspeed_plugins = _as_plugin_dict(deepspeed_plugin)
-        self.fsdp_plugin = fsdp_plugin
         self.parallelism_config = parallelism_config
-        from .resolve import resolve_run
-
-        self.run_plan = resolve_run(
-            self._partial.num_processes, self._partial.hardware_backend.distributed_type,
-            deepspeed_plugins=self.deepspeed_plugins, fsdp_plugin=fsdp_plugin,
-        )
+        #: backend, strategy and precision with their reasons (accel.resolve), plus the plugins the run uses
+        self.run_plan = resolve(self._partial.num_processes, self._partial.hardware_backend,
+                                backend_reason=self._partial.backend_reason, mixed_precision=mixed_precision,
+                                deepspeed_plugins=deepspeed_plugin, fsdp_plugin=fsdp_plugin, **handlers)
+        self.deepspeed_plugins = self.run_plan.deepspeed_plugins
+        self.fsdp_plugin = self.run_plan.fsdp_plugin
         self.distributed_type = self.run_plan.distributed_type
         if self.deepspeed_plugins:
             next(iter(self.deepspeed_plugins.values())).select(_from_accelerator_state=True)
@@ -568,21 +575,27 @@ class AcceleratorState:
     def __repr__(self) -> str:
         text = repr(self._partial).replace(f"Distributed environment: {self._partial.distributed_type}",
                                             f"Distributed environment: {self.distributed_type}", 1)
-        text += f"Mixed precision type: {self.__dict__.get('mixed_precision_label') or self.mixed_precision}\n"
-        plan = self.__dict__.get("run_plan")
-        if plan is not None:
-            text += f"Strategy: {plan.strategy} ({plan.describe()})\n"
+        plan = self.run_plan
+        text += f"Mixed precision type: {plan.precision_label}\n"
+        text += f"Strategy: {plan.strategy} ({plan.describe()})\n"
         if self.deepspeed_plugin is not None:
             text += f"ds_config: {self.deepspeed_plugin.deepspeed_config}\n"
         return text
 
     @property
     def initialized(self) -> bool:
+        """Whether the shared state was set up in this process."""
         return self._shared_state.get("_initialized", False)
 
     @property
     def mixed_precision(self) -> str:
-        return self._mixed_precision
+        """The precision that runs (after any fallback the resolution warned about)."""
+        return self.run_plan.mixed_precision
+
+    @property
+    def mixed_precision_label(self) -> str:
+        """The precision as people read it: "fp8 (emulated)" where torchao emulates fp8."""
+        return self.run_plan.precision_label
 
     @staticmethod
     def _reset_state(reset_partial_state: bool = False) -> None:
@@ -597,51 +610,28 @@ class AcceleratorState:
     is_last_process = property(lambda self: self._partial.is_last_process)
 
     def wait_for_everyone(self) -> None:
+        """Barrier: wait until every process reaches this point."""
         self._partial.wait_for_everyone()
 
     def split_between_processes(self, inputs: Any, apply_padding: bool = False):
+        """This process's share of ``inputs`` (see ``PartialState.split_between_processes``)."""
         return self._partial.split_between_processes(inputs, apply_padding=apply_padding)
 
     def main_process_first(self):
+        """The main process runs the block first, then the others."""
         return self._partial.main_process_first()
 
     def local_main_process_first(self):
+        """The local main process runs the block first, then the others on its node."""
         return self._partial.local_main_process_first()
 
     def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the local main process only."""
         self._partial.print(*args, **kwargs)
 
     def destroy_process_group(self, group: Any = None) -> None:
+        """Destroy the process group (``group`` or the default one)."""
         self._partial.destroy_process_group(group)
-
-
-def _as_plugin_dict(plugin: Any) -> dict[str, Any] | None:
-    """``deepspeed_plugin`` as Accelerate takes it: one plugin, or ``{name: plugin}`` for several models."""
-    if plugin is None:
-        return None
-    from .utils.deepspeed_config import DeepSpeedPlugin
-
-    plugins = dict(plugin) if isinstance(plugin, dict) else {"default": plugin}
-    if not plugins:
-        raise ValueError("deepspeed_plugins is an empty dict; give at least one DeepSpeedPlugin")
-    wrong = {name: type(p).__name__ for name, p in plugins.items() if not isinstance(p, DeepSpeedPlugin)}
-    if wrong:
-        raise TypeError(f"deepspeed plugins must be DeepSpeedPlugin objects, got {wrong}")
-    return plugins
-
-
-def _plugins_from_environment() -> tuple[Any, Any]:
-    """The plugins a launcher asked for through Accelerate's variables (``accel launch --use_deepspeed``/``--use_fsdp``)."""
-    deepspeed_plugin = fsdp_plugin = None
-    if _env_flag("ACCEL_USE_DEEPSPEED", "ACCELERATE_USE_DEEPSPEED"):
-        from .utils.deepspeed_config import DeepSpeedPlugin
-
-        deepspeed_plugin = DeepSpeedPlugin()
-    if _env_flag("ACCEL_USE_FSDP", "ACCELERATE_USE_FSDP"):
-        from .utils.dataclasses import FullyShardedDataParallelPlugin
-
-        fsdp_plugin = FullyShardedDataParallelPlugin()
-    return deepspeed_plugin, fsdp_plugin
 
 
 class GradientState:
@@ -661,43 +651,53 @@ class GradientState:
 
     @property
     def initialized(self) -> bool:
+        """Whether the shared gradient state was set up in this process."""
         return self._shared_state.get("_initialized", False)
 
     @property
     def num_steps(self) -> int:
+        """Batches whose gradients add up before one optimizer step."""
         return self.plugin_kwargs.get("num_steps") or 1
 
     @property
     def adjust_scheduler(self) -> bool:
+        """Whether the scheduler's step count advances while gradients accumulate."""
         return self.plugin_kwargs.get("adjust_scheduler", True)
 
     @property
     def sync_with_dataloader(self) -> bool:
+        """Whether the end of a data loader forces a synchronising step."""
         return self.plugin_kwargs.get("sync_with_dataloader", True)
 
     @property
     def sync_each_batch(self) -> bool:
+        """Whether gradients synchronise on every batch even while accumulating (saves memory)."""
         return self.plugin_kwargs.get("sync_each_batch", False)
 
     @property
     def active_dataloader(self) -> Any:
+        """The prepared data loader being iterated now, or None."""
         return self._dataloader_references[-1]
 
     @property
     def dataloader_references(self) -> list[Any]:
+        """The loaders being iterated, innermost last (None first)."""
         return self._dataloader_references
 
     @property
     def in_dataloader(self) -> bool:
+        """Whether a prepared data loader is being iterated."""
         return self.active_dataloader is not None
 
     @property
     def end_of_dataloader(self) -> bool:
+        """Whether the active loader has yielded its last batch."""
         loader = self.active_dataloader
         return bool(getattr(loader, "end_of_dataloader", False)) if loader is not None else False
 
     @property
     def remainder(self) -> int:
+        """Samples the active loader added to even out its last batch (-1 when unknown)."""
         loader = self.active_dataloader
         return getattr(loader, "remainder", -1) if loader is not None else -1
 

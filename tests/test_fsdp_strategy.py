@@ -307,16 +307,17 @@ def test_sync_control_and_a_wrap_policy_naming_a_class_not_in_the_model():
 
 
 def test_a_backend_without_collectives_is_refused():
+    from types import SimpleNamespace
+
     from accel.backends import UnsupportedFeatureError
     from accel.backends.mps import MPSBackend
+    from accel.strategies import StrategyContext
     from accel.strategies.fsdp import FSDPStrategy
 
-    class Owner:  # the strategy keeps a weak reference to its accelerator
-        backend = MPSBackend()
-
-    fake = Owner()
+    # the strategy reads the backend from the state it is handed (it keeps no reference to an Accelerator)
+    state = SimpleNamespace(hardware_backend=MPSBackend(), device=torch.device("cpu"), fsdp_plugin=None)
     with pytest.raises(UnsupportedFeatureError, match="FSDP.*collective"):
-        FSDPStrategy(fake)
+        FSDPStrategy(StrategyContext(state=state, gradient_state=None, precision=None))
 
 
 def test_switching_an_optimizer_names_a_parameter_without_a_shard():

@@ -9,12 +9,13 @@ describes the folder, the checks and what is refused.
 The parts: ``layout`` (file names, the error), ``serialization`` (how each file is written and read),
 ``transaction`` (hidden working folders, the rename into place, ``total_limit``), ``manifest``
 (checksums, entry checks), ``rng`` and ``loaders`` (RNG states and data loader positions), ``export``
-(``save``, ``save_model``), ``hooks`` (pre-hook handles) and ``api`` (``save_state``, ``load_state``).
+(``save``, ``save_model``), ``hooks`` (pre-hook handles) and ``api`` (``save_state``, ``load_state``,
+which take what was prepared as a value and return what the Accelerator applies).
 """
 
 from __future__ import annotations
 
-from .api import load_state, save_state
+from .api import LoadedState, SavedState, load_state, save_state
 from .custom import load_custom_state, save_custom_state
 from .export import parse_size, save, save_model
 from .hooks import HookHandle, register_hook
@@ -42,6 +43,8 @@ from .layout import (
 
 __all__ = [
     "CheckpointError",
+    "LoadedState",
+    "SavedState",
     "load_state",
     "load_custom_state",
     "HookHandle",

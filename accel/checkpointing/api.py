@@ -1,5 +1,10 @@
 """``save_state`` and ``load_state``, the Accelerator-facing halves that tie the parts together: the
-transaction, the files of each prepared object, the manifest and its checks, RNG states."""
+transaction, the files of each prepared object, the manifest and its checks, RNG states.
+
+The Accelerator passes what it prepared as a :class:`~accel.strategies.context.PreparedObjects` and
+its state pre-hooks as values; both functions return what the Accelerator must apply (the next
+checkpoint iteration, the restored step) instead of writing into it.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +12,14 @@ import logging
 import os
 import shutil
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
 from ..strategies.base import Strategy
+from ..strategies.context import PreparedObjects
 from ..utils.files import fsync_dir
 from . import serialization
 from .layout import (
@@ -50,13 +57,31 @@ from .transaction import clean_leftovers, commit, is_writer, list_checkpoints, r
 logger = logging.getLogger(__name__)
 
 
-def _unwrapped_state_dict(accelerator: Any, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return accelerator.get_state_dict(model)
+@dataclass(frozen=True)
+class SavedState:
+    """What ``save_state`` did: the folder it wrote (as given) and the iteration the next automatic name takes."""
+
+    path: str
+    iteration: int
 
 
-def save_state(accelerator: Any, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True,
-               **save_model_func_kwargs: Any) -> str:
-    """Save models, optimizers, schedulers, data loader positions, scaler, registered objects and RNG states."""
+@dataclass(frozen=True)
+class LoadedState:
+    """What ``load_state`` restored that the Accelerator holds: ``step`` and the next ``iteration`` (None: unchanged)."""
+
+    folder: str
+    step: int | None = None
+    iteration: int | None = None
+
+
+def save_state(accelerator: Any, prepared: PreparedObjects, output_dir: str | os.PathLike | None = None,
+               safe_serialization: bool = True, pre_hooks: Sequence[Callable[..., None]] = (),
+               **save_model_func_kwargs: Any) -> SavedState:
+    """Save models, optimizers, schedulers, data loader positions, scaler, registered objects and RNG states.
+
+    ``accelerator`` gives the process layout, the project configuration, the strategy and state dicts;
+    ``prepared`` what to save; ``pre_hooks`` run before the models are written (Accelerate's protocol).
+    """
     cfg = accelerator.project_configuration
     automatic = cfg.automatic_checkpoint_naming
     strategy = accelerator.strategy
@@ -110,17 +135,17 @@ def save_state(accelerator: Any, output_dir: str | os.PathLike | None = None, sa
     try:
         tmp.mkdir(parents=True, exist_ok=True)
         # what the strategy stores itself (DeepSpeed engine files, FSDP shards), on every process
-        part = strategy.save_checkpoint(tmp, **save_model_func_kwargs)
+        part = strategy.save_checkpoint(tmp, prepared, **save_model_func_kwargs)
         owns = set(part.owns) if part is not None else set()
-        weights = [] if "models" in owns else [_unwrapped_state_dict(accelerator, model) for model in accelerator._models]
+        weights = [] if "models" in owns else [accelerator.get_state_dict(model) for model in prepared.models]
         # hooks get the directory being written, so whatever they save is part of the atomic checkpoint;
         # a hook that saves a model itself pops its entry from `weights` (Accelerate's protocol)
-        for hook in list(accelerator._save_model_state_pre_hook.values()):
-            hook(accelerator._models, weights, str(tmp))
-        manifest = write_state_files(accelerator, tmp, weights, safe_serialization, writer, owns)
+        for hook in pre_hooks:
+            hook(list(prepared.models), weights, str(tmp))
+        manifest = write_state_files(accelerator, prepared, tmp, weights, safe_serialization, writer, owns)
         if part is not None:
             manifest["strategy"] = part.to_manifest()
-        snapshot = rng_snapshot(accelerator)
+        snapshot = rng_snapshot(accelerator, prepared.dataloaders)
         json_save(rng_json(accelerator, snapshot), tmp / f"{RNG_STATE_NAME}_{accelerator.process_index}.json")
         serialization.torch_save(rng_for_accelerate(accelerator, snapshot), tmp / f"{RNG_STATE_NAME}_{accelerator.process_index}.pkl")
         accelerator.wait_for_everyone()  # every rank's files are in before the manifest marks it complete
@@ -139,13 +164,12 @@ def save_state(accelerator: Any, output_dir: str | os.PathLike | None = None, sa
     if automatic and cfg.total_limit is not None and accelerator.is_main_process:
         retire(doomed, target, cfg.total_limit, token)
     accelerator.wait_for_everyone()
-    cfg.iteration += 1
     logger.info("state saved in %s", target)
-    return returned
+    return SavedState(returned, cfg.iteration + 1)
 
 
-def write_state_files(accelerator: Any, out: Path, weights: list[dict[str, torch.Tensor]],
-                       safe_serialization: bool, writer: bool, owned: set[str] = frozenset()) -> dict[str, Any]:
+def write_state_files(accelerator: Any, prepared: PreparedObjects, out: Path, weights: list[dict[str, torch.Tensor]],
+                      safe_serialization: bool, writer: bool, owned: set[str] = frozenset()) -> dict[str, Any]:
     """Write the shared files (on the writer only) and return the manifest describing them."""
     manifest: dict[str, Any] = {
         "format": FORMAT,
@@ -185,23 +209,23 @@ def write_state_files(accelerator: Any, out: Path, weights: list[dict[str, torch
             serialization.torch_save(state, out / name)
         manifest[kind].append(name)
 
-    for i, optimizer in enumerate([] if "optimizers" in owned else accelerator._optimizers):
+    for i, optimizer in enumerate(() if "optimizers" in owned else prepared.optimizers):
         plain("optimizers", f"{OPTIMIZER_NAME}{index_suffix(i)}.bin", optimizer, f"optimizer {i}'s state_dict")
-    for i, scheduler in enumerate(accelerator._schedulers):
+    for i, scheduler in enumerate(prepared.schedulers):
         plain("schedulers", f"{SCHEDULER_NAME}{index_suffix(i)}.bin", scheduler, f"scheduler {i}'s state_dict")
-    for i, loader in enumerate(accelerator._dataloaders):
+    for i, loader in enumerate(prepared.dataloaders):
         name = f"{SAMPLER_NAME}{index_suffix(i)}.bin"
         if writer:
             serialization.torch_save(dataloader_state(loader), out / name)
         manifest["dataloaders"].append(name)
-    if accelerator.scaler is not None:
+    if prepared.scaler is not None:
         plain_name = SCALER_NAME
         if writer:
-            state = accelerator.scaler.state_dict()
+            state = prepared.scaler.state_dict()
             check_plain(state, "the grad scaler's state_dict")
             serialization.torch_save(state, out / plain_name)
         manifest["scaler"] = plain_name
-    for i, obj in enumerate(accelerator._custom_objects):
+    for i, obj in enumerate(prepared.custom_objects):
         plain("custom_objects", f"{CUSTOM_NAME}_{i}.pkl", obj,
               f"registered object {i} ({type(obj).__name__})'s state_dict")
     return manifest
@@ -252,16 +276,20 @@ def pick_input_dir(accelerator: Any, input_dir: str | os.PathLike | None) -> Pat
     return Path(value)
 
 
-def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, load_kwargs: dict | None = None,
-               **load_model_func_kwargs: Any) -> None:
-    """Restore what ``save_state`` saved, in place; docs/checkpoints.md says what is and is not restored."""
+def load_state(accelerator: Any, prepared: PreparedObjects, input_dir: str | os.PathLike | None = None,
+               load_kwargs: dict | None = None, pre_hooks: Sequence[Callable[..., None]] = (),
+               **load_model_func_kwargs: Any) -> LoadedState:
+    """Restore what ``save_state`` saved into ``prepared``; returns the step and iteration the Accelerator applies.
+
+    docs/checkpoints.md says what is and is not restored.
+    """
     verify = load_model_func_kwargs.pop("verify_checksums", None)
     verify = checksums_enabled() if verify is None else bool(verify)
     folder = pick_input_dir(accelerator, input_dir)
     logger.info("loading state from %s", folder)
     manifest_path = entry_path(folder, MANIFEST_NAME, "the manifest")  # a link to a file outside is refused
-    models = list(accelerator._models)
-    for hook in list(accelerator._load_model_state_pre_hook.values()):
+    models = list(prepared.models)
+    for hook in pre_hooks:
         hook(models, str(folder))  # a hook that loads a model itself removes it from `models`
 
     if manifest_path.exists():
@@ -280,7 +308,7 @@ def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, loa
                 f"{manifest_path} is missing: {folder} is an incomplete accel checkpoint (the manifest is written last)"
             )
         warnings.warn(f"{folder} has no {MANIFEST_NAME}: reading it as a checkpoint written by Accelerate", stacklevel=3)
-        manifest = accelerate_manifest(accelerator, folder, models)
+        manifest = accelerate_manifest(folder, models, len(prepared.optimizers), len(prepared.schedulers))
     check_entries(folder, manifest)  # before any file the manifest names is opened
     check_integrity(accelerator, folder, manifest, verify)
 
@@ -299,29 +327,29 @@ def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, loa
             "the strategy that saved it"
         )
     owned = set(saved_strategy.get("owns", [])) if saved_strategy else set()
-    optimizers = [] if "optimizers" in owned else list(accelerator._optimizers)
+    optimizers = [] if "optimizers" in owned else list(prepared.optimizers)
     if "models" in owned:
         models = []
 
     # --- check that the checkpoint fits what was prepared, before anything is changed
-    for key, prepared, word in (
+    for key, found, word in (
         ("models", models, "model"),
         ("optimizers", optimizers, "optimizer"),
-        ("schedulers", accelerator._schedulers, "scheduler"),
-        ("dataloaders", accelerator._dataloaders, "data loader"),
-        ("custom_objects", accelerator._custom_objects, "registered object"),
+        ("schedulers", prepared.schedulers, "scheduler"),
+        ("dataloaders", prepared.dataloaders, "data loader"),
+        ("custom_objects", prepared.custom_objects, "registered object"),
     ):
         saved = manifest.get(key)
         if saved is None:
             continue
-        if len(saved) != len(prepared):
-            note = " (after load_state pre-hooks)" if key == "models" and accelerator._load_model_state_pre_hook else ""
+        if len(saved) != len(found):
+            note = " (after load_state pre-hooks)" if key == "models" and pre_hooks else ""
             raise CheckpointError(
-                f"checkpoint {folder} holds {plural(len(saved), word)} but {plural(len(prepared), word)} "
-                f"{'was' if len(prepared) == 1 else 'were'} prepared{note}; load it into the same set of "
+                f"checkpoint {folder} holds {plural(len(saved), word)} but {plural(len(found), word)} "
+                f"{'was' if len(found) == 1 else 'were'} prepared{note}; load it into the same set of "
                 "objects, in the same order, as when it was saved"
             )
-    if accelerator.scaler is not None and manifest.get("scaler") is None:
+    if prepared.scaler is not None and manifest.get("scaler") is None:
         raise CheckpointError(
             f"{folder / SCALER_NAME} is missing: this run uses an fp16 grad scaler but the checkpoint was saved without one"
         )
@@ -349,7 +377,7 @@ def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, loa
     custom_states = [torch_load(folder / n, f"the state_dict of registered object {i}", load_kwargs)
                      for i, n in enumerate(manifest["custom_objects"])]
     scaler_state = None
-    if accelerator.scaler is not None:
+    if prepared.scaler is not None:
         scaler_state = torch_load(folder / manifest["scaler"], "the grad scaler's state_dict", load_kwargs)
     elif manifest.get("scaler") is not None:
         logger.warning("%s: the checkpoint has a grad scaler state but this run has no scaler; ignored", folder)
@@ -367,7 +395,7 @@ def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, loa
 
     # --- apply
     if saved_strategy is not None:
-        strategy.load_checkpoint(folder, saved_strategy, **load_model_func_kwargs)
+        strategy.load_checkpoint(folder, saved_strategy, prepared, **load_model_func_kwargs)
     for i, (model, state) in enumerate(zip(models, model_states)):
         target = accelerator.unwrap_model(model)
         try:
@@ -375,24 +403,25 @@ def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, loa
         except RuntimeError as exc:
             raise CheckpointError(f"{folder / manifest['models'][i]} does not fit model {i}: {exc}") from None
     if scaler_state is not None:
-        accelerator.scaler.load_state_dict(scaler_state)
+        prepared.scaler.load_state_dict(scaler_state)
     for i, (optimizer, state) in enumerate(zip(optimizers, optimizer_states)):
         try:
             optimizer.load_state_dict(state)
         except (ValueError, KeyError, RuntimeError) as exc:
             raise CheckpointError(f"{folder / manifest['optimizers'][i]} does not fit optimizer {i}: {exc}") from None
-    for scheduler, state in zip(accelerator._schedulers, scheduler_states):
+    for scheduler, state in zip(prepared.schedulers, scheduler_states):
         scheduler.load_state_dict(state)
-    for loader, state in zip(accelerator._dataloaders, loader_states):
+    for loader, state in zip(prepared.dataloaders, loader_states):
         restore_dataloader(loader, state)
-    for obj, state in zip(accelerator._custom_objects, custom_states):
+    for obj, state in zip(prepared.custom_objects, custom_states):
         obj.load_state_dict(state)
-    if rng is not None:
-        restore_rng(accelerator, rng, folder)
+    step = restore_rng(accelerator, rng, folder, prepared.dataloaders) if rng is not None else None
 
+    iteration = None
     cfg = accelerator.project_configuration
     if cfg.automatic_checkpoint_naming and cfg.project_dir is not None:
         existing = list_checkpoints(Path(os.path.expanduser(cfg.project_dir)) / CHECKPOINTS_FOLDER)
         if existing:
-            cfg.iteration = existing[-1][0] + 1
+            iteration = existing[-1][0] + 1
     logger.info("state loaded from %s", folder)
+    return LoadedState(str(folder), step, iteration)

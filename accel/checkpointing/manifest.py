@@ -200,7 +200,7 @@ def check_entries(folder: Path, manifest: dict[str, Any]) -> None:
             entry_path(folder, name, "the manifest's 'strategy' files")
 
 
-def accelerate_manifest(accelerator: Any, folder: Path, models: list[Any]) -> dict[str, Any]:
+def accelerate_manifest(folder: Path, models: list[Any], num_optimizers: int, num_schedulers: int) -> dict[str, Any]:
     """What an Accelerate-written checkpoint (no manifest) should hold, from what was prepared."""
     names = []
     for i in range(len(models)):
@@ -210,8 +210,8 @@ def accelerate_manifest(accelerator: Any, folder: Path, models: list[Any]) -> di
     return {
         "format": "accelerate",
         "models": names,
-        "optimizers": [f"{OPTIMIZER_NAME}{index_suffix(i)}.bin" for i in range(len(accelerator._optimizers))],
-        "schedulers": [f"{SCHEDULER_NAME}{index_suffix(i)}.bin" for i in range(len(accelerator._schedulers))],
+        "optimizers": [f"{OPTIMIZER_NAME}{index_suffix(i)}.bin" for i in range(num_optimizers)],
+        "schedulers": [f"{SCHEDULER_NAME}{index_suffix(i)}.bin" for i in range(num_schedulers)],
         "dataloaders": None,  # Accelerate pickles whole sampler objects: not loadable safely, skipped
         "custom_objects": customs,
         "scaler": SCALER_NAME if os.path.lexists(folder / SCALER_NAME) else None,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -18,8 +18,9 @@ from .serialization import b64decode_tensor, b64encode_tensor, load_json, torch_
 logger = logging.getLogger(__name__)
 
 
-def rng_snapshot(accelerator: Any) -> dict[str, Any]:
-    """This process's RNG states, taken once so that accel's JSON file and Accelerate's pkl agree exactly."""
+def rng_snapshot(accelerator: Any, dataloaders: Sequence[Any] = ()) -> dict[str, Any]:
+    """This process's RNG states (and those of ``dataloaders``' generators), taken once so that accel's JSON
+    file and Accelerate's pkl agree exactly."""
     snapshot: dict[str, Any] = {"step": int(accelerator.step), "python": random.getstate(),
                                 "torch": torch.get_rng_state(), "numpy": None, "device": None, "generators": {}}
     try:
@@ -34,7 +35,7 @@ def rng_snapshot(accelerator: Any) -> dict[str, Any]:
         snapshot["device"] = {"index": accelerator.device.index,
                               "current": backend.get_rng_state(accelerator.device.index),
                               "all": [backend.get_rng_state(i) for i in range(backend.device_count())]}
-    for i, loader in enumerate(accelerator._dataloaders):
+    for i, loader in enumerate(dataloaders):
         generator = generator_of(loader)
         if generator is not None:
             snapshot["generators"][str(i)] = generator.get_state()
@@ -163,8 +164,11 @@ def read_rng(accelerator: Any, folder: Path, saved_processes: int | None) -> dic
     return state
 
 
-def restore_rng(accelerator: Any, state: dict[str, Any], folder: Path) -> None:
-    """Apply the RNG states ``read_rng`` returned to this process, its device and its data loaders' generators; restore ``step``."""
+def restore_rng(accelerator: Any, state: dict[str, Any], folder: Path, dataloaders: Sequence[Any] = ()) -> int | None:
+    """Apply the RNG states ``read_rng`` returned to this process, its device and ``dataloaders``' generators.
+
+    Returns the step saved with them (None when the file has none), for the Accelerator to apply.
+    """
     if "python_state" in state:
         random.setstate(state["python_state"])
     elif "python" in state:
@@ -185,10 +189,9 @@ def restore_rng(accelerator: Any, state: dict[str, Any], folder: Path) -> None:
         else:
             logger.warning("%s: device RNG state of backend %r not restored on backend %r",
                            folder, device.get("backend"), backend.name)
-    for i, loader in enumerate(accelerator._dataloaders):
+    for i, loader in enumerate(dataloaders):
         saved = state.get("generators", {}).get(i)
         generator = generator_of(loader)
         if saved is not None and generator is not None:
             generator.set_state(saved)
-    if "step" in state:
-        accelerator.step = int(state["step"])
+    return int(state["step"]) if "step" in state else None

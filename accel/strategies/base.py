@@ -1,31 +1,34 @@
-"""The strategy interface and the single-process strategy.
+"""The strategy contract and the single-process strategy.
 
 A strategy owns everything that differs between distribution schemes: joint setup of models,
 optimizers and schedulers (``prepare`` hands it all of them at once, as DeepSpeed and FSDP need),
 backward, gradient clipping, skipping gradient sync, unwrapping, state dicts and the parts of a
-checkpoint it stores itself. The Accelerator facade only forwards to it; it never branches on the
+checkpoint it stores itself. The Accelerator only forwards to it and never branches on the
 distributed type.
 
-Optional abilities are small mixins (Lightning's pattern) rather than flags: a strategy whose
-``get_state_dict`` is a collective (ZeRO-3, FSDP) sets ``state_dict_is_collective``; one that stores
-models/optimizers itself in a checkpoint (DeepSpeed's engine files, FSDP's DCP shards) overrides
-``save_checkpoint`` / ``load_checkpoint`` and names what it stored.
+The contract is :class:`Strategy`: a subclass must say how it wraps, unwraps and recognises a model
+and which ``DistributedType`` it runs as; everything else has a default that fits one process.
+What only some strategies do is an override, not a flag: a strategy that stores models or optimizers
+itself in a checkpoint (DeepSpeed's engine files, FSDP's DCP shards) overrides ``save_checkpoint`` /
+``load_checkpoint`` and names what it stored; one whose ``get_state_dict`` is a collective (ZeRO-3,
+FSDP) sets ``state_dict_is_collective``; one that runs the precision itself (DeepSpeed) overrides
+``plan_precision``. A strategy holds no reference to the Accelerator: it gets a
+:class:`~accel.strategies.context.StrategyContext` when built and a
+:class:`~accel.strategies.context.PreparedObjects` with every call that needs what was prepared.
 """
 
 from __future__ import annotations
 
+import abc
 import contextlib
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 
 from ..utils.dataclasses import DistributedType
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..accelerator import Accelerator
+from .context import EMPTY, PreparedObjects, StrategyContext
 
 
 @dataclass
@@ -42,10 +45,11 @@ class StrategyCheckpoint:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_manifest(self) -> dict[str, Any]:
+        """The manifest's ``strategy`` entry."""
         return {"name": self.name, "owns": list(self.owns), "files": list(self.files), **self.extra}
 
 
-class Strategy:
+class Strategy(abc.ABC):
     """How one distribution scheme sets up and steps models, optimizers and schedulers."""
 
     name = "base"
@@ -53,65 +57,49 @@ class Strategy:
     state_dict_is_collective = False
     #: whether the Accelerator's dynamo plugin compiles the prepared models (an engine may compile itself)
     compiles_models = True
+    #: the engine wrapper of the last engine built (DeepSpeed), for ``Accelerator.deepspeed_engine_wrapped``
+    engine_wrapper: Any = None
 
-    def __init__(self, accelerator: "Accelerator"):
-        # a weak reference: the Accelerator owns its strategy, and a cycle would keep both (and every
-        # prepared loader) alive until the garbage collector runs
-        self._accelerator = weakref.ref(accelerator)
+    def __init__(self, context: StrategyContext):
+        self.context = context
+        # read once: every training step uses them
+        self.state = context.state
+        self.gradient_state = context.gradient_state
+        self.precision = context.precision
+        self.backend = context.state.hardware_backend
+        self.device: torch.device = context.state.device
 
-    def __getstate__(self) -> dict[str, Any]:
-        # a weak reference does not pickle; the Accelerator re-attaches itself when it is unpickled
-        state = self.__dict__.copy()
-        state["_accelerator"] = None
-        return state
-
-    def _attach(self, accelerator: "Accelerator") -> None:
-        self._accelerator = weakref.ref(accelerator)
-
+    # ------------------------------------------------------------------ identity
     @property
-    def accelerator(self) -> "Accelerator":
-        accelerator = self._accelerator() if self._accelerator is not None else None
-        if accelerator is None:
-            raise RuntimeError("the Accelerator this strategy belonged to no longer exists")
-        return accelerator
-
-    # ------------------------------------------------------------------ context
-    @property
-    def state(self) -> Any:
-        return self.accelerator.state
-
-    @property
-    def precision(self) -> Any:
-        return self.accelerator.precision
-
-    @property
-    def device(self) -> torch.device:
-        return self.accelerator.device
-
-    @property
+    @abc.abstractmethod
     def distributed_type(self) -> DistributedType:
         """The ``DistributedType`` this strategy runs as (what ``AcceleratorState`` reports)."""
-        return DistributedType.NO
 
     def describe(self) -> str:
         """One line for ``accel env`` and ``Accelerator.state``."""
         return self.name
 
-    def plan_precision(self, requested: str, autocast_handler: Any = None, scaler_handler: Any = None) -> Any:
-        """The precision this strategy runs for ``requested`` (accel's autocast + scaler by default)."""
+    @classmethod
+    def plan_precision(cls, requested: str, backend: Any, *, deepspeed_plugin: Any = None, fsdp_plugin: Any = None,
+                       autocast_handler: Any = None, scaler_handler: Any = None, fp8_handler: Any = None) -> Any:
+        """The precision this strategy runs for ``requested`` on ``backend`` (accel's autocast + scaler by default).
+
+        Called once per Accelerator by ``accel.resolve.resolve``, before the strategy is built.
+        """
         from ..precision import plan_precision
 
-        return plan_precision(requested, self.accelerator.backend, autocast_handler, scaler_handler,
-                              fp8_handler=getattr(self.accelerator, "fp8_recipe_handler", None))
+        return plan_precision(requested, backend, autocast_handler, scaler_handler, fp8_handler=fp8_handler)
 
     # ------------------------------------------------------------------ setup
     def prepare(self, models: Sequence[torch.nn.Module], optimizers: Sequence[Any], schedulers: Sequence[Any],
                 model_placement: Sequence[bool], optimizer_placement: Sequence[bool],
-                evaluation_mode: bool = False, dataloaders: Sequence[Any] = ()) -> tuple[list[Any], list[Any], list[Any]]:
+                evaluation_mode: bool = False, dataloaders: Sequence[Any] = (),
+                prepared: PreparedObjects = EMPTY) -> tuple[list[Any], list[Any], list[Any]]:
         """Set up everything passed to one ``prepare`` call together; returns them in the same order.
 
         ``dataloaders`` are the (unprepared) data loaders of the same call, for strategies that size
-        themselves from the batch size (DeepSpeed).
+        themselves from the batch size (DeepSpeed); ``prepared`` is what earlier calls prepared (a
+        scheduler may belong to an optimizer prepared before).
         """
         before = [dict(m.named_parameters(remove_duplicate=False)) for m in models]
         prepared_models = [self.setup_model(m, p, evaluation_mode) for m, p in zip(models, model_placement)]
@@ -119,7 +107,7 @@ class Strategy:
         for optimizer in optimizers:
             _follow_replaced_parameters(optimizer, replaced)
         prepared_optimizers = [self.setup_optimizer(o, p) for o, p in zip(optimizers, optimizer_placement)]
-        known = list(self.accelerator._optimizers) + prepared_optimizers
+        known = list(prepared.optimizers) + prepared_optimizers
         prepared_schedulers = [self.setup_scheduler(s, known) for s in schedulers]
         return prepared_models, prepared_optimizers, prepared_schedulers
 
@@ -127,13 +115,15 @@ class Strategy:
         """Place the model, give it the precision's forward, and wrap it for this scheme."""
         if device_placement:
             model = model.to(self.device)
-        self.precision.wrap_forward(model, self.accelerator.backend)
+        self.precision.wrap_forward(model, self.backend)
         return model if evaluation_mode else self.wrap_model(model)
 
+    @abc.abstractmethod
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        return model
+        """``model`` wrapped for this scheme (DDP, FSDP, ...); the model itself where nothing wraps it."""
 
     def setup_optimizer(self, optimizer: Any, device_placement: bool) -> Any:
+        """``optimizer`` wrapped so it steps only when gradients sync, through the precision's grad scaler."""
         from ..optimizer import AcceleratedOptimizer
 
         if isinstance(optimizer, AcceleratedOptimizer):
@@ -145,37 +135,44 @@ class Strategy:
         return AcceleratedOptimizer(optimizer, device_placement=device_placement, scaler=self.precision.scaler)
 
     def setup_scheduler(self, scheduler: Any, optimizers: Sequence[Any]) -> Any:
+        """``scheduler`` wrapped to step with its optimizer (found among ``optimizers``), by Accelerate's rules."""
         from ..scheduler import AcceleratedScheduler
 
         owner = [opt for opt in optimizers if getattr(opt, "optimizer", opt) is getattr(scheduler, "optimizer", None)]
         return AcceleratedScheduler(
             scheduler,
             owner or list(optimizers),
-            step_with_optimizer=self.accelerator.step_scheduler_with_optimizer,
-            split_batches=self.accelerator.split_batches,
+            step_with_optimizer=self.context.step_scheduler_with_optimizer,
+            split_batches=self.context.split_batches,
         )
 
     # ------------------------------------------------------------------ training step
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``loss.backward()``, divided for gradient accumulation and scaled by the precision."""
-        steps = self.accelerator.gradient_accumulation_steps
+        steps = self.gradient_state.num_steps
         if steps > 1:
             loss = loss / steps
         self.precision.backward(loss, **kwargs)
 
     def unscale_gradients(self, optimizers: Iterable[Any]) -> None:
+        """Divide the gradients of ``optimizers`` by the fp16 loss scale (a no-op without a scaler)."""
         for optimizer in optimizers:
             self.precision.unscale_(optimizer)
 
-    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2) -> torch.Tensor | float | None:
-        self.unscale_gradients(self.accelerator._optimizers)
+    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2,
+                        prepared: PreparedObjects = EMPTY) -> torch.Tensor | float | None:
+        """Unscale the prepared optimizers' gradients, then clip ``parameters`` by their global norm; returns it."""
+        self.unscale_gradients(prepared.optimizers)
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
-    def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:
-        self.unscale_gradients(self.accelerator._optimizers)
+    def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float,
+                         prepared: PreparedObjects = EMPTY) -> None:
+        """Unscale the prepared optimizers' gradients, then clip each element to ``[-clip_value, clip_value]``."""
+        self.unscale_gradients(prepared.optimizers)
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
 
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """Skip the gradient reduction of ``model`` in this block (a null context without one)."""
         return contextlib.nullcontext()
 
     def trigger_sync_in_backward(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
@@ -183,13 +180,16 @@ class Strategy:
         return contextlib.nullcontext()
 
     # ------------------------------------------------------------------ models and state
+    @abc.abstractmethod
     def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        return model
+        """The user's model inside this strategy's wrapper (``model`` itself when not wrapped)."""
 
+    @abc.abstractmethod
     def is_wrapped(self, model: torch.nn.Module) -> bool:
-        return False
+        """Whether ``model`` is this strategy's wrapper."""
 
-    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True,
+                       prepared: PreparedObjects = EMPTY) -> dict[str, torch.Tensor]:
         """The full state dict. Where ``state_dict_is_collective``, every rank must call this."""
         target = self.unwrap_model(model) if unwrap else model
         from ..utils.modeling import get_state_dict_offloaded_model, has_offloaded_params
@@ -200,21 +200,54 @@ class Strategy:
         return target.state_dict()
 
     # ------------------------------------------------------------------ checkpoints
-    def save_checkpoint(self, output_dir: Path, **kwargs: Any) -> StrategyCheckpoint | None:
+    def save_checkpoint(self, output_dir: Path, prepared: PreparedObjects, **kwargs: Any) -> StrategyCheckpoint | None:
         """Write what this strategy stores itself (called on every rank); None: nothing."""
         return None
 
-    def load_checkpoint(self, input_dir: Path, saved: dict[str, Any], **kwargs: Any) -> None:
+    def load_checkpoint(self, input_dir: Path, saved: dict[str, Any], prepared: PreparedObjects, **kwargs: Any) -> None:
         """Restore what ``save_checkpoint`` wrote (called on every rank)."""
 
     def release(self) -> None:
         """Drop engines and references (``Accelerator.free_memory``)."""
+
+    # ------------------------------------------------------------------ parallelism config
+    def settle_parallelism_config(self) -> None:
+        """Check the run's ``ParallelismConfig`` against the process count (called once, after the strategy is built)."""
+        config = self.state.parallelism_config
+        if config is not None:
+            validate_parallelism_config(config, self.state)
+
+
+def validate_parallelism_config(config: Any, state: Any) -> None:
+    """Check ``config`` against the run ``state`` describes (sizes multiply to the process count, ...)."""
+    from types import SimpleNamespace
+
+    # ParallelismConfig's check takes Accelerate's accelerator; these are the attributes it reads
+    run = SimpleNamespace(state=state, num_processes=state.num_processes, is_main_process=state.is_main_process)
+    config._validate_accelerator(run)
 
 
 class SingleDeviceStrategy(Strategy):
     """One process: the model stays as it is."""
 
     name = "single"
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        """``NO``: one process."""
+        return DistributedType.NO
+
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The model itself: nothing wraps it."""
+        return model
+
+    def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The model itself."""
+        return model
+
+    def is_wrapped(self, model: torch.nn.Module) -> bool:
+        """Never: nothing wraps a model here."""
+        return False
 
 
 def _replaced_parameters(before: Sequence[dict[str, torch.nn.Parameter]],

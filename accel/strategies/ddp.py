@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from ..utils.dataclasses import DDPCommunicationHookType, DistributedDataParallelKwargs, DistributedType
 from .base import Strategy
+from .context import StrategyContext
 
 
 class DDPStrategy(Strategy):
@@ -17,15 +17,17 @@ class DDPStrategy(Strategy):
 
     name = "ddp"
 
-    def __init__(self, accelerator: Any, ddp_kwargs: DistributedDataParallelKwargs | None = None):
-        super().__init__(accelerator)
-        self.ddp_kwargs = ddp_kwargs or getattr(accelerator, "ddp_handler", None) or DistributedDataParallelKwargs()
+    def __init__(self, context: StrategyContext):
+        super().__init__(context)
+        self.ddp_kwargs = context.ddp_kwargs or DistributedDataParallelKwargs()
 
     @property
     def distributed_type(self) -> DistributedType:
-        return DistributedType(self.accelerator.backend.distributed_type)
+        """The backend's multi-process type (``MULTI_CPU``, ``MULTI_GPU``, ...)."""
+        return DistributedType(self.backend.distributed_type)
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """``DistributedDataParallel`` around ``model`` (with the communication hook asked for); frozen models stay bare."""
         if isinstance(model, DistributedDataParallel):
             return model
         if not any(p.requires_grad for p in model.parameters()):
@@ -53,12 +55,14 @@ class DDPStrategy(Strategy):
             model.register_comm_hook(state, fn)
 
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """DDP's own ``no_sync`` (a null context for a model DDP does not wrap)."""
         if isinstance(model, DistributedDataParallel):
             return model.no_sync()
         return contextlib.nullcontext()
 
     @contextlib.contextmanager
     def trigger_sync_in_backward(self, model: torch.nn.Module):
+        """Make the next backward all-reduce even inside ``no_sync``."""
         if not isinstance(model, DistributedDataParallel):
             yield
             return
@@ -73,7 +77,9 @@ class DDPStrategy(Strategy):
             model.require_backward_grad_sync, model.require_forward_param_sync = saved
 
     def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The module inside DDP."""
         return model.module if isinstance(model, DistributedDataParallel) else model
 
     def is_wrapped(self, model: torch.nn.Module) -> bool:
+        """Whether ``model`` is a ``DistributedDataParallel``."""
         return isinstance(model, DistributedDataParallel)

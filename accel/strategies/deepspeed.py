@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -31,6 +32,7 @@ from ..utils.deepspeed import (
     map_pytorch_optim_to_deepspeed,
 )
 from .base import Strategy, StrategyCheckpoint
+from .context import PreparedObjects, StrategyContext
 
 MODEL_TAG = "pytorch_model"
 
@@ -53,23 +55,46 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def align_deepspeed_accelerator(backend: Any) -> None:
+    """Point DeepSpeed at ``backend``'s device (``DS_ACCELERATOR``, unless set) and stop if the two still disagree."""
+    if "deepspeed.accelerator" not in sys.modules:
+        os.environ.setdefault("DS_ACCELERATOR", backend.device_type)
+    require_deepspeed()
+    from deepspeed.accelerator import get_accelerator
+
+    from ..backends.deepspeed_agreement import compare
+
+    chosen = get_accelerator()
+    try:
+        comm = chosen.communication_backend_name()
+    except Exception:  # pragma: no cover - accelerators without collectives
+        comm = None
+    verdict = compare(backend, {"installed": True, "device": chosen.device_name(), "communication_backend": comm,
+                                "ds_accelerator": os.environ.get("DS_ACCELERATOR")})
+    if verdict["agree"] is False:
+        raise RuntimeError("DeepSpeed and accel disagree about the accelerator: " + "; ".join(verdict["problems"]))
+
+
 class DeepSpeedStrategy(Strategy):
     """Models become DeepSpeed engines; DeepSpeed owns backward, step, precision and ZeRO sharding."""
 
     name = "deepspeed"
     compiles_models = False  # DeepSpeed compiles through its config ("compile" section)
 
-    def __init__(self, accelerator: Any):
-        super().__init__(accelerator)
-        self._align_deepspeed_accelerator()
+    def __init__(self, context: StrategyContext):
+        super().__init__(context)
+        align_deepspeed_accelerator(self.backend)
         #: one wrapper per engine, keyed by the name of the plugin that built it
         self.engines: dict[str, DeepSpeedEngineWrapper] = {}
+        #: the wrapper of the engine built last (``Accelerator.deepspeed_engine_wrapped``)
+        self.engine_wrapper: DeepSpeedEngineWrapper | None = None
         #: a one-process group this strategy created for DeepSpeed (destroyed by ``release``)
         self._own_group = False
 
     # ------------------------------------------------------------------ identity
     @property
     def distributed_type(self) -> DistributedType:
+        """``DEEPSPEED``."""
         return DistributedType.DEEPSPEED
 
     @property
@@ -79,35 +104,19 @@ class DeepSpeedStrategy(Strategy):
 
     @property
     def zero_stage(self) -> int:
+        """The ZeRO stage of the selected plugin's config."""
         return int(self.plugin.get_value("zero_optimization.stage", 0))
 
     @property
     def state_dict_is_collective(self) -> bool:  # type: ignore[override]
+        """True once a ZeRO-3 engine exists: its full state dict is gathered from every rank."""
         return any(int(w.engine.zero_optimization_stage()) == 3 for w in self.engines.values())
 
     def describe(self) -> str:
+        """``deepspeed (ZeRO stage N)``."""
         return f"deepspeed (ZeRO stage {self.zero_stage})"
 
     # ------------------------------------------------------------------ set-up of DeepSpeed itself
-    def _align_deepspeed_accelerator(self) -> None:
-        backend = self.accelerator.backend
-        if "deepspeed.accelerator" not in __import__("sys").modules:
-            os.environ.setdefault("DS_ACCELERATOR", backend.device_type)
-        require_deepspeed()
-        from deepspeed.accelerator import get_accelerator
-
-        from ..backends.deepspeed_agreement import compare
-
-        chosen = get_accelerator()
-        try:
-            comm = chosen.communication_backend_name()
-        except Exception:  # pragma: no cover - accelerators without collectives
-            comm = None
-        verdict = compare(backend, {"installed": True, "device": chosen.device_name(), "communication_backend": comm,
-                                    "ds_accelerator": os.environ.get("DS_ACCELERATOR")})
-        if verdict["agree"] is False:
-            raise RuntimeError("DeepSpeed and accel disagree about the accelerator: " + "; ".join(verdict["problems"]))
-
     def _ensure_process_group(self) -> None:
         """DeepSpeed needs a process group and the launcher's rank variables, even for one process."""
         import torch.distributed as dist
@@ -121,11 +130,13 @@ class DeepSpeedStrategy(Strategy):
         if state.num_processes > 1:  # pragma: no cover - PartialState creates the group for several ranks
             raise RuntimeError("DeepSpeed: several processes but no process group")
         store = dist.TCPStore("127.0.0.1", _free_port(), 1, is_master=True)
-        comm = self.accelerator.backend.comm_backend or "gloo"
+        comm = self.backend.comm_backend or "gloo"
         dist.init_process_group(backend=comm, store=store, rank=0, world_size=1)
         self._own_group = True
 
-    def plan_precision(self, requested: str, autocast_handler: Any = None, scaler_handler: Any = None) -> Any:
+    @classmethod
+    def plan_precision(cls, requested: str, backend: Any, *, deepspeed_plugin: Any = None, fsdp_plugin: Any = None,
+                       autocast_handler: Any = None, scaler_handler: Any = None, fp8_handler: Any = None) -> Any:
         """DeepSpeed runs the precision itself (its fp16/bf16 config); accel adds no autocast or scaler.
 
         A precision left at "no" takes the one the DeepSpeed config enables; an explicit one is written
@@ -134,11 +145,13 @@ class DeepSpeedStrategy(Strategy):
         """
         from ..precision import engine_managed_precision
 
-        plugin = self.plugin
-        if str(requested or "no") == "no" and plugin.config_precision() is not None:
-            requested = plugin.config_precision()
-        plan = engine_managed_precision(requested, "deepspeed", self._deepspeed_supports)
-        plugin.set_mixed_precision(plan.used)
+        if deepspeed_plugin is None:
+            raise ValueError("the DeepSpeed strategy's precision needs its DeepSpeedPlugin")
+        align_deepspeed_accelerator(backend)  # before DeepSpeed's accelerator is asked what it supports
+        if str(requested or "no") == "no" and deepspeed_plugin.config_precision() is not None:
+            requested = deepspeed_plugin.config_precision()
+        plan = engine_managed_precision(requested, "deepspeed", cls._deepspeed_supports)
+        deepspeed_plugin.set_mixed_precision(plan.used)
         return plan
 
     @staticmethod
@@ -154,7 +167,9 @@ class DeepSpeedStrategy(Strategy):
     # ------------------------------------------------------------------ prepare
     def prepare(self, models: Sequence[torch.nn.Module], optimizers: Sequence[Any], schedulers: Sequence[Any],
                 model_placement: Sequence[bool], optimizer_placement: Sequence[bool],
-                evaluation_mode: bool = False, dataloaders: Sequence[Any] = ()) -> tuple[list[Any], list[Any], list[Any]]:
+                evaluation_mode: bool = False, dataloaders: Sequence[Any] = (),
+                prepared: PreparedObjects | None = None) -> tuple[list[Any], list[Any], list[Any]]:
+        """Build one DeepSpeed engine from the model, optimizer and scheduler of this call (after filling the config)."""
         if not models and not optimizers and not schedulers:
             return [], [], []
         self._ensure_process_group()
@@ -193,7 +208,7 @@ class DeepSpeedStrategy(Strategy):
         engine, ds_optimizer, _, ds_scheduler = deepspeed.initialize(**kwargs)
         wrapper = DeepSpeedEngineWrapper(engine)
         self.engines[self._plugin_name(plugin)] = wrapper
-        self.accelerator.deepspeed_engine_wrapped = wrapper
+        self.engine_wrapper = wrapper
         prepared_optimizers = [DeepSpeedOptimizerWrapper(ds_optimizer)] if optimizer is not None else []
         prepared_schedulers: list[Any] = []
         if scheduler is not None:
@@ -211,16 +226,16 @@ class DeepSpeedStrategy(Strategy):
 
     def _fill_config(self, plugin: DeepSpeedPlugin, model: torch.nn.Module, optimizer: Any, scheduler: Any,
                      dataloaders: Sequence[Any]) -> None:
-        """Fill "auto" values from the Accelerator and refuse values that contradict it."""
-        accelerator = self.accelerator
-        num_processes = accelerator.num_processes
+        """Fill "auto" values from the run and refuse values that contradict it."""
+        num_processes = self.state.num_processes
+        split_batches = self.context.split_batches
         batch_sizes = [getattr(dl, "batch_size", None) for dl in dataloaders]
         if any(bs is None for bs in batch_sizes) and plugin.is_auto("train_micro_batch_size_per_gpu"):
             raise ValueError(
                 "a data loader passed to prepare() has batch_size=None (a batch_sampler?), so DeepSpeed's "
                 "'train_micro_batch_size_per_gpu' cannot be filled; write a number for it in the DeepSpeed config"
             )
-        if accelerator.split_batches:
+        if split_batches:
             batch_sizes = [bs // num_processes for bs in batch_sizes]
         per_device = None
         if batch_sizes:
@@ -273,12 +288,11 @@ class DeepSpeedStrategy(Strategy):
             fill["scheduler.params.warmup_num_steps"] = max(1, scheduler.warmup_num_steps)
             if scheduler.total_num_steps is not None:
                 steps = scheduler.total_num_steps
-                fill["scheduler.params.total_num_steps"] = steps if accelerator.split_batches else -(-steps // num_processes)
+                fill["scheduler.params.total_num_steps"] = steps if split_batches else -(-steps // num_processes)
         plugin.deepspeed_config_process(must_match=False, **fill)
 
     def _settle_accumulation(self, plugin: DeepSpeedPlugin) -> None:
-        accelerator = self.accelerator
-        ours = accelerator.gradient_accumulation_steps
+        ours = self.gradient_state.num_steps
         if plugin.is_auto("gradient_accumulation_steps"):
             plugin.hf_ds_config.set_value("gradient_accumulation_steps", ours)
             return
@@ -290,7 +304,8 @@ class DeepSpeedStrategy(Strategy):
                 f"gradient accumulation contradiction: the Accelerator has gradient_accumulation_steps={ours} but the "
                 f"DeepSpeed config has gradient_accumulation_steps={theirs}; make them equal or write 'auto' in the config"
             )
-        accelerator.gradient_accumulation_steps = theirs  # the Accelerator was left at its default: adopt DeepSpeed's
+        # the Accelerator was left at its default: the run adopts DeepSpeed's
+        self.gradient_state.plugin_kwargs.update({"num_steps": theirs})
 
     @staticmethod
     def _check_optimizer_scheduler(plugin: DeepSpeedPlugin, optimizer: Any, scheduler: Any) -> None:
@@ -337,17 +352,20 @@ class DeepSpeedStrategy(Strategy):
         return trainable[-1]
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        # DeepSpeed divides by its accumulation steps itself
-        self._training_engine().backward(loss, sync_gradients=self.accelerator.sync_gradients, **kwargs)
+        """The engine's backward (DeepSpeed divides by its accumulation steps itself), and its step at a boundary."""
+        self._training_engine().backward(loss, sync_gradients=self.gradient_state.sync_gradients, **kwargs)
 
-    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> Any:
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2,
+                        prepared: PreparedObjects | None = None) -> Any:
         """DeepSpeed clips inside its step (config ``gradient_clipping``); returns the norm it measured."""
         return self._training_engine().get_global_grad_norm()
 
-    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+    def clip_grad_value_(self, parameters: Any, clip_value: float, prepared: PreparedObjects | None = None) -> None:
+        """Refused: DeepSpeed only clips by norm."""
         raise UnsupportedFeatureError("deepspeed", "clip_grad_value_", "DeepSpeed only clips by norm (config 'gradient_clipping')")
 
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """A null context: the accumulation boundary passed to the engine defers the reduction instead."""
         # the accumulation boundary passed to the engine in backward defers the reduction instead
         return contextlib.nullcontext()
 
@@ -356,10 +374,16 @@ class DeepSpeedStrategy(Strategy):
     def _is_engine(model: Any) -> bool:
         return type(model).__name__ == "DeepSpeedEngine" or hasattr(model, "zero_optimization_stage") and hasattr(model, "module")
 
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The model as it is: DeepSpeed builds its engine in ``prepare``, with the optimizer."""
+        return model
+
     def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The module inside a DeepSpeed engine."""
         return model.module if self._is_engine(model) else model
 
     def is_wrapped(self, model: torch.nn.Module) -> bool:
+        """Whether ``model`` is a DeepSpeed engine."""
         return self._is_engine(model)
 
     def _engine_of(self, model: torch.nn.Module) -> Any:
@@ -368,7 +392,9 @@ class DeepSpeedStrategy(Strategy):
                 return wrapper.engine
         return None
 
-    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True,
+                       prepared: PreparedObjects | None = None) -> dict[str, torch.Tensor]:
+        """The full state dict; under ZeRO-3 gathered from every rank (a collective) into rank 0's 16-bit dict."""
         engine = self._engine_of(model)
         if engine is not None and int(engine.zero_optimization_stage()) == 3:
             # a collective: every rank gathers its partitions; rank 0 receives the full 16-bit dict
@@ -377,19 +403,21 @@ class DeepSpeedStrategy(Strategy):
         return super().get_state_dict(model, unwrap)
 
     # ------------------------------------------------------------------ checkpoints
-    def _tags(self) -> list[tuple[str, Any]]:
-        engines = [self._engine_of(m) for m in self.accelerator._models]
+    def _tags(self, prepared: PreparedObjects) -> list[tuple[str, Any]]:
+        engines = [self._engine_of(m) for m in prepared.models]
         return [(MODEL_TAG if i == 0 else f"{MODEL_TAG}_{i}", e) for i, e in enumerate(engines) if e is not None]
 
-    def save_checkpoint(self, output_dir: Path, **kwargs: Any) -> StrategyCheckpoint:
-        tags = self._tags()
+    def save_checkpoint(self, output_dir: Path, prepared: PreparedObjects, **kwargs: Any) -> StrategyCheckpoint:
+        """Each engine's own checkpoint (model, optimizer, scheduler), tagged ``pytorch_model[_i]``."""
+        tags = self._tags(prepared)
         for tag, engine in tags:
             engine.save_checkpoint(str(output_dir), tag=tag, **kwargs)
         return StrategyCheckpoint("deepspeed", owns=["models", "optimizers"], files=[t for t, _ in tags],
                                   extra={"zero_stage": self.zero_stage})
 
-    def load_checkpoint(self, input_dir: Path, saved: dict[str, Any], **kwargs: Any) -> None:
-        tags = self._tags()
+    def load_checkpoint(self, input_dir: Path, saved: dict[str, Any], prepared: PreparedObjects, **kwargs: Any) -> None:
+        """Load each engine's checkpoint; the engines must be the ones that saved (same tags)."""
+        tags = self._tags(prepared)
         saved_tags = saved.get("files", [])
         if [t for t, _ in tags] != list(saved_tags):
             raise ValueError(f"checkpoint {input_dir} holds DeepSpeed engines {saved_tags} but this run prepared "
@@ -401,11 +429,12 @@ class DeepSpeedStrategy(Strategy):
                 raise ValueError(f"DeepSpeed could not load engine checkpoint {input_dir / tag}")
 
     def release(self) -> None:
+        """Destroy the engines (and the one-process group this strategy made)."""
         for wrapper in self.engines.values():
             with contextlib.suppress(Exception):
                 wrapper.engine.destroy()
         self.engines.clear()
-        self.accelerator.deepspeed_engine_wrapped = None
+        self.engine_wrapper = None
         if self._own_group:
             import torch.distributed as dist
 

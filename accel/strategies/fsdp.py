@@ -25,13 +25,14 @@ import re
 import socket
 import weakref
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
 from ..backends import UnsupportedFeatureError
 from ..utils.dataclasses import DistributedType
-from .base import Strategy, StrategyCheckpoint
+from .base import Strategy, StrategyCheckpoint, validate_parallelism_config
+from .context import EMPTY, PreparedObjects, StrategyContext
 
 logger = logging.getLogger(__name__)
 
@@ -272,8 +273,9 @@ def fsdp2_prepare_model(accelerator: Any, model: torch.nn.Module) -> torch.nn.Mo
 def fsdp2_apply_ac(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:
     """Wrap the layers the plugin's wrap policy selects in non-reentrant activation checkpointing (in place)."""
     strategy = accelerator.strategy
-    plugin = strategy.plugin
-    return strategy._apply_activation_checkpointing(model, strategy._wrap_predicate(plugin, model))
+    if not isinstance(strategy, FSDPStrategy):
+        raise ValueError("fsdp2_apply_ac needs an Accelerator that runs FSDP (fsdp_plugin=... or accel launch --use_fsdp)")
+    return strategy.apply_activation_checkpointing(model, strategy.wrap_predicate(strategy.plugin, model))
 
 
 class FSDPStrategy(Strategy):
@@ -282,18 +284,16 @@ class FSDPStrategy(Strategy):
     name = "fsdp"
     state_dict_is_collective = True
 
-    def __init__(self, accelerator: Any):
-        super().__init__(accelerator)
-        backend = accelerator.backend
+    def __init__(self, context: StrategyContext):
+        super().__init__(context)
+        backend = self.backend
         if not backend.supports_multiprocess():
             raise UnsupportedFeatureError(
                 backend.name, "FSDP",
                 f"FSDP shards parameters across processes with collectives, and this backend has none "
                 f"({backend.comm_backend_reason() or 'no torch.distributed backend'}); train without fsdp_plugin")
         if self.state.fsdp_plugin is None:
-            from ..utils.fsdp_plugin import FullyShardedDataParallelPlugin
-
-            self.state.fsdp_plugin = FullyShardedDataParallelPlugin()
+            raise ValueError("the FSDP strategy needs the run's FullyShardedDataParallelPlugin (accel.resolve builds it)")
         self._ensure_process_group()
         self._mesh: Any = None
         #: id(original parameter) -> (weak ref to it, its sharded parameter), for optimizers prepared after their model
@@ -302,11 +302,11 @@ class FSDPStrategy(Strategy):
         self._flat_groups: list[tuple[list[Any], list[torch.nn.Parameter]]] = []
         #: ids of FSDP2 models inside no_sync (trigger_sync_in_backward restores that state)
         self._unsynced: set[int] = set()
-        self._settle_parallelism_config()
 
     # ------------------------------------------------------------------ identity
     @property
     def distributed_type(self) -> DistributedType:
+        """``FSDP``."""
         return DistributedType.FSDP
 
     @property
@@ -316,9 +316,11 @@ class FSDPStrategy(Strategy):
 
     @property
     def is_fsdp2(self) -> bool:
+        """Whether this run shards with FSDP2 (``fully_shard``)."""
         return self.plugin.fsdp_version == 2
 
     def describe(self) -> str:
+        """``fsdp<version> (how it reshards, state_dict_type, mesh)``."""
         plugin = self.plugin
         how = (f"reshard_after_forward={plugin.reshard_after_forward}" if self.is_fsdp2
                else f"sharding_strategy={getattr(plugin.sharding_strategy, 'name', plugin.reshard_after_forward)}")
@@ -338,9 +340,10 @@ class FSDPStrategy(Strategy):
             raise RuntimeError("FSDP: several processes but no process group")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
-        dist.init_process_group(backend=self.accelerator.backend.comm_backend, rank=0, world_size=1)
+        dist.init_process_group(backend=self.backend.comm_backend, rank=0, world_size=1)
 
-    def _settle_parallelism_config(self) -> None:
+    def settle_parallelism_config(self) -> None:
+        """Check the ParallelismConfig (one from ``ACCELERATE_USE_PARALLELISM_CONFIG`` too) and build its mesh."""
         from ..parallelism_config import ParallelismConfig
 
         config = self.state.parallelism_config
@@ -351,9 +354,9 @@ class FSDPStrategy(Strategy):
             return
         if not self.is_fsdp2 and config.total_size > 1:
             raise ValueError("ParallelismConfig (HSDP/TP meshes) needs FSDP2: pass FullyShardedDataParallelPlugin(fsdp_version=2)")
-        config._validate_accelerator(self.accelerator)  # sizes against the process count, before any group is made
+        validate_parallelism_config(config, self.state)  # sizes against the process count, before any group is made
         if self.state.num_processes > 1 or config.total_size > 1:
-            config.get_device_mesh(self.accelerator.backend.device_type)
+            config.get_device_mesh(self.backend.device_type)
 
     @property
     def device_mesh(self) -> Any:
@@ -364,7 +367,7 @@ class FSDPStrategy(Strategy):
         if self._mesh is None:
             from torch.distributed.device_mesh import init_device_mesh
 
-            self._mesh = init_device_mesh(self.accelerator.backend.device_type, (self.state.num_processes,),
+            self._mesh = init_device_mesh(self.backend.device_type, (self.state.num_processes,),
                                           mesh_dim_names=("dp_shard",))
         return self._mesh
 
@@ -375,7 +378,9 @@ class FSDPStrategy(Strategy):
             return mesh[tuple(config.fsdp_dim_names)]
         return mesh
 
-    def plan_precision(self, requested: str, autocast_handler: Any = None, scaler_handler: Any = None) -> Any:
+    @classmethod
+    def plan_precision(cls, requested: str, backend: Any, *, deepspeed_plugin: Any = None, fsdp_plugin: Any = None,
+                       autocast_handler: Any = None, scaler_handler: Any = None, fp8_handler: Any = None) -> Any:
         """accel's autocast as for DDP, plus FSDP's own mixed precision policy for the same dtype (as Accelerate).
 
         Parameters are all-gathered and computed in the low precision (``param_dtype``), gradients reduced
@@ -383,8 +388,11 @@ class FSDPStrategy(Strategy):
         fp32 as under DDP. fp16 gets a ShardedGradScaler, so every rank skips the same steps. A policy set
         on the plugin is used as it is.
         """
-        plan = super().plan_precision(requested, autocast_handler, scaler_handler)
-        plugin = self.plugin
+        plan = super().plan_precision(requested, backend, autocast_handler=autocast_handler,
+                                      scaler_handler=scaler_handler, fp8_handler=fp8_handler)
+        plugin = fsdp_plugin
+        if plugin is None:
+            raise ValueError("the FSDP strategy's precision needs its FullyShardedDataParallelPlugin")
         if plan.dtype is not None and plugin.mixed_precision_policy is None:
             plugin.set_mixed_precision(plan.used)
             if plugin.fsdp_version == 2:
@@ -392,21 +400,23 @@ class FSDPStrategy(Strategy):
                 plugin.mixed_precision_policy = dataclasses.replace(plugin.mixed_precision_policy, output_dtype=torch.float32)
         if plan.scaler is not None:
             kwargs = scaler_handler.to_kwargs() if scaler_handler is not None else {}
-            plan.scaler = get_fsdp2_grad_scaler(device=self.accelerator.backend.autocast_device_type, **kwargs)
+            plan.scaler = get_fsdp2_grad_scaler(device=backend.autocast_device_type, **kwargs)
         return plan
 
     # ------------------------------------------------------------------ prepare
     # (the base prepare sets up models first, so optimizers of the same call find their sharded parameters)
     def setup_model(self, model: torch.nn.Module, device_placement: bool, evaluation_mode: bool = False) -> torch.nn.Module:
+        """Shard ``model`` (already sharded models are kept) and give it the precision's forward."""
         if _is_fsdp1(model) or _is_fsdp2(model):
             return model
         if evaluation_mode:
             return super().setup_model(model, device_placement, evaluation_mode=True)
         wrapped = self.wrap_model(model, device_placement)
-        self.precision.wrap_forward(wrapped, self.accelerator.backend)
+        self.precision.wrap_forward(wrapped, self.backend)
         return wrapped
 
     def setup_optimizer(self, optimizer: Any, device_placement: bool) -> Any:
+        """Switch ``optimizer`` to the sharded (or FSDP1 flat) parameters, then wrap it."""
         torch_optimizer = _torch_optimizer(optimizer)
         if isinstance(torch_optimizer, torch.optim.Optimizer) and self._param_map:
             mapping = {}
@@ -459,7 +469,7 @@ class FSDPStrategy(Strategy):
         return wrapped
 
     # FSDP2 ---------------------------------------------------------------
-    def _wrap_predicate(self, plugin: Any, model: torch.nn.Module) -> Callable[[torch.nn.Module, int], bool] | None:
+    def wrap_predicate(self, plugin: Any, model: torch.nn.Module) -> Callable[[torch.nn.Module, int], bool] | None:
         """Which submodules get their own FSDP unit: ``pred(module, nonwrapped_numel)``; None: only the root."""
         from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
 
@@ -498,7 +508,8 @@ class FSDPStrategy(Strategy):
         visit(model)
         return units
 
-    def _apply_activation_checkpointing(self, model: torch.nn.Module, predicate: Any) -> torch.nn.Module:
+    def apply_activation_checkpointing(self, model: torch.nn.Module, predicate: Any) -> torch.nn.Module:
+        """Wrap the layers ``predicate`` selects in non-reentrant activation checkpointing (in place)."""
         import functools
 
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
@@ -543,9 +554,9 @@ class FSDPStrategy(Strategy):
         if config is not None and config.tp_enabled:
             self._apply_tensor_parallel(model)
 
-        predicate = self._wrap_predicate(plugin, model)
+        predicate = self.wrap_predicate(plugin, model)
         if plugin.activation_checkpointing:
-            self._apply_activation_checkpointing(model, predicate)
+            self.apply_activation_checkpointing(model, predicate)
         reshard = plugin.reshard_after_forward if plugin.reshard_after_forward is not None else True
         kwargs: dict[str, Any] = {
             "mesh": self._shard_mesh(),
@@ -563,7 +574,7 @@ class FSDPStrategy(Strategy):
 
         if full_state is not None:
             model.to_empty(device="cpu" if plugin.offloads_params else device)
-            fsdp2_load_full_state_dict(self.accelerator, model, full_state)
+            fsdp2_load_full_state_dict(None, model, full_state)
             for name, value in buffers.items():
                 owner, _, leaf = name.rpartition(".")
                 module = model.get_submodule(owner) if owner else model
@@ -607,7 +618,7 @@ class FSDPStrategy(Strategy):
 
         plugin = self.plugin
         originals = [weakref.ref(p) for p in model.parameters()]
-        predicate = self._wrap_predicate(plugin, model)
+        predicate = self.wrap_predicate(plugin, model)
         auto_wrap = None
         if predicate is not None:
             targets = {id(m) for m in self._units(model, predicate, {id(m) for m in _ignored_modules(plugin.ignored_modules, model)})}
@@ -615,7 +626,7 @@ class FSDPStrategy(Strategy):
             def auto_wrap(module: torch.nn.Module, recurse: bool, nonwrapped_numel: int) -> bool:
                 return True if recurse else id(module) in targets
         if plugin.activation_checkpointing:
-            self._apply_activation_checkpointing(model, predicate)
+            self.apply_activation_checkpointing(model, predicate)
         strategy = plugin.sharding_strategy if plugin.sharding_strategy is not None else plugin.reshard_after_forward
         if device_placement and not plugin.offloads_params and not plugin.cpu_ram_efficient_loading:
             model.to(self.device)
@@ -645,23 +656,27 @@ class FSDPStrategy(Strategy):
         return wrapped
 
     # ------------------------------------------------------------------ training step
-    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2) -> torch.Tensor:
+    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2,
+                        prepared: PreparedObjects = EMPTY) -> torch.Tensor:
         """Clip by the global norm over all shards (every rank must call it); returns that norm."""
-        self.unscale_gradients(self.accelerator._optimizers)
+        self.unscale_gradients(prepared.optimizers)
         parameters = list(parameters)
-        for model in self.accelerator._models:
+        for model in prepared.models:
             if _is_fsdp1(model) and {id(p) for p in model.parameters()} >= {id(p) for p in parameters} and parameters:
                 return model.clip_grad_norm_(max_norm, norm_type)
         return _clip_sharded_grad_norm_(parameters, max_norm, norm_type)
 
-    def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:
-        self.unscale_gradients(self.accelerator._optimizers)
+    def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float,
+                         prepared: PreparedObjects = EMPTY) -> None:
+        """Clip each local shard's gradient elements to ``[-clip_value, clip_value]`` (after unscaling)."""
+        self.unscale_gradients(prepared.optimizers)
         for p in parameters:
             if p.grad is not None:
                 _local(p.grad).clamp_(min=-clip_value, max=clip_value)
 
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module):
+        """FSDP1's ``no_sync``; FSDP2: no gradient reduction in this block (``set_requires_gradient_sync``)."""
         if _is_fsdp1(model):
             with model.no_sync():
                 yield
@@ -692,22 +707,25 @@ class FSDPStrategy(Strategy):
 
     # ------------------------------------------------------------------ models and state
     def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The module inside FSDP1's wrapper (FSDP2 shards in place: the model itself)."""
         return model.module if _is_fsdp1(model) else model
 
     def is_wrapped(self, model: torch.nn.Module) -> bool:
+        """Whether ``model`` is sharded by FSDP1 or FSDP2."""
         return _is_fsdp1(model) or _is_fsdp2(model)
 
-    def _sharded_model_for(self, model: torch.nn.Module) -> torch.nn.Module | None:
-        for prepared in self.accelerator._models:
-            if model is prepared or model is self.unwrap_model(prepared):
-                return prepared
+    def _sharded_model_for(self, model: torch.nn.Module, models: Iterable[torch.nn.Module]) -> torch.nn.Module | None:
+        for candidate in models:
+            if model is candidate or model is self.unwrap_model(candidate):
+                return candidate
         return model if self.is_wrapped(model) else None
 
-    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True,
+                       prepared: PreparedObjects = EMPTY) -> dict[str, torch.Tensor]:
         """The full (unsharded) state dict on rank 0, on the host; the other ranks get ``{}``. A collective."""
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-        sharded = self._sharded_model_for(model)
+        sharded = self._sharded_model_for(model, prepared.models)
         if sharded is None:
             return super().get_state_dict(model, unwrap)
         state = get_model_state_dict(sharded, options=_options(full=True, model=sharded))
@@ -717,49 +735,54 @@ class FSDPStrategy(Strategy):
         return {k: v.detach().to("cpu", copy=copy) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
 
     # ------------------------------------------------------------------ checkpoints
-    def _model_of(self, optimizer: Any, index: int) -> torch.nn.Module:
+    @staticmethod
+    def _model_of(optimizer: Any, index: int, models: Sequence[torch.nn.Module]) -> torch.nn.Module:
         params = {id(p) for g in _torch_optimizer(optimizer).param_groups for p in g["params"]}
-        for model in self.accelerator._models:
+        for model in models:
             if params & {id(p) for p in model.parameters()}:
                 return model
-        models = self.accelerator._models
         if not models:
             raise ValueError("FSDP optimizer checkpoints need the optimizer's model to be prepared too")
         return models[min(index, len(models) - 1)]
 
-    def save_checkpoint(self, output_dir: Path, **kwargs: Any) -> StrategyCheckpoint:
+    def save_checkpoint(self, output_dir: Path, prepared: PreparedObjects, **kwargs: Any) -> StrategyCheckpoint:
+        """Every prepared model and optimizer in Accelerate's FSDP layout (full files or DCP shards)."""
         plugin = self.plugin
+        models, optimizers = prepared.models, prepared.optimizers
         files = []
-        for i, model in enumerate(self.accelerator._models):
-            files.append(save_fsdp_model(plugin, self.accelerator, model, output_dir, i))
-        for i, optimizer in enumerate(self.accelerator._optimizers):
-            files.append(save_fsdp_optimizer(plugin, self.accelerator, optimizer, self._model_of(optimizer, i), output_dir, i))
+        for i, model in enumerate(models):
+            files.append(save_fsdp_model(plugin, None, model, output_dir, i))
+        for i, optimizer in enumerate(optimizers):
+            files.append(save_fsdp_optimizer(plugin, None, optimizer, self._model_of(optimizer, i, models), output_dir, i))
         return StrategyCheckpoint("fsdp", owns=["models", "optimizers"], files=files, extra={
             "fsdp_version": plugin.fsdp_version, "state_dict_type": plugin.state_dict_type.name,
-            "num_models": len(self.accelerator._models), "num_optimizers": len(self.accelerator._optimizers),
+            "num_models": len(models), "num_optimizers": len(optimizers),
             "world_size": self.state.num_processes,
             # DCP shards and full state dicts both load at another world size
             "reshardable": True,
         })
 
-    def load_checkpoint(self, input_dir: Path, saved: dict[str, Any], **kwargs: Any) -> None:
+    def load_checkpoint(self, input_dir: Path, saved: dict[str, Any], prepared: PreparedObjects, **kwargs: Any) -> None:
+        """Load what ``save_checkpoint`` wrote into the prepared models and optimizers (resharding as needed)."""
         plugin = self.plugin
+        models, optimizers = prepared.models, prepared.optimizers
         saved_type = saved.get("state_dict_type")
         if saved_type is not None and saved_type != plugin.state_dict_type.name:
             raise ValueError(f"checkpoint {input_dir} holds an FSDP {saved_type} but this run uses "
                              f"state_dict_type={plugin.state_dict_type.name}; load it with the same state_dict_type")
-        for key, prepared in (("num_models", self.accelerator._models), ("num_optimizers", self.accelerator._optimizers)):
-            if saved.get(key) is not None and saved[key] != len(prepared):
-                raise ValueError(f"checkpoint {input_dir} holds {saved[key]} FSDP {key[4:]} but {len(prepared)} were prepared")
+        for key, found in (("num_models", models), ("num_optimizers", optimizers)):
+            if saved.get(key) is not None and saved[key] != len(found):
+                raise ValueError(f"checkpoint {input_dir} holds {saved[key]} FSDP {key[4:]} but {len(found)} were prepared")
         if plugin.state_dict_type.name != "SHARDED_STATE_DICT" and saved.get("world_size") not in (None, self.state.num_processes):
             logger.info("loading a full FSDP checkpoint saved at world size %s into %d ranks", saved["world_size"],
                         self.state.num_processes)
-        for i, model in enumerate(self.accelerator._models):
-            load_fsdp_model(plugin, self.accelerator, model, input_dir, i)
-        for i, optimizer in enumerate(self.accelerator._optimizers):
-            load_fsdp_optimizer(plugin, self.accelerator, optimizer, self._model_of(optimizer, i), input_dir, i)
+        for i, model in enumerate(models):
+            load_fsdp_model(plugin, None, model, input_dir, i)
+        for i, optimizer in enumerate(optimizers):
+            load_fsdp_optimizer(plugin, None, optimizer, self._model_of(optimizer, i, models), input_dir, i)
 
     def release(self) -> None:
+        """Forget the parameter mapping (``Accelerator.free_memory``)."""
         self._param_map.clear()
 
 
