@@ -40,6 +40,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     # ------------------------------------------------------------------ delegation
     @property
     def state(self) -> Any:
+        """The wrapped optimizer's per-parameter state."""
         return self.optimizer.state
 
     @state.setter
@@ -48,6 +49,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
+        """The wrapped optimizer's parameter groups."""
         return self.optimizer.param_groups
 
     @param_groups.setter
@@ -56,6 +58,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     @property
     def defaults(self) -> dict[str, Any]:
+        """The wrapped optimizer's default hyper-parameters."""
         return self.optimizer.defaults
 
     @defaults.setter
@@ -63,12 +66,15 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.optimizer.defaults = value
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a parameter group to the wrapped optimizer."""
         self.optimizer.add_param_group(param_group)
 
     def state_dict(self) -> dict[str, Any]:
+        """The wrapped optimizer's state dict."""
         return self.optimizer.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load ``state_dict``, moving its tensors to the parameters' device when placing on the device."""
         if self.device_placement:
             device = self._param_device()
             if device is not None:
@@ -82,10 +88,12 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         return None
 
     def train(self) -> None:
+        """Switch an optimizer that has modes (schedule-free) to training."""
         if hasattr(self.optimizer, "train"):
             self.optimizer.train()
 
     def eval(self) -> None:
+        """Switch an optimizer that has modes (schedule-free) to evaluation."""
         if hasattr(self.optimizer, "eval"):
             self.optimizer.eval()
 
@@ -100,6 +108,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     # ------------------------------------------------------------------ stepping
     def zero_grad(self, set_to_none: bool | None = None) -> None:
+        """Clear the gradients, except while they accumulate."""
         if self.gradient_state.sync_gradients:
             if set_to_none is None:
                 self.optimizer.zero_grad()
@@ -107,6 +116,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
                 self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Step when gradients are synchronised (through the grad scaler under fp16); a no-op while accumulating."""
         heartbeat.beat()  # progress for accel launch's hang watchdog (a no-op outside it)
         if not self.gradient_state.sync_gradients:
             return None
@@ -128,6 +138,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     @property
     def is_overflow(self) -> bool:
+        """Accelerate's name for ``step_was_skipped``."""
         return self._is_overflow
 
 

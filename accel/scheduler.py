@@ -22,42 +22,57 @@ class AcceleratedScheduler:
         self.split_batches = split_batches
         self.step_with_optimizer = step_with_optimizer
         self.gradient_state = GradientState()
+        #: scheduler steps per optimizer step: the process count, read from the state at the first step
+        self._steps_per_step: int | None = None
 
     def step(self, *args: Any, **kwargs: Any) -> None:
+        """Step the scheduler as Accelerate does: once per process per optimizer step, never while accumulating."""
+        scheduler = self.scheduler
         if not self.step_with_optimizer:
-            self.scheduler.step(*args, **kwargs)
+            scheduler.step(*args, **kwargs)
             return
         if not self.gradient_state.sync_gradients:
             if self.gradient_state.adjust_scheduler:
-                self.scheduler._step_count += 1
+                scheduler._step_count += 1
             return
         for opt in self.optimizers:  # a plain loop: this runs every step
             if getattr(opt, "step_was_skipped", False):
                 return
         if self.split_batches:
-            self.scheduler.step(*args, **kwargs)
+            scheduler.step(*args, **kwargs)
             return
-        total = getattr(self.scheduler, "total_steps", None)
-        # PartialState holds the ranks (AcceleratorState only forwards them) and is cheap to ask every step
-        for _ in range(PartialState().num_processes):
-            if total is not None and self.scheduler._step_count > total:
+        repeat = self._steps_per_step
+        if repeat is None:
+            # PartialState holds the ranks; the count cannot change while this process runs
+            repeat = self._steps_per_step = PartialState().num_processes
+        if repeat == 1:
+            scheduler.step(*args, **kwargs)
+            return
+        total = getattr(scheduler, "total_steps", None)
+        for _ in range(repeat):
+            if total is not None and scheduler._step_count > total:
                 break  # OneCycleLR raises past its total_steps
-            self.scheduler.step(*args, **kwargs)
+            scheduler.step(*args, **kwargs)
 
     # ------------------------------------------------------------------ delegation
     def get_last_lr(self) -> list[float]:
+        """The wrapped scheduler's last learning rates."""
         return self.scheduler.get_last_lr()
 
     def state_dict(self) -> dict[str, Any]:
+        """The wrapped scheduler's state dict."""
         return self.scheduler.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load ``state_dict`` into the wrapped scheduler."""
         self.scheduler.load_state_dict(state_dict)
 
     def get_lr(self) -> Any:
+        """The wrapped scheduler's ``get_lr``."""
         return self.scheduler.get_lr()
 
     def print_lr(self, *args: Any, **kwargs: Any) -> Any:
+        """The wrapped scheduler's ``print_lr``."""
         return self.scheduler.print_lr(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
