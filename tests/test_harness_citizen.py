@@ -12,7 +12,7 @@ from _harness_counts import other_backends
 pytest_plugins = ["pytester"]
 
 
-def _run(pytester, *args, timeout=120):
+def _run(pytester, *args, timeout=600):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rs", *args, timeout=timeout)
 
@@ -268,4 +268,4 @@ def test_accel_test_utils_decorators_skip_plain_tests_with_codes(pytester):
     result = _run(pytester)
     result.assert_outcomes(skipped=3)
     text = "\n".join(_skip_lines(result))
-    assert "[not-on-backend]" in text and "[backend-unavailable]" in text and "[needs-devices]" in text
+    assert text.count("[not-on-backend]") == 2 and "[needs-devices]" in text

@@ -116,7 +116,9 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def layer(module: str) -> int:
-    """0 backends, 1 library, 2 harness, 3 reports, 4 the CLI."""
+    """-1 torch-free fact tables, 0 backends, 1 library, 2 harness, 3 reports, 4 the CLI."""
+    if module == "accel.names" or module == "accel.facts" or module.startswith("accel.facts."):
+        return -1
     if module == "accel.commands" or module.startswith("accel.commands."):
         return 4
     if module.startswith("accel_reports"):

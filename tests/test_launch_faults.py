@@ -85,7 +85,8 @@ def _check_hang(tmp_path: Path, mode: str) -> str:
     assert done.returncode == L.HANG_EXIT_CODE, err[-4000:]
     assert "got past the collective" not in done.stdout
     started = float((out / "hang-started").read_text())
-    assert ended - started <= HANG_TIMEOUT + 10, f"hang ended {ended - started:.1f} s after it began"
+    # generous slack for a loaded 2-core host; without the watchdog the run would wait the default 600 s
+    assert ended - started <= HANG_TIMEOUT + 60, f"hang ended {ended - started:.1f} s after it began"
     headline = [line for line in err.splitlines() if line.startswith("accel launch: rank")][0]
     assert headline.startswith("accel launch: rank 1 ") and "hung" in headline, err[-4000:]
     # every rank's stack: the hung rank where it is stuck, the waiting peer in its collective
