@@ -10,12 +10,12 @@ import time
 import psutil
 import pytest
 
-from accel_harness.distributed import POOL_DIR_PREFIX, _write_owner, remove_stale_pool_dirs
+from accel_harness.pool_hygiene import POOL_DIR_PREFIX, remove_stale_pool_dirs, write_owner
 
 pytest_plugins = ["pytester"]
 
 
-def _run(pytester, *args, timeout=180):
+def _run(pytester, *args, timeout=600):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rs", "--backend", "cpu", "-m", "cpu", *args,
                                          timeout=timeout)
@@ -94,9 +94,9 @@ def test_leftovers_are_found_in_the_rank_subtree_without_scanning_the_host():
 
         psutil.process_iter = psutil.pids = no_scan
         psutil.Process.children = no_scan
-        from accel_harness.distributed import _ChildWatch
+        from accel_harness.pool_hygiene import ChildWatch
 
-        watch = _ChildWatch()
+        watch = ChildWatch()
         assert watch.subreaper
         print("first", watch.end_leftovers())
         out = subprocess.run(["sh", "-c", "sleep 122 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True).stdout
@@ -115,39 +115,85 @@ def test_leftovers_are_found_in_the_rank_subtree_without_scanning_the_host():
         assert worker.exitcode == 3 and not multiprocessing.active_children()  # multiprocessing kept its exit code
         assert watch.end_leftovers() == []
         """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "first []" in proc.stdout
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc children files are Linux's")
+def test_kept_children_files_survive_a_test_that_closes_them_and_reuses_the_numbers(tmp_path):
+    import threading
+
+    from accel_harness.pool_hygiene import _OwnChildrenFiles
+
+    files = _OwnChildrenFiles()
+    assert files.children() == []
+    kept = {tid: entry[0] for tid, entry in files.files.items()}
+    decoy = tmp_path / "decoy"
+    decoy.write_text("4242 4343\n")  # what a wrong read would take for pids
+    reused = []
+    for fd in kept.values():  # a test that closes every descriptor it did not open and opens files of its own
+        os.close(fd)
+        reused.append(os.open(decoy, os.O_RDONLY))
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    started = threading.Event()
+    threaded = []
+
+    def spawn():  # a child started by another thread is listed in that thread's own file
+        threaded.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"]))
+        started.set()
+        stop.wait()
+
+    stop = threading.Event()
+    worker = threading.Thread(target=spawn)
+    worker.start()
+    try:
+        assert started.wait(300)
+        assert sorted(files.children()) == sorted([sleeper.pid, threaded[0].pid])
+        assert all(os.read(fd, 100) == b"4242 4343\n" for fd in reused)  # the test's files were left alone
+    finally:
+        stop.set()
+        worker.join()
+        for proc in (sleeper, *threaded):
+            proc.kill()
+            proc.wait()
+        for fd in reused:
+            os.close(fd)
+    assert files.children() == []
+    files.close()
+    assert files.files == {}
 
 
 def test_leftovers_are_ended_where_the_kernel_has_no_pidfds(monkeypatch):
     import errno
 
-    from accel_harness import distributed
+    from accel_harness import pool_hygiene
 
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    found = distributed._descendants([os.getpid()])
+    found = pool_hygiene.descendants([os.getpid()])
     assert sleeper.pid in found
 
     def no_pidfd(pid, flags=0):
         raise OSError(errno.ENOSYS, "pidfd_open is not implemented")
 
     monkeypatch.setattr(os, "pidfd_open", no_pidfd, raising=False)
-    distributed._end_processes({sleeper.pid: found[sleeper.pid]}, grace=10.0)
+    pool_hygiene.end_processes({sleeper.pid: found[sleeper.pid]}, grace=10.0)
     assert not psutil.pid_exists(sleeper.pid) or psutil.Process(sleeper.pid).status() == psutil.STATUS_ZOMBIE
-    sleeper.wait(timeout=10)
+    sleeper.wait(timeout=60)
 
 
 def test_state_set_by_one_pooled_test_does_not_reach_the_next(pytester):
     pytester.makepyfile(test_state=textwrap.dedent(
         """
         import os, random
+        import numpy
         import pytest
         import torch
 
         def _fingerprint():
-            return (str(torch.get_default_dtype()), os.environ.get("ACCEL_LEAK"), os.getcwd(),
-                    torch.rand(3).tolist(), random.random(), torch.is_grad_enabled())
+            return (str(torch.get_default_dtype()), os.environ.get("ACCEL_LEAK"), os.environ.get("OMP_NUM_THREADS"),
+                    os.getcwd(), torch.rand(3).tolist(), random.random(), numpy.random.rand(2).tolist(),
+                    torch.is_grad_enabled(), torch.are_deterministic_algorithms_enabled())
 
         @pytest.mark.world_size(2)
         def test_a_changes_everything(backend, rank):
@@ -155,10 +201,14 @@ def test_state_set_by_one_pooled_test_does_not_reach_the_next(pytester):
                 fh.write(repr(_fingerprint()))
             torch.set_default_dtype(torch.float64)
             os.environ["ACCEL_LEAK"] = "1"
+            del os.environ["OMP_NUM_THREADS"]
             os.chdir("/")
             torch.manual_seed(1234)
             random.seed(99)
+            numpy.random.seed(5)
+            numpy.random.standard_normal(3)  # leaves a cached normal in the legacy generator
             torch.set_grad_enabled(False)
+            torch.use_deterministic_algorithms(True)
 
         @pytest.mark.world_size(2)
         def test_b_sees_a_fresh_rank(backend, rank):
@@ -172,6 +222,101 @@ def test_state_set_by_one_pooled_test_does_not_reach_the_next(pytester):
     finally:
         del os.environ["PYTEST_STATE_DIR"]
     result.assert_outcomes(passed=2)
+
+
+def test_a_rank_whose_state_cannot_be_put_back_fails_its_next_test_and_is_replaced(pytester):
+    pytester.makepyfile(test_restore=textwrap.dedent(
+        """
+        import pytest
+        import torch
+
+        def _refuse(dtype):
+            raise RuntimeError("set_default_dtype refused by the test")
+
+        @pytest.mark.world_size(2)
+        def test_a_breaks_the_way_back(backend, rank):
+            torch.set_default_dtype(torch.float64)
+            torch.set_default_dtype = _refuse
+
+        @pytest.mark.world_size(2)
+        def test_b_gets_the_reason(backend, rank):
+            pass
+
+        @pytest.mark.world_size(2)
+        def test_c_runs_on_fresh_ranks(backend, rank):
+            assert torch.get_default_dtype() == torch.float32
+        """))
+    result = _run(pytester)
+    result.assert_outcomes(passed=2, failed=1)
+    out = result.stdout.str()
+    assert "test_b_gets_the_reason" in out.split("FAILED", 1)[-1]
+    assert "the rank's state could not be put back after the previous test" in out
+    assert "set_default_dtype refused by the test" in out
+
+
+def test_numpy_global_generator_is_compared_cheaply_and_put_back():
+    import numpy
+
+    from accel_harness.pool_hygiene import NumpyGlobalRng
+
+    saved = numpy.random.get_state()
+    try:
+        baseline = NumpyGlobalRng()
+        assert baseline.address is not None, "the raw-state copy should be usable with this NumPy"
+        assert not baseline.moved()
+        first = numpy.random.rand(4)
+        assert baseline.moved()
+        baseline.restore()
+        assert not baseline.moved() and numpy.array_equal(numpy.random.rand(4), first)
+        baseline.restore()
+        numpy.random.standard_normal(1)  # a cached normal: the legacy state's extra fields
+        baseline.restore()
+        assert numpy.random.get_state()[3] == saved[3] or numpy.random.get_state()[3] == baseline.state[3]
+        assert numpy.array_equal(numpy.random.rand(4), first)
+        baseline.restore()
+        if hasattr(numpy.random, "set_bit_generator"):  # a test that swaps the global bit generator
+            numpy.random.set_bit_generator(numpy.random.MT19937(3))
+            assert baseline.moved()
+            baseline.restore()
+            assert numpy.random.mtrand._rand._bit_generator is baseline.bit_generator
+            assert numpy.array_equal(numpy.random.rand(4), first)
+    finally:
+        numpy.random.set_state(saved)
+
+
+def test_numpy_global_generator_without_a_raw_copy_is_set_every_time(monkeypatch):
+    import numpy
+
+    from accel_harness.pool_hygiene import NumpyGlobalRng
+
+    saved = numpy.random.get_state()
+    try:
+        monkeypatch.setattr(NumpyGlobalRng, "_KEY_WORDS", 1)  # another layout: the copy does not match get_state
+        baseline = NumpyGlobalRng()
+        assert baseline.address is None and baseline.moved()
+        first = numpy.random.rand(3)
+        baseline.restore()
+        assert numpy.array_equal(numpy.random.rand(3), first)
+    finally:
+        numpy.random.set_state(saved)
+
+
+def test_environment_snapshot_sees_set_changed_and_removed_variables(monkeypatch):
+    from accel_harness.pool_hygiene import EnvironSnapshot
+
+    monkeypatch.setenv("ACCEL_SNAPSHOT_KEEP", "1")
+    monkeypatch.setenv("ACCEL_SNAPSHOT_CHANGE", "a")
+    snapshot = EnvironSnapshot()
+    assert not snapshot.changed()
+    for change in (lambda: os.environ.__setitem__("ACCEL_SNAPSHOT_NEW", "x"),
+                   lambda: os.environ.__setitem__("ACCEL_SNAPSHOT_CHANGE", "b"),
+                   lambda: os.environ.pop("ACCEL_SNAPSHOT_KEEP")):
+        change()
+        assert snapshot.changed()
+        snapshot.restore()
+        assert not snapshot.changed()
+        assert os.environ["ACCEL_SNAPSHOT_KEEP"] == "1" and os.environ["ACCEL_SNAPSHOT_CHANGE"] == "a"
+        assert "ACCEL_SNAPSHOT_NEW" not in os.environ
 
 
 def test_a_segfaulting_rank_is_reported_with_its_stack(pytester):
@@ -205,7 +350,7 @@ def test_stale_pool_folders_are_removed_and_live_ones_kept(tmp_path):
     (stale / "store").write_text("x")
     live = tmp_path / f"{POOL_DIR_PREFIX}cpu-2-live"
     live.mkdir()
-    _write_owner(str(live))
+    write_owner(str(live))
     reused = tmp_path / f"{POOL_DIR_PREFIX}cpu-4-reused"  # our pid, but another start time: a reused pid
     reused.mkdir()
     (reused / "owner").write_text(f"{os.getpid()} 12345.0\n")
@@ -227,26 +372,30 @@ def test_stale_pool_folders_are_removed_and_live_ones_kept(tmp_path):
 def test_pool_folders_of_a_killed_session_are_removed_by_the_next(pytester, tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
+    started = tmp_path / "started"
+    started.mkdir()
     pytester.makepyfile(test_slow=textwrap.dedent(
-        """
+        f"""
         import time
         import pytest
 
         @pytest.mark.world_size(2)
         def test_sleeps(backend, rank):
-            time.sleep(60)
+            open({str(started)!r} + f"/rank-{{rank}}", "w").close()
+            time.sleep(600)
         """))
     env = {**os.environ, "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1"}
     session = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--backend", "cpu",
                                 "-m", "cpu"], cwd=pytester.path, env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and not any(p.name.startswith(POOL_DIR_PREFIX) for p in tmp.iterdir()):
-            time.sleep(0.2)
+        # both ranks inside the test: the pool folder and its owner record exist (generous: a busy host starts slowly)
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and len(list(started.iterdir())) < 2 and session.poll() is None:
+            time.sleep(0.1)
+        assert len(list(started.iterdir())) == 2, "the session never got its ranks into the test"
         left = [p for p in tmp.iterdir() if p.name.startswith(POOL_DIR_PREFIX)]
-        assert left, "the session never started its pool"
-        time.sleep(1)
+        assert left and all((p / "owner").exists() for p in left)
     finally:
         session.send_signal(signal.SIGKILL)
         session.wait()
@@ -260,7 +409,7 @@ def test_pool_folders_of_a_killed_session_are_removed_by_the_next(pytester, tmp_
             pass
         """))
     rerun = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--backend", "cpu", "-m", "cpu"],
-                           cwd=pytester.path, env=env, capture_output=True, text=True, timeout=180)
+                           cwd=pytester.path, env=env, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     assert not any(p.exists() for p in left)
     assert not [p for p in tmp.iterdir() if p.name.startswith(POOL_DIR_PREFIX)]  # and its own folder went too
