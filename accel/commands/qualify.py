@@ -66,8 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--history", metavar="DB", help="also append this run's results and benchmarks to a run history (an SQLite file, or a postgresql:// URL)")
     parser.add_argument("--quick", action="store_true", help="quick benchmarks (smoke run)")
     parser.add_argument("--baseline", action="append", metavar="RESULTS",
-                        help="earlier results (files or folders, repeatable) to compare with: new untracked failures and a "
-                             "drop in collected tests fail the run; the report says whether the runs compare like for like")
+                        help="earlier results (files or folders, repeatable) to compare with: a drop in collected tests "
+                             "fails the run; the report lists the new failures and says whether the runs compare like for like")
     parser.add_argument("--collection-threshold", type=_share, default=None, metavar="FRACTION",
                         help="with --baseline: the share of the baseline's tests that may go missing before the run fails "
                              "(default 0.05 = 5%%; 0: any drop)")
