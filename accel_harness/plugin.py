@@ -72,6 +72,7 @@ class HarnessContext:
         self.profile = None  # accel.backends.profile.DeviceProfile, from --profile
         self.profile_session = None  # accel_harness.profile.ProfileSession
         self.selection = None  # accel_harness.fingerprint.TestSelection, when results are written
+        self._verdicts: dict[tuple, Any] = {}  # see evaluate()
         path = config.getoption("accel_profile")
         if path:
             from accel.backends.profile import ProfileError, load_profile
@@ -194,7 +195,24 @@ class HarnessContext:
         return harness_markers.SkipReason(reasons[0][1].code, f"on every selected backend: {text}")
 
     def backend(self, name: str) -> Any:
+        """The registered backend called ``name``."""
         return self.registry.get(name)
+
+    def evaluate(self, marks: list[Any], backend: Any, world: int | None, where: str) -> Any:
+        """:func:`accel_harness.markers.evaluate` for one test instance, remembered for the session.
+
+        Instances with the same harness marks on the same backend and world size get the same
+        answer (the checks read the session's environment, not the test), so it is worked out once:
+        every pooled test would otherwise pay for parsing its marks and the torch version again.
+        A usage error is never remembered: each test with the wrong mark raises it."""
+        key = _marks_key(marks, backend.name, world)
+        if key is None:
+            return harness_markers.evaluate(marks, backend, world_size=world, where=where)
+        try:
+            return self._verdicts[key]
+        except KeyError:
+            reason = self._verdicts[key] = harness_markers.evaluate(marks, backend, world_size=world, where=where)
+            return reason
 
     def run_end_extra(self) -> dict[str, Any]:
         """What the results file's ``run_end`` line carries besides counts: facts known only at the end."""
@@ -211,6 +229,43 @@ class HarnessContext:
 
             self.pools = PoolManager(self.timeout, env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
         return self.pools
+
+
+def _marks_key(marks: list[Any], backend_name: str, world: int | None) -> tuple | None:
+    """What :func:`accel_harness.markers.evaluate`'s answer depends on: the harness marks (name and
+    arguments), the backend and the world size; None when an argument cannot be told apart safely."""
+    found = []
+    for mark in marks:
+        name = getattr(mark, "name", None)
+        if not isinstance(name, str) or not harness_markers.is_harness_mark(name):
+            continue
+        args = _frozen(tuple(getattr(mark, "args", ())))
+        kwargs = getattr(mark, "kwargs", None)
+        options = _frozen(tuple(sorted(kwargs.items()))) if kwargs else ()
+        if args is _UNKEYED or options is _UNKEYED:
+            return None
+        found.append((name, args, options))
+    return backend_name, world, tuple(found)
+
+
+_UNKEYED = object()
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _frozen(value: Any) -> Any:
+    """``value`` as a hashable key that equals another only for the same requirement (its type kept),
+    or ``_UNKEYED`` for anything other than text, numbers, torch dtypes and lists/tuples of those."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return kind, value
+    if kind is tuple and all(type(v) in _SCALARS for v in value):  # the common case: world_size(2), ("numpy",)
+        return tuple, value, tuple(map(type, value))
+    if isinstance(value, (list, tuple)):
+        items = [_frozen(v) for v in value]
+        return _UNKEYED if any(i is _UNKEYED for i in items) else (kind, tuple(items))
+    if type(value).__module__ == "torch" and type(value).__name__ == "dtype":
+        return "dtype", str(value)
+    return _UNKEYED
 
 
 def _parse_world_sizes(text: str | None) -> list[int] | None:
@@ -586,7 +641,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         reason = harness_markers.SkipReason(
             "backend-not-selected", f"{name} is available but not selected (selected: {', '.join(ctx.selected)}; use --backend)")
     else:
-        reason = harness_markers.evaluate(list(item.iter_markers()), backend, world_size=world, where=item.nodeid)
+        reason = ctx.evaluate(list(item.iter_markers()), backend, world, item.nodeid)
         if reason is not None and ctx.profile_session is not None and name == ctx.profile.name:
             reason = ctx.profile_session.judge_setup_skip(item, world, reason)  # None: fails as claim-contradicted
     if reason is not None:  # reported at the test's own line, not inside the plugin
