@@ -132,6 +132,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         description="Load an existing config file (any Accelerate or accel version), upgrade old keys and write it back.",
     )
     add_update_arguments(update)
+    sagemaker = actions.add_parser(
+        "sagemaker", help="ask the questions for an Amazon SageMaker job and write its config",
+        description="Ask for an Amazon SageMaker job's settings (AWS profile, region, IAM role, instance, ...) and write "
+                    "a config with compute_environment AMAZON_SAGEMAKER, which `accel launch` runs as a SageMaker job.",
+    )
+    add_flag(sagemaker, "--config_file", dest="config_file", metavar="PATH", default=argparse.SUPPRESS, help="file to write")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -143,6 +149,8 @@ def run(args: argparse.Namespace) -> int:
         from accel.commands.config.update import run_update
 
         return run_update(path)
+    if action == "sagemaker" or (action is None and not _given_values(args) and _stdin_is_tty() and _is_sagemaker_file(path)):
+        return _run_sagemaker(path)
     values = _given_values(args)
     if action == "default":
         if path.exists() and not getattr(args, "force", False):
@@ -165,6 +173,33 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise UsageError(f"cannot write {path}: {exc}") from None
     print(f"accel config saved at {written}")
+    return 0
+
+
+def _is_sagemaker_file(path: Path) -> bool:
+    current = _current_config(path)
+    return current is not None and str(current.compute_environment).upper().endswith("AMAZON_SAGEMAKER")
+
+
+def _run_sagemaker(path: Path) -> int:
+    """The SageMaker questions (the current SageMaker config's values offered), written to ``path``."""
+    from accel.commands.config.config_args import SageMakerConfig
+    from accel.commands.config.sagemaker import get_sagemaker_input
+
+    if not _stdin_is_tty():
+        raise UsageError("stdin is not a terminal, so the SageMaker questions cannot be asked")
+    current = None
+    if _is_sagemaker_file(path):
+        try:
+            current = SageMakerConfig.from_launch_config(_current_config(path))
+        except ConfigError:
+            current = None
+    config = get_sagemaker_input(current)
+    try:
+        config.to_yaml_file(path)
+    except (ConfigError, OSError) as exc:
+        raise UsageError(f"cannot write {path}: {exc}") from None
+    print(f"accel config saved at {path}")
     return 0
 
 
