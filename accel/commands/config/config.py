@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from accel.commands import UsageError
-from accel.commands.config.config_utils import _convert_yes_no_to_bool
+from accel.commands.config.config_utils import _ask, _choice, _convert_yes_no_to_bool
 from accel.commands.config_file import (
     DISTRIBUTED_TYPES,
     FIELDS,
@@ -351,26 +351,6 @@ def default_config(**values: Any) -> LaunchConfig:
 
 
 # ---------------------------------------------------------------------------- questions
-def _ask(question: str, check: Callable[[str], Any], default: Any = None) -> Any:
-    """Ask until ``check`` accepts the answer; an empty answer takes ``default`` (when there is one)."""
-    shown = "" if default is None else f" [{default}]"
-    while True:
-        try:
-            answer = input(f"{question}{shown}: ").strip()
-        except EOFError:
-            print()
-            raise UsageError("the input ended before every question was answered (nothing was written)") from None
-        if not answer:
-            if default is None:
-                print("  an answer is needed")
-                continue
-            answer = str(default)
-        try:
-            return check(answer)
-        except ValueError as exc:
-            print(f"  {exc}; please try again")
-
-
 _yes_no = _convert_yes_no_to_bool  # one parser of yes/no answers for every question
 
 
@@ -385,16 +365,6 @@ def _field(key: str) -> Callable[[str], Any]:
 
 #: the wizard's strategy answer -> the distributed_type it writes (ddp: the one the backend implies)
 _STRATEGIES = {"ddp": None, "deepspeed": "DEEPSPEED", "fsdp": "FSDP"}
-
-
-def _choice(options: tuple[str, ...]) -> Callable[[str], str]:
-    def check(text: str) -> str:
-        word = text.strip()
-        match = next((o for o in options if o.lower() == word.lower()), None)
-        if match is None:
-            raise ValueError(f"answer one of {', '.join(options)}, not {text!r}")
-        return match
-    return check
 
 
 def _count(minimum: int, maximum: int | None = None) -> Callable[[str], int]:

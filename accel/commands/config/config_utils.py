@@ -51,3 +51,35 @@ class SubcommandHelpFormatter(argparse.RawDescriptionHelpFormatter):
 
     def _format_usage(self, usage: Any, actions: Any, groups: Any, prefix: Any) -> str:
         return super()._format_usage(usage, actions, groups, prefix).replace("<command> [<args>] ", "")
+
+
+def _ask(question: str, check: Callable[[str], Any], default: Any = None) -> Any:
+    """Ask (on stdin) until ``check`` accepts the answer; an empty answer takes ``default`` (when there is one)."""
+    shown = "" if default is None else f" [{default}]"
+    while True:
+        try:
+            answer = input(f"{question}{shown}: ").strip()
+        except EOFError:
+            from accel.commands import UsageError
+
+            print()
+            raise UsageError("the input ended before every question was answered (nothing was written)") from None
+        if not answer:
+            if default is None:
+                print("  an answer is needed")
+                continue
+            answer = str(default)
+        try:
+            return check(answer)
+        except ValueError as exc:
+            print(f"  {exc}; please try again")
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[str], str]:
+    def check(text: str) -> str:
+        word = text.strip()
+        match = next((o for o in options if o.lower() == word.lower()), None)
+        if match is None:
+            raise ValueError(f"answer one of {', '.join(options)}, not {text!r}")
+        return match
+    return check

@@ -32,11 +32,16 @@ def _count(answer: str) -> int:
     return value
 
 
+def _yes_no_text(value: bool) -> str:
+    return "yes" if value else "no"
+
+
 def get_sagemaker_input(current: Any = None) -> Any:
     """Ask the SageMaker questions (offering ``current``'s values, a SageMakerConfig, as defaults) and
     return a ``SageMakerConfig``."""
-    from accel.commands.config.config import _ask, _choice, _yes_no, _yes_no_text
     from accel.commands.config.config_args import SageMakerConfig
+    from accel.commands.config.config_utils import _ask, _choice
+    from accel.commands.config.config_utils import _convert_yes_no_to_bool as _yes_no
 
     def was(key: str, fallback: Any) -> Any:
         value = getattr(current, key, None) if current is not None else None
