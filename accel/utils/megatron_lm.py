@@ -23,19 +23,54 @@ from .environment import str_to_bool
 __all__ = [
     "AbstractTrainStep", "BertTrainStep", "GPTTrainStep", "MODEL_CONFIGS_TO_MEGATRON_PARSERS", "MegatronLMDummyDataLoader",
     "MegatronLMDummyScheduler", "MegatronLMPlugin", "T5TrainStep", "add_model_config_to_megatron_parser",
-    "avg_losses_across_data_parallel_group", "parse_bert_config", "parse_glm4_moe_config", "parse_gpt2_config",
+    "avg_losses_across_data_parallel_group", "megatron_lm_missing", "megatron_lm_refusal", "parse_bert_config", "parse_glm4_moe_config", "parse_gpt2_config",
     "parse_llama_config", "parse_t5_config",
 ]
 
 _ENV_PREFIX = "ACCELERATE_MEGATRON_LM_"
 
 
-def _no_megatron(what: str) -> RuntimeError:
-    from .imports import is_megatron_lm_available
+def megatron_lm_missing() -> list[str]:
+    """What training through Megatron-LM needs and this environment lacks, each with its reason (empty: nothing).
 
-    why = ("accel has no Megatron-LM engine (use DeepSpeed or FSDP for model parallelism)"
-           if is_megatron_lm_available() else "megatron-core is not installed (pip install megatron-core; it needs CUDA)")
-    return RuntimeError(f"{what} drives Megatron-LM training, which cannot run here: {why}")
+    Accelerate's Megatron-LM integration imports ``megatron.core`` (the ``megatron-core`` package) and
+    also ``megatron.training`` and ``megatron.legacy``, which only the Megatron-LM repository has (the
+    PyPI wheel ships ``megatron.core`` alone); Megatron-LM's initialisation and fused kernels need CUDA
+    devices; and accel has no Megatron engine (its prepare/step/checkpoint path).
+    """
+    import importlib.util
+
+    missing = []
+
+    def found(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            return False
+
+    if not found("megatron.core"):
+        missing.append("megatron.core: pip install megatron-core")
+    if not found("megatron.training") or not found("megatron.legacy"):
+        missing.append("megatron.training and megatron.legacy: only in the Megatron-LM repository (the megatron-core "
+                       "wheel has megatron.core alone); install Megatron-LM from its source")
+    from ..backends import get_registry
+
+    registry = get_registry()
+    if "cuda" not in registry.names() or not registry.get("cuda").is_available():
+        missing.append("a CUDA device: Megatron-LM's initialisation and fused kernels (apex, Transformer Engine) run on CUDA")
+    missing.append("an engine in accel that drives Megatron-LM's model, optimizer and schedules (use DeepSpeed or FSDP "
+                   "with ParallelismConfig for model parallelism)")
+    return missing
+
+
+def megatron_lm_refusal(what: str = "MegatronLMPlugin") -> NotImplementedError:
+    """The error for using Megatron-LM here, naming everything that is missing (for ``AcceleratorState``)."""
+    return NotImplementedError(f"{what} drives Megatron-LM training, which cannot run here; missing: "
+                               + "; ".join(megatron_lm_missing()))
+
+
+def _no_megatron(what: str) -> RuntimeError:
+    return RuntimeError(str(megatron_lm_refusal(what)))
 
 
 # ------------------------------------------------------------------------------------ environment defaults
