@@ -4,7 +4,9 @@ The extension is compiled at first use against the torch that is installed, with
 ``torch.utils.cpp_extension.load``, into ``$ACCEL_EMU_BUILD_DIR`` or
 ``~/.cache/accel/emu-build/<torch version>-<source hash>``. A file lock serialises concurrent
 builds (several ranks starting at once); a finished build whose torch version and sources match
-is reused without compiling.
+is reused without compiling. Once loaded, ``ACCEL_EMU_BUILD_DIR`` is set in this process's
+environment (unless already set), so child processes reuse the build even when they run with another
+home or cache folder.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["build_dir", "load_extension", "source_files"]
+__all__ = ["BUILD_DIR_ENV", "build_dir", "load_extension", "source_files"]
+
+#: environment variable naming the build folder; set by :func:`load_extension` for child processes
+BUILD_DIR_ENV = "ACCEL_EMU_BUILD_DIR"
 
 _SOURCES = ("emu_runtime.h", "emu_runtime.cpp", "emu_aten.cpp", "emu_module.cpp")
 _NAME = "accel_emu_C"
@@ -41,7 +46,7 @@ def build_dir() -> Path:
     """Where the extension for this torch and these sources is (or will be) built."""
     import torch
 
-    override = os.environ.get("ACCEL_EMU_BUILD_DIR", "").strip()
+    override = os.environ.get(BUILD_DIR_ENV, "").strip()
     if override:
         return Path(override).expanduser().resolve()
     cache = os.environ.get("XDG_CACHE_HOME", "").strip() or str(Path.home() / ".cache")
@@ -92,4 +97,7 @@ def load_extension(verbose: bool = False) -> ModuleType:
                 ) from exc
             stamp.write_text("ok\n")
     _module = _import_built(built)
+    # children of this process (ranks, launched scripts, isolated runs with another home or cache
+    # folder) find this build instead of compiling their own
+    os.environ.setdefault(BUILD_DIR_ENV, str(directory))
     return _module

@@ -10,13 +10,15 @@ from conftest import run_python
 
 
 def test_optimizer_built_before_prepare_follows_replaced_parameters():
-    # Module.to("emu") puts new Parameter objects in (emu tensors are not shallow-copy compatible
-    # with host tensors); prepare must point the optimizer at them or training updates stale copies
+    # With torch's overwrite-on-conversion switch, Module.to("emu") puts new Parameter objects in
+    # (as it does on any device that is not shallow-copy compatible with the host); prepare must
+    # point the optimizer at them or training updates stale copies
     result = run_python(
         """
         import torch, torch.nn.functional as F
         from torch.utils.data import DataLoader, TensorDataset
         from accel import Accelerator
+        torch.__future__.set_overwrite_module_params_on_conversion(True)
         g = torch.Generator().manual_seed(0)
         x = torch.randn(48, 4, generator=g)
         y = x @ torch.tensor([[1.0], [-1.0], [2.0], [0.5]])

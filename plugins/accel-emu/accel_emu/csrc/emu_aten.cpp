@@ -25,6 +25,9 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
 
 namespace emu {
 namespace {
@@ -490,6 +493,191 @@ struct DeviceScan {
   }
 };
 
+// Which fallback an operator takes. The direct one computes on host aliases of the device memory
+// (opened for the kernel, like a device kernel reading its own memory): no copies of the inputs,
+// in-place and `out=` results land in place, and only new outputs are copied into fresh device
+// memory. The generic CPU fallback (copy every operand to the host and back) remains for what the
+// direct path cannot express: views (their result would alias device memory from the host) and
+// operators that resize their arguments by name.
+enum class FallbackPath : uint8_t { kUnknown, kDirect, kCopying };
+
+struct PathEntry {
+  FallbackPath path = FallbackPath::kUnknown;
+  std::string name;
+  uint64_t calls = 0;
+};
+
+struct PathCache {
+  std::mutex mutex;
+  std::unordered_map<const void*, PathEntry> entries;  // by the operator's schema
+};
+
+PathCache& path_cache() {
+  static PathCache* cache = new PathCache();
+  return *cache;
+}
+
+FallbackPath choose_path(const c10::FunctionSchema& schema) {
+  for (const auto& ret : schema.returns()) {
+    const auto* alias = ret.alias_info();
+    if (alias != nullptr && !alias->isWrite()) return FallbackPath::kCopying;  // a view
+  }
+  if (schema.name().find("resize") != std::string::npos) return FallbackPath::kCopying;
+  return FallbackPath::kDirect;
+}
+
+// The path for `op`; also counts the call (fallback_calls() reports the counts).
+FallbackPath path_for(const c10::OperatorHandle& op) {
+  const auto& schema = op.schema();
+  auto& cache = path_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  auto& entry = cache.entries[&schema];
+  if (entry.path == FallbackPath::kUnknown) {
+    entry.path = choose_path(schema);
+    entry.name = c10::toString(schema.operator_name());
+  }
+  ++entry.calls;
+  return entry.path;
+}
+
+void keep_device_memory(void*) {}  // the device storage owns the bytes
+
+// A host tensor over an emu tensor's storage (its memory must be open): same offset, sizes, strides
+// and conj/neg bits. Its storage is resizable with the host allocator, so a kernel that resizes an
+// `out=` argument gets new host memory instead of failing; direct_fallback copies that back.
+at::Tensor host_view_of(const at::Tensor& t) {
+  const c10::Storage& device_storage = t.storage();
+  void* base = device_storage.mutable_data();
+  c10::Storage storage(c10::Storage::use_byte_size_t(), device_storage.nbytes(),
+                       c10::DataPtr(base, base, &keep_device_memory, c10::Device(c10::DeviceType::CPU)),
+                       c10::GetCPUAllocator(), /*resizable=*/true);
+  at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(std::move(storage),
+                                                            c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  if (t.is_conj()) out._set_conj(true);
+  if (t.is_neg()) out._set_neg(true);
+  return out;
+}
+
+// True when a kernel changed the host alias of `original` beyond its values (resized or restrided
+// it, or moved it to new host memory).
+bool alias_moved(const at::Tensor& alias, const at::Tensor& original) {
+  return alias.sizes() != original.sizes() || alias.strides() != original.strides() ||
+         alias.storage_offset() != original.storage_offset() ||
+         alias.storage().data() != original.storage().data();
+}
+
+// Copies a host result into new memory on `device` (same sizes, and strides when dense).
+at::Tensor to_device_memory(const at::Tensor& result, c10::DeviceIndex device) {
+  c10::DeviceGuard guard(c10::Device(kEmu, device));
+  const bool dense = result.is_non_overlapping_and_dense();
+  at::Tensor dst = dense ? at::empty_strided(result.sizes(), result.strides(), result.options().device(kEmu))
+                         : at::empty(result.sizes(), result.options().device(kEmu));
+  if (result.numel() == 0) return dst;
+  MemoryGuard open;
+  open.add(dst);
+  at::Tensor view = host_alias(dst);
+  if (result.is_conj() || result.is_neg()) {
+    view.copy_(result.resolve_conj().resolve_neg());
+  } else {
+    view.copy_(result);
+  }
+  return dst;
+}
+
+void direct_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceIndex device) {
+  const auto& schema = op.schema();
+  const auto num_args = schema.arguments().size();
+  const auto begin = stack->size() - num_args;
+
+  MemoryGuard open;
+  // host aliases handed to the kernel, and the device tensors they stand for
+  std::vector<std::pair<at::Tensor, at::Tensor>> originals;
+  std::vector<size_t> mutated;  // indices into `originals` of arguments the operator writes
+  auto swap_in = [&](const at::Tensor& t, bool written) -> at::Tensor {
+    if (!t.defined() || t.device().type() != kEmu) return t;
+    open.add(t);
+    at::Tensor alias = host_view_of(t);
+    if (written) mutated.push_back(originals.size());
+    originals.emplace_back(alias, t);
+    return alias;
+  };
+  for (size_t i = 0; i < num_args; ++i) {
+    auto& slot = (*stack)[begin + i];
+    const auto* alias_info = schema.arguments()[i].alias_info();
+    const bool written = alias_info != nullptr && alias_info->isWrite();
+    if (slot.isTensor()) {
+      slot = c10::IValue(swap_in(slot.toTensor(), written));
+    } else if (slot.isTensorList()) {
+      auto list = slot.toTensorList();
+      c10::List<at::Tensor> hosted;
+      hosted.reserve(list.size());
+      for (const auto& t : list) hosted.push_back(swap_in(t, written));
+      slot = c10::IValue(std::move(hosted));
+    } else if (slot.isOptionalTensorList()) {
+      auto list = slot.toOptionalTensorList();
+      c10::List<std::optional<at::Tensor>> hosted;
+      hosted.reserve(list.size());
+      for (const auto& entry : list) {
+        std::optional<at::Tensor> t = entry;
+        hosted.push_back(t.has_value() ? std::optional<at::Tensor>(swap_in(*t, written)) : std::nullopt);
+      }
+      slot = c10::IValue(std::move(hosted));
+    } else if (slot.isDevice() && slot.toDevice().type() == kEmu) {
+      slot = c10::IValue(c10::Device(c10::DeviceType::CPU));
+    }
+  }
+
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+
+  // A written argument the kernel resized (an `out=` tensor of the wrong shape) now has host
+  // memory or other metadata: resize the device tensor the same way and copy the result into it.
+  for (size_t index : mutated) {
+    const auto& [alias, original] = originals[index];
+    if (!alias_moved(alias, original)) continue;
+    at::Tensor result = alias.clone();  // it may overlap the device memory about to be resized
+    emu_copy_from_and_resize(result, original);
+  }
+
+  auto original_of = [&](const at::Tensor& t) -> const at::Tensor* {
+    for (const auto& entry : originals) {
+      if (entry.first.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return &entry.second;
+    }
+    return nullptr;
+  };
+  const auto& returns_schema = schema.returns();
+  const auto num_returns = returns_schema.size();
+  const auto rbegin = stack->size() - num_returns;
+  for (size_t r = 0; r < num_returns; ++r) {
+    auto& slot = (*stack)[rbegin + r];
+    const auto* alias = returns_schema[r].alias_info();
+    const bool in_place = alias != nullptr && alias->isWrite();
+    if (slot.isTensor()) {
+      const at::Tensor out = slot.toTensor();
+      if (!out.defined()) continue;
+      if (in_place) {
+        const at::Tensor* original = original_of(out);
+        TORCH_CHECK(original != nullptr, "emu: ", schema.operator_name(),
+                    " returned a tensor that is not the input it mutated");
+        slot = c10::IValue(*original);
+      } else if (out.device().is_cpu()) {
+        slot = c10::IValue(to_device_memory(out, device));
+      }
+    } else if (slot.isTensorList()) {
+      auto list = slot.toTensorList();
+      std::vector<at::Tensor> back;
+      back.reserve(list.size());
+      for (const at::Tensor& out : list) {
+        const at::Tensor* original = in_place && out.defined() ? original_of(out) : nullptr;
+        if (original != nullptr) back.push_back(*original);
+        else if (out.defined() && out.device().is_cpu()) back.push_back(to_device_memory(out, device));
+        else back.push_back(out);
+      }
+      slot = c10::IValue(c10::List<at::Tensor>(std::move(back)));
+    }
+  }
+}
+
 void emu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const auto num_args = schema.arguments().size();
@@ -497,6 +685,7 @@ void emu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const bool index_op = is_index_op(schema.operator_name());
 
   DeviceScan scan;
+  std::optional<c10::DeviceIndex> requested;  // a factory's device=emu:N
   for (const auto& v : args) {
     if (v.isTensor()) {
       scan.see(v.toTensor(), false);
@@ -507,13 +696,16 @@ void emu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         std::optional<at::Tensor> ot = t;
         if (ot.has_value()) scan.see(*ot, index_op);
       }
+    } else if (v.isDevice() && v.toDevice().type() == kEmu && v.toDevice().has_index()) {
+      requested = v.toDevice().index();
     }
   }
   if (scan.emu_device && scan.other_device) {
     TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ",
                 *scan.emu_device, " and ", *scan.other_device, "! (in ", schema.operator_name(), " on emu)");
   }
-  const c10::DeviceIndex device = scan.emu_device ? scan.emu_device->index() : current_device();
+  const c10::DeviceIndex device =
+      scan.emu_device ? scan.emu_device->index() : requested.value_or(current_device());
   c10::DeviceGuard guard(c10::Device(kEmu, device));
 
   // random operators draw from the device's generator, not the host's
@@ -527,10 +719,45 @@ void emu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
   }
   wait_current_stream(device);
-  at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
+  if (path_for(op) == FallbackPath::kDirect) {
+    direct_fallback(op, stack, device);
+  } else {
+    at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
+  }
+}
+
+// Module.to(), FSDP's flat parameters and `param.data = tensor` swap a tensor's storage for one of
+// another type only when PyTorch calls the two types compatible. Its built-in rule names only its
+// own devices; a PrivateUse1 device answers for itself: dense emu and dense host tensors may take
+// each other's place, as CUDA and host tensors do.
+bool emu_has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  if (self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set())) return true;
+  auto dense = [](const at::Tensor& t) {
+    const auto type = t.device().type();
+    return t.layout() == c10::Layout::Strided && !t.is_quantized() && !t.is_nested() &&
+           (type == kEmu || type == c10::DeviceType::CPU);
+  };
+  return dense(self) && dense(from);
 }
 
 }  // namespace
+
+std::vector<FallbackCount> fallback_calls() {
+  auto& cache = path_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  std::vector<FallbackCount> out;
+  out.reserve(cache.entries.size());
+  for (const auto& item : cache.entries) {
+    out.push_back({item.second.name, item.second.path == FallbackPath::kDirect, item.second.calls});
+  }
+  return out;
+}
+
+void reset_fallback_calls() {
+  auto& cache = path_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  for (auto& item : cache.entries) item.second.calls = 0;
+}
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", emu_empty);
@@ -552,6 +779,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("convolution_overrideable", emu_convolution);
   m.impl("convolution_backward_overrideable", emu_convolution_backward);
   m.impl("native_dropout", emu_native_dropout);
+  m.impl("_has_compatible_shallow_copy_type", emu_has_compatible_shallow_copy_type);
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {

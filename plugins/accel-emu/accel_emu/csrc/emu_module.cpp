@@ -311,6 +311,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<emu::StreamHold, std::shared_ptr<emu::StreamHold>>(m, "StreamHold")
       .def("release", &emu::StreamHold::release);
   m.def("hold_stream", &emu::hold_stream, py::arg("device"), py::arg("stream_id"));
+  m.def("fallback_calls", [] {
+    py::list out;
+    for (const auto& c : emu::fallback_calls()) {
+      out.append(py::make_tuple(c.op, c.direct ? "direct" : "copying", c.calls));
+    }
+    return out;
+  });
+  m.def("reset_fallback_calls", [] { emu::reset_fallback_calls(); });
   m.def("is_initialized", [] { return emu::is_initialized(); });
   m.def("in_bad_fork", [] { return emu::in_bad_fork(); });
 

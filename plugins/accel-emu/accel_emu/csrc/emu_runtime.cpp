@@ -212,7 +212,10 @@ Block* EmuAllocator::find(const void* ptr) {
 
 void* EmuAllocator::map_block(size_t mapped, c10::DeviceIndex device, size_t requested) {
   int prot = protection_enabled() ? PROT_NONE : (PROT_READ | PROT_WRITE);
-  void* p = mmap(nullptr, mapped, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  // MAP_SHARED: each block is its own (shmem) object, so the kernel never merges neighbouring
+  // blocks into one mapping. Private anonymous blocks next to each other would be merged while
+  // closed and split again by every open, which made mprotect the largest cost of a kernel.
+  void* p = mmap(nullptr, mapped, prot, MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) return nullptr;
   auto& st = stats_[device];
   st.reserved_bytes[kAggregate].increase(mapped);

@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -164,6 +165,17 @@ const at::Generator& default_generator(c10::DeviceIndex device);
 at::Generator new_generator(c10::DeviceIndex device);
 // The host (CPU) generator that draws numbers for an emu generator.
 at::Generator host_generator_of(const at::Generator& emu_gen);
+
+// ------------------------------------------------------------------ host fallback statistics
+// Operators that ran through the host fallback since the last reset: name, whether they took the
+// direct path (host aliases of device memory) or the copying one, and how many calls.
+struct FallbackCount {
+  std::string op;
+  bool direct;
+  uint64_t calls;
+};
+std::vector<FallbackCount> fallback_calls();
+void reset_fallback_calls();
 
 // ------------------------------------------------------------------ process state
 bool in_bad_fork();
