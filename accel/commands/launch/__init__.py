@@ -13,7 +13,8 @@ from accel._lazy import lazy_exports
 
 _EXPORTS = {
     **dict.fromkeys(("launch_command", "launch_command_parser", "run"), "accel.commands.launch.command"),
-    **dict.fromkeys(("DEFAULT_HANG_TIMEOUT", "DEFAULT_PORT", "DYNAMO_CHOICES", "HANG_TIMEOUT_ENV", "LAUNCH_OPTIONS",
+    "DEFAULT_PORT": "accel.facts.network",
+    **dict.fromkeys(("DEFAULT_HANG_TIMEOUT", "DYNAMO_CHOICES", "HANG_TIMEOUT_ENV", "LAUNCH_OPTIONS",
                      "MIXED_PRECISIONS", "REFUSED", "_REFUSED_FLAG", "HideDashedAliasesFormatter", "add_arguments",
                      "add_launch_options", "option_dest"), "accel.commands.launch.options"),
     "_validate_launch_command": "accel.commands.launch.settings",

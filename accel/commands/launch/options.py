@@ -7,26 +7,25 @@ import argparse
 import copy
 from typing import Any
 
+from accel.facts.environment import parse_bool
+from accel.facts.precision import PRECISIONS
 
-DEFAULT_PORT = 29500
 #: seconds without progress on any rank before `accel launch` ends the job as hung: NCCL's own collective
 #: timeout, which training users already live with; a step, an accel collective or a checkpoint file resets it
 DEFAULT_HANG_TIMEOUT = 600.0
 HANG_TIMEOUT_ENV = "ACCEL_HANG_TIMEOUT"
 
-
-MIXED_PRECISIONS = ("no", "fp16", "bf16", "fp8")
+MIXED_PRECISIONS = PRECISIONS
 DYNAMO_CHOICES = ("no", "eager", "aot_eager", "inductor", "aot_ts_nvfuser", "nvprims_nvfuser", "cudagraphs", "ofi",
                   "fx2trt", "onnxrt", "tensorrt", "aot_torchxla_trace_once", "torhchxla_trace_once", "tvm")
 
 
 def _bool_text(text: str) -> bool:
-    word = str(text).strip().lower()
-    if word in ("1", "true", "yes", "y", "on"):
-        return True
-    if word in ("0", "false", "no", "n", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    """A yes/no option value (accel's one truth parser), as argparse wants its errors."""
+    try:
+        return parse_bool(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}") from None
 
 
 def _triple(text: str) -> tuple[bool, ...]:

@@ -11,9 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from accel.commands import UsageError
+from accel.facts.environment import env_flag
+from accel.facts.network import DEFAULT_PORT
 
 from .network import _free_port, _is_loopback, _port_in_use, loopback_interface
-from .options import DEFAULT_HANG_TIMEOUT, DEFAULT_PORT, HANG_TIMEOUT_ENV, _given
+from .options import DEFAULT_HANG_TIMEOUT, HANG_TIMEOUT_ENV, _given
 from .settings import _refusals, _validate_launch_command
 
 #: the module every rank runs (it runs the script and records its failures)
@@ -273,7 +275,11 @@ def _other_launcher(args: argparse.Namespace, env: dict[str, str], host: str, po
 
 
 def _env_debug() -> bool:
-    return any(os.environ.get(n, "").strip().lower() in ("1", "true", "yes", "on") for n in ("ACCEL_DEBUG_MODE", "ACCELERATE_DEBUG_MODE"))
+    """Debug mode already asked for in the environment (accel's variable first, then Accelerate's)."""
+    try:
+        return env_flag("ACCEL_DEBUG_MODE", "ACCELERATE_DEBUG_MODE")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _config_path_text() -> str:

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 # private names accel.big_modeling imports from here, and the checkpoint file names, stay importable
 from ..placement import as_torch_device as _as_torch_device  # noqa: F401
-from .checkpoint import (  # noqa: F401
-    SAFE_WEIGHTS_NAME,
-    WEIGHTS_INDEX_NAME,
-    WEIGHTS_NAME,
+from ...facts.checkpoint import SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME  # noqa: F401
+from .checkpoint import (
     load_checkpoint_in_model,
     load_offloaded_weights,
     load_state_dict,

@@ -12,6 +12,7 @@ from typing import Any, Mapping, Optional, Union
 import torch
 import torch.nn as nn
 
+from ...facts.checkpoint import SAFE_WEIGHTS_NAME, WEIGHTS_NAME
 from ..offload import _check_writable, _dtype_name, load_offloaded_weight, offload_weight, save_offload_index
 from ..placement import as_torch_device as _as_torch_device
 from .broadcast import RankZeroStream, require_process_group
@@ -27,9 +28,6 @@ from .ties import (
 
 logger = logging.getLogger(__name__)
 
-WEIGHTS_NAME = "pytorch_model.bin"
-SAFE_WEIGHTS_NAME = "model.safetensors"
-WEIGHTS_INDEX_NAME = "pytorch_model.bin.index.json"
 
 
 def _safetensors_format_ok(path: str, metadata: Optional[dict]) -> None:
