@@ -1,0 +1,50 @@
+"""``accel/test_utils/scripts/test_merge_weights.py`` (run by Accelerate's multi-device FSDP test) on
+two real processes: on cpu, and on emu's two devices when the accel-emu plug-in is installed."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from accel.test_utils.testing import path_in_accelerate_package
+
+SCRIPT = path_in_accelerate_package("test_utils", "scripts", "test_merge_weights.py")
+TIMEOUT_S = 420  # two ranks importing torch (and loading emu) on a busy 2-core machine
+
+
+def _launch(backend: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "ACCELERATE_", "FSDP_", "PYTEST_"))}
+    for name in ("ACCEL_EMU_BUILD_DIR",):  # reuse an existing emu build
+        if name in os.environ:
+            env[name] = os.environ[name]
+    env.update(OMP_NUM_THREADS="1")
+    command = [sys.executable, "-m", "accel.commands.cli", "launch", "--num_processes", "2", "--backend", backend]
+    if backend == "cpu":
+        command.append("--cpu")
+    command.append(str(SCRIPT))
+    return subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, cwd=tmp_path)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "emu"])
+def test_merge_weights_script_checks_four_merges(backend, tmp_path):
+    if backend == "emu" and importlib.util.find_spec("accel_emu") is None:
+        pytest.skip("the accel-emu plug-in is not installed (pip install -e plugins/accel-emu)")
+    result = _launch(backend, tmp_path)
+    output = f"--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-6000:]}"
+    assert result.returncode == 0, output
+    assert "test_merge_weights: 4 merges checked on 2 processes" in result.stdout, output
+    assert not list(tmp_path.iterdir()), "the script left files in the working folder"
+
+
+def test_merge_weights_script_refuses_a_single_process(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "ACCELERATE_", "PYTEST_"))}
+    env.update(ACCEL_USE_CPU="1", OMP_NUM_THREADS="1")
+    result = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=TIMEOUT_S,
+                            env=env, cwd=tmp_path)
+    assert result.returncode != 0
+    assert "needs two or more processes" in result.stderr, result.stderr[-3000:]
