@@ -19,6 +19,8 @@ from typing import Any, Iterator, Optional, Union
 import torch
 import torch.nn as nn
 
+from accel.facts.checkpoint import OFFLOAD_INDEX_NAME
+from accel.facts.environment import env_flag
 from accel.hooks import (
     WRAPPED_METHODS_ATTR,
     AlignDevicesHook,
@@ -55,10 +57,6 @@ __all__ = [
     "load_checkpoint_and_dispatch",
 ]
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on", "y", "t")
-
-
 @contextmanager
 def init_empty_weights(include_buffers: Optional[bool] = None) -> Iterator[None]:
     """Build models inside this context without allocating their parameters (they land on the meta device).
@@ -67,7 +65,7 @@ def init_empty_weights(include_buffers: Optional[bool] = None) -> Iterator[None]
     or ``ACCEL_INIT_INCLUDE_BUFFERS``). Load weights afterwards with ``load_checkpoint_and_dispatch``.
     """
     if include_buffers is None:
-        include_buffers = _env_flag("ACCEL_INIT_INCLUDE_BUFFERS") or _env_flag("ACCELERATE_INIT_INCLUDE_BUFFERS")
+        include_buffers = env_flag("ACCEL_INIT_INCLUDE_BUFFERS", "ACCELERATE_INIT_INCLUDE_BUFFERS")
     with init_on_device(torch.device("meta"), include_buffers=include_buffers) as ctx:
         yield ctx
 
@@ -81,7 +79,7 @@ def init_on_device(device: Union[int, str, torch.device], include_buffers: Optio
     after it, even on error.
     """
     if include_buffers is None:
-        include_buffers = _env_flag("ACCEL_INIT_INCLUDE_BUFFERS") or _env_flag("ACCELERATE_INIT_INCLUDE_BUFFERS")
+        include_buffers = env_flag("ACCEL_INIT_INCLUDE_BUFFERS", "ACCELERATE_INIT_INCLUDE_BUFFERS")
     target = _as_torch_device(device)
     if include_buffers:
         with target:
@@ -169,7 +167,7 @@ def disk_offload(
 ) -> nn.Module:
     """Write the weights to ``offload_dir`` (unless it already holds an offload index) and read each layer's
     weights from there, memory-mapped, for its forward. Returns the model."""
-    if not os.path.isfile(os.path.join(offload_dir, "index.json")):
+    if not os.path.isfile(os.path.join(offload_dir, OFFLOAD_INDEX_NAME)):
         offload_state_dict(offload_dir, model.state_dict())
     if execution_device is None:
         execution_device = _first_param_device(model)
@@ -266,7 +264,7 @@ def dispatch_model(
                 "We need an `offload_dir` to dispatch this model according to this `device_map`, the following submodules "
                 f"need to be offloaded: {', '.join(disk_modules)}."
             )
-        if disk_modules and offload_index is None and not os.path.isfile(os.path.join(offload_dir, "index.json")):
+        if disk_modules and offload_index is None and not os.path.isfile(os.path.join(offload_dir, OFFLOAD_INDEX_NAME)):
             offload_state_dict(offload_dir, extract_submodules_state_dict(model.state_dict(), disk_modules))
 
         execution_device = {name: main_device if d in ("cpu", "disk") else d for name, d in device_map.items()}

@@ -21,9 +21,10 @@ import os
 import tempfile
 from typing import Any, Callable
 
-__all__ = ["debug_launcher", "notebook_launcher"]
+from accel.facts.network import DEFAULT_PORT
+from accel.facts.precision import PRECISIONS
 
-_PRECISIONS = ("no", "fp8", "fp16", "bf16")
+__all__ = ["debug_launcher", "notebook_launcher"]
 
 
 def _check_parent_is_clean(launcher: str) -> None:
@@ -78,7 +79,7 @@ def notebook_launcher(
     args: tuple = (),
     num_processes: int | None = None,
     mixed_precision: str = "no",
-    use_port: str = "29500",
+    use_port: str = str(DEFAULT_PORT),
     master_addr: str = "127.0.0.1",
     node_rank: int = 0,
     num_nodes: int = 1,
@@ -100,8 +101,8 @@ def notebook_launcher(
     calls ``torch.distributed.init_process_group`` itself can meet the failed attempt's addresses).
     """
     precision = str(mixed_precision).lower()
-    if precision not in _PRECISIONS:
-        raise ValueError(f"Unknown mixed_precision mode: {mixed_precision!r}. Choose between {list(_PRECISIONS)}.")
+    if precision not in PRECISIONS:
+        raise ValueError(f"Unknown mixed_precision mode: {mixed_precision!r}. Choose between {list(PRECISIONS)}.")
     if num_processes is None:
         raise ValueError("You have to specify the number of processes you would like to use: add `num_processes=...` to your call.")
     if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:
@@ -184,7 +185,7 @@ class _DebugWorker:
             "WORLD_SIZE": str(self.world_size),
             "LOCAL_WORLD_SIZE": str(self.world_size),
             "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": "29500",
+            "MASTER_PORT": str(DEFAULT_PORT),
             "ACCEL_USE_CPU": "true",
             "ACCEL_DEVICE": "cpu",
             "ACCEL_MIXED_PRECISION": "no",

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from .facts.environment import env_text, parse_bool
 from .utils.dataclasses import DistributedType, PrecisionType
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "plugin_dict",
     "resolve",
     "resolve_backend",
+    "resolve_parallelism_config",
     "resolve_run",
     "strategy_class",
 ]
@@ -41,31 +43,43 @@ USE_CPU_ENV = ("ACCEL_USE_CPU", "ACCELERATE_USE_CPU")
 USE_DEEPSPEED_ENV = ("ACCEL_USE_DEEPSPEED", "ACCELERATE_USE_DEEPSPEED")
 USE_FSDP_ENV = ("ACCEL_USE_FSDP", "ACCELERATE_USE_FSDP")
 MIXED_PRECISION_ENV = ("ACCEL_MIXED_PRECISION", "ACCELERATE_MIXED_PRECISION")
+#: Accelerate's only spelling: build a ParallelismConfig from the PARALLELISM_CONFIG_* variables
+USE_PARALLELISM_CONFIG_ENV = "ACCELERATE_USE_PARALLELISM_CONFIG"
 
 
 def _flag(*names: str) -> str | None:
-    """The first of ``names`` set to a true word, or None; a word that is neither yes nor no is an error naming it."""
-    from .utils.environment import str_to_bool
+    """The name of the first of ``names`` that is set, when it says yes; None when it says no or none is set.
 
+    A word that is neither yes nor no is a ValueError naming the variable.
+    """
     for name in names:
-        value = os.environ.get(name)
-        if value is None or value.strip() == "":
-            continue
-        try:
-            if str_to_bool(value):
-                return name
-        except ValueError as exc:
-            raise ValueError(f"environment variable {name}: {exc}") from None
+        value = env_text(name)
+        if value is not None:
+            return name if parse_bool(value, f"environment variable {name}") else None
     return None
 
 
 def _first_set(*names: str) -> tuple[str, str] | None:
     """``(name, value)`` of the first of ``names`` that is set and not empty."""
     for name in names:
-        value = os.environ.get(name)
-        if value not in (None, ""):
+        value = env_text(name)
+        if value is not None:
             return name, value
     return None
+
+
+def resolve_parallelism_config(parallelism_config: Any = None) -> tuple[Any, str | None]:
+    """The run's ``ParallelismConfig`` and why: the one given, else one built from the ``PARALLELISM_CONFIG_*``
+    variables when the launcher set ``ACCELERATE_USE_PARALLELISM_CONFIG`` (as Accelerate's Accelerator does),
+    else None. The reason is None when there is no config."""
+    if parallelism_config is not None:
+        return parallelism_config, "a ParallelismConfig was given"
+    name = _flag(USE_PARALLELISM_CONFIG_ENV)
+    if name is None:
+        return None, None
+    from .parallelism_config import ParallelismConfig
+
+    return ParallelismConfig(), f"{name}=true (accel launch --use_parallelism_config)"
 
 
 def plugin_dict(plugin: Any) -> dict[str, Any] | None:
@@ -99,6 +113,7 @@ class RunPlan:
     precision: Any = field(default=None, compare=False, repr=False)
     deepspeed_plugins: dict[str, Any] | None = field(default=None, compare=False, repr=False)
     fsdp_plugin: Any = field(default=None, compare=False, repr=False)
+    parallelism_config: Any = field(default=None, compare=False, repr=False)
 
     @property
     def mixed_precision(self) -> str:
@@ -182,13 +197,14 @@ def _requested_precision(mixed_precision: Any) -> tuple[str, str]:
 
 
 def resolve(num_processes: int, backend: Any, *, backend_reason: str = "", mixed_precision: Any = None,
-            deepspeed_plugins: Any = None, fsdp_plugin: Any = None, autocast_handler: Any = None,
-            scaler_handler: Any = None, fp8_handler: Any = None) -> RunPlan:
-    """Backend, strategy and precision for one Accelerator, each with its reason (the one call that decides them).
+            deepspeed_plugins: Any = None, fsdp_plugin: Any = None, parallelism_config: Any = None,
+            autocast_handler: Any = None, scaler_handler: Any = None, fp8_handler: Any = None) -> RunPlan:
+    """Backend, strategy, precision and parallelism config for one Accelerator, each with its reason (the one
+    call that decides them).
 
     ``backend`` is the hardware backend the process state chose (see :func:`resolve_backend`). The
     precision plan comes from the chosen strategy (an engine such as DeepSpeed runs its own); a
-    fallback is warned about once, here.
+    fallback is warned about once, here. A ``parallelism`` reason is there only when a config is used.
     """
     run = resolve_run(num_processes, backend.distributed_type, deepspeed_plugins=deepspeed_plugins,
                       fsdp_plugin=fsdp_plugin)
@@ -211,8 +227,11 @@ def resolve(num_processes: int, backend: Any, *, backend_reason: str = "", mixed
         "strategy": run.reasons["strategy"],
         "precision": f"{precision.label} ({why})",
     }
+    config, config_why = resolve_parallelism_config(parallelism_config)
+    if config_why is not None:
+        reasons["parallelism"] = config_why
     return dataclasses.replace(run, reasons=reasons, backend=backend.name, requested_precision=requested,
-                               precision=precision)
+                               precision=precision, parallelism_config=config)
 
 
 def strategy_class(name: str) -> type:

@@ -23,27 +23,12 @@ from typing import Any, Callable, Iterator
 import torch
 
 from .backends import Backend
+from .facts.environment import env_flag, env_text
+from .facts.network import DEFAULT_PORT
 from .resolve import plugin_dict, resolve, resolve_backend
 from .utils.dataclasses import DistributedType, GradientAccumulationPlugin
 
 __all__ = ["AcceleratorState", "DistributedType", "GradientState", "PartialState", "ProcessLayout", "is_initialized"]
-
-_TRUE = {"1", "true", "yes", "on"}
-
-
-def _env(*names: str, default: str | None = None) -> str | None:
-    """First set variable among ``names`` (accel's own names first, Accelerate's for compatibility)."""
-    for name in names:
-        value = os.environ.get(name)
-        if value not in (None, ""):
-            return value
-    return default
-
-
-def _env_flag(*names: str) -> bool:
-    value = _env(*names)
-    return value is not None and value.strip().lower() in _TRUE
-
 
 @dataclass(frozen=True)
 class ProcessLayout:
@@ -198,8 +183,8 @@ class PartialState:
             return
         backend, self.backend_reason = resolve_backend(cpu)
         self.hardware_backend: Backend = backend
-        self.debug = _env_flag("ACCEL_DEBUG_MODE", "ACCELERATE_DEBUG_MODE")
-        self.fork_launched = _env_flag("FORK_LAUNCHED")
+        self.debug = env_flag("ACCEL_DEBUG_MODE", "ACCELERATE_DEBUG_MODE")
+        self.fork_launched = env_flag("FORK_LAUNCHED")
 
         import torch.distributed as dist
 
@@ -229,7 +214,7 @@ class PartialState:
 
         count = backend.device_count()
         self.device = backend.device(self.local_process_index % count if count else None)
-        forced = _env("ACCEL_TORCH_DEVICE", "ACCELERATE_TORCH_DEVICE")
+        forced = env_text("ACCEL_TORCH_DEVICE", "ACCELERATE_TORCH_DEVICE")
         if forced is not None:  # Accelerate's override of the device this process uses
             self.device = torch.device(forced)
         if backend.device_type != "cpu":
@@ -250,7 +235,7 @@ class PartialState:
             if not layout.single_node:
                 raise RuntimeError(f"MASTER_ADDR must be set for a multi-node run started by {layout.source}")
             os.environ["MASTER_ADDR"] = "127.0.0.1"
-        os.environ.setdefault("MASTER_PORT", "29500")
+        os.environ.setdefault("MASTER_PORT", str(DEFAULT_PORT))
         if self.backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
             if layout.single_node or _is_loopback(os.environ["MASTER_ADDR"]):
                 iface = _loopback_interface()
@@ -495,7 +480,8 @@ class AcceleratorState:
                 self.run_plan = resolve(self._partial.num_processes, self._partial.hardware_backend,
                                         backend_reason=self._partial.backend_reason,
                                         mixed_precision=plan.requested_precision,
-                                        deepspeed_plugins=plan.deepspeed_plugins, fsdp_plugin=plan.fsdp_plugin, **handlers)
+                                        deepspeed_plugins=plan.deepspeed_plugins, fsdp_plugin=plan.fsdp_plugin,
+                                        parallelism_config=self.parallelism_config, **handlers)
             return
         self._partial = PartialState(cpu, **kwargs)
         self.dynamo_plugin = dynamo_plugin
@@ -507,11 +493,13 @@ class AcceleratorState:
                 )
         self.megatron_lm_plugin = None
         self.torch_tp_plugin = None
-        self.parallelism_config = parallelism_config
-        #: backend, strategy and precision with their reasons (accel.resolve), plus the plugins the run uses
+        #: backend, strategy, precision and parallelism config with their reasons (accel.resolve), plus the
+        #: plugins the run uses
         self.run_plan = resolve(self._partial.num_processes, self._partial.hardware_backend,
                                 backend_reason=self._partial.backend_reason, mixed_precision=mixed_precision,
-                                deepspeed_plugins=deepspeed_plugin, fsdp_plugin=fsdp_plugin, **handlers)
+                                deepspeed_plugins=deepspeed_plugin, fsdp_plugin=fsdp_plugin,
+                                parallelism_config=parallelism_config, **handlers)
+        self.parallelism_config = self.run_plan.parallelism_config
         self.deepspeed_plugins = self.run_plan.deepspeed_plugins
         self.fsdp_plugin = self.run_plan.fsdp_plugin
         self.distributed_type = self.run_plan.distributed_type

@@ -38,40 +38,20 @@ OWNER_TO_FIX: dict[tuple[str, str, str], tuple[int, str]] = {
     # the default port -> accel.facts.network.DEFAULT_PORT
     ("accel/commands/config/config.py", PORT, "29500"): (1, "owner to fix: network.DEFAULT_PORT"),
     ("accel/commands/launch/options.py", PORT, "29500"): (1, "owner to fix: network.DEFAULT_PORT"),
-    ("accel/launchers.py", PORT, "29500"): (2, "owner to fix: str(network.DEFAULT_PORT)"),
-    ("accel/state.py", PORT, "29500"): (1, "owner to fix: network.DEFAULT_PORT"),
     ("accel/utils/launch.py", PORT, "29500"): (1, "owner to fix: network.DEFAULT_PORT"),
     # precision names -> accel.facts.precision.PRECISIONS / check_precision
-    ("accel/commands/config_file.py", PRECISION, "no,fp16,bf16,fp8"): (1, "owner to fix: precision.PRECISIONS"),
     ("accel/commands/launch/options.py", PRECISION, "no,fp16,bf16,fp8"): (1, "owner to fix: precision.PRECISIONS"),
-    ("accel/launchers.py", PRECISION, "no,fp8,fp16,bf16"): (1, "owner to fix: precision.check_precision"),
     ("accel/utils/launch.py", PRECISION, "no,fp16,bf16,fp8"): (1, "owner to fix: precision.check_precision"),
     # yes/no words -> accel.facts.environment.env_flag / parse_bool
-    ("accel/big_modeling.py", TRUTH, "1,on,t,true,y,yes"): (1, "owner to fix: environment.env_flag"),
-    ("accel/checkpointing/manifest.py", TRUTH, "0,false,no,off"): (1, "owner to fix: environment.env_flag"),
     ("accel/commands/config/config_utils.py", TRUTH, "0,false,n,no"): (1, "owner to fix: environment.parse_bool"),
     ("accel/commands/config/config_utils.py", TRUTH, "1,true,y,yes"): (1, "owner to fix: environment.parse_bool"),
-    ("accel/commands/config_file.py", TRUTH, "false,no,true,yes"): (1, "owner to fix: environment.parse_bool"),
-    ("accel/commands/config_file.py", TRUTH, "true,yes"): (1, "owner to fix: environment.parse_bool"),
     ("accel/commands/launch/options.py", TRUTH, "0,false,n,no,off"): (1, "owner to fix: environment.parse_bool"),
     ("accel/commands/launch/options.py", TRUTH, "1,on,true,y,yes"): (1, "owner to fix: environment.parse_bool"),
     ("accel/commands/launch/plan.py", TRUTH, "1,on,true,yes"): (1, "owner to fix: environment.env_flag"),
     ("accel/commands/report.py", TRUTH, "1,on,true,yes"): (1, "owner to fix: environment.parse_bool"),
-    ("accel/state.py", TRUTH, "1,on,true,yes"): (1, "owner to fix: environment.env_flag"),
-    ("accel/strategies/fsdp.py", TRUTH, "1,true"): (1, "owner to fix: environment.env_flag"),
-    ("accel/utils/deepspeed_config.py", TRUTH, "1,on,t,true,y,yes"): (1, "owner to fix: environment.parse_bool"),
-    ("accel/utils/fsdp_plugin.py", TRUTH, "0,f,false,n,no,off"): (1, "owner to fix: environment.parse_bool"),
-    ("accel/utils/fsdp_plugin.py", TRUTH, "1,on,t,true,y,yes"): (1, "owner to fix: environment.parse_bool"),
     ("accel/utils/launch.py", TRUTH, "1,on,true,y,yes"): (1, "owner to fix: environment.parse_bool"),
     ("accel/utils/launch.py", TRUTH, "false,true"): (1, "owner to fix: environment.parse_bool"),
     # checkpoint file names -> accel.facts.checkpoint
-    **{("accel/checkpointing/layout.py", CKPT, name): (1, "owner to fix: import it from accel.facts.checkpoint")
-       for name in ("pytorch_model", "model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
-                    "pytorch_model.bin.index.json", "scaler.pt", "random_states", "custom_checkpoint")},
-    ("accel/strategies/deepspeed.py", CKPT, "pytorch_model"): (1, "owner to fix: checkpoint.MODEL_NAME"),
-    ("accel/strategies/fsdp.py", CKPT, "pytorch_model_fsdp"): (1, "owner to fix: checkpoint.FSDP_MODEL_NAME"),
-    ("accel/utils/fsdp_utils.py", CKPT, "model.safetensors"): (1, "owner to fix: checkpoint.SAFE_WEIGHTS_NAME"),
-    ("accel/utils/fsdp_utils.py", CKPT, "pytorch_model.bin"): (1, "owner to fix: checkpoint.WEIGHTS_NAME"),
     ("accel/utils/modeling/checkpoint.py", CKPT, "model.safetensors"): (1, "owner to fix: checkpoint.SAFE_WEIGHTS_NAME"),
     ("accel/utils/modeling/checkpoint.py", CKPT, "pytorch_model.bin"): (1, "owner to fix: checkpoint.WEIGHTS_NAME"),
     ("accel/utils/modeling/checkpoint.py", CKPT, "pytorch_model.bin.index.json"): (
@@ -91,8 +71,6 @@ OWNER_TO_FIX: dict[tuple[str, str, str], tuple[int, str]] = {
 
 #: (file, kind, value) -> (count, why it stays)
 JUSTIFIED: dict[tuple[str, str, str], tuple[int, str]] = {
-    ("accel/backends/xla.py", TRUTH, "0,f,false,n,no,off"): (
-        1, "accel.backends is the lowest layer of tests/test_import_layering.py and may not import accel.facts yet"),
     ("accel/checkpointing/api.py", CKPT, "random_states"): (1, "a manifest field of that name, not the file name"),
     ("accel/checkpointing/manifest.py", CKPT, "random_states"): (1, "a manifest field of that name, not the file name"),
     ("accel_harness/markers.py", VAR, "ACCELERATE_ALIASES"): (1, "a Python name in __all__, not a variable"),

@@ -17,6 +17,7 @@ from torch.distributed.fsdp import (
 from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
 
 from accel.utils import FullyShardedDataParallelPlugin, get_module_class_from_name
+from accel.utils.fsdp_plugin import materialise_on_rank_device
 
 
 @pytest.fixture(autouse=True)
@@ -93,7 +94,16 @@ def test_fsdp1_environment_names_and_numbers(monkeypatch):
     assert plugin.backward_prefetch == BackwardPrefetch.BACKWARD_POST
     assert plugin.auto_wrap_policy is size_based_auto_wrap_policy and plugin.min_num_params == 2000
     assert plugin.use_orig_params is True and plugin.sync_module_states is True
-    assert plugin.param_init_fn is not None  # meta modules are materialised on the rank's device
+    assert plugin.param_init_fn is materialise_on_rank_device  # meta modules are materialised on the rank's device
+
+
+def test_meta_modules_are_materialised_on_the_given_device_or_the_backends():
+    with torch.device("meta"):
+        given, default = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    materialise_on_rank_device(given, device=torch.device("cpu"))
+    materialise_on_rank_device(default)  # the active backend's current device: the host here
+    assert given.weight.device.type == default.weight.device.type == "cpu"
+    assert not given.weight.is_meta and given.weight.shape == (2, 2)
 
 
 def test_explicit_values_win_over_the_environment(monkeypatch):

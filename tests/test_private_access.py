@@ -33,6 +33,7 @@ PROTOCOL_NAMES = {
     "_is_accelerate_prepared": "Accelerate's marker on an object prepare() returned",
     "_hf_hook": "Accelerate's hook protocol: the hook add_hook_to_module attached",
     "_old_forward": "Accelerate's hook protocol: the forward a hook replaced",
+    "_original_forward": "Accelerate's protocol: the forward prepare_pippy replaced; extract_model_from_parallel puts it back",
     "_accelerate_step_called": "Accelerate's protocol: the scheduler asks whether its optimizer really stepped",
     "_add_dataloader": "Accelerate's GradientState protocol: a loader registers itself while it iterates",
     "_remove_dataloader": "Accelerate's GradientState protocol: a loader unregisters itself at the end",
@@ -75,9 +76,7 @@ OWNER_TO_FIX = {
     "dataloader._non_blocking": "accel/data_loader (prepare): owner to fix, a prepared loader's private setting",
     "resumed._keep_head": "accel/data_loader (dispatch): owner to fix, written on another dispatcher",
     "self.dataset._global_batch": "accel/data_loader (shard): owner to fix, the wrapped dataset's private",
-    "model._original_forward": "accel/inference: owner to fix, written on the user's model",
     "source._handle": "accel/utils/modeling: owner to fix, _CheckpointFile's private safetensors handle",
-    "args._run": "accel/commands/cli: owner to fix, the parsed arguments carry the command under a private name",
     "writer._fh": "accel_harness/upstream and accel_reports/synthetic: owner to fix, the result writer's file handle",
 }
 

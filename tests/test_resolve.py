@@ -15,7 +15,7 @@ from accel.utils.dataclasses import DistributedType
 
 _LAUNCHER = ("ACCELERATE_USE_DEEPSPEED", "ACCEL_USE_DEEPSPEED", "ACCELERATE_USE_FSDP", "ACCEL_USE_FSDP",
              "ACCELERATE_MIXED_PRECISION", "ACCEL_MIXED_PRECISION", "ACCELERATE_USE_CPU", "ACCEL_USE_CPU",
-             "ACCEL_DEVICE", "FSDP_VERSION")
+             "ACCEL_DEVICE", "FSDP_VERSION", "ACCELERATE_USE_PARALLELISM_CONFIG")
 
 
 @pytest.fixture(autouse=True)
@@ -150,3 +150,26 @@ def test_an_fp8_recipe_without_fp8_is_refused_by_the_resolution():
 
 def test_partial_state_records_why_it_chose_its_backend():
     assert PartialState(cpu=True).backend_reason == "cpu=True was passed"
+
+
+def test_the_launchers_parallelism_config_variable_is_read_by_the_resolution(monkeypatch):
+    from accel.parallelism_config import ParallelismConfig
+
+    assert resolve(1, get_backend("cpu")).parallelism_config is None
+    monkeypatch.setenv("ACCELERATE_USE_PARALLELISM_CONFIG", "true")
+    plan = resolve(1, get_backend("cpu"))
+    assert isinstance(plan.parallelism_config, ParallelismConfig)
+    assert plan.reasons["parallelism"] == "ACCELERATE_USE_PARALLELISM_CONFIG=true (accel launch --use_parallelism_config)"
+    given = ParallelismConfig()
+    assert resolve(1, get_backend("cpu"), parallelism_config=given).parallelism_config is given
+    state = AcceleratorState(cpu=True)
+    assert state.parallelism_config is state.run_plan.parallelism_config is not None
+    monkeypatch.setenv("ACCELERATE_USE_PARALLELISM_CONFIG", "maybe")
+    with pytest.raises(ValueError, match="ACCELERATE_USE_PARALLELISM_CONFIG"):
+        resolve(1, get_backend("cpu"))
+
+
+def test_the_fsdp_strategy_reads_no_launcher_variable_itself():
+    import accel.strategies.fsdp as fsdp_module
+
+    assert "ACCELERATE_USE_PARALLELISM_CONFIG" not in open(fsdp_module.__file__, encoding="utf-8").read()

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 
+from ..facts.environment import env_flag
 from .base import Availability, Backend, Capability, DeviceProperties
-
-_FALSE = {"0", "false", "no", "off", "n", "f"}
 
 
 class XLABackend(Backend):
@@ -51,7 +49,7 @@ class XLABackend(Backend):
         return self._module
 
     def _probe(self) -> Availability:
-        if os.environ.get("USE_TORCH_XLA", "1").strip().lower() in _FALSE:
+        if not env_flag("USE_TORCH_XLA", default=True):
             return Availability(False, "USE_TORCH_XLA is false: torch_xla is switched off for this run")
         if self._module is None and importlib.util.find_spec("torch_xla") is None:
             return Availability(False, "torch_xla is not installed (pip install torch_xla, on a TPU VM)")

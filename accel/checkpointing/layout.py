@@ -1,5 +1,5 @@
-"""The checkpoint folder's one table of names: Accelerate's file names, accel's manifest and switches,
-the patterns of checkpoint and working folders, and the error every checkpoint problem raises.
+"""The checkpoint folder's names: Accelerate's file names (from accel.facts.checkpoint), accel's manifest
+and switches, the patterns of checkpoint and working folders, and the error every checkpoint problem raises.
 
 Plain names and patterns, with no import of torch or of the other parts, so every part can use it.
 """
@@ -8,19 +8,23 @@ from __future__ import annotations
 
 import re
 
-# Accelerate's file names (accelerate.utils.constants), so its checkpoints and accel's share a layout
-SAFE_MODEL_NAME = "model"
-MODEL_NAME = "pytorch_model"
-SAFE_WEIGHTS_NAME = "model.safetensors"
-WEIGHTS_NAME = "pytorch_model.bin"
-SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
-WEIGHTS_INDEX_NAME = "pytorch_model.bin.index.json"
-OPTIMIZER_NAME = "optimizer"
-SCHEDULER_NAME = "scheduler"
-SAMPLER_NAME = "sampler"
-SCALER_NAME = "scaler.pt"
-RNG_STATE_NAME = "random_states"
-CUSTOM_NAME = "custom_checkpoint"
+# Accelerate's file names, so its checkpoints and accel's share a layout
+from ..facts.checkpoint import (  # noqa: F401 (re-exported for the checkpointing modules)
+    CUSTOM_NAME,
+    MODEL_NAME,
+    OPTIMIZER_NAME,
+    RNG_STATE_NAME,
+    SAFE_MODEL_NAME,
+    SAFE_WEIGHTS_INDEX_NAME,
+    SAFE_WEIGHTS_NAME,
+    SAMPLER_NAME,
+    SCALER_NAME,
+    SCHEDULER_NAME,
+    WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
+    index_suffix,
+)
+
 # accel's own
 MANIFEST_NAME = "accel_checkpoint.json"
 CHECKPOINTS_FOLDER = "checkpoints"
@@ -37,10 +41,15 @@ CHECKPOINT_DIR = re.compile(r"checkpoint_(\d+)")
 #: ``.del-`` (being deleted by total_limit)
 LEFTOVER = re.compile(r"\.(?P<name>.+)\.(?P<kind>tmp|old|del)-(?P<token>[0-9a-f]+-[0-9a-f]+)")
 #: files save_state owns: stale ones are not carried over when an existing directory is replaced
-STATE_FILE = re.compile(
-    r"(model(_\d+)?\.safetensors|pytorch_model(_\d+)?\.bin|(optimizer|scheduler|sampler)(_\d+)?\.bin"
-    r"|scaler\.pt|random_states_\d+\.(json|pkl)|custom_checkpoint_\d+\.pkl|" + re.escape(MANIFEST_NAME) + r")"
-)
+STATE_FILE = re.compile("(" + "|".join((
+    rf"{SAFE_MODEL_NAME}(_\d+)?\.safetensors",
+    rf"{MODEL_NAME}(_\d+)?\.bin",
+    rf"({OPTIMIZER_NAME}|{SCHEDULER_NAME}|{SAMPLER_NAME})(_\d+)?\.bin",
+    re.escape(SCALER_NAME),
+    rf"{RNG_STATE_NAME}_\d+\.(json|pkl)",
+    rf"{CUSTOM_NAME}_\d+\.pkl",
+    re.escape(MANIFEST_NAME),
+)) + ")")
 
 
 class CheckpointError(ValueError, RuntimeError):
@@ -49,11 +58,6 @@ class CheckpointError(ValueError, RuntimeError):
     A ``ValueError`` and a ``RuntimeError`` both, so code written for the errors Accelerate raises in
     the same situations still catches it.
     """
-
-
-def index_suffix(i: int) -> str:
-    """Accelerate's suffix of the i-th object's file: nothing for the first, ``_{i}`` after it."""
-    return f"_{i}" if i > 0 else ""
 
 
 def plural(n: int, word: str) -> str:

@@ -8,6 +8,7 @@ import re
 from pathlib import Path, PureWindowsPath
 from typing import Any
 
+from ..facts.environment import env_flag
 from ..utils import heartbeat
 from ..utils.files import file_digest
 from .layout import (
@@ -26,8 +27,8 @@ from .layout import (
 
 
 def checksums_enabled() -> bool:
-    """Whether checksums are written and verified (the ``CHECKSUM_ENV`` switch; on unless set to 0/false/no/off)."""
-    return os.environ.get(CHECKSUM_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    """Whether checksums are written and verified (the yes/no ``CHECKSUM_ENV`` switch, on when unset)."""
+    return env_flag(CHECKSUM_ENV, default=True)
 
 
 def compute_checksums(folder: Path) -> dict[str, dict[str, Any]]:

@@ -133,17 +133,17 @@ def build_parser(load: str | None = None) -> argparse.ArgumentParser:
         if name == load:
             if name == "completion":
                 add_arguments(sub)
-                sub.set_defaults(_run=run)
+                sub.set_defaults(accel_run=run)
                 continue
             try:
                 module = importlib.import_module(module_path)
             except ModuleNotFoundError as exc:
                 if exc.name != module_path:
                     raise
-                sub.set_defaults(_run=_missing(name, module_path))
+                sub.set_defaults(accel_run=_missing(name, module_path))
                 continue
             module.add_arguments(sub)
-            sub.set_defaults(_run=module.run)
+            sub.set_defaults(accel_run=module.run)
     return parser
 
 
@@ -235,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        return int(args._run(args))
+        return int(args.accel_run(args))
     except UsageError as exc:
         print(f"accel {args.accel_command}: error: {exc}", file=sys.stderr)
         return 2

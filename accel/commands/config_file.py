@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from accel.facts.environment import parse_bool
+from accel.facts.precision import PRECISIONS
 from accel.utils.files import atomic_write
 
 __all__ = [
@@ -44,7 +46,8 @@ __all__ = [
 #: environment variable naming the config file explicitly
 CONFIG_ENV = "ACCEL_CONFIG_FILE"
 
-MIXED_PRECISIONS = ("no", "fp16", "bf16", "fp8")
+#: the ``mixed_precision`` values (Accelerate's, from accel.facts.precision)
+MIXED_PRECISIONS = PRECISIONS
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 COMPUTE_ENVIRONMENTS = ("LOCAL_MACHINE", "AMAZON_SAGEMAKER")
 #: Accelerate's DistributedType values (accel launch runs the process-group ones)
@@ -328,8 +331,8 @@ def _extra_value(key: str, value: Any) -> Any:
             raise ValueError(f"expected a mapping of settings, got {value!r}")
         return value
     if key in FLAG_KEYS:
-        if isinstance(value, str) and value.strip().lower() in ("no", "false", "yes", "true"):
-            return value.strip().lower() in ("yes", "true")  # Accelerate wrote downcast_bf16: 'no'
+        if isinstance(value, str):
+            return parse_bool(value, "the value")  # Accelerate wrote downcast_bf16: 'no'
         return _flag(value)
     if key in LIST_KEYS:
         if isinstance(value, str):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -31,10 +30,13 @@ from ..utils.deepspeed import (
     DummyScheduler,
     map_pytorch_optim_to_deepspeed,
 )
+from ..facts.checkpoint import MODEL_NAME
+from ..facts.network import free_port
 from .base import Strategy, StrategyCheckpoint
 from .context import PreparedObjects, StrategyContext
 
-MODEL_TAG = "pytorch_model"
+#: the tag (sub-folder) of the DeepSpeed engine's checkpoint, Accelerate's
+MODEL_TAG = MODEL_NAME
 
 
 def require_deepspeed() -> Any:
@@ -47,12 +49,6 @@ def require_deepspeed() -> Any:
             f"torch pinned) to use DeepSpeedPlugin ({exc})"
         ) from None
     return deepspeed
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def align_deepspeed_accelerator(backend: Any) -> None:
@@ -129,7 +125,7 @@ class DeepSpeedStrategy(Strategy):
             return
         if state.num_processes > 1:  # pragma: no cover - PartialState creates the group for several ranks
             raise RuntimeError("DeepSpeed: several processes but no process group")
-        store = dist.TCPStore("127.0.0.1", _free_port(), 1, is_master=True)
+        store = dist.TCPStore("127.0.0.1", free_port("127.0.0.1"), 1, is_master=True)
         comm = self.backend.comm_backend or "gloo"
         dist.init_process_group(backend=comm, store=store, rank=0, world_size=1)
         self._own_group = True

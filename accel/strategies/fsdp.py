@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import os
 import re
-import socket
 import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -30,22 +30,17 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from ..backends import UnsupportedFeatureError
+from ..facts.checkpoint import FSDP_MODEL_NAME, OPTIMIZER_NAME
+from ..facts.network import free_port
 from ..utils.dataclasses import DistributedType
+from ..utils.fsdp_plugin import materialise_on_rank_device
 from .base import Strategy, StrategyCheckpoint, validate_parallelism_config
 from .context import EMPTY, PreparedObjects, StrategyContext
 
 logger = logging.getLogger(__name__)
 
-FSDP_MODEL_NAME = "pytorch_model_fsdp"
-OPTIMIZER_NAME = "optimizer"
 _CANONICAL = (("._checkpoint_wrapped_module", ""), ("_checkpoint_wrapped_module.", ""), ("_fsdp_wrapped_module.", ""),
               ("._fsdp_wrapped_module", ""), ("._orig_mod", ""))
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def fsdp2_canonicalize_names(named_params: dict[str, Any]) -> dict[str, Any]:
@@ -339,17 +334,13 @@ class FSDPStrategy(Strategy):
         if state.num_processes > 1:  # pragma: no cover - PartialState creates the group for several ranks
             raise RuntimeError("FSDP: several processes but no process group")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port("127.0.0.1")))
         dist.init_process_group(backend=self.backend.comm_backend, rank=0, world_size=1)
 
     def settle_parallelism_config(self) -> None:
-        """Check the ParallelismConfig (one from ``ACCELERATE_USE_PARALLELISM_CONFIG`` too) and build its mesh."""
-        from ..parallelism_config import ParallelismConfig
-
+        """Check the run's ParallelismConfig (the resolution's: given, or built from the launcher's variables)
+        and build its mesh."""
         config = self.state.parallelism_config
-        if config is None and str(os.environ.get("ACCELERATE_USE_PARALLELISM_CONFIG", "false")).lower() in ("1", "true"):
-            config = ParallelismConfig()
-            self.state.parallelism_config = config
         if config is None:
             return
         if not self.is_fsdp2 and config.total_size > 1:
@@ -510,7 +501,6 @@ class FSDPStrategy(Strategy):
 
     def apply_activation_checkpointing(self, model: torch.nn.Module, predicate: Any) -> torch.nn.Module:
         """Wrap the layers ``predicate`` selects in non-reentrant activation checkpointing (in place)."""
-        import functools
 
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
             CheckpointImpl,
@@ -643,7 +633,9 @@ class FSDPStrategy(Strategy):
             "ignored_modules": _ignored_modules(plugin.ignored_modules, model) or None,
             "device_id": self.device,
         }
-        if plugin.param_init_fn is not None:
+        if plugin.param_init_fn is materialise_on_rank_device:
+            kwargs["param_init_fn"] = functools.partial(materialise_on_rank_device, device=self.device)
+        elif plugin.param_init_fn is not None:
             kwargs["param_init_fn"] = plugin.param_init_fn
         if strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2):
             config = self.state.parallelism_config

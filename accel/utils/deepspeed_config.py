@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from accel.facts.environment import FALSE_WORDS, TRUE_WORDS, env_flag, env_text, parse_bool
 
 __all__ = [
     "DeepSpeedPlugin",
@@ -36,7 +37,6 @@ __all__ = [
 ]
 
 _AUTO = "auto"
-_TRUE = {"1", "true", "yes", "on", "y", "t"}
 
 #: plugin field -> dotted key of the DeepSpeed config it sets (one table, used both ways)
 PLUGIN_CONFIG_KEYS = {
@@ -69,12 +69,16 @@ _OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 
 
 def _env(name: str) -> str | None:
-    value = os.environ.get(name)
-    return None if value in (None, "") else value
+    """The variable ``name``, None when unset or empty."""
+    return env_text(name)
 
 
-def _bool(value: Any) -> bool:
-    return value if isinstance(value, bool) else str(value).strip().lower() in _TRUE
+def _config_says(value: Any, yes: bool) -> bool:
+    """Whether a config value says yes (``yes=True``) or no (``yes=False``): text by its yes/no word (other text
+    says neither, e.g. "auto"), anything else by its truth."""
+    if isinstance(value, str):
+        return value.strip().lower() in (TRUE_WORDS if yes else FALSE_WORDS)
+    return bool(value) is yes
 
 
 class HfDeepSpeedConfig:
@@ -148,11 +152,11 @@ class HfDeepSpeedConfig:
 
     def is_true(self, ds_key_long: str) -> bool:
         value = self.get_value(ds_key_long)
-        return value is not None and _bool(value)
+        return value is not None and _config_says(value, yes=True)
 
     def is_false(self, ds_key_long: str) -> bool:
         value = self.get_value(ds_key_long)
-        return value is not None and not _bool(value)
+        return value is not None and _config_says(value, yes=False)
 
     def is_zero2(self) -> bool:
         return self._stage == 2
@@ -200,7 +204,7 @@ class DeepSpeedPlugin:
         self.deepspeed_config = self.hf_ds_config.config
         self.deepspeed_config["steps_per_print"] = float("inf")  # DeepSpeed's own step log stays quiet
         if self.zero3_init_flag is None:
-            self.zero3_init_flag = _bool(_env(PLUGIN_ENV["zero3_init_flag"]) or str(self.hf_ds_config.is_zero3()))
+            self.zero3_init_flag = env_flag(PLUGIN_ENV["zero3_init_flag"], default=self.hf_ds_config.is_zero3())
         if self.zero3_init_flag and not self.hf_ds_config.is_zero3():
             warnings.warn("DeepSpeedPlugin: zero3_init_flag only applies to ZeRO stage 3; it is turned off", stacklevel=3)
             self.zero3_init_flag = False
@@ -222,7 +226,7 @@ class DeepSpeedPlugin:
             if getattr(self, name) is None:
                 setattr(self, name, _env(PLUGIN_ENV[name]) or "none")
         if self.zero3_save_16bit_model is None:
-            self.zero3_save_16bit_model = _bool(_env(PLUGIN_ENV["zero3_save_16bit_model"]) or "false")
+            self.zero3_save_16bit_model = env_flag(PLUGIN_ENV["zero3_save_16bit_model"])
         if self.hf_ds_config is None:
             self.hf_ds_config = _env(PLUGIN_ENV["hf_ds_config"]) or "none"
         if self.enable_msamp is None:
@@ -345,7 +349,7 @@ class DeepSpeedPlugin:
         for dtype, enabled in wanted.items():
             section = config.get(dtype)
             if isinstance(section, dict) and section.get("enabled") not in (None, _AUTO):
-                configured = _bool(section["enabled"])
+                configured = parse_bool(section["enabled"], f"the DeepSpeed config's {dtype}.enabled")
                 if configured != enabled and (enabled or mixed_precision != "no"):
                     raise ValueError(
                         f"mixed precision contradiction: the Accelerator has mixed_precision={mixed_precision!r} but the "
@@ -360,7 +364,8 @@ class DeepSpeedPlugin:
         """The precision the config itself enables ("fp16"/"bf16"), None when it enables neither."""
         for dtype in ("bf16", "fp16"):
             section = self.deepspeed_config.get(dtype)
-            if isinstance(section, dict) and section.get("enabled") not in (None, _AUTO) and _bool(section["enabled"]):
+            enabled = section.get("enabled") if isinstance(section, dict) else None
+            if enabled not in (None, _AUTO) and parse_bool(enabled, f"the DeepSpeed config's {dtype}.enabled"):
                 return dtype
         return None
 

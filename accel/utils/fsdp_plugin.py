@@ -19,13 +19,16 @@ from typing import Any, Callable, Iterable, Optional, Union
 
 import torch
 
+from ..facts.environment import env_flag, parse_bool
 from .constants import (
     BETA_CP_AVAILABLE_PYTORCH_VERSION,
     BETA_TP_AVAILABLE_PYTORCH_VERSION,
+    FSDP2_PYTORCH_VERSION,
     FSDP_AUTO_WRAP_POLICY,
     FSDP_BACKWARD_PREFETCH,
     FSDP_SHARDING_STRATEGY,
 )
+from .imports import is_torch_version
 
 __all__ = [
     "DeepSpeedSequenceParallelConfig",
@@ -38,37 +41,22 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: the oldest torch with ``torch.distributed.fsdp.fully_shard`` as accel uses it
-FSDP2_PYTORCH_VERSION = "2.6.0"
 _PREFIX = "FSDP_"
-_TRUE = {"1", "true", "yes", "y", "on", "t"}
-_FALSE = {"0", "false", "no", "n", "off", "f"}
 
 
 def _env(name: str, default: Any = None) -> Any:
+    """The launcher's ``FSDP_<name>`` variable, ``default`` when unset."""
     return os.environ.get(_PREFIX + name, default)
 
 
-def _as_bool(value: Any, what: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise ValueError(f"{what}: expected true/false, got {value!r}")
-
-
 def _env_bool(name: str, default: bool = False) -> bool:
-    value = _env(name)
-    return default if value is None else _as_bool(value, _PREFIX + name)
+    """The yes/no variable ``FSDP_<name>``; a word that is neither is a ValueError naming it."""
+    return env_flag(_PREFIX + name, default=default)
 
 
 def _torch_at_least(version: str) -> bool:
-    from packaging.version import Version
-
-    return Version(torch.__version__.split("+")[0]) >= Version(version)
+    """Whether the installed torch is ``version`` or newer."""
+    return is_torch_version(">=", version)
 
 
 def get_module_class_from_name(module: torch.nn.Module, name: str) -> type | None:
@@ -189,7 +177,7 @@ class FullyShardedDataParallelPlugin:
 
         if self.sync_module_states and self.param_init_fn is None:
             # modules left on the meta device (cpu_ram_efficient_loading) are materialised on this rank's device
-            self.param_init_fn = _materialise_on_backend_device
+            self.param_init_fn = materialise_on_rank_device
         if notes:
             logger.warning("Multiple deprecation warnings due to FSDP2 conversion:\n%s", "\n".join(sorted(notes)))
 
@@ -209,7 +197,7 @@ class FullyShardedDataParallelPlugin:
             self.reshard_after_forward = _env("RESHARD_AFTER_FORWARD", "true" if fsdp2 else "FULL_SHARD")
         if isinstance(self.reshard_after_forward, str):
             if fsdp2:
-                self.reshard_after_forward = _as_bool(self.reshard_after_forward, "reshard_after_forward")
+                self.reshard_after_forward = parse_bool(self.reshard_after_forward, "reshard_after_forward")
             else:
                 self.reshard_after_forward = _enum_from(self.reshard_after_forward, ShardingStrategy,
                                                         FSDP_SHARDING_STRATEGY, "reshard_after_forward")
@@ -418,11 +406,15 @@ class FullyShardedDataParallelPlugin:
         return self.state_dict_type == StateDictType.SHARDED_STATE_DICT
 
 
-def _materialise_on_backend_device(module: torch.nn.Module) -> None:
-    """``param_init_fn`` for sync_module_states: empty storage for a meta module on this rank's device."""
-    from ..state import PartialState
+def materialise_on_rank_device(module: torch.nn.Module, device: Any = None) -> None:
+    """``param_init_fn`` for sync_module_states: empty storage for a meta module on ``device`` (rank 0's weights
+    arrive by broadcast). The FSDP strategy passes the rank's device; without one, the active backend's current
+    device is used (as Accelerate uses the device module's current device)."""
+    if device is None:
+        from ..backends import get_backend
 
-    module.to_empty(device=PartialState().device, recurse=False)
+        device = get_backend().device()
+    module.to_empty(device=device, recurse=False)
 
 
 @dataclass
@@ -473,7 +465,7 @@ class DeepSpeedSequenceParallelConfig:
 
     def __post_init__(self) -> None:
         if self.sp_seq_length_is_variable is None:
-            self.sp_seq_length_is_variable = os.environ.get("PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE", "true").lower() == "true"
+            self.sp_seq_length_is_variable = env_flag("PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE", default=True)
         if not self.sp_seq_length_is_variable and self.sp_seq_length is None:
             if "PARALLELISM_CONFIG_SP_SEQ_LENGTH" not in os.environ:
                 raise ValueError("when `sp_seq_length_is_variable` is `False` `sp_seq_length` must be provided either through "

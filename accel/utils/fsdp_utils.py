@@ -15,14 +15,14 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from accel.facts.checkpoint import FSDP_MODEL_NAME, OPTIMIZER_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
+
 __all__ = ["SAFE_WEIGHTS_NAME", "WEIGHTS_NAME", "merge_fsdp_weights"]
 
 logger = logging.getLogger(__name__)
 
-SAFE_WEIGHTS_NAME = "model.safetensors"
-WEIGHTS_NAME = "pytorch_model.bin"
-#: sub-folders Accelerate's save_state writes for a sharded FSDP model and optimizer
-_MODEL_FOLDER, _OPTIMIZER_FOLDER = "pytorch_model_fsdp_0", "optimizer_0"
+#: sub-folders Accelerate's save_state writes for a sharded FSDP model and optimizer (the first of each)
+_MODEL_FOLDER, _OPTIMIZER_FOLDER = f"{FSDP_MODEL_NAME}_0", f"{OPTIMIZER_NAME}_0"
 
 
 def _check_checkpoint_dir(checkpoint_dir: Path) -> None:

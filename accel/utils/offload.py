@@ -23,6 +23,8 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from accel.facts.checkpoint import OFFLOAD_INDEX_NAME
+
 __all__ = [
     "OffloadedWeightsLoader",
     "PrefixedDataset",
@@ -33,7 +35,7 @@ __all__ = [
     "save_offload_index",
 ]
 
-INDEX_NAME = "index.json"
+INDEX_NAME = OFFLOAD_INDEX_NAME
 
 # dtypes numpy cannot hold: stored through an integer view of the same width
 _VIEW_AS = {torch.bfloat16: torch.int16}
