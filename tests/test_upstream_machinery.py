@@ -177,12 +177,12 @@ def test_install_pins_torch_skips_what_is_there_and_isolates_a_broken_package(tm
 
 
 def test_a_package_that_installs_but_does_not_import_is_uninstalled_and_reported(tmp_path):
-    pip = FakePip(import_errors={"peft": "import peft: ModuleNotFoundError: Could not import module 'BloomPreTrainedModel'"})
-    result = up.install_requirements(["peft", "fresh-package"], tmp_path, runner=pip, constraints=[])
+    pip = FakePip(import_errors={"accel-test-not-installed": "import accel_test_not_installed: ModuleNotFoundError: Could not import module 'BloomPreTrainedModel'"})
+    result = up.install_requirements(["accel-test-not-installed", "fresh-package"], tmp_path, runner=pip, constraints=[])
     assert result.installed == ["fresh-package"]
-    assert result.failed == {"peft": "installed, but import peft: ModuleNotFoundError: Could not import module "
+    assert result.failed == {"accel-test-not-installed": "installed, but import accel_test_not_installed: ModuleNotFoundError: Could not import module "
                                       "'BloomPreTrainedModel'; uninstalled again"}
-    assert pip.calls[-1][-4:] == ["pip", "uninstall", "-y", "peft"]
+    assert pip.calls[-1][-4:] == ["pip", "uninstall", "-y", "accel-test-not-installed"]
 
 
 def test_the_import_check_runs_for_real(tmp_path):
