@@ -163,22 +163,30 @@ def sequence_parallel_train_batch_size(micro_batch_size: int, gradient_accumulat
 
 def sequence_parallel_loss(loss: torch.Tensor, shift_labels: torch.Tensor, group: Any = None,
                            ignore_index: int = -100) -> torch.Tensor:
-    """The mean loss of the whole sequences from each rank's mean loss over its shard (differentiable).
+    """The mean loss of the whole sequences from each rank's mean loss over its shard.
 
     Each rank's mean is weighted by its count of labelled tokens (``shift_labels != ignore_index``);
     shards without labels count for nothing. ``group`` is the sequence-parallel group (the mpu's
-    ``get_sequence_parallel_group()``).
+    ``get_sequence_parallel_group()``). Every rank gets the same value, but each differentiates only
+    its own shard's term (the others' arrive detached), so the ranks' gradients *add up* to the
+    whole sequence's gradient: what DeepSpeed's engine does with them (it sums over the
+    sequence-parallel ranks). Differentiating the gathered losses instead would count every term
+    once per rank, ``sp_size`` times the gradient.
     """
     import torch.distributed as dist
-    import torch.distributed.nn.functional as dist_fn
 
-    tokens = (shift_labels != ignore_index).sum().to(loss.dtype).reshape(1)
+    rank = dist.get_rank(group)
     size = dist.get_world_size(group)
-    losses = dist_fn.all_gather(loss.reshape(1), group=group)
+    tokens = (shift_labels != ignore_index).sum().to(loss.dtype).reshape(1)
+    local = loss.detach().reshape(1).to(loss.dtype)
+    losses = [torch.zeros_like(local) for _ in range(size)]
     counts = [torch.zeros_like(tokens) for _ in range(size)]
+    dist.all_gather(losses, local, group=group)
     dist.all_gather(counts, tokens, group=group)
-    total = sum(part * count for part, count in zip(losses, counts))
-    return total.reshape(()) / torch.clamp(sum(counts), min=1).reshape(())
+    others = sum(part * count for index, (part, count) in enumerate(zip(losses, counts)) if index != rank)
+    total_tokens = torch.clamp(sum(counts), min=1).reshape(())
+    mine = loss.reshape(()) * tokens.reshape(()) if tokens.item() > 0 else loss.reshape(()) * 0.0
+    return (mine + torch.as_tensor(others, dtype=loss.dtype, device=loss.device).reshape(())) / total_tokens
 
 
 # ------------------------------------------------------------------------------------ torch context parallelism
