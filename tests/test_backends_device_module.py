@@ -483,6 +483,10 @@ class _PicklableProbe(DeviceModuleBackend):
     name = "probe"
     device_type = "cpu"
 
+    @property
+    def comm_backend(self):
+        return None
+
 
 def test_a_device_module_backend_pickles_without_its_module():
     """A prepared data loader (or anything else) that holds the backend must pickle: the cached

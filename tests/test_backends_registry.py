@@ -304,3 +304,41 @@ def test_accel_exposes_get_backend_lazily(monkeypatch):
     monkeypatch.setenv(OVERRIDE_ENV, "cpu")
     assert accel.get_backend is backends.get_backend
     assert accel.get_backend().name == "cpu"
+
+
+#: the methods every backend defines itself (Backend's abstract methods), the contract in one place
+CONTRACT = {"_probe", "device_count", "set_device", "current_device", "synchronize", "comm_backend", "manual_seed",
+            "get_rng_state", "set_rng_state", "grad_scaler_capability", "device_properties"}
+
+
+def test_backend_is_an_abstract_class_with_its_contract_in_one_place():
+    from accel.backends.base import Backend
+
+    assert Backend.__abstractmethods__ == CONTRACT
+    with pytest.raises(TypeError, match="abstract"):
+        Backend()
+
+
+def test_a_backend_that_leaves_out_part_of_the_contract_cannot_be_made():
+    from accel.backends.base import Availability, Backend
+
+    class Partial(Backend):
+        name = device_type = "partial"
+
+        def _probe(self):
+            return Availability(True, "test")
+
+    with pytest.raises(TypeError, match="device_count"):
+        Partial()
+
+
+def test_a_device_module_backend_names_its_collective_library_itself():
+    from accel.backends.device_module import DeviceModuleBackend
+
+    assert DeviceModuleBackend.__abstractmethods__ == {"comm_backend"}
+
+
+def test_every_builtin_backend_fulfils_the_contract():
+    for factory in _builtin_factories():
+        backend = factory()
+        assert not type(backend).__abstractmethods__, type(backend).__name__

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from _fake_backend import NoDevice
+
 import accel
 from accel.backends import Availability, Backend, register_backend, reset_registry
 from accel.commands import cli, env as env_command
@@ -53,7 +55,7 @@ SECTIONS = (
 pytestmark = pytest.mark.usefixtures("clean_environment")
 
 
-class AbsentBackend(Backend):
+class AbsentBackend(NoDevice, Backend):
     """An extra backend that is never present; registered in-process like a plug-in would be."""
 
     name = "absent"
@@ -64,7 +66,7 @@ class AbsentBackend(Backend):
         return Availability(False, "no absent device on this machine")
 
 
-class BrokenBackend(Backend):
+class BrokenBackend(NoDevice, Backend):
     """Claims to be available but fails when asked about its devices."""
 
     name = "broken"

@@ -8,6 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from _fake_backend import NoDevice
+
 from accel.backends.base import Availability, Backend, Capability
 from accel.facts import versions
 from accel.facts.requirements import NOT_IN_TABLE, REQUIREMENT_TABLE, marker_code
@@ -15,7 +17,7 @@ from accel.test_utils import testing
 from accel_harness import markers
 
 
-class Fake(Backend):
+class Fake(NoDevice, Backend):
     """A backend whose answers are set by the test."""
 
     def __init__(self, name, *, count=1, comm="fakeccl", fp16=True, bf16=True, fp8=False, torch_version=None):

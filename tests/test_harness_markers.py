@@ -8,6 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from _fake_backend import NoDevice
+
 from accel.backends.base import Availability, Backend, Capability
 from accel.backends.cpu import CPUBackend
 from accel_harness import markers
@@ -25,7 +27,7 @@ from accel_harness.markers import (
 )
 
 
-class FakeBackend(Backend):
+class FakeBackend(NoDevice, Backend):
     """A backend whose every answer is set by the test; counts dtype probes."""
 
     device_type = "fake"

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from _fake_backend import NoDevice
+
 from accel.backends import Availability, Backend, Capability, get_backend, register_backend, reset_registry
 from accel.commands import cli
 from accel.commands import launch as launch_command
@@ -234,7 +236,7 @@ def test_a_busy_port_is_refused_before_start(script, capsys):
     assert code == 2 and f"port {port} on 127.0.0.1 is in use" in err
 
 
-class _FakeBackend(Backend):
+class _FakeBackend(NoDevice, Backend):
     """A registered backend that exists only for the launch plan (no device is touched)."""
 
     device_type = "fakedev"

@@ -10,6 +10,8 @@ import torch
 import torch.nn as nn
 from safetensors.torch import save_file
 
+from _fake_backend import NoDevice
+
 from accel.big_modeling import init_empty_weights
 from accel.backends import Backend
 from accel.utils import modeling, placement
@@ -46,7 +48,7 @@ def _stack(n: int, width: int = 8) -> nn.Sequential:
     return nn.Sequential(OrderedDict((f"l{i}", nn.Linear(width, width)) for i in range(n)))
 
 
-class FakeAcceleratorBackend(Backend):
+class FakeAcceleratorBackend(NoDevice, Backend):
     """Two 'xpu' devices with fixed free memory: enough to check ids and budgets come from the backend."""
 
     name = "fakexpu"

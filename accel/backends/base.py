@@ -8,6 +8,7 @@ reports can say *why* instead of getting a silent ``None`` or ``0``.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import functools
 import time
@@ -127,8 +128,15 @@ class Timer:
             self.elapsed = time.perf_counter() - self._start
 
 
-class Backend:
-    """A hardware backend. Subclasses set the class attributes and override the probes.
+class Backend(abc.ABC):
+    """A hardware backend. Subclasses set the class attributes and define the contract's abstract methods.
+
+    The contract, in one place: every backend answers ``_probe``, ``device_count``, ``set_device``,
+    ``current_device``, ``synchronize``, ``comm_backend``, ``manual_seed``, ``get_rng_state``,
+    ``set_rng_state``, ``grad_scaler_capability`` and ``device_properties`` (a class that leaves one out
+    cannot be instantiated). The rest has a default that holds for any device: memory statistics,
+    streams and events are unsupported (with the reason), ``amp_capability`` runs the autocast probe,
+    ``empty_cache`` and ``pin_memory`` do nothing.
 
     Instances are cheap; probing (``availability``) runs once and is cached. ``torch_version``
     can be passed to ask what the backend would support under another torch release, which is how
@@ -192,8 +200,9 @@ class Backend:
         (``accel qualify --upstream``). Built-in backends need none."""
         return {}
 
+    @abc.abstractmethod
     def _probe(self) -> Availability:
-        raise NotImplementedError
+        """Whether this backend can be used here, and why (called once; an exception counts as unavailable)."""
 
     def require_available(self) -> None:
         if not self.is_available():
@@ -203,8 +212,9 @@ class Backend:
         return UnsupportedFeatureError(self.name, feature, reason)
 
     # ------------------------------------------------------------------ devices
+    @abc.abstractmethod
     def device_count(self) -> int:
-        raise NotImplementedError
+        """How many devices this process sees (0 when the backend is unavailable)."""
 
     def device(self, index: int | None = None) -> torch.device:
         """The torch device for ``index`` (default: the current device)."""
@@ -220,20 +230,23 @@ class Backend:
     def devices(self) -> list[torch.device]:
         return [torch.device(self.device_type, i) for i in range(self.device_count())]
 
+    @abc.abstractmethod
     def set_device(self, index: int) -> None:
-        raise NotImplementedError
+        """Make device ``index`` this process's current device."""
 
+    @abc.abstractmethod
     def current_device(self) -> int:
-        raise NotImplementedError
+        """The index of this process's current device."""
 
+    @abc.abstractmethod
     def synchronize(self, index: int | None = None) -> None:
-        raise NotImplementedError
+        """Wait until the work queued on device ``index`` (default: the current one) has finished."""
 
     # ------------------------------------------------------------------ collectives and processes
     @property
+    @abc.abstractmethod
     def comm_backend(self) -> str | None:
         """Name of the torch.distributed backend for this device, or None (single process only)."""
-        raise NotImplementedError
 
     def comm_backend_reason(self) -> str:
         return ""
@@ -242,15 +255,17 @@ class Backend:
         return self.comm_backend is not None
 
     # ------------------------------------------------------------------ RNG
+    @abc.abstractmethod
     def manual_seed(self, seed: int) -> None:
         """Seed every device of this backend (the host generator is seeded by ``set_seed``)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def get_rng_state(self, index: int | None = None) -> torch.Tensor:
-        raise NotImplementedError
+        """The random generator state of device ``index`` (default: the current one), for checkpoints."""
 
+    @abc.abstractmethod
     def set_rng_state(self, state: torch.Tensor, index: int | None = None) -> None:
-        raise NotImplementedError
+        """Restore a state :meth:`get_rng_state` returned."""
 
     # ------------------------------------------------------------------ memory
     @property
@@ -350,8 +365,9 @@ class Backend:
         return self.device_type
 
     def amp_capability(self, dtype: torch.dtype) -> Capability:
-        """Whether ``torch.autocast(device_type, dtype)`` really runs in ``dtype`` here."""
-        raise NotImplementedError
+        """Whether ``torch.autocast(device_type, dtype)`` really runs in ``dtype`` here (by default: the
+        autocast probe, :meth:`probe_autocast`)."""
+        return self.probe_autocast(dtype)
 
     def probe_autocast(self, dtype: torch.dtype) -> Capability:
         """Run a tiny matmul on device 0 under ``torch.autocast`` and check it came out in ``dtype``: the
@@ -379,8 +395,9 @@ class Backend:
         return self.amp_capability(torch.bfloat16)
 
     @property
+    @abc.abstractmethod
     def grad_scaler_capability(self) -> Capability:
-        raise NotImplementedError
+        """Whether ``torch.amp.GradScaler`` works for this device (fp16 training), and why."""
 
     def grad_scaler(self, **kwargs: Any) -> "torch.amp.GradScaler":
         cap = self.grad_scaler_capability
@@ -402,8 +419,9 @@ class Backend:
         return any(m in text for m in self.oom_messages)
 
     # ------------------------------------------------------------------ description
+    @abc.abstractmethod
     def device_properties(self, index: int = 0) -> DeviceProperties:
-        raise NotImplementedError
+        """Name, memory and versions of device ``index``, for reports."""
 
     def capabilities(self) -> dict[str, Capability]:
         """Every capability with its answer; what `accel env` and reports show."""
