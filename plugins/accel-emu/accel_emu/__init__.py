@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from types import ModuleType
 
-__all__ = ["DEVICE_TYPE", "COMM_BACKEND", "is_loaded", "load"]
+__all__ = ["DEVICE_TYPE", "COMM_BACKEND", "fallback_calls", "is_loaded", "load", "reset_fallback_calls"]
 
 #: torch device type of the emulated accelerator
 DEVICE_TYPE = "emu"
@@ -61,3 +61,22 @@ def load() -> ModuleType:
         register_comm_backend()
         _loaded = True
         return device_module
+
+
+def fallback_calls() -> list[tuple[str, str, int]]:
+    """Operators computed by the host fallback since the last reset: ``(name, path, calls)``.
+
+    ``path`` is ``"direct"`` (the kernel ran on host aliases of the opened device memory) or
+    ``"copying"`` (operands copied to the host and results back: view operators and resizing ones).
+    A profiling aid: an operator that copies where it could run directly shows here.
+    """
+    from ._extension import load_extension
+
+    return [(str(name), str(path), int(calls)) for name, path, calls in load_extension().fallback_calls()]
+
+
+def reset_fallback_calls() -> None:
+    """Set the counts of :func:`fallback_calls` back to zero."""
+    from ._extension import load_extension
+
+    load_extension().reset_fallback_calls()

@@ -9,17 +9,12 @@ from __future__ import annotations
 
 import torch
 
+import accel_emu
 from conftest import run_python
 
 
-def _ext():
-    from accel_emu._extension import load_extension
-
-    return load_extension()
-
-
 def _calls() -> dict[str, tuple[str, int]]:
-    return {name: (path, calls) for name, path, calls in _ext().fallback_calls() if calls}
+    return {name: (path, calls) for name, path, calls in accel_emu.fallback_calls() if calls}
 
 
 def test_in_place_and_out_land_in_the_device_tensor(emu):
@@ -57,7 +52,7 @@ def test_an_out_tensor_of_the_wrong_shape_is_resized_on_the_device(emu):
 
 
 def test_common_operators_take_the_direct_path(emu):
-    _ext().reset_fallback_calls()
+    accel_emu.reset_fallback_calls()
     model = torch.nn.Linear(8, 4).to("emu")
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     loss = model(torch.randn(5, 8, device="emu")).square().mean()
