@@ -193,11 +193,6 @@ def test_eight_bit_offload_to_disk_stores_int8_rows_and_scales(tmp_path):
     the 8-bit tolerance (needs set_module_tensor_to_device and load_checkpoint_in_model to know bitsandbytes)."""
     device_map = {"blocks.0": "cpu", "blocks.1": "disk", "blocks.2": "cpu", "head": "cpu"}
     folder = tmp_path / "off"
-    if not bnb_utils._loader_places_bnb_parameters():
-        with pytest.raises(NotImplementedError, match="set_module_tensor_to_device"):
-            load_and_quantize_model(_empty(), BnbQuantizationConfig(load_in_8bit=True), weights_location=_checkpoint(tmp_path),
-                                    device_map=device_map, offload_folder=str(folder))
-        pytest.xfail("accel.utils.modeling does not place bitsandbytes weights yet (the refusal above says so)")
     model = load_and_quantize_model(_empty(), BnbQuantizationConfig(load_in_8bit=True), weights_location=_checkpoint(tmp_path),
                                     device_map=device_map, offload_folder=str(folder))
     index = json.loads((folder / "index.json").read_text())

@@ -17,7 +17,6 @@ Where accel differs from Accelerate, because Accelerate assumes a CUDA or XPU GP
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 from typing import Any, Optional, Union
@@ -40,7 +39,6 @@ from .modeling import (
     get_balanced_memory,
     infer_auto_device_map,
     load_checkpoint_in_model,
-    set_module_tensor_to_device,
 )
 
 __all__ = [
@@ -256,17 +254,6 @@ def _place(model: nn.Module, device: torch.device) -> None:
                 module._buffers[name] = buffer.to(device)
 
 
-@functools.lru_cache(maxsize=None)
-def _loader_places_bnb_parameters() -> bool:
-    """Whether ``set_module_tensor_to_device`` quantizes a bitsandbytes weight it is given (the offload
-    hooks need it to bring int8 rows back with their scales)."""
-    import bitsandbytes as bnb
-
-    layer = bnb.nn.Linear8bitLt(2, 2, bias=False, has_fp16_weights=False, device="meta")
-    set_module_tensor_to_device(layer, "weight", "cpu", value=torch.ones(2, 2))
-    return layer.weight.dtype == torch.int8 and getattr(layer.weight, "SCB", None) is not None
-
-
 def _check_available(config: BnbQuantizationConfig) -> None:
     if not is_bnb_available():
         raise ImportError("load_and_quantize_model needs bitsandbytes: `pip install bitsandbytes` (with your torch pinned)")
@@ -336,12 +323,6 @@ def load_and_quantize_model(model: nn.Module, bnb_quantization_config: BnbQuanti
         model = replace_with_bnb_layers(model, config, modules_to_not_convert=not_converted)
     device_map = get_quantized_model_device_map(model, config, device_map, max_memory=max_memory,
                                                 no_split_module_classes=no_split_module_classes)
-    offloaded_8bit = [k for k, v in device_map.items() if v in _offload_targets()
-                      and k not in not_converted] if config.load_in_8bit else []
-    if offloaded_8bit and not _loader_places_bnb_parameters():
-        raise NotImplementedError(
-            f"8-bit modules {offloaded_8bit} are offloaded, which needs accel.utils.modeling.set_module_tensor_to_device "
-            "to place bitsandbytes weights (accel.utils.bnb_params.bnb_parameter_to_device); this accel does not do that yet")
     if offload_state_dict is None and "disk" in device_map.values():
         offload_state_dict = True
     load_checkpoint_in_model(

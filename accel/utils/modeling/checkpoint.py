@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 
 from ...facts.checkpoint import SAFE_WEIGHTS_NAME, WEIGHTS_NAME
+from ..bnb_params import quantize_and_offload_8bit
 from ..offload import _check_writable, _dtype_name, load_offloaded_weight, offload_weight, save_offload_index
 from ..placement import as_torch_device as _as_torch_device
 from .broadcast import RankZeroStream, require_process_group
@@ -210,8 +211,6 @@ def load_checkpoint_in_model(
     (an initialised process group, no ``device_map``) only rank 0 reads the checkpoint; every other rank
     receives each tensor by broadcast, so its path need not exist there.
     """
-    if offload_8bit_bnb:
-        raise NotImplementedError("accel does not support offloading bitsandbytes 8-bit weights (offload_8bit_bnb=True)")
     if broadcast_from_rank0:
         require_process_group(device_map)
     tied_params = find_tied_parameters(model)
@@ -258,7 +257,11 @@ def load_checkpoint_in_model(
                     raise ValueError(f"{key} doesn't have any device set.") from None
                 target_dtype = _target_dtype(key, model_state[key], dtype, keep_in_fp32_modules)
                 if device == "disk" and (offload_buffers or key not in buffer_names):
-                    _offload_from_checkpoint(model, key, source, target_dtype, offload_folder, offload_index, model_state[key])
+                    if offload_8bit_bnb:
+                        quantize_and_offload_8bit(model, source.get(key), key, target_dtype, offload_folder, offload_index, None)
+                    else:
+                        _offload_from_checkpoint(model, key, source, target_dtype, offload_folder, offload_index,
+                                                 model_state[key])
                 else:
                     value = source.get(key)
                     _check_shape(key, value, model_state[key], path)

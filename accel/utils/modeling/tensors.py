@@ -7,6 +7,7 @@ from typing import Any, Optional, Union
 import torch
 import torch.nn as nn
 
+from ..bnb_params import bnb_parameter_to_device, is_bnb_parameter
 from ..placement import as_torch_device as _as_torch_device
 from .sizes import _UNCONVERTED_PREFIXES, _proper_dtype
 from .ties import _owner
@@ -71,6 +72,11 @@ def set_module_tensor_to_device(
 
     param = module._parameters.get(tensor_name)
     param_cls = type(param)
+    if param is not None and is_bnb_parameter(param):  # bitsandbytes quantizes as it moves
+        module._parameters[tensor_name] = bnb_parameter_to_device(
+            param, value if value is not None else old_value, target, requires_grad=old_value.requires_grad,
+            fp16_statistics=fp16_statistics, dtype=_proper_dtype(dtype) if dtype is not None else None)
+        return
     if value is not None:
         if not isinstance(value, torch.Tensor):
             value = torch.tensor(value)
