@@ -37,25 +37,15 @@ PORT, CKPT, PRECISION, TRUTH, CODE, VAR, FLOOR = (
 OWNER_TO_FIX: dict[tuple[str, str, str], tuple[int, str]] = {
     # the default port -> accel.facts.network.DEFAULT_PORT
     ("accel/commands/config/config.py", PORT, "29500"): (1, "owner to fix: network.DEFAULT_PORT"),
-    ("accel/commands/launch/options.py", PORT, "29500"): (1, "owner to fix: network.DEFAULT_PORT"),
     ("accel/utils/launch.py", PORT, "29500"): (1, "owner to fix: network.DEFAULT_PORT"),
     # precision names -> accel.facts.precision.PRECISIONS / check_precision
-    ("accel/commands/launch/options.py", PRECISION, "no,fp16,bf16,fp8"): (1, "owner to fix: precision.PRECISIONS"),
     ("accel/utils/launch.py", PRECISION, "no,fp16,bf16,fp8"): (1, "owner to fix: precision.check_precision"),
     # yes/no words -> accel.facts.environment.env_flag / parse_bool
     ("accel/commands/config/config_utils.py", TRUTH, "0,false,n,no"): (1, "owner to fix: environment.parse_bool"),
     ("accel/commands/config/config_utils.py", TRUTH, "1,true,y,yes"): (1, "owner to fix: environment.parse_bool"),
-    ("accel/commands/launch/options.py", TRUTH, "0,false,n,no,off"): (1, "owner to fix: environment.parse_bool"),
-    ("accel/commands/launch/options.py", TRUTH, "1,on,true,y,yes"): (1, "owner to fix: environment.parse_bool"),
-    ("accel/commands/launch/plan.py", TRUTH, "1,on,true,yes"): (1, "owner to fix: environment.env_flag"),
     ("accel/commands/report.py", TRUTH, "1,on,true,yes"): (1, "owner to fix: environment.parse_bool"),
     ("accel/utils/launch.py", TRUTH, "1,on,true,y,yes"): (1, "owner to fix: environment.parse_bool"),
     ("accel/utils/launch.py", TRUTH, "false,true"): (1, "owner to fix: environment.parse_bool"),
-    # checkpoint file names -> accel.facts.checkpoint
-    ("accel/utils/modeling/checkpoint.py", CKPT, "model.safetensors"): (1, "owner to fix: checkpoint.SAFE_WEIGHTS_NAME"),
-    ("accel/utils/modeling/checkpoint.py", CKPT, "pytorch_model.bin"): (1, "owner to fix: checkpoint.WEIGHTS_NAME"),
-    ("accel/utils/modeling/checkpoint.py", CKPT, "pytorch_model.bin.index.json"): (
-        1, "owner to fix: checkpoint.WEIGHTS_INDEX_NAME"),
     # reason codes -> accel.facts.reasons
     ("accel_harness/plugin.py", CODE, "backend-unavailable"): (1, "owner to fix: reasons.BACKEND_UNAVAILABLE"),
     ("accel_harness/plugin.py", CODE, "backend-not-selected"): (1, "owner to fix: reasons.BACKEND_NOT_SELECTED"),
