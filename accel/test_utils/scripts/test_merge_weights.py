@@ -3,7 +3,7 @@
 Run as ``accel launch --num_processes 2 test_merge_weights.py`` (Accelerate's multi-device test runs
 its own script of this name this way). The processes train a small model under FSDP with a sharded
 state dict, write the sharded checkpoint with ``save_fsdp_model``, then merge it four ways:
-``merge_fsdp_weights`` and the ``merge-weights`` command, each to safetensors and to a pickle file.
+``merge_fsdp_weights`` and the ``accel merge-weights`` command, each to safetensors and to a pickle file.
 Every merged file must load into a plain, unwrapped model and give back exactly the trained weights;
 a fresh model must differ from them first, so a merge that wrote the initial weights (or nothing)
 fails. Each failure raises AssertionError naming the check and the rank.
@@ -12,7 +12,10 @@ fails. Each failure raises AssertionError naming the check and the rank.
 from __future__ import annotations
 
 import gc
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -20,13 +23,15 @@ import torch
 from torch.utils.data import DataLoader
 
 from accel import Accelerator, FullyShardedDataParallelPlugin
-from accel.commands.merge import merge_command, merge_command_parser
 from accel.state import AcceleratorState
 from accel.test_utils.training import RegressionDataset
 from accel.utils import merge_fsdp_weights, save_fsdp_model
 from accel.utils.operations import broadcast_object_list
 
 SHARDED_FOLDER = "pytorch_model_fsdp_0"
+# a rank's variables: the merge command runs as a plain single process
+_RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                   "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID")
 
 
 class TinyModel(torch.nn.Module):
@@ -93,25 +98,36 @@ def _load(path: Path) -> dict[str, torch.Tensor]:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def merge_four_ways(checkpoint: Path, out_root: Path, expected: dict[str, torch.Tensor] | None) -> None:
+def _merge_command(checkpoint: Path, target: Path, safe: bool) -> None:
+    """``accel merge-weights`` as a user runs it (a fresh process, outside the process group)."""
+    argv = [sys.executable, "-m", "accel.commands.cli", "merge-weights", str(checkpoint), str(target)]
+    if not safe:
+        argv.append("--unsafe_serialization")
+    env = {k: v for k, v in os.environ.items() if k not in _RANK_VARIABLES}
+    result = subprocess.run(argv, capture_output=True, text=True, env=env)
+    _check(result.returncode == 0, f"accel merge-weights failed ({result.returncode}): {result.stderr[-3000:]}")
+
+
+def merge_four_ways(accelerator: Accelerator, checkpoint: Path, out_root: Path,
+                    expected: dict[str, torch.Tensor] | None) -> None:
     """Merge ``checkpoint`` with the function and the command, to safetensors and to a pickle file.
 
-    Every rank takes part (the merge waits for all of them); the main process checks each result.
+    Every rank takes part in the function (it waits for all of them); the main process runs the
+    command and checks each result.
     """
-    parser = merge_command_parser()
     cases = (
         ("merge_fsdp_weights, safetensors", "function-safe", True, "model.safetensors"),
         ("merge_fsdp_weights, pickle", "function-bin", False, "pytorch_model.bin"),
-        ("merge-weights command, safetensors", "command-safe", True, "model.safetensors"),
-        ("merge-weights command, pickle", "command-bin", False, "pytorch_model.bin"),
+        ("accel merge-weights, safetensors", "command-safe", True, "model.safetensors"),
+        ("accel merge-weights, pickle", "command-bin", False, "pytorch_model.bin"),
     )
     for how, folder, safe, filename in cases:
         target = out_root / folder
         if how.startswith("merge_fsdp_weights"):
             merge_fsdp_weights(str(checkpoint), str(target), safe_serialization=safe)
-        else:
-            argv = [str(checkpoint), str(target)] + ([] if safe else ["--unsafe_serialization"])
-            merge_command(parser.parse_args(argv))
+        elif accelerator.is_main_process:
+            _merge_command(checkpoint, target, safe)
+        accelerator.wait_for_everyone()
         if expected is not None:
             written = target / filename
             _check(written.is_file(), f"{how}: {written.name} was not written (found {sorted(p.name for p in target.iterdir())})")
@@ -140,7 +156,7 @@ def main() -> None:
         accelerator.wait_for_everyone()
         checkpoint = root / SHARDED_FOLDER
         _check(checkpoint.is_dir(), f"save_fsdp_model wrote no {SHARDED_FOLDER} folder in {root}")
-        merge_four_ways(checkpoint, root / "merged", expected if accelerator.is_main_process else None)
+        merge_four_ways(accelerator, checkpoint, root / "merged", expected if accelerator.is_main_process else None)
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             print(f"test_merge_weights: 4 merges checked on {accelerator.num_processes} processes")
