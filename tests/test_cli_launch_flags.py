@@ -115,13 +115,32 @@ def test_refused_config_file_settings_name_the_setting(tmp_path, script, capsys)
     for text, expected in [
         ("distributed_type: MEGATRON_LM\nnum_processes: 1\n", "distributed_type MEGATRON_LM (config file) cannot run here"),
         ("distributed_type: XLA\nnum_processes: 1\n", "distributed_type XLA (config file) cannot run here"),
-        ("compute_environment: AMAZON_SAGEMAKER\ndistributed_type: 'NO'\nec2_instance_type: x\niam_role_name: y\n",
-         "compute_environment AMAZON_SAGEMAKER"),
     ]:
         config = tmp_path / "c.yaml"
         config.write_text(text)
         assert cli.main(["launch", "--config_file", str(config), str(script)]) == 2
         assert expected in capsys.readouterr().err
+
+
+def test_a_sagemaker_config_starts_a_sagemaker_job_or_says_what_is_missing(tmp_path, script, capsys, monkeypatch):
+    """Without the SDK, or without AWS credentials, the launch stops with the reason before any request."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    config = tmp_path / "c.yaml"
+    config.write_text("compute_environment: AMAZON_SAGEMAKER\ndistributed_type: 'NO'\nec2_instance_type: ml.p3.2xlarge\n"
+                      "iam_role_name: accel-test-role\nregion: us-east-1\nnum_machines: 1\n")
+    assert cli.main(["launch", "--config_file", str(config), str(script)]) == 2
+    err = capsys.readouterr().err
+    assert "compute_environment AMAZON_SAGEMAKER:" in err
+    assert "pip install 'sagemaker<3'" in err or "aws_access_key_id" in err, err
+    # with a profile named, the missing credentials are found out before any request
+    config.write_text(config.read_text() + "profile: accel-test-missing-profile\n")
+    assert cli.main(["launch", "--config_file", str(config), str(script)]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'sagemaker<3'" in err or "accel-test-missing-profile" in err, err
 
 
 # ---------------------------------------------------------------------------- the environment contract

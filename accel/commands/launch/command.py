@@ -9,6 +9,7 @@ from typing import Any
 from .execution import execute
 from .options import HideDashedAliasesFormatter, add_arguments
 from .plan import build_plan
+from .settings import sagemaker_config
 
 
 def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
@@ -32,9 +33,27 @@ def launch_command(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """`accel launch`: build the plan (all checks) and run it; the exit code."""
+    """`accel launch`: build the plan (all checks) and run it; the exit code.
+
+    A config file for Amazon SageMaker starts a SageMaker training job instead, as Accelerate does.
+    """
+    sagemaker = sagemaker_config(args)
+    if sagemaker is not None:
+        return _launch_on_sagemaker(sagemaker, args)
     plan = build_plan(args)
     if not plan.quiet:
         for warning in plan.warnings:
             print(f"accel launch: warning: {warning}", file=sys.stderr)
     return execute(plan)
+
+
+def _launch_on_sagemaker(sagemaker: Any, args: argparse.Namespace) -> int:
+    """Start the SageMaker job; a missing SDK or missing AWS credentials is a usage error that says so."""
+    from accel.commands import UsageError
+    from accel.utils.sagemaker import SageMakerCredentialsError, sagemaker_launcher
+
+    try:
+        sagemaker_launcher(sagemaker, args)
+    except (ImportError, OSError, SageMakerCredentialsError, ValueError) as exc:
+        raise UsageError(f"compute_environment AMAZON_SAGEMAKER: {exc}") from None
+    return 0

@@ -42,7 +42,7 @@ def _triple(text: str) -> tuple[bool, ...]:
 
 #: Why each refused option cannot apply under accel; the family name is used in the message.
 _TPU = "TPU launches need torch_xla and Google Cloud TPU VMs; accel launches through torch elastic on this machine (see `accel tpu-config` for pod set-up)"
-_SAGEMAKER = "Amazon SageMaker jobs are started by `accelerate launch` with a SageMaker config; accel starts local processes only"
+_SAGEMAKER = "the AWS keys apply only to a SageMaker launch (a config file whose compute_environment is AMAZON_SAGEMAKER)"
 _MEGATRON = "Megatron-LM training is not implemented by accel (no Megatron-LM plugin); use `accelerate launch`"
 REFUSED: dict[str, str] = {}
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from accel.commands import UsageError
 
-from .options import _MEGATRON, _REFUSED_FLAG, _SAGEMAKER, _TPU, REFUSED, _given, _triple
+from .options import _MEGATRON, _REFUSED_FLAG, _TPU, REFUSED, _given, _triple
 
 
 def _load_defaults(args: argparse.Namespace) -> Any:
@@ -31,6 +31,15 @@ def _load_defaults(args: argparse.Namespace) -> Any:
         return load_config_from_file(path)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
+
+
+def sagemaker_config(args: argparse.Namespace) -> Any:
+    """The config file's SageMaker settings when its ``compute_environment`` is AMAZON_SAGEMAKER, else None."""
+    defaults = _load_defaults(args)
+    if defaults is None:
+        return None
+    environment = getattr(defaults, "compute_environment", None)
+    return defaults if str(getattr(environment, "value", environment)) == "AMAZON_SAGEMAKER" else None
 
 
 #: prefixes Accelerate puts in front of a section's keys when it copies them onto the arguments
@@ -112,8 +121,6 @@ def _validate_launch_command(args: argparse.Namespace) -> tuple[argparse.Namespa
 def _refusals(args: argparse.Namespace, defaults: Any) -> None:
     """Stop on an option that cannot apply under accel, naming it and the reason."""
     given = _given(args)
-    if defaults is not None and str(getattr(defaults.compute_environment, "value", defaults.compute_environment)) == "AMAZON_SAGEMAKER":
-        raise UsageError(f"compute_environment AMAZON_SAGEMAKER (config file {args.config_file or 'default'}) cannot run here: {_SAGEMAKER}")
     if getattr(args, "tpu", False) and "tpu" not in given:
         raise UsageError(f"distributed_type XLA (config file) cannot run here: {_TPU}")
     if getattr(args, "use_megatron_lm", False) and "use_megatron_lm" not in given:
