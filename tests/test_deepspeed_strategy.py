@@ -25,12 +25,18 @@ pytest.importorskip("deepspeed")
 _ENV = ("ACCELERATE_USE_DEEPSPEED", "ACCELERATE_DEEPSPEED_ZERO_STAGE", "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE",
         "ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "ACCELERATE_GRADIENT_CLIPPING", "ACCELERATE_DEEPSPEED_CONFIG_FILE",
         "ACCELERATE_MIXED_PRECISION", "ACCEL_MIXED_PRECISION", "ACCELERATE_USE_FSDP", "ACCEL_USE_FSDP")
+#: what a one-process DeepSpeed run writes into the environment (the rank variables DeepSpeed needs, its
+#: accelerator); left there, the next test's state (accel's or Accelerate's) would look for a launcher
+_WRITTEN = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "DS_ACCELERATOR")
 
 
 @pytest.fixture(autouse=True)
 def _no_launcher_environment(monkeypatch):
     for name in _ENV:
         monkeypatch.delenv(name, raising=False)
+    for name in _WRITTEN:  # setenv records the value found (or its absence), which the teardown puts back
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     yield
     import torch.distributed as dist
 
