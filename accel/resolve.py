@@ -1,11 +1,12 @@
-"""One place decides how a run goes: which backend, which strategy (and ``DistributedType``), which precision, and why.
+"""One place decides how a run goes: which backend, which strategy (and ``DistributedType``), which precision,
+which ParallelismConfig, and why.
 
 Inputs, highest first: the Accelerator's arguments (``cpu``, plugins, ``mixed_precision``), then the
 environment that ``accel launch`` / ``accelerate launch`` set (``ACCEL_*`` spellings over
 ``ACCELERATE_*``), then the process layout and what the hardware offers. Every choice carries its
 reason, shown by ``accel env`` and ``repr(Accelerator().state)``. The environment variables that
-choose a strategy or a precision are read here and nowhere else; so are the plugins a launcher asks
-for through them.
+choose a strategy, a precision or a ParallelismConfig are read here and nowhere else; so are the
+plugins a launcher asks for through them.
 """
 
 from __future__ import annotations
