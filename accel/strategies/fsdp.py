@@ -34,6 +34,7 @@ from ..facts.checkpoint import FSDP_MODEL_NAME, OPTIMIZER_NAME
 from ..facts.network import free_port
 from ..utils.dataclasses import DistributedType
 from ..utils.fsdp_plugin import materialise_on_rank_device
+from ..utils.peft import get_adapter_state_dict, set_adapter_state_dict
 from .base import Strategy, StrategyCheckpoint, validate_parallelism_config
 from .context import EMPTY, PreparedObjects, StrategyContext
 
@@ -154,15 +155,16 @@ def _barrier() -> None:
 def save_fsdp_model(fsdp_plugin: Any, accelerator: Any, model: torch.nn.Module, output_dir: str | os.PathLike,
                     model_index: int = 0, adapter_only: bool = False, use_dcp: bool = True) -> str:
     """Save an FSDP model: ``pytorch_model_fsdp[_i].bin`` on rank 0 (FULL_STATE_DICT) or the DCP folder
-    ``pytorch_model_fsdp_<i>`` (SHARDED_STATE_DICT, every rank writes its shards). Every rank must call it."""
+    ``pytorch_model_fsdp_<i>`` (SHARDED_STATE_DICT, every rank writes its shards). Every rank must call it.
+
+    ``adapter_only`` keeps a PEFT model's adapters alone (:func:`accel.utils.peft.get_adapter_state_dict`)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    if adapter_only:
-        raise NotImplementedError("adapter_only (PEFT adapters) is not supported by accel's FSDP checkpoints")
+    get_state = get_adapter_state_dict if adapter_only else get_model_state_dict
     output_dir = Path(output_dir)
     sharded = fsdp_plugin.is_sharded_state_dict
-    state = get_model_state_dict(model, options=_options(full=not sharded, model=model))
+    state = get_state(model, options=_options(full=not sharded, model=model))
     if sharded:
         target = output_dir / f"{FSDP_MODEL_NAME}_{model_index}"
         target.mkdir(parents=True, exist_ok=True)
@@ -179,25 +181,27 @@ def save_fsdp_model(fsdp_plugin: Any, accelerator: Any, model: torch.nn.Module, 
 
 def load_fsdp_model(fsdp_plugin: Any, accelerator: Any, model: torch.nn.Module, input_dir: str | os.PathLike,
                     model_index: int = 0, adapter_only: bool = False, use_dcp: bool = True) -> Any:
-    """Load what :func:`save_fsdp_model` wrote into the sharded ``model`` (any world size for DCP shards)."""
+    """Load what :func:`save_fsdp_model` wrote into the sharded ``model`` (any world size for DCP shards).
+
+    ``adapter_only`` must match the save: the adapters are loaded and the frozen base weights left as they are."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-    if adapter_only:
-        raise NotImplementedError("adapter_only (PEFT adapters) is not supported by accel's FSDP checkpoints")
+    get_state, set_state = ((get_adapter_state_dict, set_adapter_state_dict) if adapter_only
+                            else (get_model_state_dict, set_model_state_dict))
     input_dir = Path(input_dir)
     if fsdp_plugin.is_sharded_state_dict:
         folder = input_dir if (input_dir / ".metadata").is_file() else input_dir / f"{FSDP_MODEL_NAME}_{model_index}"
         if not (folder / ".metadata").is_file():
             raise FileNotFoundError(f"no sharded FSDP model checkpoint (DCP .metadata) in {folder}")
-        state = get_model_state_dict(model, options=_options(full=False, model=model))
+        state = get_state(model, options=_options(full=False, model=model))
         dcp.load({"model": state}, checkpoint_id=str(folder))
-        return set_model_state_dict(model, state, options=_options(full=False, model=model))
+        return set_state(model, state, options=_options(full=False, model=model))
     path = input_dir / _checkpoint_name(FSDP_MODEL_NAME, model_index, ".bin")
     if not path.is_file():
         raise FileNotFoundError(f"no full FSDP model checkpoint at {path}")
     full = torch.load(path, map_location="cpu", weights_only=True) if _rank() == 0 else {}
-    return set_model_state_dict(model, full, options=_options(full=True, model=model, broadcast_from_rank0=True))
+    return set_state(model, full, options=_options(full=True, model=model, broadcast_from_rank0=True))
 
 
 def save_fsdp_optimizer(fsdp_plugin: Any, accelerator: Any, optimizer: Any, model: torch.nn.Module,
