@@ -304,7 +304,7 @@ def test_estimate_memory_prints_the_table_and_registers_as_a_subcommand(capsys):
     parser = estimate_command_parser(sub)
     assert isinstance(parser, argparse.ArgumentParser)
     args = root.parse_args(["estimate-memory", f"{__name__}:Tower", "--dtypes", "float16"])
-    assert args.func is estimate_command and args._run is run and args.dtypes == ["float16"]
+    assert args.func is estimate_command and args.accel_run is run and args.dtypes == ["float16"]
     with pytest.raises(SystemExit):
         root.parse_args(["estimate-memory", "x", "--dtypes", "float64"])
 

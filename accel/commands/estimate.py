@@ -80,7 +80,7 @@ def estimate_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
         parser = argparse.ArgumentParser(prog="accel estimate-memory", description=DESCRIPTION)
     add_arguments(parser)
     if subparsers is not None:
-        parser.set_defaults(func=estimate_command, _run=run)
+        parser.set_defaults(func=estimate_command, accel_run=run)
     return parser
 
 

@@ -120,7 +120,10 @@ _ROWS: tuple[EnvVar, ...] = (
     _both("USE_DEEPSPEED", "the DeepSpeed strategy", LAUNCH, "accel.resolve", "accel.state"),
     _both("USE_FSDP", "the FSDP strategy", LAUNCH, "accel.resolve", "accel.state", "accel.utils.fsdp_utils"),
     _one("ACCELERATE_USE_PARALLELISM_CONFIG", "build a ParallelismConfig from PARALLELISM_CONFIG_*", LAUNCH,
-         "accel.strategies.fsdp"),
+         "accel.resolve"),
+    # set in a SageMaker estimator's environment (accel.utils.launch.prepare_sagemager_args_inputs) for the job
+    _one("ACCELERATE_USE_SAGEMAKER", "the job runs on Amazon SageMaker", LAUNCH),
+    _one("ACCELERATE_SAGEMAKER_DISTRIBUTED_TYPE", "SageMaker's distribution: NO, DATA_PARALLEL or MODEL_PARALLEL", LAUNCH),
     _both("GRADIENT_ACCUMULATION_STEPS", "gradient accumulation steps when the Accelerator is given none", LAUNCH,
           "accel.accelerator", "accel.utils.deepspeed_config"),
     _one("ACCELERATE_GRADIENT_CLIPPING", "gradient clipping for DeepSpeed's config", LAUNCH, "accel.utils.deepspeed_config"),

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from accel.facts.precision import PRECISIONS
+
 __all__ = ["get_sagemaker_input"]
 
 _DISTRIBUTED = ("NO", "DATA_PARALLEL", "MODEL_PARALLEL")
-_PRECISIONS = ("no", "fp16", "bf16", "fp8")
 
 
 def _text(required: bool = True):
@@ -69,7 +70,7 @@ def get_sagemaker_input(current: Any = None) -> Any:
                        str(was("distributed_type", "NO")).split(".")[-1])
     instance = _ask("Which EC2 instance type?", _text(), was("ec2_instance_type", "ml.p3.2xlarge"))
     machines = _ask("How many machines?", _count, was("num_machines", 1))
-    precision = _ask(f"Mixed precision? ({', '.join(_PRECISIONS)})", _choice(_PRECISIONS), was("mixed_precision", "no"))
+    precision = _ask(f"Mixed precision? ({', '.join(PRECISIONS)})", _choice(PRECISIONS), was("mixed_precision", "no"))
     return SageMakerConfig(
         compute_environment="AMAZON_SAGEMAKER", distributed_type=distributed, mixed_precision=precision, use_cpu=False,
         debug=False, ec2_instance_type=instance, iam_role_name=role, image_uri=image_uri, profile=profile, region=region,

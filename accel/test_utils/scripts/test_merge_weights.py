@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from accel import Accelerator, FullyShardedDataParallelPlugin
+from accel.facts.checkpoint import SAFE_WEIGHTS_NAME, WEIGHTS_NAME
 from accel.state import AcceleratorState
 from accel.test_utils.training import RegressionDataset
 from accel.utils import merge_fsdp_weights, save_fsdp_model
@@ -116,10 +117,10 @@ def merge_four_ways(accelerator: Accelerator, checkpoint: Path, out_root: Path,
     command and checks each result.
     """
     cases = (
-        ("merge_fsdp_weights, safetensors", "function-safe", True, "model.safetensors"),
-        ("merge_fsdp_weights, pickle", "function-bin", False, "pytorch_model.bin"),
-        ("accel merge-weights, safetensors", "command-safe", True, "model.safetensors"),
-        ("accel merge-weights, pickle", "command-bin", False, "pytorch_model.bin"),
+        ("merge_fsdp_weights, safetensors", "function-safe", True, SAFE_WEIGHTS_NAME),
+        ("merge_fsdp_weights, pickle", "function-bin", False, WEIGHTS_NAME),
+        ("accel merge-weights, safetensors", "command-safe", True, SAFE_WEIGHTS_NAME),
+        ("accel merge-weights, pickle", "command-bin", False, WEIGHTS_NAME),
     )
     for how, folder, safe, filename in cases:
         target = out_root / folder
