@@ -5,7 +5,8 @@ into tidy pandas frames (one row per test per run); ``accel_reports.analysis`` c
 matrix, the per-test grid, failure clusters, skip groups and the diff against a baseline;
 ``accel_reports.benchmarks`` compares benchmark samples with a noise-aware rule; ``accel_reports.render`` turns
 the result into ``report.html`` (self-contained) and ``report.md`` (GitHub-flavoured).
-``accel_reports.synthetic`` writes realistic generated results for tests and benchmarks.
+The generator of realistic results for the report's tests and benchmark stays in the repository
+(``tests/_synthetic_results.py``); it is not part of the package.
 
 Importing this package imports nothing else (pandas and jinja2 load with the module that needs them).
 """

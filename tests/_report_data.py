@@ -1,4 +1,4 @@
-"""Small, exact result sets for the report tests (accel_reports.synthetic makes the big realistic ones)."""
+"""Small, exact result sets for the report tests (tests/_synthetic_results.py makes the big realistic ones)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from accel_harness.records import TestRecord, make_record
-from accel_reports.synthetic import bench_entry, longrepr, write_benchmarks, write_run
+from _synthetic_results import bench_entry, longrepr, write_benchmarks, write_run
 
 XSS_SCRIPT = "<script>alert(1)</script>"
 XSS_IMG = '"><img src=x onerror=alert(1)>'

@@ -181,16 +181,57 @@ def test_device_index_range(cls):
     assert backend.device() == torch.device(cls.device_type, 1)
 
 
+class RefusingDeviceModule(FakeDeviceModule):
+    """A fake device module whose ``set_device`` refuses an index it lacks, as torch's modules do."""
+
+    def set_device(self, index: int) -> None:
+        if not 0 <= index < self.count:
+            raise RuntimeError(f"invalid device ordinal {index}")
+        super().set_device(index)
+
+
+class NoSetDeviceModule(FakeDeviceModule):
+    """A fake device module without ``set_device`` (only ``torch.accelerator`` could set the device)."""
+
+    set_device = None
+
+
 @pytest.mark.parametrize("cls", DEVICE_BACKENDS)
 def test_set_and_current_device_forward(cls):
-    backend, fake = make(cls, count=2)
+    fake = RefusingDeviceModule(count=2)
+    backend = cls(module=fake, accelerator=None)
     backend.set_device(1)
     assert fake.called("set_device") == [(1,)]
     assert backend.current_device() == 1
     assert fake.called("current_device")
-    with pytest.raises(ValueError, match="out of range"):
+    with pytest.raises(RuntimeError, match="invalid device ordinal 5"):  # the module's own refusal
         backend.set_device(5)
-    assert fake.called("set_device") == [(1,)]  # the bad index never reached the module
+    assert fake.current == 1
+
+
+@pytest.mark.parametrize("cls", DEVICE_BACKENDS)
+def test_set_device_obeys_a_patched_module_function(cls, monkeypatch):
+    # Accelerate's test_env_var_device replaces torch.<device>.set_device with a no-op and asks for
+    # device 64, which no machine has: the replacement decides, no range check of accel's runs first
+    fake = RefusingDeviceModule(count=2)
+    seen = []
+    monkeypatch.setattr(fake, "set_device", seen.append)
+    backend = cls(module=fake, accelerator=FakeAccelerator(count=2))
+    backend.set_device(64)
+    assert seen == [64] and backend.accelerator.called("set_device_index") == []
+
+
+def test_without_module_set_device_the_index_is_checked_and_the_accelerator_sets_it():
+    acc = FakeAccelerator(count=3)
+    backend = CUDABackend(module=NoSetDeviceModule(count=3), accelerator=acc)
+    backend.set_device(2)
+    assert acc.called("set_device_index") == [(2,)]
+    with pytest.raises(ValueError, match="out of range"):
+        backend.set_device(3)
+    assert acc.called("set_device_index") == [(2,)]
+    alone = CUDABackend(module=NoSetDeviceModule(count=3), accelerator=None)
+    with pytest.raises(UnsupportedFeatureError, match="torch.cuda has no set_device"):
+        alone.set_device(0)
 
 
 @pytest.mark.parametrize("cls", DEVICE_BACKENDS)
@@ -412,8 +453,9 @@ def test_accelerator_api_is_preferred_when_present():
     backend, fake, acc = _with_accelerator()
     assert backend.accelerator is acc
     assert backend.device_count() == 3
-    backend.set_device(2)
-    assert acc.called("set_device_index") == [(2,)] and fake.called("set_device") == []
+    backend.set_device(1)  # the device module's set_device is what a test patches, so it is the one called
+    assert fake.called("set_device") == [(1,)] and acc.called("set_device_index") == []
+    acc.set_device_index(2)
     assert backend.current_device() == 2
     backend.synchronize()
     assert acc.called("synchronize") == [()] and fake.called("synchronize") == []

@@ -92,9 +92,6 @@ def test_map_location_follows_the_parameters_on_emu(serialization, tmp_path):
     ], result.stdout
 
 
-@pytest.mark.xfail(strict=True, reason="accel/checkpointing/api.py words the TypeError for an unknown map_location "
-                                       "differently from Accelerate, whose test matches 'Unsupported optimizer map "
-                                       "location passed'")
 def test_an_unknown_map_location_is_refused_in_accelerates_words(tmp_path):
     result = _run("pickle", tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]

@@ -65,7 +65,6 @@ JUSTIFIED: dict[tuple[str, str, str], tuple[int, str]] = {
     ("accel/checkpointing/manifest.py", CKPT, "random_states"): (1, "a manifest field of that name, not the file name"),
     ("accel_harness/markers.py", VAR, "ACCELERATE_ALIASES"): (1, "a Python name in __all__, not a variable"),
     ("accel/commands/config_file.py", VAR, "ACCELERATE_ONLY_KEYS"): (1, "a Python name in __all__, not a variable"),
-    ("accel_reports/synthetic.py", VAR, "ACCEL_VERSIONS"): (1, "a Python name in __all__, not a variable"),
 }
 
 

@@ -77,7 +77,7 @@ OWNER_TO_FIX = {
     "resumed._keep_head": "accel/data_loader (dispatch): owner to fix, written on another dispatcher",
     "self.dataset._global_batch": "accel/data_loader (shard): owner to fix, the wrapped dataset's private",
     "source._handle": "accel/utils/modeling: owner to fix, _CheckpointFile's private safetensors handle",
-    "writer._fh": "accel_harness/upstream and accel_reports/synthetic: owner to fix, the result writer's file handle",
+    "writer._fh": "accel_harness/upstream: owner to fix, the result writer's file handle",
 }
 
 

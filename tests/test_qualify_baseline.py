@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from accel.commands.cli import main
-from accel_reports.synthetic import write_run
+from _synthetic_results import write_run
 
 from _report_data import rec
 

@@ -20,7 +20,7 @@ from accel_reports.benchmarks import (
     summarise_benchmarks,
 )
 from accel_reports.loaders import load_results
-from accel_reports.synthetic import bench_entry
+from _synthetic_results import bench_entry
 
 from _report_data import bench_file
 

@@ -113,7 +113,7 @@ def test_screenshot(report_html, tmp_path):
 def nightly_html(tmp_path_factory) -> Path:
     """A vendor's report: three backends, two torch versions, four nights each, a regression, a quick run."""
     from accel_harness.known_issues import load_known_issues
-    from accel_reports.synthetic import generate
+    from _synthetic_results import generate
 
     tmp_path = tmp_path_factory.mktemp("chromium-nightly")
     cells = [("cuda", "2.8.0", "0.2.0"), ("xpu", "2.9.0", "0.2.0"), ("hpu", "2.9.0", "0.2.0")]

@@ -63,7 +63,7 @@ def test_expired_known_issues_are_listed_and_their_failures_untracked(tmp_path):
     failing.extra["expired_known_issue"] = "old-bug"
     header = {"expired_known_issues": [{"id": "old-bug", "expires": "2020-01-01", "issue": "https://example.com/i/1",
                                         "source": "/abs/known.yaml, entry #1"}]}
-    from accel_reports.synthetic import write_run
+    from _synthetic_results import write_run
 
     path = write_run(tmp_path / "r1.jsonl", run_id="r1", backend="cpu", torch_version="2.8.0", accel_version="0.2.0",
                      records=[failing, rec("r1", "test_ok", "cpu", "passed")], header_extra=header)
@@ -86,7 +86,7 @@ def test_an_expired_entry_of_the_known_issues_in_use_names_the_failures_it_cover
 
 
 def test_profile_coverage_and_fingerprint_are_rendered(tmp_path):
-    from accel_reports.synthetic import write_run
+    from _synthetic_results import write_run
 
     path = write_run(tmp_path / "p.jsonl", run_id="p1", backend="mycpu", torch_version="2.8.0", accel_version="0.2.0",
                      records=[rec("p1", "test_a", "mycpu", "passed")],
@@ -105,7 +105,7 @@ def test_profile_coverage_and_fingerprint_are_rendered(tmp_path):
 
 
 def _run(folder, run_id, names, *, profile_sha="a" * 64, selection="b" * 64, torch="2.8.0"):
-    from accel_reports.synthetic import write_run
+    from _synthetic_results import write_run
 
     fingerprint = _fingerprint(profile_sha)
     fingerprint["torch"] = torch

@@ -181,7 +181,7 @@ def test_host_drift_is_listed_apart_from_regressions(tmp_path):
 def _nightly(tmp_path: Path, **kw):
     """Three cells (two backends, two torch versions) × 4 nights, the xpu 2.9.0 train step 25 %
     slower in its newest night, the hpu cell a quick run."""
-    from accel_reports.synthetic import generate
+    from _synthetic_results import generate
 
     cells = [("cuda", "2.8.0", "0.2.0"), ("xpu", "2.9.0", "0.2.0"), ("hpu", "2.9.0", "0.2.0")]
     generated = generate(tmp_path / "results", runs=12, tests=60, history=4, cells=cells,
@@ -361,7 +361,7 @@ def test_write_report_is_atomic(tmp_path, monkeypatch):
 
 
 def test_synthetic_history_layout(tmp_path):
-    from accel_reports.synthetic import generate
+    from _synthetic_results import generate
 
     generated = generate(tmp_path, runs=6, tests=20, history=3, cells=[("xpu", "2.9.0", "0.2.0"), ("cuda", "2.8.0", "0.2.0")])
     assert generated.cells == [("xpu", "2.9.0", "0.2.0")] * 3 + [("cuda", "2.8.0", "0.2.0")] * 3
@@ -396,7 +396,7 @@ def test_benchmarks_only_report_takes_its_environment_from_the_benchmark_files(t
 
 
 def test_nightly_commits_share_one_environment_row(tmp_path):
-    from accel_reports.synthetic import write_run
+    from _synthetic_results import write_run
 
     for night, commit in enumerate(("a" * 40, "b" * 40, "c" * 40)):
         write_run(tmp_path / f"n{night}.jsonl", run_id=f"n{night}", backend="cuda", torch_version="2.8.0", accel_version="0.2.0",

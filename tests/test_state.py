@@ -121,3 +121,35 @@ def test_real_process_group(world_size):
     assert [len(r["padded"]) for r in results] == [len(results[0]["padded"])] * world_size
     assert results[-1]["padded"][-1] == 6
     assert "".join(x for r in results for x in r["b"]) == "abcdefg"
+
+
+def test_state_remembers_whether_the_cpu_was_asked_for():
+    PartialState()
+    assert PartialState._shared_state["_cpu"] is False
+    PartialState._reset_state()
+    PartialState(cpu=True)
+    assert PartialState._shared_state["_cpu"] is True
+    PartialState()  # cpu=False keeps the state as it is, as in Accelerate
+    assert PartialState._shared_state["_cpu"] is True
+
+
+def test_cpu_cannot_be_asked_for_once_the_state_runs_on_a_device(monkeypatch):
+    # Accelerate's override of the device stands in for an accelerator here (the meta device is no CPU)
+    monkeypatch.setenv("ACCEL_TORCH_DEVICE", "meta")
+    state = PartialState()
+    assert state.device.type == "meta" and PartialState._shared_state["_cpu"] is False
+    with pytest.raises(ValueError, match=r"already been initialized and cannot be changed.*`cpu=True`.*meta"):
+        PartialState(cpu=True)
+    PartialState(cpu=False)  # the same request again is fine
+    AcceleratorState()
+    with pytest.raises(ValueError, match="pass `cpu=True` to `Accelerator\\(\\)`"):
+        AcceleratorState(cpu=True)
+    assert AcceleratorState().device.type == "meta"
+
+
+def test_a_megatron_lm_plugin_is_refused_with_what_is_missing():
+    with pytest.raises(NotImplementedError, match=r"megatron_lm_plugin drives Megatron-LM training.*missing: .*engine in accel"):
+        AcceleratorState(megatron_lm_plugin=object())
+    assert not AcceleratorState._shared_state.get("_initialized", False)
+    with pytest.raises(NotImplementedError, match="torch_tp_plugin is not supported"):
+        AcceleratorState(torch_tp_plugin=object())

@@ -11,7 +11,7 @@ memory on cuda (one signature whatever the size); a few tests time out at random
 Files are written with the harness' own :class:`accel_harness.records.RecordWriter`, so they are exactly
 what a run writes. Everything is deterministic for a given ``seed``.
 
-    python -m accel_reports.synthetic OUT_DIR [--runs 50] [--tests 2000] [--seed 0] [--history 10]
+    python -m tests/_synthetic_results.py OUT_DIR [--runs 50] [--tests 2000] [--seed 0] [--history 10]
 """
 
 from __future__ import annotations
