@@ -357,7 +357,10 @@ def load_state(accelerator: Any, prepared: PreparedObjects, input_dir: str | os.
 
     map_location = load_model_func_kwargs.pop("map_location", None)
     if map_location not in (None, "cpu", "on_device"):
-        raise TypeError("map_location must be None, 'cpu' or 'on_device'")
+        raise TypeError(
+            "Unsupported optimizer map location passed, please choose one of `None`, `'cpu'`, or `'on_device'` "
+            f"(got {map_location!r})"
+        )
     strict = load_model_func_kwargs.pop("strict", True)
 
     # --- read everything (any bad file fails here, with nothing changed yet)
