@@ -113,11 +113,19 @@ class DeviceModuleBackend(Backend):
         return self.module.device_count()
 
     def set_device(self, index: int) -> None:
+        """Make device ``index`` current. ``torch.<device>.set_device`` does it when the module has one, so
+        whatever replaced it (a test that patches it, as Accelerate's do) is obeyed and the module refuses
+        an index it does not have; otherwise the index is range-checked and ``torch.accelerator`` sets it."""
+        module_set = getattr(self.module, "set_device", None)
+        if callable(module_set):
+            module_set(index)
+            return
         self.device(index)  # range check with a clear message
         if self.accelerator is not None and hasattr(self.accelerator, "set_device_index"):
             self.accelerator.set_device_index(index)
         else:
-            self.module.set_device(index)
+            raise self.unsupported("set_device", f"torch.{self.device_type} has no set_device and torch.accelerator "
+                                                 "does not drive this device")
 
     def current_device(self) -> int:
         if self.accelerator is not None and hasattr(self.accelerator, "current_device_index"):
