@@ -27,6 +27,7 @@ from .facts.environment import env_flag, env_text
 from .facts.network import DEFAULT_PORT
 from .resolve import plugin_dict, resolve, resolve_backend
 from .utils.dataclasses import DistributedType, GradientAccumulationPlugin
+from .utils.megatron_lm import megatron_lm_refusal
 
 __all__ = ["AcceleratorState", "DistributedType", "GradientState", "PartialState", "ProcessLayout", "is_initialized"]
 
@@ -129,13 +130,23 @@ def _is_loopback(host: str) -> bool:
 #: attributes a live PartialState holds (after ``_reset_state()`` reading one names the reset)
 _PARTIAL_FIELDS = frozenset({
     "hardware_backend", "backend_reason", "debug", "fork_launched", "layout", "num_processes", "process_index", "local_process_index",
-    "backend", "distributed_type", "device", "_initialized",
+    "backend", "distributed_type", "device", "_initialized", "_cpu",
 })
 #: the same for AcceleratorState's own attributes
 _ACCELERATOR_FIELDS = frozenset({
     "dynamo_plugin", "deepspeed_plugins", "fsdp_plugin", "parallelism_config", "run_plan",
     "megatron_lm_plugin", "torch_tp_plugin",
 })
+
+
+def _refuse_cpu_after_device(cpu: bool, device: torch.device) -> None:
+    """Accelerate's rule for a state that already exists: asking for the CPU while it runs on another
+    device is an error (a process cannot move its state); ``cpu=False`` keeps whatever the state has."""
+    if cpu and device.type != "cpu":
+        raise ValueError(
+            "AcceleratorState has already been initialized and cannot be changed, restart your runtime completely "
+            f"and pass `cpu=True` to `Accelerator()` (this process already runs on {device})."
+        )
 
 
 def _reset_message(cls: str, name: str) -> str:
@@ -180,7 +191,9 @@ class PartialState:
     def __init__(self, cpu: bool = False, **kwargs: Any):
         self.__dict__ = self._shared_state
         if self.initialized:
+            _refuse_cpu_after_device(cpu, self.device)
             return
+        self._shared_state["_cpu"] = bool(cpu)
         backend, self.backend_reason = resolve_backend(cpu)
         self.hardware_backend: Backend = backend
         self.debug = env_flag("ACCEL_DEBUG_MODE", "ACCELERATE_DEBUG_MODE")
@@ -454,6 +467,7 @@ class AcceleratorState:
             # PartialState alone was reset (a test, a notebook): bring the ranks and device back
             self._partial = PartialState(cpu, **kwargs)
         if self.initialized:
+            _refuse_cpu_after_device(cpu, self._partial.device)
             plan = self.run_plan
             given = {"deepspeed_plugin": deepspeed_plugin, "fsdp_plugin": fsdp_plugin, "parallelism_config": parallelism_config}
             current = {"deepspeed_plugin": plan.deepspeed_plugins, "fsdp_plugin": plan.fsdp_plugin,
@@ -485,12 +499,13 @@ class AcceleratorState:
             return
         self._partial = PartialState(cpu, **kwargs)
         self.dynamo_plugin = dynamo_plugin
-        for unsupported, value in (("megatron_lm_plugin", megatron_lm_plugin), ("torch_tp_plugin", torch_tp_plugin)):
-            if value is not None:
-                raise NotImplementedError(
-                    f"{unsupported} is not supported by accel: Megatron-LM is not integrated, and tensor parallelism "
-                    "goes through parallelism_config=ParallelismConfig(tp_size=...)"
-                )
+        if megatron_lm_plugin is not None:
+            raise megatron_lm_refusal("megatron_lm_plugin")
+        if torch_tp_plugin is not None:
+            raise NotImplementedError(
+                "torch_tp_plugin is not supported by accel: tensor parallelism goes through "
+                "parallelism_config=ParallelismConfig(tp_size=...)"
+            )
         self.megatron_lm_plugin = None
         self.torch_tp_plugin = None
         #: backend, strategy, precision and parallelism config with their reasons (accel.resolve), plus the
