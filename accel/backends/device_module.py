@@ -20,6 +20,26 @@ from .base import Availability, Backend, Capability, DeviceProperties
 _MISSING = object()
 
 
+def properties_from_module(module: Any, index: int, device_type: str, runtime_version: str | None = None) -> DeviceProperties:
+    """:class:`DeviceProperties` of device ``index`` from ``module.get_device_properties`` (``torch.cuda``,
+    ``torch.xpu`` and the PrivateUse1 modules answer it alike); shared by the module and profile backends."""
+    props = module.get_device_properties(index)
+    extra = {
+        key: getattr(props, key)
+        for key in ("major", "minor", "multi_processor_count", "gcnArchName", "driver_version", "platform_name")
+        if hasattr(props, key)
+    }
+    total = getattr(props, "total_memory", None)
+    return DeviceProperties(
+        index=index,
+        name=str(getattr(props, "name", device_type)),
+        total_memory=int(total) if total is not None else None,
+        driver_version=str(extra.pop("driver_version")) if "driver_version" in extra else None,
+        runtime_version=runtime_version,
+        extra=extra,
+    )
+
+
 class DeviceModuleBackend(Backend):
     """A backend whose operations map onto ``torch.<device_type>``."""
 
@@ -223,20 +243,7 @@ class DeviceModuleBackend(Backend):
 
     # ------------------------------------------------------------------ description
     def device_properties(self, index: int = 0) -> DeviceProperties:
-        props = self.module.get_device_properties(index)
-        extra = {
-            key: getattr(props, key)
-            for key in ("major", "minor", "multi_processor_count", "gcnArchName", "driver_version", "platform_name")
-            if hasattr(props, key)
-        }
-        return DeviceProperties(
-            index=index,
-            name=str(getattr(props, "name", self.device_type)),
-            total_memory=getattr(props, "total_memory", None),
-            driver_version=str(extra.pop("driver_version")) if "driver_version" in extra else None,
-            runtime_version=self.runtime_version(),
-            extra=extra,
-        )
+        return properties_from_module(self.module, index, self.device_type, self.runtime_version())
 
     def runtime_version(self) -> str | None:
         return None

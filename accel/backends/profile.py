@@ -33,6 +33,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from .base import Availability, Backend, BackendError, Capability, DeviceProperties
+from .device_module import properties_from_module
 
 __all__ = [
     "CAPABILITY_AREAS",
@@ -463,6 +464,7 @@ class ProfileBackend(Backend):
         self.name = profile.name
         self.device_type = profile.device_type
         extra = profile.device_extra
+        self._use_host_timers: bool | None = None  # None: decided by what provides events (see use_host_timers)
         base = self.base
         for attr in ("start_method", "visible_devices_env", "distributed_type", "oom_messages", "use_host_timers",
                      "compile_backend", "memory_is_host"):
@@ -483,10 +485,51 @@ class ProfileBackend(Backend):
                 return factory(self._torch_version) if isinstance(factory, type) else factory()
         return None
 
-    @functools.cached_property
+    @property
     def module(self) -> Any:
-        """``torch.<module>`` (the profile's ``device.module``, else the device type), or None."""
-        return getattr(torch, self.profile.module or self.device_type, None)
+        """``torch.<module>`` (the profile's ``device.module``, else the device type), or None.
+
+        Found once it exists: a plug-in may register it only when the profile's ``is_available`` hook
+        loads the device, so a lookup before that is not remembered."""
+        found = self.__dict__.get("_module")
+        if found is None:
+            found = getattr(torch, self.module_name, None)
+            if found is not None:
+                self.__dict__["_module"] = found
+        return found
+
+    @property
+    def module_name(self) -> str:
+        """The name of the device module under ``torch`` (``device.module``, else the device type)."""
+        return self.profile.module or self.device_type
+
+    @property
+    def use_host_timers(self) -> bool:
+        """Whether the timer reads the host clock: as the built-in backend for the device type says, else
+        True exactly when the device module has no ``Event`` to time with."""
+        if self._use_host_timers is not None:
+            return self._use_host_timers
+        return self._module_callable("Event") is None
+
+    @use_host_timers.setter
+    def use_host_timers(self, value: bool) -> None:
+        self._use_host_timers = bool(value)
+
+    def _module_callable(self, attr: str) -> Callable[..., Any] | None:
+        """``torch.<module>.<attr>`` when the device module has it and it is callable, else None."""
+        found = getattr(self.module, attr, None) if self.module is not None else None
+        return found if callable(found) else None
+
+    def _from_module(self, attr: str, feature: str) -> Callable[..., Any]:
+        """``torch.<module>.<attr>`` for ``feature`` where no built-in backend covers the device type; an
+        UnsupportedFeatureError names what is missing otherwise."""
+        found = self._module_callable(attr)
+        if found is None:
+            where = (f"torch.{self.module_name} has no {attr}" if self.module is not None
+                     else f"torch has no {self.module_name} module")
+            raise self.unsupported(feature, f"profile {self.profile.name!r}: no built-in backend for {self.device_type!r} "
+                                            f"and {where}")
+        return found
 
     @functools.cached_property
     def accelerator(self) -> Any:
@@ -520,7 +563,7 @@ class ProfileBackend(Backend):
         fn = self.hook(name)
         if fn is _NOT_FOUND:
             return "built-in" if self.base is not None else "none"
-        for source, label in ((self.accelerator, "torch.accelerator"), (self.module, f"torch.{self.profile.module or self.device_type}")):
+        for source, label in ((self.accelerator, "torch.accelerator"), (self.module, f"torch.{self.module_name}")):
             if source is not None and any(getattr(source, a, None) is fn for a in _MODULE_NAMES.get(name, (name,))):
                 return label
         return "none"
@@ -647,17 +690,27 @@ class ProfileBackend(Backend):
         self._call("empty_cache", None, fallback=lambda: self.base.empty_cache(), none_means=None)
 
     # ------------------------------------------------------------------ streams, events, copies
+    # the built-in backend for the device type answers when there is one, else the device module's
+    # Stream, current_stream, stream and Event (what torch.cuda and the PrivateUse1 modules offer)
     def stream(self) -> Any:
-        return self.base.stream() if self.base is not None else super().stream()
+        if self.base is not None:
+            return self.base.stream()
+        return self._from_module("Stream", "streams")()
 
     def current_stream(self) -> Any:
-        return self.base.current_stream() if self.base is not None else super().current_stream()
+        if self.base is not None:
+            return self.base.current_stream()
+        return self._from_module("current_stream", "streams")()
 
     def stream_context(self, stream: Any) -> contextlib.AbstractContextManager:
-        return self.base.stream_context(stream) if self.base is not None else super().stream_context(stream)
+        if self.base is not None:
+            return self.base.stream_context(stream)
+        return self._from_module("stream", "streams")(stream)
 
     def event(self, enable_timing: bool = False) -> Any:
-        return self.base.event(enable_timing) if self.base is not None else super().event(enable_timing)
+        if self.base is not None:
+            return self.base.event(enable_timing)
+        return self._from_module("Event", "events")(enable_timing=enable_timing)
 
     def pin_memory(self, tensor: torch.Tensor) -> torch.Tensor:
         return self.base.pin_memory(tensor) if self.base is not None else tensor
@@ -686,6 +739,8 @@ class ProfileBackend(Backend):
     def device_properties(self, index: int = 0) -> DeviceProperties:
         if self.base is not None:
             props = self.base.device_properties(index)
+        elif self._module_callable("get_device_properties") is not None:
+            props = properties_from_module(self.module, index, self.device_type)
         else:
             props = DeviceProperties(index=index, name=self.device_type)
         props.extra = {**props.extra, "profile": self.profile.name}
