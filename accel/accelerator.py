@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from .logging import get_logger
 from .optimizer import AcceleratedOptimizer
 from .precision import AutocastForward, autocast_context
 from .resolve import strategy_class
@@ -37,6 +38,7 @@ from .utils.dataclasses import (
     RNGType,
 )
 
+logger = get_logger(__name__)
 _UNSET: Any = object()
 #: the block of a synchronising step: nothing to enter (reusable: a nullcontext holds no state)
 _NO_CONTEXT = contextlib.nullcontext()
@@ -360,7 +362,8 @@ class Accelerator:
         """Prepare models, optimizers, data loaders and schedulers (in any order); others pass through.
 
         Data loaders are prepared first; models, optimizers and schedulers of one call then go to the
-        strategy together (DeepSpeed and FSDP set them up jointly). An object prepared before is
+        strategy together (DeepSpeed and FSDP set them up jointly), which may then adapt the call's
+        loaders to its models (DeepSpeed Ulysses shards their sequences). An object prepared before is
         returned as it is.
         """
         if device_placement is None:
@@ -368,7 +371,7 @@ class Accelerator:
         elif len(device_placement) != len(args):
             raise ValueError(f"device_placement has {len(device_placement)} entries for {len(args)} objects")
         result = list(args)
-        kinds: dict[str, list[int]] = {"model": [], "optimizer": [], "scheduler": []}
+        kinds: dict[str, list[int]] = {"model": [], "optimizer": [], "scheduler": [], "dataloader": []}
         loaders = []
         for i, obj in enumerate(args):
             if getattr(obj, "_is_accelerate_prepared", False):
@@ -378,7 +381,7 @@ class Accelerator:
             if kind == "dataloader":
                 loaders.append(obj)
                 result[i] = self.prepare_data_loader(obj, device_placement=device_placement[i])
-            elif kind is not None:
+            if kind is not None:
                 kinds[kind].append(i)
         placement = [self.device_placement if device_placement[i] is None else device_placement[i] for i in range(len(args))]
         for i in kinds["model"]:
@@ -390,6 +393,8 @@ class Accelerator:
             dataloaders=loaders, prepared=self.prepared_objects(),
         )
         models = [self._compile(m) for m in models]
+        for i in kinds["dataloader"] if models else ():
+            result[i] = self.strategy.adapt_dataloader(result[i])
         for kind, prepared, store in (("model", models, self._models), ("optimizer", optimizers, self._optimizers),
                                       ("scheduler", schedulers, self._schedulers)):
             for i, obj in zip(kinds[kind], prepared):
@@ -893,6 +898,35 @@ class Accelerator:
         """
         return PreparedObjects(tuple(self._models), tuple(self._optimizers), tuple(self._schedulers),
                                tuple(self._dataloaders), tuple(self._custom_objects), self.scaler)
+
+    def deepspeed_ulysses_dl_adapter(self, dl: Any, model: torch.nn.Module) -> Any:
+        """``dl`` sharded along its sequences for DeepSpeed Ulysses (``dl`` itself when ``sp_size`` is 1).
+
+        For a loader prepared apart from the model: call it after ``prepare(model)`` made the groups.
+        """
+        from .utils.sequence_parallel import deepspeed_ulysses_dl_adapter
+
+        return deepspeed_ulysses_dl_adapter(dl, self.parallelism_config, self.device)
+
+    @contextlib.contextmanager
+    def maybe_context_parallel(self, buffers: list[torch.Tensor] | None = None, buffer_seq_dims: list[int] | None = None,
+                               no_restore_buffers: set[torch.Tensor] | None = None):
+        """Run the block with ``buffers`` sharded along ``buffer_seq_dims`` over the ``cp`` mesh dimension (torch
+        context parallelism, ``cp_size`` > 1); without it, a warning and no effect. Enter it anew each step.
+
+        Refused (``UnsupportedFeatureError`` naming the kernel) where torch cannot shard the device's attention.
+        """
+        config = self.parallelism_config
+        if config is None or config.cp_backend != "torch" or not config.cp_enabled:
+            logger.warning_once("Context parallel training is not enabled: maybe_context_parallel has no "
+                                              "effect. Set parallelism_config.cp_size > 1 in the Accelerator to enable it.")
+            yield
+            return
+        from .utils.sequence_parallel import context_parallel
+
+        with context_parallel(self.torch_device_mesh["cp"], buffers=buffers, buffer_seq_dims=buffer_seq_dims,
+                              no_restore_buffers=no_restore_buffers, comm_strategy=config.cp_handler.cp_comm_strategy):
+            yield
 
     @property
     def deepspeed_engine_wrapped(self) -> Any:

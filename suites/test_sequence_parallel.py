@@ -10,6 +10,9 @@ to fp32 reassociation: 1e-5 relative; a dropped shard or a wrong position moves 
 Through DeepSpeed's engine (the adapter, ``deepspeed.initialize(mpu=...)``, three SGD steps) every
 loss must equal the one-process run's on whole sequences (SGD shows a wrong gradient scale, which
 Adam would hide; DeepSpeed's default gradient clipping at norm 1 is turned off for the comparison).
+The same run through ``Accelerator`` (``ParallelismConfig(sp_size=2)`` with a ``DeepSpeedPlugin``) must
+give the same losses: ``prepare`` registers Ulysses, builds the engine with its ``mpu`` and shards the
+data loader's sequences; a loader prepared apart is sharded by ``deepspeed_ulysses_dl_adapter``.
 """
 
 from __future__ import annotations
@@ -139,6 +142,68 @@ def test_ulysses_training_through_deepspeed(device, world_size, rank):
     # the adapter serves rank 0's first sample, then rank 1's, then rank 0's second: samples 0, 1, 2
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), **TOLERANCE,
                                msg=lambda m: f"Ulysses through DeepSpeed vs whole-sequence losses: {m}")
+
+
+class _Samples(torch.utils.data.Dataset):
+    """Whole-sequence samples as Ulysses' adapter reads them: ``input_ids``, ``labels``, ``position_ids``."""
+
+    def __init__(self, count: int):
+        self.ids = _samples(count)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[index], "labels": self.ids[index], "position_ids": torch.arange(SEQ)}
+
+
+@pytest.mark.require_deepspeed
+@pytest.mark.world_size(2)
+def test_ulysses_training_through_the_accelerator(device, world_size, rank):
+    pytest.importorskip("transformers", reason="[needs-package] DeepSpeed's Ulysses patches transformers' attention")
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader
+
+    from _training_utils import fresh_state
+    from accel import Accelerator
+    from accel.parallelism_config import ParallelismConfig
+    from accel.utils import DeepSpeedPlugin
+    from accel.utils.fsdp_plugin import DeepSpeedSequenceParallelConfig
+    from accel.utils.sequence_parallel import release_deepspeed_ulysses, sequence_parallel_loss
+
+    release_deepspeed_ulysses()
+    expected = _reference_losses([0, 1, 2])
+    fresh_state()
+    config = ParallelismConfig(sp_backend="deepspeed", sp_size=2,
+                               sp_handler=DeepSpeedSequenceParallelConfig(sp_seq_length=SEQ, sp_seq_length_is_variable=False))
+    plugin = DeepSpeedPlugin(hf_ds_config={"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
+                                           "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
+                                           "zero_optimization": {"stage": 0}})
+    accelerator = Accelerator(deepspeed_plugin=plugin, parallelism_config=config)
+    model = _llama()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    engine, optimizer, loader = accelerator.prepare(model, optimizer, DataLoader(_Samples(world_size * 2), batch_size=1))
+    assert plugin.deepspeed_config["train_batch_size"] == 1, "the two ranks of the one sequence group count once"
+    group = accelerator.strategy.mpu.get_sequence_parallel_group()
+    losses = []
+    for step, batch in zip(range(STEPS), loader):
+        assert batch["input_ids"].shape == (1, SEQ // 2), "each rank holds half of the sequence"
+        logits = engine(input_ids=batch["input_ids"].to(device), position_ids=batch["position_ids"].to(device)).logits
+        labels = batch["shift_labels"].to(device)
+        shard_loss = F.cross_entropy(logits.float().reshape(-1, VOCAB), labels.reshape(-1), ignore_index=-100)
+        loss = sequence_parallel_loss(shard_loss, labels, group=group)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(loss))
+    apart = accelerator.deepspeed_ulysses_dl_adapter(accelerator.prepare(DataLoader(_Samples(world_size), batch_size=1)),
+                                                     engine)
+    first = next(iter(apart))
+    assert first["input_ids"].shape == (1, SEQ // 2), "a loader prepared apart is sharded too"
+    accelerator.free_memory()
+    # the adapter serves rank 0's first sample, then rank 1's, then rank 0's second: samples 0, 1, 2
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), **TOLERANCE,
+                               msg=lambda m: f"Ulysses through the Accelerator vs whole-sequence losses: {m}")
 
 
 def test_context_parallelism_names_the_attention_kernel(device):

@@ -468,3 +468,32 @@ def test_split_between_processes_takes_a_datasets_dataset():
     data = datasets.Dataset.from_dict({"x": list(range(5))})
     assert _split(data, 2, 0, False)["x"] == [0, 1, 2]
     assert _split(data, 2, 1, True)["x"] == [3, 4, 4]
+
+
+def test_prepare_lets_the_strategy_adapt_the_loaders_of_a_call_with_a_model(monkeypatch):
+    """Loaders prepared with a model go through the strategy's ``adapt_dataloader`` (DeepSpeed Ulysses shards
+    them there); a loader prepared alone does not, and the Accelerator keeps the loader it prepared."""
+    accelerator = Accelerator()
+    adapted = []
+    monkeypatch.setattr(accelerator.strategy, "adapt_dataloader", lambda dl: adapted.append(dl) or ("adapted", dl))
+    alone = accelerator.prepare(DataLoader(_dataset(), batch_size=4))
+    assert not adapted and alone is accelerator._dataloaders[0]
+    _, (tag, inner) = accelerator.prepare(_model(), DataLoader(_dataset(), batch_size=4))
+    assert tag == "adapted" and adapted == [inner] and inner is accelerator._dataloaders[1]
+
+
+def test_sequence_and_context_parallel_helpers_are_no_ops_without_them(caplog):
+    import logging
+
+    from accel.logging import MultiProcessAdapter
+
+    accelerator = Accelerator()
+    loader = DataLoader(_dataset(), batch_size=4)
+    assert accelerator.deepspeed_ulysses_dl_adapter(loader, _model()) is loader
+    MultiProcessAdapter.warning_once.cache_clear()
+    ran = []
+    with caplog.at_level(logging.WARNING, logger="accel.accelerator"):
+        with accelerator.maybe_context_parallel(buffers=[torch.zeros(1, 4)], buffer_seq_dims=[1]):
+            ran.append(True)
+    assert ran == [True]
+    assert "Context parallel training is not enabled" in caplog.text

@@ -230,3 +230,23 @@ def test_clip_grad_value_is_a_capability_error_under_deepspeed():
     accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin())
     with pytest.raises(UnsupportedFeatureError, match="only clips by norm"):
         accelerator.clip_grad_value_([], 1.0)
+
+
+def test_sequence_parallel_groups_count_once_in_the_batch_size():
+    """With sp_size > 1 the ranks of a group share samples: train_batch_size divides by sp_size, which must
+    divide the process count (checked before Ulysses touches the model)."""
+    from accel.parallelism_config import ParallelismConfig
+
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(), parallelism_config=ParallelismConfig(sp_size=2))
+    model = torch.nn.Linear(4, 1)
+    with pytest.raises(ValueError, match=r"sp_size \(2\) must divide the number of processes \(1\)"):
+        accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), _loader(4))
+    assert accelerator.strategy.mpu is None
+
+
+def test_without_sequence_parallelism_loaders_are_not_adapted():
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin())
+    model, optimizer, loader = accelerator.prepare(*_model_and_optimizer(), _loader(4))
+    assert accelerator.strategy.mpu is None and loader is accelerator._dataloaders[0]
+    assert model.train_batch_size() == 4
+    accelerator.free_memory()

@@ -111,6 +111,11 @@ class Strategy(abc.ABC):
         prepared_schedulers = [self.setup_scheduler(s, known) for s in schedulers]
         return prepared_models, prepared_optimizers, prepared_schedulers
 
+    def adapt_dataloader(self, dataloader: Any) -> Any:
+        """A data loader prepared in the same ``prepare`` call as a model, as that model reads it (itself by default;
+        DeepSpeed Ulysses hands each rank its sequence shard)."""
+        return dataloader
+
     def setup_model(self, model: torch.nn.Module, device_placement: bool, evaluation_mode: bool = False) -> torch.nn.Module:
         """Place the model, give it the precision's forward, and wrap it for this scheme."""
         if device_placement:

@@ -5,6 +5,12 @@ config's "auto" values from the Accelerator and the data loaders of the same cal
 returned as the model. ``backward`` runs the engine's backward and, at an accumulation boundary,
 its step; the returned optimizer and scheduler are thin wrappers whose ``step`` is the engine's.
 
+With a ``ParallelismConfig`` whose ``sp_size`` is above 1 (``sp_backend="deepspeed"``), ``prepare``
+switches the model's attention to DeepSpeed's Ulysses before building the engine (the ``mpu`` it
+returns goes to ``deepspeed.initialize``), counts each sequence-parallel group once in
+``train_batch_size``, and :meth:`DeepSpeedStrategy.adapt_dataloader` hands each rank its sequence
+shard of the data loaders prepared with the model.
+
 The active backend tells DeepSpeed which accelerator to use (``DS_ACCELERATOR``, unless the user set
 it); if DeepSpeed still picks another device or collective library the run stops and names both.
 """
@@ -32,6 +38,12 @@ from ..utils.deepspeed import (
 )
 from ..facts.checkpoint import MODEL_NAME
 from ..facts.network import free_port
+from ..utils.sequence_parallel import (
+    register_deepspeed_ulysses,
+    release_deepspeed_ulysses,
+    sequence_parallel_train_batch_size,
+    ulysses_dataloader,
+)
 from .base import Strategy, StrategyCheckpoint
 from .context import PreparedObjects, StrategyContext
 
@@ -86,6 +98,8 @@ class DeepSpeedStrategy(Strategy):
         self.engine_wrapper: DeepSpeedEngineWrapper | None = None
         #: a one-process group this strategy created for DeepSpeed (destroyed by ``release``)
         self._own_group = False
+        #: DeepSpeed Ulysses' model-parallel unit of the engine built last (None without sequence parallelism)
+        self.mpu: Any = None
 
     # ------------------------------------------------------------------ identity
     @property
@@ -187,6 +201,13 @@ class DeepSpeedStrategy(Strategy):
 
         deepspeed = require_deepspeed()
         kwargs: dict[str, Any] = {"model": model, "config_params": plugin.deepspeed_config}
+        self.mpu = None
+        if self._sp_size > 1:
+            micro = plugin.get_value("train_micro_batch_size_per_gpu")
+            # patches the model's attention and creates the sequence-parallel groups (every rank calls it)
+            self.mpu = register_deepspeed_ulysses(model, self.state.parallelism_config,
+                                                  None if micro in (None, "auto") else int(micro))
+            kwargs["mpu"] = self.mpu
         if isinstance(optimizer, DummyOptim):
             kwargs["model_parameters"] = optimizer.params
             if isinstance(scheduler, DummyScheduler) and scheduler.lr_scheduler_callable is not None:
@@ -213,6 +234,18 @@ class DeepSpeedStrategy(Strategy):
             else:
                 prepared_schedulers = [self.setup_scheduler(scheduler, prepared_optimizers)]
         return [engine], prepared_optimizers, prepared_schedulers
+
+    @property
+    def _sp_size(self) -> int:
+        config = self.state.parallelism_config
+        return int(getattr(config, "sp_size", 1) or 1) if config is not None else 1
+
+    def adapt_dataloader(self, dataloader: Any) -> Any:
+        """Under DeepSpeed Ulysses, ``dataloader`` wrapped so each rank gets its sequence shard of each batch of
+        its group (``ulysses_dataloader``); otherwise ``dataloader`` itself."""
+        if self.mpu is None:
+            return dataloader
+        return ulysses_dataloader(dataloader, self.mpu, self.device)
 
     def _plugin_name(self, plugin: DeepSpeedPlugin) -> str:
         for name, candidate in self.state.deepspeed_plugins.items():
@@ -262,13 +295,16 @@ class DeepSpeedStrategy(Strategy):
             "train_micro_batch_size_per_gpu": per_device,
         }
         if per_device is not None:
-            expected = int(per_device) * gas * num_processes
+            # the ranks of a sequence-parallel group share their samples: each group counts once
+            sp_size = self._sp_size
+            expected = sequence_parallel_train_batch_size(int(per_device), gas, num_processes, sp_size)
             fill["train_batch_size"] = expected
             configured_total = plugin.get_value("train_batch_size")
             if configured_total not in (None, "auto") and int(configured_total) != expected:
+                groups = f" / sp_size {sp_size}" if sp_size > 1 else ""
                 raise ValueError(
                     f"batch size contradiction: DeepSpeed config train_batch_size={configured_total} but "
-                    f"{per_device} per process x {gas} accumulation steps x {num_processes} processes = {expected}"
+                    f"{per_device} per process x {gas} accumulation steps x {num_processes} processes{groups} = {expected}"
                 )
         self._check_optimizer_scheduler(plugin, optimizer, scheduler)
         if isinstance(optimizer, torch.optim.Optimizer) or hasattr(optimizer, "optimizer"):
@@ -425,12 +461,15 @@ class DeepSpeedStrategy(Strategy):
                 raise ValueError(f"DeepSpeed could not load engine checkpoint {input_dir / tag}")
 
     def release(self) -> None:
-        """Destroy the engines (and the one-process group this strategy made)."""
+        """Destroy the engines (and the one-process group this strategy made); undo DeepSpeed Ulysses' attention patch."""
         for wrapper in self.engines.values():
             with contextlib.suppress(Exception):
                 wrapper.engine.destroy()
         self.engines.clear()
         self.engine_wrapper = None
+        if self.mpu is not None:
+            release_deepspeed_ulysses()
+            self.mpu = None
         if self._own_group:
             import torch.distributed as dist
 
