@@ -207,6 +207,28 @@ def test_values_are_normalised(tmp_path):
     assert (config.mixed_precision, config.distributed_type, config.gpu_ids, config.num_processes) == ("no", "MULTI_CPU", "1", 4)
 
 
+@pytest.mark.parametrize("kind", ["DATA_PARALLEL", "model_parallel", "NO"])
+def test_sagemaker_configs_take_sagemakers_distributed_types(tmp_path, kind):
+    """As Accelerate's SageMakerDistributedType: DATA_PARALLEL and MODEL_PARALLEL under AMAZON_SAGEMAKER only."""
+    text = f"compute_environment: AMAZON_SAGEMAKER\ndistributed_type: {kind}\nmixed_precision: 'no'\n"
+    config = load_config(write(tmp_path, text))
+    assert (config.compute_environment, config.distributed_type) == ("AMAZON_SAGEMAKER", kind.upper())
+    assert load_config(save_config(config, tmp_path / "copy.yaml")) == config
+
+
+@pytest.mark.parametrize("environment, kind, allowed", [
+    ("LOCAL_MACHINE", "DATA_PARALLEL", "NO, MULTI_CPU"),
+    ("AMAZON_SAGEMAKER", "MULTI_GPU", "NO, DATA_PARALLEL, MODEL_PARALLEL"),
+])
+def test_a_distributed_type_of_the_other_environment_is_refused(tmp_path, environment, kind, allowed):
+    path = write(tmp_path, f"compute_environment: {environment}\ndistributed_type: {kind}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert f"line 2: distributed_type: with compute_environment {environment} expected one of {allowed}" in message
+    assert f"got '{kind}'" in message
+
+
 def test_an_accelerate_json_config_loads_and_keeps_its_other_keys(tmp_path):
     data = {
         "compute_environment": "LOCAL_MACHINE", "debug": False, "distributed_type": "MULTI_CPU", "downcast_bf16": False,

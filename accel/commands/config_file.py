@@ -31,6 +31,7 @@ __all__ = [
     "COMPUTE_ENVIRONMENTS",
     "CONFIG_ENV",
     "DISTRIBUTED_TYPES",
+    "SAGEMAKER_DISTRIBUTED_TYPES",
     "FIELDS",
     "MIXED_PRECISIONS",
     "RDZV_BACKENDS",
@@ -67,6 +68,8 @@ DISTRIBUTED_TYPES = (
     "XLA",
     "MEGATRON_LM",
 )
+#: Accelerate's SageMakerDistributedType values: the ``distributed_type`` of an AMAZON_SAGEMAKER config
+SAGEMAKER_DISTRIBUTED_TYPES = ("NO", "DATA_PARALLEL", "MODEL_PARALLEL")
 
 #: keys of an Accelerate config file beyond accel's core ones, by kind: sections (mappings) that
 #: `accel launch` turns into the ranks' environment (fsdp_config -> FSDP_*, ...), the TPU and
@@ -182,9 +185,11 @@ def _mixed_precision(value: Any) -> str:
 
 
 def _distributed_type(value: Any) -> str:
+    """A local ``DistributedType`` or a SageMaker one (which of the two the compute environment allows is
+    checked by ``LaunchConfig.validate``)."""
     if value is False:  # an unquoted `NO` in YAML reads as false
         return "NO"
-    return _choice(DISTRIBUTED_TYPES, upper=True)(value)
+    return _choice(DISTRIBUTED_TYPES + SAGEMAKER_DISTRIBUTED_TYPES[1:], upper=True)(value)
 
 
 def _text(value: Any) -> str:
@@ -309,6 +314,11 @@ class LaunchConfig:
                 self.extra[key] = _extra_value(key, value)
             except ValueError as exc:
                 raise self.error(key, str(exc)) from None
+        sagemaker = self.compute_environment == "AMAZON_SAGEMAKER"
+        allowed = SAGEMAKER_DISTRIBUTED_TYPES if sagemaker else DISTRIBUTED_TYPES
+        if self.distributed_type not in allowed:
+            raise self.error("distributed_type", f"with compute_environment {self.compute_environment} expected one of "
+                                                 f"{', '.join(allowed)}, got {self.distributed_type!r}")
         if self.machine_rank >= self.num_machines:
             raise self.error("machine_rank", f"must be below num_machines ({self.num_machines}), got {self.machine_rank}")
         if self.num_processes is not None and self.num_processes % self.num_machines:
