@@ -17,6 +17,9 @@ if python -c "import accel_emu" 2>/dev/null; then
     # every difference from cpu is either fixed or named in the plug-in's known-issues file (xfail)
     python -m pytest suites -m emu --backend emu -q -n 2 --timeout 900 --ignore=suites/benchmarks \
         --known-issues plugins/accel-emu/known-issues.yaml --known-issues-xfail "$@" || note $?
+    # a backend made from the device profile alone (no plug-in Backend class) passes the contract suite
+    python -m pytest suites/test_backend_contract.py -m emu --backend emu -q --timeout 900 \
+        --profile plugins/accel-emu/profile.yaml "$@" || note $?
 else
     echo "ci/test.sh: the emulated device is not installed (pip install -e plugins/accel-emu): its tests and the emu suites did not run" >&2
 fi
