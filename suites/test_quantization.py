@@ -22,6 +22,7 @@ from _training_utils import on_backend  # noqa: F401 - fixture
 from accel.big_modeling import init_empty_weights
 from accel.hooks import remove_hook_from_submodules
 from accel.utils.dataclasses import BnbQuantizationConfig
+from accel.test_utils.training import ResidualMLP
 
 WIDTH = 64
 LIMIT = {"8bit": 0.02, "nf4": 0.1, "fp4": 0.12}
@@ -41,27 +42,8 @@ def bnb_utils():
     return bnb
 
 
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.norm = nn.LayerNorm(WIDTH)
-        self.up = nn.Linear(WIDTH, 2 * WIDTH)
-        self.down = nn.Linear(2 * WIDTH, WIDTH)
-
-    def forward(self, x):
-        return x + self.down(torch.relu(self.up(self.norm(x))))
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.blocks = nn.ModuleList(Block() for _ in range(3))
-        self.head = nn.Linear(WIDTH, 8)
-
-    def forward(self, x):
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
+def Net() -> ResidualMLP:  # noqa: N802 (reads like the class it makes)
+    return ResidualMLP(WIDTH)
 
 
 def _reference() -> Net:

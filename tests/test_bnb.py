@@ -23,6 +23,7 @@ bnb = pytest.importorskip("bitsandbytes", reason="[needs-package] bitsandbytes i
 
 from accel.utils import bnb as bnb_utils  # noqa: E402
 from accel.utils.bnb_params import bnb_parameter_to_device, quantize_and_offload_8bit  # noqa: E402
+from accel.test_utils.training import ResidualMLP
 
 WIDTH = 64
 # relative L2 error of the outputs against the fp32 model (measured on this model: 8-bit 0.004, nf4 0.04, fp4 0.05)
@@ -43,27 +44,8 @@ class _Tied(nn.Module):
         self.head.weight = self.emb.weight
 
 
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.norm = nn.LayerNorm(WIDTH)
-        self.up = nn.Linear(WIDTH, 2 * WIDTH)
-        self.down = nn.Linear(2 * WIDTH, WIDTH)
-
-    def forward(self, x):
-        return x + self.down(torch.relu(self.up(self.norm(x))))
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.blocks = nn.ModuleList(Block() for _ in range(3))
-        self.head = nn.Linear(WIDTH, 8)
-
-    def forward(self, x):
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
+def Net() -> ResidualMLP:  # noqa: N802 (reads like the class it makes)
+    return ResidualMLP(WIDTH)
 
 
 @pytest.fixture(autouse=True)

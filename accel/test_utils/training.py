@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["RegressionDataset", "RegressionModel"]
+__all__ = ["RegressionDataset", "RegressionModel", "ResidualBlock", "ResidualMLP"]
 
 
 class RegressionDataset:
@@ -48,3 +48,32 @@ class RegressionModel(torch.nn.Module):
     def forward(self, x: torch.Tensor | None = None) -> torch.Tensor:
         self.first_batch = False
         return x * self.a + self.b
+
+
+class ResidualBlock(torch.nn.Module):
+    """A pre-norm residual MLP block (LayerNorm, Linear up, ReLU, Linear down): layers to quantize or offload."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.up = torch.nn.Linear(width, 2 * width)
+        self.down = torch.nn.Linear(2 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` plus the block's MLP of its normalised value."""
+        return x + self.down(torch.relu(self.up(self.norm(x))))
+
+
+class ResidualMLP(torch.nn.Module):
+    """Residual blocks then a linear head; ``blocks.N`` and ``head`` are the units a device map places."""
+
+    def __init__(self, width: int = 64, depth: int = 3, outputs: int = 8):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(ResidualBlock(width) for _ in range(depth))
+        self.head = torch.nn.Linear(width, outputs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The head's output after every block."""
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
