@@ -902,7 +902,8 @@ class Accelerator:
     def deepspeed_ulysses_dl_adapter(self, dl: Any, model: torch.nn.Module) -> Any:
         """``dl`` sharded along its sequences for DeepSpeed Ulysses (``dl`` itself when ``sp_size`` is 1).
 
-        For a loader prepared apart from the model: call it after ``prepare(model)`` made the groups.
+        For a loader prepared apart from the model: call it after ``prepare(model)`` made the groups (``model``
+        is taken for Accelerate's signature; the shards go to this Accelerator's device).
         """
         from .utils.sequence_parallel import deepspeed_ulysses_dl_adapter
 
@@ -918,8 +919,8 @@ class Accelerator:
         """
         config = self.parallelism_config
         if config is None or config.cp_backend != "torch" or not config.cp_enabled:
-            logger.warning_once("Context parallel training is not enabled: maybe_context_parallel has no "
-                                              "effect. Set parallelism_config.cp_size > 1 in the Accelerator to enable it.")
+            logger.warning_once("Context parallel training is not enabled: maybe_context_parallel has no effect. "
+                                "Set parallelism_config.cp_size > 1 in the Accelerator to enable it.")
             yield
             return
         from .utils.sequence_parallel import context_parallel
