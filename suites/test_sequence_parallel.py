@@ -138,10 +138,7 @@ def test_ulysses_training_through_deepspeed(device, world_size, rank):
         engine.backward(loss)
         engine.step()
         losses.append(float(loss))
-    release_deepspeed_ulysses()
-    from deepspeed.utils import groups
-
-    groups.mpu = None  # the engine left its mpu there for the process: a later engine would ask it for the groups
+    release_deepspeed_ulysses()  # also drops the mpu the engine left in deepspeed.utils.groups
     # the adapter serves rank 0's first sample, then rank 1's, then rank 0's second: samples 0, 1, 2
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), **TOLERANCE,
                                msg=lambda m: f"Ulysses through DeepSpeed vs whole-sequence losses: {m}")

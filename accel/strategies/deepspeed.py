@@ -83,15 +83,6 @@ def align_deepspeed_accelerator(backend: Any) -> None:
         raise RuntimeError("DeepSpeed and accel disagree about the accelerator: " + "; ".join(verdict["problems"]))
 
 
-def _forget_engine_mpu(mpu: Any) -> None:
-    """Drop the ``mpu`` a DeepSpeed engine left in ``deepspeed.utils.groups`` (it stays there for the process):
-    a later engine without sequence parallelism would ask it for the released groups."""
-    from deepspeed.utils import groups
-
-    if getattr(groups, "mpu", None) is mpu:
-        groups.mpu = None
-
-
 class DeepSpeedStrategy(Strategy):
     """Models become DeepSpeed engines; DeepSpeed owns backward, step, precision and ZeRO sharding."""
 
@@ -478,7 +469,6 @@ class DeepSpeedStrategy(Strategy):
         self.engine_wrapper = None
         if self.mpu is not None:
             release_deepspeed_ulysses()
-            _forget_engine_mpu(self.mpu)
             self.mpu = None
         if self._own_group:
             import torch.distributed as dist

@@ -112,8 +112,10 @@ def register_deepspeed_ulysses(model: torch.nn.Module, parallelism_config: Any, 
 
 
 def release_deepspeed_ulysses() -> None:
-    """Undo :func:`register_deepspeed_ulysses` in this process: transformers' attention functions come back and
-    DeepSpeed's sequence-parallel groups are released (another run may register again)."""
+    """Undo :func:`register_deepspeed_ulysses` in this process: transformers' attention functions come back,
+    DeepSpeed's sequence-parallel groups are released, and the ``mpu`` an engine left in
+    ``deepspeed.utils.groups`` is dropped (a later engine without sequence parallelism would ask it for the
+    released groups); another run may register again."""
     if _REPLACED_ATTENTION:
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -127,6 +129,10 @@ def release_deepspeed_ulysses() -> None:
     release = getattr(parallel_state_sp, "_release_sequence_parallel_groups", None)
     if release is not None:
         release()
+    from deepspeed.utils import groups
+
+    if getattr(groups, "mpu", None) is parallel_state_sp:
+        groups.mpu = None
 
 
 def ulysses_dataloader(dataloader: Any, mpu: Any, device: Any) -> Any:
