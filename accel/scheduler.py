@@ -45,10 +45,11 @@ class AcceleratedScheduler:
         if repeat is None:
             # PartialState holds the ranks; the count cannot change while this process runs
             repeat = self._steps_per_step = PartialState().num_processes
-        if repeat == 1:
-            scheduler.step(*args, **kwargs)
-            return
         total = getattr(scheduler, "total_steps", None)
+        if repeat == 1:
+            if total is None or scheduler._step_count <= total:  # OneCycleLR raises past its total_steps
+                scheduler.step(*args, **kwargs)
+            return
         for _ in range(repeat):
             if total is not None and scheduler._step_count > total:
                 break  # OneCycleLR raises past its total_steps

@@ -27,7 +27,6 @@ from .facts.environment import env_flag, env_text
 from .facts.network import DEFAULT_PORT
 from .resolve import plugin_dict, resolve, resolve_backend
 from .utils.dataclasses import DistributedType, GradientAccumulationPlugin
-from .utils.megatron_lm import megatron_lm_refusal
 
 __all__ = ["AcceleratorState", "DistributedType", "GradientState", "PartialState", "ProcessLayout", "is_initialized"]
 
@@ -500,6 +499,8 @@ class AcceleratorState:
         self._partial = PartialState(cpu, **kwargs)
         self.dynamo_plugin = dynamo_plugin
         if megatron_lm_plugin is not None:
+            from .utils.megatron_lm import megatron_lm_refusal  # only here: the module is costly to import
+
             raise megatron_lm_refusal("megatron_lm_plugin")
         if torch_tp_plugin is not None:
             raise NotImplementedError(

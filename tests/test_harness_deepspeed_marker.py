@@ -36,6 +36,8 @@ def test_a_device_deepspeed_does_not_know_skips_with_a_reason(accelerators):
 
 def test_the_list_is_read_from_the_installed_deepspeed():
     pytest.importorskip("deepspeed")
-    markers._deepspeed_accelerators.cache_clear()
+    cached = getattr(markers._deepspeed_accelerators, "cache_clear", None)
+    if cached is not None:
+        cached()
     supported = markers._deepspeed_accelerators()
     assert "cpu" in supported and "cuda" in supported
