@@ -134,11 +134,11 @@ def test_timer_measures_a_sleep_with_host_clock(cpu):
     timer = cpu.timer()
     assert isinstance(timer, Timer) and timer.elapsed is None
     with timer as t:
-        time.sleep(0.05)
-    assert 0.04 <= t.elapsed < 2.0
+        time.sleep(0.3)
+    assert 0.29 <= t.elapsed < 5.0
     with timer:
         pass
-    assert timer.elapsed < 0.04  # a reused timer measures afresh
+    assert timer.elapsed < 0.25  # a reused timer measures afresh (generous: a loaded host preempts)
 
 
 def test_pin_memory_returns_equal_tensor(cpu):

@@ -184,12 +184,12 @@ def test_warmup_rounds_are_excluded_from_the_samples():
 
     def fn():
         calls.append(1)
-        time.sleep(0.03 if len(calls) <= 4 else 0.001)  # the first touch and 3 warm-up rounds are slow
+        time.sleep(0.2 if len(calls) <= 4 else 0.001)  # the first touch and 3 warm-up rounds are slow
 
     m = timing.measure(CPUBackend(), fn, iterations=1, rounds=5, warmup_rounds=3)
     assert len(calls) == 1 + 3 + 5
-    assert len(m.warmup_samples) == 3 and all(s >= 0.03 for s in m.warmup_samples)
-    assert len(m.samples) == 5 and all(s < 0.03 for s in m.samples), m.samples
+    assert len(m.warmup_samples) == 3 and all(s >= 0.2 for s in m.warmup_samples)
+    assert len(m.samples) == 5 and all(s < 0.15 for s in m.samples), m.samples  # generous for a loaded host
 
 
 def test_calibration_picks_iterations_for_the_round_time_and_rounds_for_the_budget():
