@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 from accel.commands import UsageError
+from accel.commands.report import parse_share
 
 
 def suites_dir() -> Path:
@@ -68,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline", action="append", metavar="RESULTS",
                         help="earlier results (files or folders, repeatable) to compare with: a drop in collected tests "
                              "fails the run; the report lists the new failures and says whether the runs compare like for like")
-    parser.add_argument("--collection-threshold", type=_share, default=None, metavar="FRACTION",
+    parser.add_argument("--collection-threshold", type=parse_share, default=None, metavar="FRACTION",
                         help="with --baseline: the share of the baseline's tests that may go missing before the run fails "
                              "(default 0.05 = 5%%; 0: any drop)")
     parser.add_argument("--rerun-known", action="store_true",
@@ -93,17 +94,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--session-timeout", type=float, default=0.0, metavar="SECONDS",
                     help="stop one suite run after this long (default 0: no limit); what finished is kept")
     up.add_argument("--online", action="store_true", help="let the suite reach the Hugging Face hub (default: HF_HUB_OFFLINE=1 ...)")
-
-
-def _share(text: str) -> float:
-    """A share given as ``0.05`` or ``5%``, from 0 to 1."""
-    try:
-        value = float(text.rstrip("%")) / (100 if text.endswith("%") else 1)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a share such as 0.05 or 5%, got {text!r}") from None
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a share from 0 to 1 (0.05 = 5 %), got {text!r}")
-    return value
 
 
 def child_environment(extra: dict[str, str] | None = None) -> dict[str, str]:

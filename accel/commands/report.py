@@ -114,7 +114,8 @@ def _fraction(text: str) -> float:
     return value
 
 
-def _share(text: str) -> float:
+def parse_share(text: str) -> float:
+    """A share given as ``0.05`` or ``5%``, from 0 to 1 (an argparse type; ``accel qualify`` uses it too)."""
     try:
         value = float(text.rstrip("%")) / (100 if text.endswith("%") else 1)
     except ValueError:
@@ -139,7 +140,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="what to write (default: html,md)")
     parser.add_argument("--fail-on", type=_csv(GATES, allow_none=True), default=["new-failures", "regressions"],
                         metavar="GATES", help=f"what fails the run: {', '.join(GATES)} or none (default: new-failures,regressions)")
-    parser.add_argument("--collection-threshold", type=_share, default=None, metavar="FRACTION",
+    parser.add_argument("--collection-threshold", type=parse_share, default=None, metavar="FRACTION",
                         help="share of the baseline's tests that may go missing before collection-drop applies "
                              "(default 0.05 = 5%%; 0: any drop)")
     parser.add_argument("--threshold", type=_fraction, default=None, metavar="FRACTION",
