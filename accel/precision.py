@@ -65,11 +65,16 @@ class PrecisionPlan:
         return self.used != self.requested
 
     # ------------------------------------------------------------------ behaviour
+    def convert_fp8(self, model: torch.nn.Module) -> None:
+        """Give ``model`` torchao's ``Float8Linear`` layers when fp8 is planned and accel runs it (once; a no-op
+        otherwise). Strategies that wrap a model's layers (FSDP) call this before wrapping."""
+        if self.managed_by == "accel" and self.fp8 is not None:
+            self.fp8.convert(model)
+
     def wrap_forward(self, model: torch.nn.Module, backend: Backend) -> None:
         """Convert ``model`` for fp8 (if planned), then run ``model.forward`` under autocast with fp32 outputs
         (once; nothing in full precision)."""
-        if self.managed_by == "accel" and self.fp8 is not None:
-            self.fp8.convert(model)
+        self.convert_fp8(model)
         if self.managed_by != "accel" or not self.autocast_enabled or isinstance(model.forward, AutocastForward):
             return
         model.forward = AutocastForward(model.forward, lambda: autocast_context(self, backend))

@@ -388,6 +388,11 @@ class FSDPStrategy(Strategy):
         plugin = fsdp_plugin
         if plugin is None:
             raise ValueError("the FSDP strategy's precision needs its FullyShardedDataParallelPlugin")
+        if plan.fp8 is not None and plugin.cpu_ram_efficient_loading:
+            # Accelerate's refusal: rank 0's weights are loaded into the sharded model after fully_shard,
+            # which does not fit the Float8Linear weights wrapped for the fp8 all-gather
+            raise ValueError("torchao with FSDP2 and cpu_ram_efficient_loading is not supported, setting "
+                             "`cpu_ram_efficient_loading` to False will fix the issue and work as intended.")
         if plan.dtype is not None and plugin.mixed_precision_policy is None:
             plugin.set_mixed_precision(plan.used)
             if plugin.fsdp_version == 2:
@@ -406,9 +411,32 @@ class FSDPStrategy(Strategy):
             return model
         if evaluation_mode:
             return super().setup_model(model, device_placement, evaluation_mode=True)
+        # fp8: torchao's Float8Linear layers go in before sharding (as Accelerate converts before fully_shard),
+        # so FSDP2 shards their weights and, with enable_fsdp_float8_all_gather, all-gathers them in fp8
+        self.precision.convert_fp8(model)
         wrapped = self.wrap_model(model, device_placement)
         self.precision.wrap_forward(wrapped, self.backend)
         return wrapped
+
+    def prepare(self, models: Sequence[torch.nn.Module], optimizers: Sequence[Any], schedulers: Sequence[Any],
+                model_placement: Sequence[bool], optimizer_placement: Sequence[bool],
+                evaluation_mode: bool = False, dataloaders: Sequence[Any] = (),
+                prepared: PreparedObjects = EMPTY) -> tuple[list[Any], list[Any], list[Any]]:
+        """The base set-up, then (FSDP2 fp8 with float8 all-gather) the first optimizer of the call recomputes the
+        first model's fp8 weight scales after each step, as Accelerate does."""
+        result = super().prepare(models, optimizers, schedulers, model_placement, optimizer_placement,
+                                 evaluation_mode=evaluation_mode, dataloaders=dataloaders, prepared=prepared)
+        prepared_models, prepared_optimizers, _ = result
+        fp8 = self.precision.fp8
+        if (fp8 is not None and self.is_fsdp2 and prepared_models and prepared_optimizers
+                and getattr(fp8.config, "enable_fsdp_float8_all_gather", False)):
+            from ..utils.ao import register_fsdp_float8_scale_precompute
+
+            inner = prepared_optimizers[0]
+            while isinstance(getattr(inner, "optimizer", None), torch.optim.Optimizer):
+                inner = inner.optimizer  # the user's optimizer: its step runs only when the wrapper really steps
+            register_fsdp_float8_scale_precompute(inner, prepared_models[0])
+        return result
 
     def setup_optimizer(self, optimizer: Any, device_placement: bool) -> Any:
         """Switch ``optimizer`` to the sharded (or FSDP1 flat) parameters, then wrap it."""

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 
 __all__ = ["convert_model_to_fp8_ao", "filter_first_and_last_linear_layers", "filter_linear_layers",
-           "find_first_last_linear_layers", "has_ao_layers"]
+           "find_first_last_linear_layers", "has_ao_layers", "register_fsdp_float8_scale_precompute"]
 
 
 def _require_torchao(what: str) -> None:
@@ -65,3 +65,14 @@ def convert_model_to_fp8_ao(model: torch.nn.Module, config: Any = None,
         first, last = find_first_last_linear_layers(model)
         module_filter_func = partial(filter_linear_layers, layers_to_filter=[first, last])
     convert_to_float8_training(model, module_filter_fn=module_filter_func, config=config)
+
+
+def register_fsdp_float8_scale_precompute(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> Any:
+    """After each ``optimizer.step()``, recompute the fp8 scales of ``model``'s FSDP2-sharded ``Float8Linear``
+    weights in one all-reduce (torchao's ``precompute_float8_dynamic_scale_for_fsdp``), as Accelerate does when
+    ``enable_fsdp_float8_all_gather`` is on; the all-gather then casts each shard with the same scale on every rank.
+    Returns the hook's handle."""
+    _require_torchao("register_fsdp_float8_scale_precompute")
+    from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+    return optimizer.register_step_post_hook(lambda *args, **kwargs: precompute_float8_dynamic_scale_for_fsdp(model))
