@@ -547,6 +547,53 @@ def test_skip_loader_advances_the_original_epoch_for_the_usual_resume_loop():
     GradientState._reset_state()
 
 
+def test_a_resumed_copy_keeps_the_settings_and_counts_epochs_in_the_first_loader():
+    """skip_first_batches of a skip_first_batches copy: the wrapper's own settings (device, drop_last,
+    non_blocking, epoch) carry over, and a finished epoch is counted in the loader the user prepared."""
+    cpu = torch.device("cpu")
+    shard = A.prepare_data_loader(DataLoader(MapData(10), batch_size=3, drop_last=True), device=cpu,
+                                  put_on_device=True, non_blocking=True)
+    shard.set_epoch(4)
+    once = A.skip_first_batches(shard, 1)
+    twice = A.skip_first_batches(once, 1)
+    assert isinstance(twice, A.DataLoaderShard)
+    assert twice.wrapper_kwargs() == shard.wrapper_kwargs()
+    assert twice.wrapper_kwargs()["_drop_last"] is True and twice.wrapper_kwargs()["_non_blocking"] is True
+    assert once.epoch_owner is shard and twice.epoch_owner is shard
+    assert [_idx(b) for b in twice] == [[6, 7, 8]]
+    assert shard.iteration == 5 and once.iteration == 4
+    dispatcher = A.prepare_data_loader(DataLoader(StreamData(7), batch_size=3), device=cpu, put_on_device=True)
+    copy = A.skip_first_batches(dispatcher, 1)
+    assert isinstance(copy, A.DataLoaderDispatcher) and copy.wrapper_kwargs() == dispatcher.wrapper_kwargs()
+    assert [_idx(b) for b in copy] == [[3, 4, 5], [6]] and dispatcher.iteration == 1
+
+
+def _rank_dispatch_steps() -> dict:
+    """A dispatcher that slices (one batch per process and step) and one under tensor parallelism alone."""
+
+    class TpOnly:
+        mesh_dim_names = ("tp",)
+
+    out = {}
+    for name, mesh in (("sliced", None), ("replicated", TpOnly())):
+        dl = A.DataLoaderDispatcher(MapData(8), batch_size=2, torch_device_mesh=mesh)
+        out[name] = {"per_step": dl.batches_per_step, "len": len(dl), "total": dl.total_batch_size,
+                     "full": [_idx(b) for b in dl], "resumed": [_idx(b) for b in A.skip_first_batches(dl, 1)]}
+    return out
+
+
+def test_dispatcher_steps_read_one_batch_per_process_unless_every_rank_gets_the_whole_batch():
+    """batches_per_step decides the length, the global batch size and how far skip_first_batches skips."""
+    for rank, result in enumerate(run_distributed(_rank_dispatch_steps, 2)):
+        sliced, replicated = result["sliced"], result["replicated"]
+        assert (sliced["per_step"], sliced["len"], sliced["total"]) == (2, 2, 4)
+        assert sliced["full"] == [[2 * rank, 2 * rank + 1], [4 + 2 * rank, 5 + 2 * rank]]
+        assert sliced["resumed"] == sliced["full"][1:]
+        assert (replicated["per_step"], replicated["len"], replicated["total"]) == (1, 4, 2)
+        assert replicated["full"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+        assert replicated["resumed"] == replicated["full"][1:]
+
+
 # ------------------------------------------------------------------------------------------- base_dataloader, stateful loading
 def test_base_dataloader_is_the_loader_on_instances_only():
     PartialState()

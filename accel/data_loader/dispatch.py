@@ -59,6 +59,25 @@ class DataLoaderDispatcher(DataLoaderAdapter, DataLoaderStateMixin):
                 raise ValueError("DataLoaderDispatcher does not support tensor parallelism combined with dp/fsdp yet")
             self._replicate = True
 
+    @property
+    def batches_per_step(self) -> int:
+        """How many batches of the wrapped loader one step reads: one with ``split_batches`` or when
+        every rank gets the whole batch, otherwise one per process."""
+        return 1 if self.split_batches or self._replicate else self.state.num_processes
+
+    def wrapper_kwargs(self) -> dict[str, Any]:
+        """This class's own constructor arguments (beyond ``DataLoader``'s) that rebuild a loader with
+        these settings; ``skip_first_batches`` builds its copy from them."""
+        return {
+            "split_batches": self.split_batches,
+            "_drop_last": self._drop_last,
+            "_non_blocking": self._non_blocking,
+            "slice_fn": self.slice_fn,
+            "torch_device_mesh": self.torch_device_mesh,
+            "iteration": self.iteration,
+            "use_stateful_dataloader": self.use_stateful_dataloader,
+        }
+
     # ---- main process only
     def _read_step(self, batches: Iterator[Any]) -> tuple[Any, bool]:
         """Next global batch (or ``None``) and whether the underlying loader is now exhausted."""
@@ -110,7 +129,7 @@ class DataLoaderDispatcher(DataLoaderAdapter, DataLoaderStateMixin):
         complete_last = not self._drop_last and not self._replicate
         resumed = self._resumed_sampler() if is_main and complete_last else None
         if resumed is not None:
-            resumed._keep_head = 1 if self.split_batches else num  # remember the skipped first step's indices
+            resumed.keep_head = self.batches_per_step  # remember the skipped first step's indices
         self.begin()
         try:
             self.set_epoch(self.iteration)
@@ -167,14 +186,9 @@ class DataLoaderDispatcher(DataLoaderAdapter, DataLoaderStateMixin):
         finally:
             self.end()
 
-
     def __len__(self) -> int:
-        whole = self._plain_len()
-        if self.split_batches or self._replicate:
-            return whole
-        if self._drop_last:
-            return whole // self.state.num_processes
-        return math.ceil(whole / self.state.num_processes)
+        whole, per_step = self._plain_len(), self.batches_per_step
+        return whole // per_step if self._drop_last else math.ceil(whole / per_step)
 
     @property
     def total_batch_size(self) -> int:
@@ -185,8 +199,9 @@ class DataLoaderDispatcher(DataLoaderAdapter, DataLoaderStateMixin):
             size = getattr(_unskipped(holder), "batch_size", None)
         if size is None:
             raise AttributeError("DataLoaderDispatcher: the wrapped loader has no batch size")
-        return size if self.split_batches or self._replicate else size * self.state.num_processes
+        return size * self.batches_per_step
 
     @property
     def total_dataset_length(self) -> int:
+        """Length of the wrapped dataset (all processes together), for ``remainder``."""
         return len(self.dataset)

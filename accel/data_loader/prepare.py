@@ -169,49 +169,22 @@ def prepare_data_loader(
         kwargs["batch_size"] = (
             dataloader.batch_size // num_processes if split_batches and not dispatch_batches else dataloader.batch_size
         )
-    target = device if put_on_device and state.distributed_type != DistributedType.XLA else None
+    # what both wrappers take
+    common = {"_drop_last": dataloader.drop_last, "_non_blocking": non_blocking, "torch_device_mesh": torch_device_mesh,
+              "use_stateful_dataloader": use_stateful_dataloader}
     if dispatch_batches:
         kwargs.pop("generator", None)
         if sampler_is_batch_sampler and not is_iterable:
             kwargs["sampler"] = dataloader.sampler  # a batch sampler passed as `sampler` stays one
-        prepared: DataLoader = DataLoaderDispatcher(
-            dataset,
-            split_batches=split_batches,
-            batch_sampler=new_batch_sampler,
-            _drop_last=dataloader.drop_last,
-            _non_blocking=non_blocking,
-            slice_fn=slice_fn_for_dispatch,
-            torch_device_mesh=torch_device_mesh,
-            use_stateful_dataloader=use_stateful_dataloader,
-            **kwargs,
-        )
-    elif sampler_is_batch_sampler:
-        prepared = DataLoaderShard(
-            dataset,
-            device=target,
-            sampler=new_batch_sampler,
-            batch_size=dataloader.batch_size,
-            rng_types=rng_types,
-            synchronized_generator=synchronized_generator,
-            _drop_last=dataloader.drop_last,
-            _non_blocking=non_blocking,
-            torch_device_mesh=torch_device_mesh,
-            use_stateful_dataloader=use_stateful_dataloader,
-            **kwargs,
-        )
+        prepared: DataLoader = DataLoaderDispatcher(dataset, split_batches=split_batches, batch_sampler=new_batch_sampler,
+                                                    slice_fn=slice_fn_for_dispatch, **common, **kwargs)
     else:
-        prepared = DataLoaderShard(
-            dataset,
-            device=target,
-            batch_sampler=new_batch_sampler,
-            rng_types=rng_types,
-            synchronized_generator=synchronized_generator,
-            _drop_last=dataloader.drop_last,
-            _non_blocking=non_blocking,
-            torch_device_mesh=torch_device_mesh,
-            use_stateful_dataloader=use_stateful_dataloader,
-            **kwargs,
-        )
+        # a batch sampler passed as `sampler` stays one
+        batches = ({"sampler": new_batch_sampler, "batch_size": dataloader.batch_size} if sampler_is_batch_sampler
+                   else {"batch_sampler": new_batch_sampler})
+        target = device if put_on_device and state.distributed_type != DistributedType.XLA else None
+        prepared = DataLoaderShard(dataset, device=target, rng_types=rng_types, synchronized_generator=synchronized_generator,
+                                   **batches, **common, **kwargs)
     if use_seedable_sampler and isinstance(sampler, SeedableRandomSampler):
         prepared.set_sampler(sampler)
     return prepared
@@ -228,16 +201,12 @@ def _hf_iterable_shards(dataset: Any, num_processes: int) -> bool:
     return isinstance(dataset, HFIterableDataset) and dataset.n_shards >= num_processes
 
 
-def _owned_by(owner: Any, loader: Any) -> Any:
-    loader._epoch_owner = owner._epoch_owner or owner
-    return loader
-
-
 def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
     """A loader like ``dataloader`` that starts after its first ``num_batches`` batches (resume mid-epoch).
 
     Works on ``DataLoaderShard``, ``DataLoaderDispatcher`` and plain ``DataLoader``; samplers are skipped
-    at the index level, so skipped batches are never loaded.
+    at the index level, so skipped batches are never loaded. The copy of an accel loader counts the
+    epochs it finishes in the original too (``epoch_owner``), so the original's next epoch reshuffles.
     """
     dataset = dataloader.dataset
     sampler_is_batch_sampler = False
@@ -246,12 +215,10 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
     else:
         sampler_is_batch_sampler = isinstance(dataloader.sampler, BatchSampler)
         inner = dataloader.sampler if sampler_is_batch_sampler else dataloader.batch_sampler
-        skip = num_batches
-        if isinstance(dataloader, DataLoaderDispatcher) and not (dataloader.split_batches or dataloader._replicate):
-            # a dispatcher step reads one batch per process: skip whole steps (Accelerate skips num_batches
-            # underlying batches here, which resumes mid-step with shifted slices)
-            skip = num_batches * dataloader.state.num_processes
-        new_batch_sampler = SkipBatchSampler(inner, skip_batches=skip)
+        # a dispatcher step reads batches_per_step batches: skip whole steps (Accelerate skips num_batches
+        # underlying batches here, which resumes mid-step with shifted slices)
+        per_step = dataloader.batches_per_step if isinstance(dataloader, DataLoaderDispatcher) else 1
+        new_batch_sampler = SkipBatchSampler(inner, skip_batches=num_batches * per_step)
 
     kwargs = _copied_loader_kwargs(dataloader)
     if new_batch_sampler is None:
@@ -263,36 +230,16 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
     else:
         kwargs["batch_sampler"] = new_batch_sampler
 
-    if isinstance(dataloader, DataLoaderDispatcher):
+    if isinstance(dataloader, (DataLoaderDispatcher, DataLoaderShard)):
+        dispatching = isinstance(dataloader, DataLoaderDispatcher)
         if new_batch_sampler is None:
             kwargs["skip_batches"] = num_batches
-        kwargs.pop("generator", None)
-        return _owned_by(dataloader, DataLoaderDispatcher(
-            dataset,
-            split_batches=dataloader.split_batches,
-            _drop_last=dataloader._drop_last,
-            _non_blocking=dataloader._non_blocking,
-            slice_fn=dataloader.slice_fn,
-            torch_device_mesh=dataloader.torch_device_mesh,
-            iteration=dataloader.iteration,
-            use_stateful_dataloader=getattr(dataloader, "use_stateful_dataloader", False),
-            **kwargs,
-        ))
-    if isinstance(dataloader, DataLoaderShard):
-        if new_batch_sampler is None:
-            kwargs["skip_batches"] = num_batches
-        return _owned_by(dataloader, DataLoaderShard(
-            dataset,
-            device=dataloader.device,
-            rng_types=dataloader.rng_types,
-            synchronized_generator=dataloader.synchronized_generator,
-            _drop_last=dataloader._drop_last,
-            _non_blocking=dataloader._non_blocking,
-            torch_device_mesh=dataloader.torch_device_mesh,
-            iteration=dataloader.iteration,
-            use_stateful_dataloader=getattr(dataloader, "use_stateful_dataloader", False),
-            **kwargs,
-        ))
+        if dispatching:
+            kwargs.pop("generator", None)
+        loader_class = DataLoaderDispatcher if dispatching else DataLoaderShard
+        resumed = loader_class(dataset, **dataloader.wrapper_kwargs(), **kwargs)
+        resumed.epoch_owner = dataloader.epoch_owner or dataloader
+        return resumed
     if new_batch_sampler is None:
         return SkipDataLoader(dataset, skip_batches=num_batches,
                               use_stateful_dataloader=getattr(dataloader, "use_stateful_dataloader", False), **kwargs)

@@ -37,6 +37,7 @@ class DataLoaderStateMixin:
     _drop_last: bool = False
 
     def reset(self) -> None:
+        """Forget the last iteration's flags: not at the end, remainder unknown."""
         self.end_of_dataloader = False
         self.remainder = -1
 
@@ -57,8 +58,10 @@ class DataLoaderStateMixin:
         """End of an iteration (also after a ``break``): stop being the active loader."""
         self.gradient_state._remove_dataloader(self)
 
-    #: the loader a ``skip_first_batches`` copy resumes for; it shares the epoch counter
-    _epoch_owner: Any = None
+    #: The loader this one stands in for (``skip_first_batches`` sets it on the copy it returns, to the
+    #: original or to what the original stands in for): an epoch finished here is counted there too.
+    #: ``None``: the loader counts its epochs only for itself.
+    epoch_owner: Any = None
 
     def set_epoch(self, epoch: int) -> None:
         """Epoch for samplers / datasets that reshuffle per epoch (``set_epoch`` anywhere in the chain)."""
@@ -69,5 +72,6 @@ class DataLoaderStateMixin:
         """An epoch finished: count it here and in the loader this one stands in for, so the
         next epoch of the original reshuffles instead of replaying this epoch's order."""
         self.iteration += 1
-        if self._epoch_owner is not None:
-            self._epoch_owner.iteration = max(self._epoch_owner.iteration, self.iteration)
+        owner = self.epoch_owner
+        if owner is not None:
+            owner.iteration = max(owner.iteration, self.iteration)

@@ -216,7 +216,8 @@ class IterableDatasetShard(IterableDataset):
             self.dataset.set_epoch(epoch)
 
     @property
-    def _global_batch(self) -> int:
+    def total_batch_size(self) -> int:
+        """Elements of one global batch: what all processes read together in a step."""
         return self.batch_size if self.split_batches else self.batch_size * self.num_processes
 
     @property
@@ -226,14 +227,14 @@ class IterableDatasetShard(IterableDataset):
 
     def __len__(self) -> int:
         per_process = self.batch_size // self.num_processes if self.split_batches else self.batch_size
-        rounds = len(self.dataset) / self._global_batch
+        rounds = len(self.dataset) / self.total_batch_size
         return (math.floor(rounds) if self.drop_last else math.ceil(rounds)) * per_process
 
     def __iter__(self) -> Iterator[Any]:
         generator = getattr(self.dataset, "generator", None)
         if not hasattr(self.dataset, "set_epoch") and isinstance(generator, torch.Generator):
             generator.manual_seed(self.epoch)
-        global_size = self._global_batch
+        global_size = self.total_batch_size
         per_process = self.batch_size // self.num_processes if self.split_batches else self.batch_size
         lo, hi = self.process_index * per_process, (self.process_index + 1) * per_process
         first: list | None = None
@@ -254,17 +255,21 @@ class IterableDatasetShard(IterableDataset):
 
 
 class SkipBatchSampler(_WrapsBatchSampler, BatchSampler):
-    """Yields the batches of ``batch_sampler`` after the first ``skip_batches``."""
+    """Yields the batches of ``batch_sampler`` after the first ``skip_batches``.
 
-    _keep_head = 0  # a dispatcher sets this to recover the skipped first step's indices
+    ``keep_head`` (0 at first): how many of the skipped first batches each iteration keeps in
+    ``head_batches`` (a ``DataLoaderDispatcher`` sets it to complete a short last step with the epoch's
+    first rows). The constructor keeps Accelerate's signature.
+    """
 
     def __init__(self, batch_sampler: Any, skip_batches: int = 0):
         self.batch_sampler = batch_sampler
         self.skip_batches = skip_batches
+        self.keep_head = 0
         self.head_batches: list = []
 
     def __iter__(self) -> Iterator[list]:
-        skip, keep = self.skip_batches, self._keep_head
+        skip, keep = self.skip_batches, self.keep_head
         head: list = []
         self.head_batches = head
         for index, batch in enumerate(self.batch_sampler):

@@ -79,6 +79,20 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
         self.torch_device_mesh = torch_device_mesh
         self.iteration = iteration
 
+    def wrapper_kwargs(self) -> dict[str, Any]:
+        """This class's own constructor arguments (beyond ``DataLoader``'s) that rebuild a loader with
+        these settings; ``skip_first_batches`` builds its copy from them."""
+        return {
+            "device": self.device,
+            "rng_types": self.rng_types,
+            "synchronized_generator": self.synchronized_generator,
+            "_drop_last": self._drop_last,
+            "_non_blocking": self._non_blocking,
+            "torch_device_mesh": self.torch_device_mesh,
+            "iteration": self.iteration,
+            "use_stateful_dataloader": self.use_stateful_dataloader,
+        }
+
     def __iter__(self) -> Iterator[Any]:
         if self.rng_types is not None:
             synchronize_rng_states(self.rng_types, self.synchronized_generator)
@@ -119,7 +133,7 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
     def total_batch_size(self) -> int:
         """Samples per step over all processes."""
         if isinstance(self.dataset, IterableDatasetShard):
-            return self.dataset._global_batch
+            return self.dataset.total_batch_size
         holder = _unskipped(self.sampler if isinstance(self.sampler, BatchSampler) else self.batch_sampler)
         if getattr(holder, "split_batches", False):
             return holder.batch_size
@@ -127,6 +141,7 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
 
     @property
     def total_dataset_length(self) -> int:
+        """Length of the dataset over all processes, for ``remainder``."""
         return getattr(self.dataset, "total_length", None) or len(self.dataset)
 
 
