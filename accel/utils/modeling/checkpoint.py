@@ -359,13 +359,11 @@ def _offload_from_checkpoint(
 ) -> None:
     """Leave ``key`` on the meta device and record where its value lives on disk."""
     if source.is_safetensors:
-        info = source._handle.get_slice(key)
-        shape = tuple(info.get_shape())
+        shape, stored = source.describe(key)  # the header only: the offloaded value stays in the file
         if current is not None and shape != tuple(current.shape):
             raise ValueError(
                 f"Shape mismatch for {key!r}: the checkpoint {source.path!r} has {shape}, the model expects {tuple(current.shape)}."
             )
-        stored = _safetensors_dtype(info.get_dtype())
         target = dtype or stored
         index[key] = {
             "safetensors_file": os.path.abspath(source.path),
