@@ -129,15 +129,14 @@ def complete_records(raw: str | os.PathLike[str] | None, out: str | os.PathLike[
     block = {**dict(upstream), "status": status, "exit_code": exit_code, "collection_errors": errors}
     header.setdefault("extra", {})
     header["extra"] = {**(header.get("extra") or {}), "upstream": block}
+    # a run cut short stays marked so: its run_end line says ``interrupted`` (read_records flags it)
+    cut_short = {"interrupted": True} if interrupted and status == "interrupted" else {}
     writer = RecordWriter(out, header)
     try:
         for rec in completed:
             writer.write(rec)
     finally:
-        if not (interrupted and status == "interrupted"):
-            writer.close(end_time=end_time or utc_now(), upstream_status=status)
-        else:
-            writer._fh.close()  # keep the run marked as cut short for the report
+        writer.close(end_time=end_time or utc_now(), upstream_status=status, **cut_short)
     return block
 
 
