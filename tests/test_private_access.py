@@ -5,12 +5,11 @@ and flags each ``obj._name`` (read, written or deleted) where ``obj`` is not ``s
 ``super()`` or a class or function the same module defines. ``accel/checkpointing/`` and
 ``accel/strategies/`` are exempt: they work on torch's and DeepSpeed's internals by design.
 
-Two allow-lists, each entry with its reason:
-- :data:`PROTOCOL_NAMES`: names that are another library's or Accelerate's protocol (torch module
-  internals, argparse actions, Accelerate's markers that accel shares by design);
-- :data:`OWNER_TO_FIX`: single uses in modules whose owners are to give the attribute a public
-  name (each marked "owner to fix"). An entry that no longer matches anything fails the test, so the
-  list only shrinks.
+One allow-list, :data:`PROTOCOL_NAMES`, each entry with its reason: names that are another library's
+or Accelerate's protocol (torch module internals, argparse actions, Accelerate's markers that accel
+shares by design). A reach into one of accel's own objects is fixed where it is written: the owner
+gives the attribute a public name, a method or a property, or the value is passed explicitly. A
+protocol name that nothing uses any more fails the test, so the list does not keep dead entries.
 Attribute access through ``getattr(obj, "_name")`` is not seen by this check.
 """
 
@@ -18,7 +17,6 @@ from __future__ import annotations
 
 import ast
 import functools
-from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,23 +61,9 @@ PROTOCOL_NAMES = {
     "_fixtureinfo": "pytest has no public accessor for an item's fixture information",
     "_arg2fixturedefs": "pytest has no public accessor for the fixture definitions of an argument",
     "_quantize": "bitsandbytes' Params4bit/Int8Params quantize in place only through _quantize",
+    "_num_samples": "torch's RandomSampler keeps the num_samples it was given only there (the public "
+                    "num_samples turns None into the dataset's length at the time it is read)",
 }
-
-#: the expression as written -> where it is and what to fix (owner to fix: give the attribute a public name).
-#: Keyed by the expression, not the file, so a module split by its owner keeps its entry.
-OWNER_TO_FIX = {
-    "owner._epoch_owner": "accel/data_loader (prepare): owner to fix, a loader reads another loader's private epoch owner",
-    "loader._epoch_owner": "accel/data_loader (prepare): owner to fix, written on another loader",
-    "sampler._num_samples": "accel/data_loader (prepare): owner to fix, a sampler's private count",
-    "dataloader._replicate": "accel/data_loader (prepare): owner to fix, DataLoaderDispatcher's private flag",
-    "dataloader._drop_last": "accel/data_loader (prepare): owner to fix, a prepared loader's private setting",
-    "dataloader._non_blocking": "accel/data_loader (prepare): owner to fix, a prepared loader's private setting",
-    "resumed._keep_head": "accel/data_loader (dispatch): owner to fix, written on another dispatcher",
-    "self.dataset._global_batch": "accel/data_loader (shard): owner to fix, the wrapped dataset's private",
-    "source._handle": "accel/utils/modeling: owner to fix, _CheckpointFile's private safetensors handle",
-    "writer._fh": "accel_harness/upstream: owner to fix, the result writer's file handle",
-}
-
 
 def _local_names(tree: ast.AST) -> set[str]:
     """Classes and functions the module defines (anywhere) and the names it assigns at top level."""
@@ -120,19 +104,16 @@ def private_accesses(root: Path = ROOT) -> list[tuple[str, int, str, str]]:
 
 
 def test_no_module_reaches_into_another_objects_private_attributes():
-    """Every reach into another object's underscore attribute is a named protocol or a listed owner-to-fix case."""
-    unexplained = [f"{rel}:{line}: {expr}" for rel, line, expr, name in private_accesses()
-                   if name not in PROTOCOL_NAMES and expr not in OWNER_TO_FIX]
+    """Every reach into another object's underscore attribute is a named protocol."""
+    unexplained = [f"{rel}:{line}: {expr}" for rel, line, expr, name in private_accesses() if name not in PROTOCOL_NAMES]
     assert not unexplained, ("these read or write another object's underscore attribute; give it a public name "
                              "(or, for another library's internals, add it to PROTOCOL_NAMES with the reason):\n"
                              + "\n".join(unexplained))
 
 
 def test_the_allow_lists_hold_no_stale_entries():
-    """An owner-to-fix entry that no longer occurs, or a protocol name nobody uses, is removed from the list."""
-    seen = Counter(expr for _, _, expr, _ in private_accesses())
+    """A protocol name nobody uses any more is removed from the list."""
     names = {name for *_, name in private_accesses()}
-    assert [key for key in OWNER_TO_FIX if key not in seen] == []
     assert sorted(set(PROTOCOL_NAMES) - names) == []
 
 
