@@ -59,6 +59,36 @@ def _reference_losses(order: list[int]) -> list[float]:
     return losses
 
 
+def _group_loss(logits: torch.Tensor, labels: torch.Tensor, group) -> torch.Tensor:
+    """The token-weighted loss over the sequence-parallel ``group`` of this rank's ``logits`` for its ``labels``."""
+    import torch.nn.functional as F
+
+    from accel.utils.sequence_parallel import sequence_parallel_loss
+
+    shard_loss = F.cross_entropy(logits.float().reshape(-1, VOCAB), labels.reshape(-1), ignore_index=-100)
+    return sequence_parallel_loss(shard_loss, labels, group=group)
+
+
+def _ulysses_losses(model, loader, group, device, update) -> list[float]:
+    """``STEPS`` training steps on this rank's half sequences; ``update(loss)`` runs the backward pass and
+    the optimizer step. Returns the group's loss of every step."""
+    losses = []
+    for _, batch in zip(range(STEPS), loader):
+        assert batch["input_ids"].shape == (1, SEQ // 2), "each rank holds half of the sequence"
+        logits = model(input_ids=batch["input_ids"].to(device), position_ids=batch["position_ids"].to(device)).logits
+        loss = _group_loss(logits, batch["shift_labels"].to(device), group)
+        update(loss)
+        losses.append(float(loss))
+    return losses
+
+
+def _assert_whole_sequence_losses(losses: list[float], expected: list[float], through: str) -> None:
+    """The sharded run's losses equal the one-process run's on whole sequences (samples 0, 1, 2: the
+    adapter serves rank 0's first sample, then rank 1's, then rank 0's second)."""
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), **TOLERANCE,
+                               msg=lambda m: f"Ulysses through {through} vs whole-sequence losses: {m}")
+
+
 @pytest.mark.require_deepspeed
 @pytest.mark.world_size(2)
 def test_ulysses_loss_and_gradient_match_whole_sequences(device, world_size, rank):
@@ -67,7 +97,7 @@ def test_ulysses_loss_and_gradient_match_whole_sequences(device, world_size, ran
     import torch.nn.functional as F
 
     from accel.parallelism_config import ParallelismConfig
-    from accel.utils.sequence_parallel import register_deepspeed_ulysses, release_deepspeed_ulysses, sequence_parallel_loss
+    from accel.utils.sequence_parallel import register_deepspeed_ulysses, release_deepspeed_ulysses
 
     release_deepspeed_ulysses()  # the rank processes are reused: start from transformers' own attention
     ids = _samples(1)
@@ -81,8 +111,7 @@ def test_ulysses_loss_and_gradient_match_whole_sequences(device, world_size, ran
     half = slice(rank * SEQ // 2, (rank + 1) * SEQ // 2)
     shift_labels = F.pad(ids, (0, 1), value=-100)[:, 1:][:, half].to(device)
     logits = model(input_ids=ids[:, half].to(device), position_ids=torch.arange(SEQ)[None, half].to(device)).logits
-    shard_loss = F.cross_entropy(logits.float().reshape(-1, VOCAB), shift_labels.reshape(-1), ignore_index=-100)
-    loss = sequence_parallel_loss(shard_loss, shift_labels, group=mpu.get_sequence_parallel_group())
+    loss = _group_loss(logits, shift_labels, mpu.get_sequence_parallel_group())
     loss.backward()
     grad = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).to("cpu")
     dist.all_reduce(grad, group=mpu.get_sequence_parallel_group())
@@ -97,14 +126,12 @@ def test_ulysses_loss_and_gradient_match_whole_sequences(device, world_size, ran
 def test_ulysses_training_through_deepspeed(device, world_size, rank):
     pytest.importorskip("transformers", reason="[needs-package] DeepSpeed's Ulysses patches transformers' attention")
     import deepspeed
-    import torch.nn.functional as F
 
     from accel.parallelism_config import ParallelismConfig
     from accel.utils.fsdp_plugin import DeepSpeedSequenceParallelConfig
     from accel.utils.sequence_parallel import (
         register_deepspeed_ulysses,
         release_deepspeed_ulysses,
-        sequence_parallel_loss,
         sequence_parallel_train_batch_size,
         ulysses_dataloader,
     )
@@ -126,22 +153,15 @@ def test_ulysses_training_through_deepspeed(device, world_size, rank):
     samples = _samples(world_size * 2)
     mine = [{"input_ids": samples[i:i + 1], "labels": samples[i:i + 1],
              "position_ids": torch.arange(SEQ)[None]} for i in range(rank, len(samples), world_size)]
-    loader = ulysses_dataloader(mine, mpu, device)
-    group = mpu.get_sequence_parallel_group()
-    losses = []
-    for step, batch in zip(range(STEPS), loader):
-        assert batch["input_ids"].shape == (1, SEQ // 2), "each rank holds half of the sequence"
-        logits = engine(input_ids=batch["input_ids"].to(device), position_ids=batch["position_ids"].to(device)).logits
-        labels = batch["shift_labels"].to(device)
-        shard_loss = F.cross_entropy(logits.float().reshape(-1, VOCAB), labels.reshape(-1), ignore_index=-100)
-        loss = sequence_parallel_loss(shard_loss, labels, group=group)
+
+    def update(loss: torch.Tensor) -> None:
         engine.backward(loss)
         engine.step()
-        losses.append(float(loss))
+
+    losses = _ulysses_losses(engine, ulysses_dataloader(mine, mpu, device), mpu.get_sequence_parallel_group(), device,
+                             update)
     release_deepspeed_ulysses()  # also drops the mpu the engine left in deepspeed.utils.groups
-    # the adapter serves rank 0's first sample, then rank 1's, then rank 0's second: samples 0, 1, 2
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), **TOLERANCE,
-                               msg=lambda m: f"Ulysses through DeepSpeed vs whole-sequence losses: {m}")
+    _assert_whole_sequence_losses(losses, expected, "DeepSpeed")
 
 
 class _Samples(torch.utils.data.Dataset):
@@ -161,7 +181,6 @@ class _Samples(torch.utils.data.Dataset):
 @pytest.mark.world_size(2)
 def test_ulysses_training_through_the_accelerator(device, world_size, rank):
     pytest.importorskip("transformers", reason="[needs-package] DeepSpeed's Ulysses patches transformers' attention")
-    import torch.nn.functional as F
     from torch.utils.data import DataLoader
 
     from _training_utils import fresh_state
@@ -169,7 +188,7 @@ def test_ulysses_training_through_the_accelerator(device, world_size, rank):
     from accel.parallelism_config import ParallelismConfig
     from accel.utils import DeepSpeedPlugin
     from accel.utils.fsdp_plugin import DeepSpeedSequenceParallelConfig
-    from accel.utils.sequence_parallel import release_deepspeed_ulysses, sequence_parallel_loss
+    from accel.utils.sequence_parallel import release_deepspeed_ulysses
 
     release_deepspeed_ulysses()
     expected = _reference_losses([0, 1, 2])
@@ -184,26 +203,19 @@ def test_ulysses_training_through_the_accelerator(device, world_size, rank):
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     engine, optimizer, loader = accelerator.prepare(model, optimizer, DataLoader(_Samples(world_size * 2), batch_size=1))
     assert plugin.deepspeed_config["train_batch_size"] == 1, "the two ranks of the one sequence group count once"
-    group = accelerator.strategy.mpu.get_sequence_parallel_group()
-    losses = []
-    for step, batch in zip(range(STEPS), loader):
-        assert batch["input_ids"].shape == (1, SEQ // 2), "each rank holds half of the sequence"
-        logits = engine(input_ids=batch["input_ids"].to(device), position_ids=batch["position_ids"].to(device)).logits
-        labels = batch["shift_labels"].to(device)
-        shard_loss = F.cross_entropy(logits.float().reshape(-1, VOCAB), labels.reshape(-1), ignore_index=-100)
-        loss = sequence_parallel_loss(shard_loss, labels, group=group)
+
+    def update(loss: torch.Tensor) -> None:
         accelerator.backward(loss)
         optimizer.step()
         optimizer.zero_grad()
-        losses.append(float(loss))
+
+    losses = _ulysses_losses(engine, loader, accelerator.strategy.mpu.get_sequence_parallel_group(), device, update)
     apart = accelerator.deepspeed_ulysses_dl_adapter(accelerator.prepare(DataLoader(_Samples(world_size), batch_size=1)),
                                                      engine)
     first = next(iter(apart))
     assert first["input_ids"].shape == (1, SEQ // 2), "a loader prepared apart is sharded too"
     accelerator.free_memory()  # releases Ulysses (attention, groups, the engine's mpu) for the next run in this rank
-    # the adapter serves rank 0's first sample, then rank 1's, then rank 0's second: samples 0, 1, 2
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), **TOLERANCE,
-                               msg=lambda m: f"Ulysses through the Accelerator vs whole-sequence losses: {m}")
+    _assert_whole_sequence_losses(losses, expected, "the Accelerator")
 
 
 def test_context_parallelism_names_the_attention_kernel(device):
