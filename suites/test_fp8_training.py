@@ -1,4 +1,5 @@
-"""fp8 training (torchao ``Float8Linear``) on the backend under test: DDP at 1 and 2 ranks, and FSDP2 at 2 ranks.
+"""fp8 training (torchao ``Float8Linear``) on the backend under test: DDP at 1 and 2 ranks, FSDP2 and DeepSpeed
+(ZeRO-2 and ZeRO-3) at 2 ranks.
 
 ``Accelerator(mixed_precision="fp8")`` converts the model's ``nn.Linear`` layers the way Accelerate 1.15
 does (``accel.utils.ao``): the first and the last linear layer, and any layer whose in/out sizes are not
@@ -6,6 +7,7 @@ multiples of 16, stay in high precision; the rest become ``Float8Linear``. Under
 happens before ``fully_shard``; with torchao's ``enable_fsdp_float8_all_gather`` (Accelerate's default) each
 shard is cast to float8 before the all-gather and the first optimizer recomputes the weights' fp8 scales after
 every step in one all-reduce (``precompute_float8_dynamic_scale_for_fsdp``), as Accelerate registers it.
+Under DeepSpeed the engine runs bf16 and the conversion happens before ``deepspeed.initialize``.
 
 Two modes per test: ``emulated`` forces torchao's emulation (``Float8LinearConfig(emulate=True)``: fp8
 casts with high-precision matmuls), which runs on any backend and is labelled "fp8 (emulated)"; ``planned``
@@ -16,8 +18,9 @@ once in fp8, at the same world size and strategy, from the same weights and data
 mantissa bits (relative rounding up to 2**-4 per element, with per-tensor scales), and the layers left in
 high precision run under bf16 autocast (8 bits), so the fp8 loss curve is a noisy copy of the fp32 one.
 On the host (torch 2.13, torchao 0.18; ``pytest suites/test_fp8_training.py -m cpu``) the mean of the last
-``TAIL`` global losses stayed within 1 % of fp32's under DDP and within 4 % under FSDP2 (where the other
-layers' parameters are also gathered in bf16), and no step was more than 5 % (DDP) or 12 % (FSDP2) off.
+``TAIL`` global losses stayed within 1 % of fp32's under DDP, 2 % under DeepSpeed and 4 % under FSDP2 (where
+the other layers' parameters are also gathered in bf16), and no step was more than 5 % (DDP, DeepSpeed) or
+12 % (FSDP2) off.
 The bounds below (``TAIL_TOLERANCE`` 10 %, ``STEP_TOLERANCE`` 25 %) leave room for devices whose fp8 kernels
 round differently, while an
 optimizer that kept stepping the pre-conversion parameters (the model never learns: its loss stays near the
@@ -71,9 +74,10 @@ def _data() -> TensorDataset:
 def _fit(accelerator: Accelerator, model, optimizer, loader) -> list[float]:
     """``STEPS`` AdamW steps over as many epochs as that takes; the per-step global (rank-mean) losses."""
     losses: list[float] = []
+    dtype = next(accelerator.unwrap_model(model).parameters()).dtype  # DeepSpeed's bf16 engine takes bf16 inputs
     while len(losses) < STEPS:
         for x, y in loader:
-            loss = F.mse_loss(model(x), y)
+            loss = F.mse_loss(model(x.to(dtype)).float(), y)
             accelerator.backward(loss)
             optimizer.step()
             optimizer.zero_grad()
@@ -101,10 +105,14 @@ def _fsdp2():
     return FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="size_based_wrap", min_num_params=4000)
 
 
-def _train(mixed_precision: str, fsdp: bool, emulated: bool = False):
+def _train(mixed_precision: str, fsdp: bool = False, emulated: bool = False, zero_stage: int | None = None):
     """AdamW, ``GLOBAL_BATCH`` samples per step over all ranks; returns (accelerator, model, per-step global losses)."""
     fresh_state()
     kwargs = {"fsdp_plugin": _fsdp2()} if fsdp else {}
+    if zero_stage is not None:
+        from accel.utils import DeepSpeedPlugin
+
+        kwargs["deepspeed_plugin"] = DeepSpeedPlugin(zero_stage=zero_stage, gradient_clipping=1.0)
     if mixed_precision == "fp8":
         kwargs["kwargs_handlers"] = [_recipe(emulated)]
     accelerator = Accelerator(mixed_precision=mixed_precision, **kwargs)
@@ -227,3 +235,25 @@ def test_fp8_fsdp2_without_float8_all_gather(device, world_size, rank):
     losses = _fit(accelerator, model, optimizer, loader)
     _assert_tracks(losses, reference, "fp8 under FSDP2 without float8 all-gather")
 
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.require_deepspeed
+@pytest.mark.parametrize("zero_stage", [pytest.param(2, id="zero2"), pytest.param(3, id="zero3")])
+def test_fp8_deepspeed_tracks_fp32(device, world_size, rank, zero_stage):
+    """As in Accelerate: DeepSpeed runs bf16 and the model gets its Float8Linear layers before the engine is built.
+
+    The FSDP2-only float8 all-gather is turned off under DeepSpeed (its weight wrapper cannot be moved by
+    DeepSpeed's ``module.to``), so the default recipe trains here.
+    """
+    _, _, reference = _train("no", zero_stage=zero_stage)
+    accelerator, model, losses = _train("fp8", emulated=True, zero_stage=zero_stage)
+    assert accelerator.distributed_type == "DEEPSPEED" and model.zero_optimization_stage() == zero_stage
+    _label(accelerator, emulated=True)
+    assert accelerator.state.deepspeed_plugin.deepspeed_config["bf16"]["enabled"] is True
+    assert not accelerator.precision.fp8.config.enable_fsdp_float8_all_gather
+    inner = accelerator.unwrap_model(model)
+    _assert_layer_choice(inner)
+    assert {p.dtype for p in inner.parameters()} == {torch.bfloat16}
+    _assert_tracks(losses, reference, f"fp8 under DeepSpeed ZeRO-{zero_stage}")
+    accelerator.free_memory()

@@ -172,21 +172,38 @@ def test_env_says_emulated_where_torchao_emulates(monkeypatch):
     assert fp8["mode"] == "fp8 (emulated)" and "torch._scaled_mm fails on cpu (test)" in fp8["reason"]
 
 
-def test_other_fp8_libraries_are_refused_by_name(monkeypatch):
+def test_missing_fp8_libraries_are_named_in_accelerates_words(monkeypatch):
+    import accel.utils.imports as imports
     from accel.utils.fp8 import fp8_refusal
     from accel.utils.launch import launch_env
 
+    monkeypatch.setattr(imports, "is_transformer_engine_available", lambda: False)
+    monkeypatch.setattr(imports, "is_msamp_available", lambda: False)
     monkeypatch.setenv("ACCELERATE_FP8_BACKEND", "TE")
     words = fp8_refusal()
-    assert words.startswith("accel trains fp8 through torchao only; the TE fp8 backend (Transformer Engine)")
-    with pytest.raises(UnsupportedFeatureError) as caught:
+    assert words.startswith("TransformerEngine is not available. Please install it or use a different backend.")
+    assert "`transformer_engine`" in words
+    with pytest.raises(ImportError) as caught:  # Accelerate's TERecipeKwargs raises ImportError
         Accelerator(cpu=True, mixed_precision="fp8")
-    assert caught.value.reason == words
+    assert str(caught.value) == words and caught.value.name == "transformer_engine"
     monkeypatch.delenv("ACCELERATE_FP8_BACKEND")
     from types import SimpleNamespace
 
-    with pytest.raises(ValueError, match="the MSAMP fp8 backend"):
+    with pytest.raises(ValueError, match="MS-AMP was not found on your system.*`msamp`"):
         launch_env(SimpleNamespace(mixed_precision="fp8", fp8_backend="msamp"))
+
+
+def test_installed_but_unintegrated_fp8_libraries_are_refused_by_name(monkeypatch):
+    import accel.utils.imports as imports
+    from accel.utils.fp8 import fp8_refusal
+
+    monkeypatch.setattr(imports, "is_transformer_engine_available", lambda: True)
+    monkeypatch.setenv("ACCELERATE_FP8_BACKEND", "TE")
+    words = fp8_refusal()
+    assert words.startswith("accel trains fp8 through torchao; the TE fp8 backend (Transformer Engine) is not integrated")
+    with pytest.raises(UnsupportedFeatureError) as caught:
+        Accelerator(cpu=True, mixed_precision="fp8")
+    assert caught.value.reason == words
 
 
 def test_require_fp8_needs_torchao_as_in_accelerate(no_torchao):

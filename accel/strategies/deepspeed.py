@@ -18,6 +18,7 @@ it); if DeepSpeed still picks another device or collective library the run stops
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -49,6 +50,33 @@ from .context import PreparedObjects, StrategyContext
 
 #: the tag (sub-folder) of the DeepSpeed engine's checkpoint, Accelerate's
 MODEL_TAG = MODEL_NAME
+
+
+def _fp8_library(requested: str, plugin: Any, handler: Any) -> str | None:
+    """Which fp8 library a DeepSpeed run uses, by Accelerate's rule: the recipe handler's, else MS-AMP when the plugin
+    enables it (whatever the precision: Accelerate then builds MS-AMP's engine), else the fp8 default; None without
+    fp8."""
+    from ..utils.fp8 import fp8_backend_name
+
+    if handler is not None:
+        return fp8_backend_name(handler)
+    if plugin.enable_msamp:
+        return "MSAMP"
+    return fp8_backend_name() if requested == "fp8" else None
+
+
+def _require_msamp(plugin: Any) -> Any:
+    """``msamp.deepspeed``, or the ModuleNotFoundError Accelerate's DeepSpeed path gives, naming the module."""
+    try:
+        from msamp import deepspeed as msamp_deepspeed
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("msamp", "msamp.deepspeed"):
+            raise
+        raise ModuleNotFoundError(
+            f"No module named {exc.name!r}: MS-AMP fp8 under DeepSpeed (DeepSpeedPlugin(enable_msamp=True) or "
+            "fp8_backend MSAMP) builds the engine with msamp.deepspeed.initialize; install MS-AMP, or use "
+            "mixed_precision='fp8' with torchao (AORecipeKwargs)", name=exc.name) from exc
+    return msamp_deepspeed
 
 
 def require_deepspeed() -> Any:
@@ -158,11 +186,44 @@ class DeepSpeedStrategy(Strategy):
         if deepspeed_plugin is None:
             raise ValueError("the DeepSpeed strategy's precision needs its DeepSpeedPlugin")
         align_deepspeed_accelerator(backend)  # before DeepSpeed's accelerator is asked what it supports
-        if str(requested or "no") == "no" and deepspeed_plugin.config_precision() is not None:
+        requested = str(requested or "no").lower()
+        library = _fp8_library(requested, deepspeed_plugin, fp8_handler)
+        if library == "MSAMP":
+            _require_msamp(deepspeed_plugin)
+        if requested == "fp8":
+            return cls._plan_fp8(backend, deepspeed_plugin, fp8_handler, library)
+        if requested == "no" and deepspeed_plugin.config_precision() is not None:
             requested = deepspeed_plugin.config_precision()
         plan = engine_managed_precision(requested, "deepspeed", cls._deepspeed_supports)
         deepspeed_plugin.set_mixed_precision(plan.used)
         return plan
+
+    @classmethod
+    def _plan_fp8(cls, backend: Any, plugin: Any, handler: Any, library: str) -> Any:
+        """fp8 under DeepSpeed, as in Accelerate: DeepSpeed runs bf16, and torchao's ``Float8Linear`` layers go into
+        the model before the engine is built (MS-AMP: its own DeepSpeed engine does the fp8 work)."""
+        from ..backends import UnsupportedFeatureError
+        from ..precision import PrecisionPlan
+
+        bf16 = cls._deepspeed_supports("bf16")
+        if bf16 is not None:
+            raise UnsupportedFeatureError("deepspeed", "mixed_precision='fp8'", f"DeepSpeed runs fp8 training in bf16: {bf16}")
+        if library == "MSAMP":
+            plugin.enable_msamp = True
+            plugin.set_mixed_precision("fp8")
+            return PrecisionPlan("fp8", "fp8", f"MS-AMP (opt_level {plugin.msamp_opt_level}) through its DeepSpeed engine",
+                                 managed_by="deepspeed")
+        from ..utils.fp8 import plan_fp8
+
+        fp8 = plan_fp8(backend, handler)  # Accelerate's ImportError / accel's refusal where it cannot run
+        reason = f"{fp8.reason}; DeepSpeed runs the other layers in bf16"
+        if getattr(fp8.config, "enable_fsdp_float8_all_gather", False):
+            # an FSDP2-only option: it wraps each weight in a tensor subclass that DeepSpeed's module.to() cannot
+            # swap ("Couldn't swap Float8Linear.weight", where Accelerate 1.15 stops with its default recipe)
+            fp8 = dataclasses.replace(fp8, config=dataclasses.replace(fp8.config, enable_fsdp_float8_all_gather=False))
+            reason += " (enable_fsdp_float8_all_gather is FSDP2's and is off under DeepSpeed)"
+        plugin.set_mixed_precision("fp8")
+        return PrecisionPlan("fp8", "fp8", reason, managed_by="deepspeed", fp8=fp8)
 
     @staticmethod
     def _deepspeed_supports(dtype: str) -> str | None:
@@ -197,6 +258,12 @@ class DeepSpeedStrategy(Strategy):
         if isinstance(optimizer, DeepSpeedOptimizerWrapper) or type(model).__name__ == "DeepSpeedEngine":
             raise ValueError("this model/optimizer was already prepared by DeepSpeed")
         plugin = self.plugin
+        if self.precision.fp8 is not None:
+            # torchao's Float8Linear layers go in before the engine is built (Accelerate's _prepare_ao runs first);
+            # an optimizer built before prepare follows the weights the conversion replaced
+            self.precision.fp8.convert(model)
+            if optimizer is not None and not isinstance(optimizer, DummyOptim):
+                self.precision.adopt_parameters(getattr(optimizer, "optimizer", optimizer))
         self._fill_config(plugin, model, optimizer, scheduler, dataloaders)
 
         deepspeed = require_deepspeed()
@@ -222,7 +289,10 @@ class DeepSpeedStrategy(Strategy):
             kwargs["lr_scheduler"] = getattr(scheduler, "scheduler", scheduler)
         plugin.set_moe_leaf_modules(model)
 
-        engine, ds_optimizer, _, ds_scheduler = deepspeed.initialize(**kwargs)
+        initialize = deepspeed.initialize
+        if plugin.enable_msamp:
+            initialize = _require_msamp(plugin).initialize  # MS-AMP's engine wraps DeepSpeed's (as in Accelerate)
+        engine, ds_optimizer, _, ds_scheduler = initialize(**kwargs)
         wrapper = DeepSpeedEngineWrapper(engine)
         self.engines[self._plugin_name(plugin)] = wrapper
         self.engine_wrapper = wrapper

@@ -195,13 +195,13 @@ class DeepSpeedPlugin:
 
     def __post_init__(self) -> None:
         self._from_environment()
-        if self.enable_msamp:
-            raise NotImplementedError("DeepSpeedPlugin(enable_msamp=True): MS-AMP fp8 is not supported by accel")
         if self._has_config_file():
             self._adopt_config()
         else:
             self._build_config()
         self.deepspeed_config = self.hf_ds_config.config
+        if self.enable_msamp and "msamp" not in self.deepspeed_config:
+            self._add_msamp_section()
         self.deepspeed_config["steps_per_print"] = float("inf")  # DeepSpeed's own step log stays quiet
         if self.zero3_init_flag is None:
             self.zero3_init_flag = env_flag(PLUGIN_ENV["zero3_init_flag"], default=self.hf_ds_config.is_zero3())
@@ -209,6 +209,17 @@ class DeepSpeedPlugin:
             warnings.warn("DeepSpeedPlugin: zero3_init_flag only applies to ZeRO stage 3; it is turned off", stacklevel=3)
             self.zero3_init_flag = False
         self._selected = False
+
+    def _add_msamp_section(self) -> None:
+        """MS-AMP fp8 (``enable_msamp``): the config's ``msamp`` section, with Accelerate's checks. The msamp
+        package itself is needed once the Accelerator is built (``accel.strategies.deepspeed``), as its DeepSpeed
+        engine builds the model."""
+        stage = self.hf_ds_config.get_value("zero_optimization.stage", self.zero_stage)
+        if str(stage) == "3":
+            raise NotImplementedError("MS-AMP is not supported for ZeRO Stage 3. Please use ZeRO Stage 0, 1, or 2 instead.")
+        if self.msamp_opt_level not in ("O1", "O2"):
+            raise ValueError("Invalid optimization level for MS-AMP. Please use one of ['O1' or'O2'].")
+        self.deepspeed_config["msamp"] = {"enabled": True, "opt_level": self.msamp_opt_level}
 
     # ------------------------------------------------------------------ building the config
     def _from_environment(self) -> None:
@@ -341,11 +352,15 @@ class DeepSpeedPlugin:
             )
 
     def set_mixed_precision(self, mixed_precision: str) -> None:
-        """Write the Accelerator's precision into the config; a config enabling the other half dtype is an error."""
+        """Write the Accelerator's precision into the config; a config enabling the other half dtype is an error.
+
+        fp8 runs DeepSpeed in bf16 (the fp8 layers cast to fp8 inside their matmuls), as Accelerate does, and with
+        ``enable_msamp`` adds the ``msamp`` section.
+        """
         config = self.deepspeed_config
-        if mixed_precision == "fp8":
-            raise NotImplementedError("mixed_precision='fp8' with DeepSpeed needs MS-AMP or Transformer Engine; accel supports neither")
-        wanted = {"fp16": mixed_precision == "fp16", "bf16": mixed_precision == "bf16"}
+        wanted = {"fp16": mixed_precision == "fp16", "bf16": mixed_precision in ("bf16", "fp8")}
+        if mixed_precision == "fp8" and self.enable_msamp and "msamp" not in config:
+            self._add_msamp_section()
         for dtype, enabled in wanted.items():
             section = config.get(dtype)
             if isinstance(section, dict) and section.get("enabled") not in (None, _AUTO):

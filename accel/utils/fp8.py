@@ -18,7 +18,8 @@ from typing import Any, Mapping
 
 import torch
 
-__all__ = ["EMULATED_LABEL", "Fp8Plan", "describe_fp8", "fp8_backend_name", "fp8_refusal", "plan_fp8", "scaled_mm_capability"]
+__all__ = ["EMULATED_LABEL", "Fp8Plan", "describe_fp8", "fp8_backend_name", "fp8_library_missing", "fp8_refusal",
+           "plan_fp8", "scaled_mm_capability"]
 
 #: how an emulated fp8 run is shown by ``Accelerator.state`` and ``accel env``
 EMULATED_LABEL = "fp8 (emulated)"
@@ -54,13 +55,53 @@ def fp8_backend_name(handler: Any = None, environ: Mapping[str, str] | None = No
     return "TE" if is_transformer_engine_available() else "MSAMP"
 
 
-def fp8_refusal(handler: Any = None, environ: Mapping[str, str] | None = None) -> str | None:
-    """Why ``mixed_precision="fp8"`` cannot run here, in the words every entry point uses; None when it can."""
+#: fp8 backend -> (the module its library installs, Accelerate's words when that module is missing)
+_MISSING_WORDS = {
+    "TE": ("transformer_engine", "TransformerEngine is not available. Please install it or use a different backend."),
+    "MSAMP": ("msamp", "MS-AMP was not found on your system. Please ensure that MS-AMP is available "
+                       "or choose `'te'` as the backend for FP8 mixed precision training."),
+}
+
+
+def fp8_library_missing(backend: str) -> ImportError | None:
+    """The ``ImportError`` Accelerate raises when the library of fp8 ``backend`` ("TE", "MSAMP") is not installed,
+    naming its module; None when it is installed (or for "AO", whose absence :func:`fp8_refusal` states)."""
+    if backend not in _MISSING_WORDS:
+        return None
+    from . import imports
+
+    available = imports.is_transformer_engine_available if backend == "TE" else imports.is_msamp_available
+    if available():
+        return None
+    module, words = _MISSING_WORDS[backend]
+    return ImportError(f"{words} (the `{module}` module is not installed)", name=module)
+
+
+def _deepspeed_launch(environ: Mapping[str, str]) -> bool:
+    return any(str(environ.get(name, "")).strip().lower() in ("1", "true", "yes")
+               for name in ("ACCEL_USE_DEEPSPEED", "ACCELERATE_USE_DEEPSPEED"))
+
+
+def fp8_refusal(handler: Any = None, environ: Mapping[str, str] | None = None, deepspeed: bool | None = None) -> str | None:
+    """Why ``mixed_precision="fp8"`` cannot run here, in the words every entry point uses; None when it can.
+
+    A Transformer Engine or MS-AMP recipe whose library is missing gets Accelerate's words naming the module
+    (:func:`fp8_library_missing`); installed, MS-AMP runs under DeepSpeed (``deepspeed``: a DeepSpeed run, read
+    from ``ACCELERATE_USE_DEEPSPEED`` when not given), as in Accelerate, and the others are not integrated.
+    """
     backend = fp8_backend_name(handler, environ)
     if backend != "AO":
+        missing = fp8_library_missing(backend)
+        if missing is not None:
+            return str(missing)
+        if deepspeed is None:
+            deepspeed = _deepspeed_launch(os.environ if environ is None else environ)
+        if backend == "MSAMP" and deepspeed:
+            return None
         library = _LIBRARIES.get(backend, backend)
-        return (f"accel trains fp8 through torchao only; the {backend} fp8 backend ({library}) is not integrated "
-                "(use --fp8_backend ao or AORecipeKwargs)")
+        where = " outside DeepSpeed" if backend == "MSAMP" else ""
+        return (f"accel trains fp8 through torchao{' (and MS-AMP under DeepSpeed)' if backend == 'MSAMP' else ''}; "
+                f"the {backend} fp8 backend ({library}) is not integrated{where} (use --fp8_backend ao or AORecipeKwargs)")
     from .imports import is_torchao_available
 
     if not is_torchao_available():
@@ -141,11 +182,15 @@ class Fp8Plan:
 def plan_fp8(backend: Any, handler: Any = None) -> Fp8Plan:
     """The fp8 plan for ``backend`` and the recipe ``handler`` (an ``AORecipeKwargs``, default: Accelerate's).
 
-    Raises ``UnsupportedFeatureError`` with :func:`fp8_refusal`'s words where fp8 cannot run.
+    Raises the ``ImportError`` of :func:`fp8_library_missing` where a Transformer Engine or MS-AMP recipe's library
+    is missing, and ``UnsupportedFeatureError`` with :func:`fp8_refusal`'s words where fp8 cannot run otherwise.
     """
     from ..backends import UnsupportedFeatureError
 
-    refusal = fp8_refusal(handler)
+    missing = fp8_library_missing(fp8_backend_name(handler))
+    if missing is not None:
+        raise missing  # Accelerate's type and words: the recipe's library is not installed
+    refusal = fp8_refusal(handler, deepspeed=False)
     if refusal is not None:
         raise UnsupportedFeatureError(backend.name, "mixed_precision='fp8'", refusal)
     if handler is None:
