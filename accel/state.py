@@ -441,6 +441,31 @@ def _split(inputs: Any, parts: int, index: int, pad: bool) -> Any:
     return share + type(share)([last] * missing)
 
 
+def _parallelism_from_tp_plugin(torch_tp_plugin: Any, parallelism_config: Any) -> Any:
+    """Accelerate's handling of the deprecated ``torch_tp_plugin``: a FutureWarning in its words, and without a
+    ``parallelism_config`` a ``ParallelismConfig(tp_size=torch_tp_plugin.tp_size)`` in its place (a given config
+    wins, as in Accelerate)."""
+    if torch_tp_plugin is None:
+        return parallelism_config
+    import warnings
+
+    tp_size = getattr(torch_tp_plugin, "tp_size", None)
+    if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
+        raise ValueError(f"torch_tp_plugin: tp_size must be a positive integer, got {tp_size!r} "
+                         f"(from {type(torch_tp_plugin).__name__})")
+    warnings.warn(
+        "`TorchTensorParallelPlugin` is deprecated and will be removed in a future version of Accelerate. "
+        "Please use the `ParallelismConfig` with `tp_size` instead.",
+        FutureWarning,
+        stacklevel=4,
+    )
+    if parallelism_config is not None:
+        return parallelism_config
+    from .parallelism_config import ParallelismConfig
+
+    return ParallelismConfig(tp_size=tp_size)
+
+
 class AcceleratorState:
     """PartialState plus precision and plug-ins; shares PartialState's ranks and device."""
 
@@ -502,13 +527,9 @@ class AcceleratorState:
             from .utils.megatron_lm import megatron_lm_refusal  # only here: the module is costly to import
 
             raise megatron_lm_refusal("megatron_lm_plugin")
-        if torch_tp_plugin is not None:
-            raise NotImplementedError(
-                "torch_tp_plugin is not supported by accel: tensor parallelism goes through "
-                "parallelism_config=ParallelismConfig(tp_size=...)"
-            )
+        parallelism_config = _parallelism_from_tp_plugin(torch_tp_plugin, parallelism_config)
         self.megatron_lm_plugin = None
-        self.torch_tp_plugin = None
+        self.torch_tp_plugin = torch_tp_plugin
         #: backend, strategy, precision and parallelism config with their reasons (accel.resolve), plus the
         #: plugins the run uses
         self.run_plan = resolve(self._partial.num_processes, self._partial.hardware_backend,
