@@ -212,3 +212,28 @@ def test_installed_msamp_is_allowed_under_deepspeed_only(monkeypatch):
     assert fp8_refusal(environ={**environ, "ACCELERATE_USE_DEEPSPEED": "true"}) is None
     assert fp8_refusal(environ=environ, deepspeed=True) is None
     assert "is not integrated outside DeepSpeed" in fp8_refusal(environ=environ)
+
+
+# ---------------------------------------------------------------------- selecting a plugin (Accelerate's rules)
+def test_plugin_selection_follows_accelerate():
+    """``select()`` only from the state (ValueError otherwise), ``selected`` read-only (NotImplementedError), as in
+    Accelerate; the state's ``select_deepspeed_plugin`` switches the active plugin."""
+    ours = DeepSpeedPlugin(zero_stage=2)
+    theirs = _accelerate_plugin(zero_stage=2)
+    for plugin in (ours, theirs):
+        assert plugin.selected is False
+        with pytest.raises(ValueError):
+            plugin.select()
+        with pytest.raises(NotImplementedError):
+            plugin.selected = True
+        plugin.select(_from_accelerator_state=True)
+        assert plugin.selected is True
+        plugin._unselect()
+        assert plugin.selected is False
+
+    plugins = {"student": DeepSpeedPlugin(zero_stage=2), "teacher": DeepSpeedPlugin(zero_stage=1)}
+    accelerator = Accelerator(deepspeed_plugin=plugins)
+    assert plugins["student"].selected and not plugins["teacher"].selected
+    accelerator.state.select_deepspeed_plugin("teacher")
+    assert plugins["teacher"].selected and not plugins["student"].selected
+    assert accelerator.state.deepspeed_plugin is plugins["teacher"]

@@ -208,7 +208,7 @@ class DeepSpeedPlugin:
         if self.zero3_init_flag and not self.hf_ds_config.is_zero3():
             warnings.warn("DeepSpeedPlugin: zero3_init_flag only applies to ZeRO stage 3; it is turned off", stacklevel=3)
             self.zero3_init_flag = False
-        self._selected = False
+        self._set_selected(False)
 
     def _add_msamp_section(self) -> None:
         """MS-AMP fp8 (``enable_msamp``): the config's ``msamp`` section, with Accelerate's checks. The msamp
@@ -437,16 +437,23 @@ class DeepSpeedPlugin:
 
     # ------------------------------------------------------------------ selection (several plugins)
     def select(self, _from_accelerator_state: bool = False) -> None:
-        """Make this plugin the active one; only ``AcceleratorState.select_deepspeed_plugin`` may call it."""
+        """Make this plugin the active one (transformers' ZeRO-3 init then reads its config).
+
+        As in Accelerate, only ``AcceleratorState.select_deepspeed_plugin`` may call it (which also unselects the
+        others); a direct call is a ValueError.
+        """
         if not _from_accelerator_state:
             raise ValueError(
                 "a DeepSpeedPlugin is activated through Accelerator.state.select_deepspeed_plugin(name), not directly"
             )
         self.set_deepspeed_weakref()
-        self._selected = True
+        self._set_selected(True)
 
     def _unselect(self) -> None:
-        self._selected = False
+        self._set_selected(False)
+
+    def _set_selected(self, value: bool) -> None:
+        self._selected = bool(value)
 
     @property
     def selected(self) -> bool:
@@ -455,6 +462,8 @@ class DeepSpeedPlugin:
 
     @selected.setter
     def selected(self, value: bool) -> None:
+        # Accelerate's setter raises NotImplementedError too: selection changes the active config, so it goes
+        # through the state, which unselects the other plugins
         raise NotImplementedError("a DeepSpeedPlugin is selected through Accelerator.state.select_deepspeed_plugin(name)")
 
 
