@@ -2,29 +2,30 @@
 
 This module only wires parts together. Distribution lives in ``accel.strategies``, precision in
 ``accel.precision``, data sharding in ``accel.data_loader``, collectives in
-``accel.utils.operations``, checkpoints in ``accel.checkpointing``, trackers in ``accel.tracking``.
+``accel.utils.operations``, checkpoints in ``accel.checkpointing``, trackers in ``accel.tracking``;
+what ``prepare`` does with each object in ``accel.preparation``, compiling and unwrapping models in
+``accel.model_wrappers``, uneven inputs in ``accel.uneven_inputs``, the context-parallel block in
+``accel.context_parallel`` and the constructor's option checks in ``accel.accelerator_options``.
+Parts only some runs use are imported where they are used, so importing the Accelerator stays cheap.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import operator
 import os
 import warnings
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
 
-from .logging import get_logger
-from .optimizer import AcceleratedOptimizer
-from .precision import AutocastForward, autocast_context
+from .accelerator_options import accumulation_plugin, sort_kwargs_handlers
+from .accumulation import accumulation_block, advance
+from .preparation import PreparedRegistry, prepare_objects
 from .resolve import strategy_class
-from .scheduler import AcceleratedScheduler
 from .state import AcceleratorState, GradientState, PartialState
-from .strategies.context import PreparedObjects, StrategyContext
 from .utils import heartbeat
-from .utils.environment import env_value
-from .utils.imports import is_bitsandbytes_multi_backend_available, is_xpu_available
 from .utils.dataclasses import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -38,25 +39,25 @@ from .utils.dataclasses import (
     RNGType,
 )
 
-logger = get_logger(__name__)
+if TYPE_CHECKING:
+    from .optimizer import AcceleratedOptimizer
+    from .scheduler import AcceleratedScheduler
+    from .strategies.context import PreparedObjects
+
 _UNSET: Any = object()
-#: the block of a synchronising step: nothing to enter (reusable: a nullcontext holds no state)
-_NO_CONTEXT = contextlib.nullcontext()
 
 
-class _Unsynced:
-    """The block of an accumulating step: the models' ``no_sync`` contexts, entered already, left at its end."""
+def _forward(path: str, doc: str, writable: bool = False) -> property:
+    """A property reading ``self.<path>`` (and with ``writable``, setting it): a value the Accelerator passes
+    through from its state or configuration, documented by ``doc``."""
+    owner, _, name = path.rpartition(".")
+    setter = None
+    if writable:
+        get_owner = operator.attrgetter(owner)
 
-    __slots__ = ("stack",)
-
-    def __init__(self, stack: contextlib.ExitStack):
-        self.stack = stack
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> bool:
-        return bool(self.stack.__exit__(*exc))
+        def setter(self: Any, value: Any) -> None:
+            setattr(get_owner(self), name, value)
+    return property(operator.attrgetter(path), setter, doc=doc)
 
 
 class Accelerator:
@@ -99,7 +100,7 @@ class Accelerator:
         if project_dir is not None:
             self.project_configuration.set_directories(os.fspath(project_dir))
 
-        handlers = self._sort_handlers(kwargs_handlers or [])
+        handlers = sort_kwargs_handlers(kwargs_handlers or [])
         self.ddp_handler: DistributedDataParallelKwargs | None = handlers.get(DistributedDataParallelKwargs)
         self.scaler_handler: GradScalerKwargs | None = handlers.get(GradScalerKwargs)
         self.autocast_handler: AutocastKwargs | None = handlers.get(AutocastKwargs)
@@ -128,13 +129,15 @@ class Accelerator:
         )
         plan = self.state.run_plan
         self.backend = self.state.hardware_backend
-        self.gradient_state = GradientState(self._accumulation_plugin(gradient_accumulation_steps, gradient_accumulation_plugin))
+        self.gradient_state = GradientState(accumulation_plugin(gradient_accumulation_steps, gradient_accumulation_plugin))
         # what runs, not just what was asked: a fallback was warned about and recorded by the resolution
         self.precision = plan.precision
         self.scaler = self.precision.scaler
         self.native_amp = self.precision.dtype is not None
 
         # the strategy owns distribution; it gets what it needs now and what was prepared with each call
+        from .strategies.context import StrategyContext
+
         self.strategy = strategy_class(plan.strategy)(StrategyContext(
             state=self.state, gradient_state=self.gradient_state, precision=self.precision,
             dataloader_config=self.dataloader_config, step_scheduler_with_optimizer=step_scheduler_with_optimizer,
@@ -144,11 +147,13 @@ class Accelerator:
 
         self.step = 0
         self.flag_tensor: torch.Tensor | None = None
-        self._models: list[torch.nn.Module] = []
-        self._optimizers: list[AcceleratedOptimizer] = []
-        self._schedulers: list[AcceleratedScheduler] = []
-        self._dataloaders: list[Any] = []
-        self._custom_objects: list[Any] = []
+        # what was prepared, under Accelerate's attribute names (the registry's lists themselves)
+        self._prepared = PreparedRegistry()
+        self._models: list[torch.nn.Module] = self._prepared.models
+        self._optimizers: list[AcceleratedOptimizer] = self._prepared.optimizers
+        self._schedulers: list[AcceleratedScheduler] = self._prepared.schedulers
+        self._dataloaders: list[Any] = self._prepared.dataloaders
+        self._custom_objects: list[Any] = self._prepared.custom_objects
         self._save_model_state_pre_hook: dict[int, Callable[..., None]] = {}
         self._load_model_state_pre_hook: dict[int, Callable[..., None]] = {}
 
@@ -159,139 +164,48 @@ class Accelerator:
         self.log_with = log_with
         self.trackers: list[Any] = []
 
-    @staticmethod
-    def _sort_handlers(handlers: Iterable[KwargsHandler]) -> dict[type, KwargsHandler]:
-        from .utils.dataclasses import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, ProfileKwargs, TERecipeKwargs
-
-        found: dict[type, KwargsHandler] = {}
-        known = (DistributedDataParallelKwargs, GradScalerKwargs, AutocastKwargs, InitProcessGroupKwargs, ProfileKwargs,
-                 FP8RecipeKwargs, TERecipeKwargs, AORecipeKwargs, MSAMPRecipeKwargs)
-        for handler in handlers:
-            kind = next((k for k in known if isinstance(handler, k)), None)
-            if kind is None:
-                raise TypeError(f"unsupported kwargs handler {type(handler).__name__}; accel takes {', '.join(k.__name__ for k in known)}")
-            if kind in found:
-                raise ValueError(f"only one {kind.__name__} may be passed in kwargs_handlers")
-            found[kind] = handler
-        return found
-
-    @staticmethod
-    def _accumulation_plugin(steps: int, plugin: GradientAccumulationPlugin | None) -> GradientAccumulationPlugin:
-        if plugin is not None:
-            if steps != 1:
-                raise ValueError("pass either gradient_accumulation_steps or gradient_accumulation_plugin, not both")
-            return plugin
-        env_steps = env_value("GRADIENT_ACCUMULATION_STEPS")
-        if steps == 1 and env_steps is not None:
-            steps = int(env_steps)
-        if not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"gradient_accumulation_steps must be a positive integer, got {steps!r}")
-        return GradientAccumulationPlugin(num_steps=steps)
-
     # ------------------------------------------------------------------ state passthrough
-    @property
-    def device(self) -> torch.device:
-        """The device this process trains on (from the active backend, or ``ACCELERATE_TORCH_DEVICE``)."""
-        return self.state.device
-
-    @property
-    def distributed_type(self) -> DistributedType:
-        """How processes are organised (``NO``, ``MULTI_CPU``, ``MULTI_GPU``, ``DEEPSPEED``, ``FSDP``, ...)."""
-        return self.state.distributed_type
-
-    @property
-    def num_processes(self) -> int:
-        """How many processes take part in the run."""
-        return self.state.num_processes
-
-    @property
-    def process_index(self) -> int:
-        """This process's global rank."""
-        return self.state.process_index
-
-    @property
-    def local_process_index(self) -> int:
-        """This process's rank on its node."""
-        return self.state.local_process_index
-
-    @property
-    def is_main_process(self) -> bool:
-        """Whether this is global rank 0."""
-        return self.state.is_main_process
-
-    @property
-    def is_local_main_process(self) -> bool:
-        """Whether this is rank 0 on its node."""
-        return self.state.is_local_main_process
-
-    @property
-    def is_last_process(self) -> bool:
-        """Whether this is the process with the highest rank."""
-        return self.state.is_last_process
-
-    @property
-    def use_distributed(self) -> bool:
-        """Whether several processes run with a process group."""
-        return self.state.use_distributed
+    device = _forward("state.device",
+                      "The device this process trains on (from the active backend, or ``ACCELERATE_TORCH_DEVICE``).")
+    distributed_type = _forward("state.distributed_type", "How processes are organised (``NO``, ``MULTI_CPU``, "
+                                "``MULTI_GPU``, ``DEEPSPEED``, ``FSDP``, ...).")
+    num_processes = _forward("state.num_processes", "How many processes take part in the run.")
+    process_index = _forward("state.process_index", "This process's global rank.")
+    local_process_index = _forward("state.local_process_index", "This process's rank on its node.")
+    is_main_process = _forward("state.is_main_process", "Whether this is global rank 0.")
+    is_local_main_process = _forward("state.is_local_main_process", "Whether this is rank 0 on its node.")
+    is_last_process = _forward("state.is_last_process", "Whether this is the process with the highest rank.")
+    use_distributed = _forward("state.use_distributed", "Whether several processes run with a process group.")
+    mixed_precision = _forward("precision.used",
+                               "The precision really used (after any fallback); see ``precision.requested``.")
+    # data loading, as set by the DataLoaderConfiguration
+    split_batches = _forward("dataloader_config.split_batches",
+                             "Whether the loader's batch size is the global one, split over processes.")
+    dispatch_batches = _forward("dataloader_config.dispatch_batches",
+                                "Whether the main process reads batches and sends each process its slice.")
+    even_batches = _forward("dataloader_config.even_batches",
+                            "Whether the last batches are padded so every process gets the same number.", writable=True)
+    use_seedable_sampler = _forward("dataloader_config.use_seedable_sampler",
+                                    "Whether shuffling samplers are seeded per epoch (reproducible across resumes).")
+    non_blocking = _forward("dataloader_config.non_blocking",
+                            "Whether batches are copied to the device with ``non_blocking=True``.")
+    use_stateful_dataloader = _forward("dataloader_config.use_stateful_dataloader",
+                                       "Whether prepared loaders are torchdata ``StatefulDataLoader`` (mid-epoch position in "
+                                       "checkpoints).")
+    # the project's folders, as set by the ProjectConfiguration
+    project_dir = _forward("project_configuration.project_dir", "The project folder "
+                           "(``ProjectConfiguration.project_dir``), used by automatic checkpoint naming.")
+    logging_dir = _forward("project_configuration.logging_dir",
+                           "Where trackers write (``ProjectConfiguration.logging_dir``).")
+    save_iteration = _forward("project_configuration.iteration",
+                              "The number the next automatically named checkpoint gets.")
+    sync_gradients = _forward("gradient_state.sync_gradients",
+                              "Whether this step synchronises gradients (False while accumulating).", writable=True)
 
     @property
     def multi_device(self) -> bool:
         """Whether several processes run on accelerator devices (not the CPU)."""
         return self.use_distributed and self.device.type != "cpu"
-
-    @property
-    def mixed_precision(self) -> str:
-        """The precision really used (after any fallback); see ``precision.requested``."""
-        return self.precision.used
-
-    @property
-    def split_batches(self) -> bool:
-        """Whether the loader's batch size is the global one, split over processes."""
-        return self.dataloader_config.split_batches
-
-    @property
-    def dispatch_batches(self) -> bool | None:
-        """Whether the main process reads batches and sends each process its slice."""
-        return self.dataloader_config.dispatch_batches
-
-    @property
-    def even_batches(self) -> bool:
-        """Whether the last batches are padded so every process gets the same number."""
-        return self.dataloader_config.even_batches
-
-    @even_batches.setter
-    def even_batches(self, value: bool) -> None:
-        self.dataloader_config.even_batches = value
-
-    @property
-    def use_seedable_sampler(self) -> bool:
-        """Whether shuffling samplers are seeded per epoch (reproducible across resumes)."""
-        return self.dataloader_config.use_seedable_sampler
-
-    @property
-    def non_blocking(self) -> bool:
-        """Whether batches are copied to the device with ``non_blocking=True``."""
-        return self.dataloader_config.non_blocking
-
-    @property
-    def use_stateful_dataloader(self) -> bool:
-        """Whether prepared loaders are torchdata ``StatefulDataLoader`` (mid-epoch position in checkpoints)."""
-        return self.dataloader_config.use_stateful_dataloader
-
-    @property
-    def project_dir(self) -> str | None:
-        """The project folder (``ProjectConfiguration.project_dir``), used by automatic checkpoint naming."""
-        return self.project_configuration.project_dir
-
-    @property
-    def logging_dir(self) -> str | None:
-        """Where trackers write (``ProjectConfiguration.logging_dir``)."""
-        return self.project_configuration.logging_dir
-
-    @property
-    def save_iteration(self) -> int:
-        """The number the next automatically named checkpoint gets."""
-        return self.project_configuration.iteration
 
     @property
     def gradient_accumulation_steps(self) -> int:
@@ -301,15 +215,6 @@ class Accelerator:
     @gradient_accumulation_steps.setter
     def gradient_accumulation_steps(self, steps: int) -> None:
         self.gradient_state.plugin_kwargs.update({"num_steps": steps})
-
-    @property
-    def sync_gradients(self) -> bool:
-        """Whether this step synchronises gradients (False while accumulating)."""
-        return self.gradient_state.sync_gradients
-
-    @sync_gradients.setter
-    def sync_gradients(self, value: bool) -> None:
-        self.gradient_state.sync_gradients = value
 
     @property
     def optimizer_step_was_skipped(self) -> bool:
@@ -366,131 +271,45 @@ class Accelerator:
         loaders to its models (DeepSpeed Ulysses shards their sequences). An object prepared before is
         returned as it is.
         """
-        if device_placement is None:
-            device_placement = [None] * len(args)
-        elif len(device_placement) != len(args):
-            raise ValueError(f"device_placement has {len(device_placement)} entries for {len(args)} objects")
-        result = list(args)
-        kinds: dict[str, list[int]] = {"model": [], "optimizer": [], "scheduler": [], "dataloader": []}
-        loaders = []
-        for i, obj in enumerate(args):
-            if getattr(obj, "_is_accelerate_prepared", False):
-                self._register_prepared(obj)
-                continue
-            kind = self._kind_of(obj)
-            if kind == "dataloader":
-                loaders.append(obj)
-                result[i] = self.prepare_data_loader(obj, device_placement=device_placement[i])
-            if kind is not None:
-                kinds[kind].append(i)
-        placement = [self.device_placement if device_placement[i] is None else device_placement[i] for i in range(len(args))]
-        for i in kinds["model"]:
-            placement[i] = placement[i] and self._check_quantized(args[i])
-        models, optimizers, schedulers = self.strategy.prepare(
-            [args[i] for i in kinds["model"]], [args[i] for i in kinds["optimizer"]], [args[i] for i in kinds["scheduler"]],
-            model_placement=[placement[i] for i in kinds["model"]],
-            optimizer_placement=[placement[i] for i in kinds["optimizer"]],
-            dataloaders=loaders, prepared=self.prepared_objects(),
-        )
-        models = [self._compile(m) for m in models]
-        for i in kinds["dataloader"] if models else ():
-            result[i] = self.strategy.adapt_dataloader(result[i])
-        for kind, prepared, store in (("model", models, self._models), ("optimizer", optimizers, self._optimizers),
-                                      ("scheduler", schedulers, self._schedulers)):
-            for i, obj in zip(kinds[kind], prepared):
-                result[i] = obj
-                store.append(obj)
-        for obj in result:
-            if obj is not None and any(obj is o for o in (*self._models, *self._optimizers, *self._schedulers, *self._dataloaders)):
-                with contextlib.suppress(AttributeError, TypeError):
-                    obj._is_accelerate_prepared = True
+        from .model_wrappers import compile_model, may_place_model
+
+        result = prepare_objects(
+            args, device_placement, default_placement=self.device_placement, registry=self._prepared,
+            strategy=self.strategy, scaler=self.scaler, prepare_loader=self.prepare_data_loader,
+            place_model=may_place_model,
+            compile_model=lambda model: compile_model(model, self.state.dynamo_plugin, self.strategy, stacklevel=4))
         return result[0] if len(result) == 1 else tuple(result)
-
-    @staticmethod
-    def _kind_of(obj: Any) -> str | None:
-        """What ``prepare`` does with ``obj``: "dataloader", "model", "optimizer", "scheduler", or None (passed through)."""
-        from .utils.deepspeed import DummyOptim, DummyScheduler
-
-        if isinstance(obj, torch.utils.data.DataLoader):
-            return "dataloader"
-        if isinstance(obj, torch.nn.Module):
-            return "model"
-        if isinstance(obj, (torch.optim.Optimizer, DummyOptim)):
-            return "optimizer"
-        if isinstance(obj, (torch.optim.lr_scheduler.LRScheduler, DummyScheduler)):
-            return "scheduler"
-        return None
-
-    def _register_prepared(self, obj: Any) -> None:
-        store = {"dataloader": self._dataloaders, "model": self._models, "optimizer": self._optimizers,
-                 "scheduler": self._schedulers}.get(self._kind_of(obj) or "")
-        if store is not None and not any(obj is o for o in store):
-            store.append(obj)
 
     def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> torch.nn.Module:
         """Prepare one model (``evaluation_mode``: placed and given the precision's forward, not wrapped)."""
+        from .model_wrappers import compile_model, may_place_model
+
         if getattr(model, "_is_accelerate_prepared", False):
-            self._register_prepared(model)
+            self._prepared.register(model)
             return model
         placement = self.device_placement if device_placement is None else device_placement
-        placement = placement and self._check_quantized(model)
+        placement = placement and may_place_model(model)
         (prepared,), _, _ = self.strategy.prepare([model], [], [], model_placement=[placement], optimizer_placement=[],
                                                    evaluation_mode=evaluation_mode)
-        prepared = self._compile(prepared)
-        self._models.append(prepared)
-        prepared._is_accelerate_prepared = True
-        return prepared
-
-    def _compile(self, model: torch.nn.Module) -> torch.nn.Module:
-        """``torch.compile`` (or regional compilation) as the dynamo plugin asks; once per model."""
-        from .utils.dataclasses import DynamoBackend
-        from .utils.other import compile_regions, has_compiled_regions, is_compiled_module
-
-        plugin = self.state.dynamo_plugin
-        if plugin is None or plugin.backend == DynamoBackend.NO or is_compiled_module(model) or has_compiled_regions(model):
-            return model
-        if not self.strategy.compiles_models:
-            warnings.warn(f"dynamo_backend={plugin.backend.value.lower()!r} is ignored: the {self.strategy.name} strategy "
-                          "compiles through its own engine config", stacklevel=3)
-            return model
-        if plugin.use_regional_compilation:
-            return compile_regions(model, **plugin.to_kwargs())
-        return torch.compile(model, **plugin.to_kwargs())
-
-    def _check_quantized(self, model: torch.nn.Module) -> bool:
-        """8/4-bit models stay where their device map put them; offloaded ones cannot train. Returns placement."""
-        if not (getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False)):
-            return True
-        device_map = getattr(model, "hf_device_map", None) or {}
-        if any(str(d) in ("cpu", "disk") for d in device_map.values()) and not (
-                is_bitsandbytes_multi_backend_available() or is_xpu_available()):
-            raise ValueError(
-                "You can't train a model that has been loaded in 8-bit or 4-bit precision with CPU or disk offload: "
-                f"its device map puts modules on {sorted({str(d) for d in device_map.values()})}"
-            )
-        return False  # bitsandbytes placed the weights already
+        return self._prepared.add("model", compile_model(prepared, self.state.dynamo_plugin, self.strategy))
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> AcceleratedOptimizer:
         """Prepare one optimizer: it steps only when gradients are synchronised, through the grad scaler."""
         if getattr(optimizer, "_is_accelerate_prepared", False):
-            self._register_prepared(optimizer)
+            self._prepared.register(optimizer)
             return optimizer
         placement = self.device_placement if device_placement is None else device_placement
         _, (prepared,), _ = self.strategy.prepare([], [optimizer], [], model_placement=[], optimizer_placement=[placement])
-        self._optimizers.append(prepared)
-        prepared._is_accelerate_prepared = True
-        return prepared
+        return self._prepared.add("optimizer", prepared)
 
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
         """Prepare one LR scheduler: it steps with its optimizer, ``num_processes`` times per step."""
         if getattr(scheduler, "_is_accelerate_prepared", False):
-            self._register_prepared(scheduler)
+            self._prepared.register(scheduler)
             return scheduler
         _, _, (prepared,) = self.strategy.prepare([], [], [scheduler], model_placement=[], optimizer_placement=[],
                                                   prepared=self.prepared_objects())
-        self._schedulers.append(prepared)
-        prepared._is_accelerate_prepared = True
-        return prepared
+        return self._prepared.add("scheduler", prepared)
 
     def prepare_data_loader(self, data_loader: torch.utils.data.DataLoader, device_placement: bool | None = None,
                             slice_fn_for_dispatch: Callable[..., Any] | None = None) -> Any:
@@ -501,25 +320,14 @@ class Accelerator:
             device_placement = self.device_placement
         cfg = self.dataloader_config
         prepared = prepare_data_loader(
-            data_loader,
-            self.device,
-            num_processes=self.num_processes,
-            process_index=self.process_index,
-            split_batches=cfg.split_batches,
-            put_on_device=device_placement,
-            rng_types=list(self.rng_types),
-            dispatch_batches=cfg.dispatch_batches,
-            even_batches=cfg.even_batches,
-            slice_fn_for_dispatch=slice_fn_for_dispatch,
-            use_seedable_sampler=cfg.use_seedable_sampler,
-            data_seed=cfg.data_seed,
-            non_blocking=cfg.non_blocking,
-            use_stateful_dataloader=cfg.use_stateful_dataloader,
+            data_loader, self.device, num_processes=self.num_processes, process_index=self.process_index,
+            split_batches=cfg.split_batches, put_on_device=device_placement, rng_types=list(self.rng_types),
+            dispatch_batches=cfg.dispatch_batches, even_batches=cfg.even_batches,
+            slice_fn_for_dispatch=slice_fn_for_dispatch, use_seedable_sampler=cfg.use_seedable_sampler,
+            data_seed=cfg.data_seed, non_blocking=cfg.non_blocking, use_stateful_dataloader=cfg.use_stateful_dataloader,
             torch_device_mesh=getattr(self, "torch_device_mesh", None),
         )
-        self._dataloaders.append(prepared)
-        prepared._is_accelerate_prepared = True
-        return prepared
+        return self._prepared.add("dataloader", prepared)
 
     # ------------------------------------------------------------------ training step
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
@@ -528,13 +336,8 @@ class Accelerator:
         self.strategy.backward(loss, **kwargs)
 
     def _do_sync(self) -> None:
-        gs = self.gradient_state
-        if gs.sync_with_dataloader and gs.end_of_dataloader:
-            self.step = 0
-            gs.sync_gradients = True
-        else:
-            self.step += 1
-            gs.sync_gradients = self.step % gs.num_steps == 0
+        """Count one more batch and set whether its backward synchronises gradients (Accelerate's name)."""
+        self.step = advance(self.step, self.gradient_state)
 
     def accumulate(self, *models: torch.nn.Module) -> contextlib.AbstractContextManager:
         """Accumulate gradients over ``gradient_accumulation_steps`` batches; sync on the last one.
@@ -543,17 +346,7 @@ class Accelerator:
         gradient sync (``no_sync`` on each model) except on the synchronising step.
         """
         self._do_sync()
-        gs = self.gradient_state
-        if not models or gs.sync_gradients or gs.sync_each_batch:
-            return _NO_CONTEXT
-        stack = contextlib.ExitStack()
-        try:
-            for model in models:
-                stack.enter_context(self.no_sync(model))
-        except BaseException:
-            stack.close()
-            raise
-        return _Unsynced(stack)
+        return accumulation_block(models, self.gradient_state, self.no_sync)
 
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
         """Skip the gradient all-reduce for this block (a no-op on one process)."""
@@ -594,9 +387,11 @@ class Accelerator:
 
     def autocast(self, autocast_handler: AutocastKwargs | None = None) -> contextlib.AbstractContextManager:
         """Autocast for the precision really in use (a null context in full precision)."""
+        from .precision import autocast_context
+
         return autocast_context(self.precision, self.backend, autocast_handler or self.autocast_handler)
 
-    # --- FSDP / ParallelismConfig (issue 14)
+    # ------------------------------------------------------------------ FSDP and ParallelismConfig
     @property
     def is_fsdp2(self) -> bool:
         """True when this run shards with FSDP2 (``fully_shard``)."""
@@ -608,10 +403,7 @@ class Accelerator:
         """Whether FSDP2-style composable parallelism (DTensor meshes) is in use."""
         return self.is_fsdp2
 
-    @property
-    def parallelism_config(self) -> Any:
-        """The ``ParallelismConfig`` of this run, or None."""
-        return self.state.parallelism_config
+    parallelism_config = _forward("state.parallelism_config", "The ``ParallelismConfig`` of this run, or None.")
 
     @property
     def torch_device_mesh(self) -> Any:
@@ -628,16 +420,17 @@ class Accelerator:
         """Whether this rank takes part in saving the model (every rank does; writing is rank 0's)."""
         return True if self.parallelism_config is not None else self.is_local_main_process
 
-    def _mesh_rank(self, dim: str, enabled: bool, what: str) -> int:
-        if self.parallelism_config is None:
+    def _mesh_rank(self, dim: str, enabled: str, what: str) -> int:
+        """This rank's index along mesh dimension ``dim`` (0 when the config's ``enabled`` flag is off)."""
+        config = self.parallelism_config
+        if config is None:
             raise RuntimeError(f"{what} is not configured. Set `parallelism_config` first.")
-        return self.torch_device_mesh.get_local_rank(dim) if enabled else 0
+        return self.torch_device_mesh.get_local_rank(dim) if getattr(config, enabled) else 0
 
     @property
     def tensor_parallel_rank(self) -> int:
         """This rank's index in its tensor parallel group (0 when tp_size is 1)."""
-        return self._mesh_rank("tp", self.parallelism_config is not None and self.parallelism_config.tp_enabled,
-                               "Tensor parallelism")
+        return self._mesh_rank("tp", "tp_enabled", "Tensor parallelism")
 
     @property
     def pipeline_parallel_rank(self) -> int:
@@ -652,14 +445,12 @@ class Accelerator:
     @property
     def data_parallel_rank(self) -> int:
         """This rank's index among the data-parallel replicas (dp_replicate; 0 when not replicated)."""
-        return self._mesh_rank("dp_replicate", self.parallelism_config is not None and self.parallelism_config.dp_replicate_enabled,
-                               "Data parallelism")
+        return self._mesh_rank("dp_replicate", "dp_replicate_enabled", "Data parallelism")
 
     @property
     def data_parallel_shard_rank(self) -> int:
         """This rank's index inside its shard group (dp_shard; 0 when not sharded)."""
-        return self._mesh_rank("dp_shard", self.parallelism_config is not None and self.parallelism_config.dp_shard_enabled,
-                               "Shard-based data parallelism")
+        return self._mesh_rank("dp_shard", "dp_shard_enabled", "Shard-based data parallelism")
 
     # ------------------------------------------------------------------ collectives
     def gather(self, tensor: Any) -> Any:
@@ -670,20 +461,9 @@ class Accelerator:
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """Gather across processes and drop the samples duplicated to even out the last batch."""
-        from .utils.operations import gather, gather_object, recursively_apply
+        from .uneven_inputs import gather_for_metrics
 
-        if not use_gather_object:
-            leaves: list[bool] = []
-            recursively_apply(lambda t: leaves.append(True) or t, input_data)
-            use_gather_object = not leaves
-        data = gather_object(input_data) if use_gather_object else gather(input_data)
-        gs = self.gradient_state
-        if not gs.end_of_dataloader or gs.remainder <= 0:
-            return data
-        keep = gs.remainder
-        if use_gather_object:
-            return data[:keep]
-        return recursively_apply(lambda t: t[:keep], data)
+        return gather_for_metrics(input_data, self.gradient_state, use_gather_object=use_gather_object)
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         """Sum (or average with ``reduction='mean'``) ``tensor`` over all processes, times ``scale``."""
@@ -713,8 +493,7 @@ class Accelerator:
             return True
         return False
 
-    @contextlib.contextmanager
-    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None):
+    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> contextlib.AbstractContextManager:
         """Let DDP processes with fewer batches join early instead of hanging (``torch.distributed.algorithms.Join``).
 
         ``even_batches`` overrides the prepared map-style loaders' setting for the block (iterable
@@ -722,34 +501,10 @@ class Accelerator:
         when called: under any type but a multi-process ``MULTI_*`` one it warns (except for a single
         process, ``NO``) and runs the block as it is.
         """
-        distributed_type = DistributedType(self.state.distributed_type)
-        if not (self.use_distributed and distributed_type.is_multi_device_data_parallel):
-            if distributed_type != DistributedType.NO:
-                warnings.warn(f"Joining uneven inputs is only supported for multi-device data-parallel training (DDP); "
-                              f"under {distributed_type} join_uneven_inputs has no effect", stacklevel=3)
-            yield
-            return
-        from torch.distributed.algorithms.join import Join
+        from .uneven_inputs import join_uneven_inputs
 
-        previous = []
-        if even_batches is not None:
-            iterable_seen = False
-            for loader in self._dataloaders:
-                sampler = getattr(loader, "batch_sampler", None)
-                if sampler is not None and hasattr(sampler, "even_batches"):
-                    previous.append((sampler, sampler.even_batches))
-                    sampler.even_batches = even_batches
-                else:
-                    iterable_seen = True
-            if iterable_seen:
-                warnings.warn("Overriding even_batches is only supported for map-style datasets, yet some "
-                              "dataloaders given were iterable", stacklevel=3)
-        try:
-            with Join(joinables):
-                yield
-        finally:
-            for sampler, value in previous:
-                sampler.even_batches = value
+        return join_uneven_inputs(joinables, self.state.distributed_type, self.use_distributed, self._dataloaders,
+                                  even_batches=even_batches)
 
     # ------------------------------------------------------------------ models and memory
     def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> torch.nn.Module:
@@ -759,21 +514,10 @@ class Accelerator:
         ``keep_torch_compile=False``; ``keep_fp32_wrapper=False`` restores the forward that mixed
         precision replaced.
         """
-        from .utils.other import extract_model_from_parallel, is_compiled_module
+        from .model_wrappers import unwrap_model
 
-        compiled = model if is_compiled_module(model) else None
-        inner = compiled._orig_mod if compiled is not None else model
-        inner = extract_model_from_parallel(self.strategy.unwrap_model(inner), keep_torch_compile=False)
-        if not keep_fp32_wrapper and isinstance(getattr(inner, "forward", None), AutocastForward):
-            original = inner.forward.original
-            if getattr(original, "__self__", None) is inner:
-                del inner.forward  # the class's forward is the original
-            else:
-                inner.forward = original
-        if compiled is not None and keep_torch_compile:
-            compiled._orig_mod = inner
-            return compiled
-        return inner
+        return unwrap_model(model, self.strategy.unwrap_model, keep_fp32_wrapper=keep_fp32_wrapper,
+                            keep_torch_compile=keep_torch_compile)
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
         """The model's full state dict; under ZeRO-3/FSDP a collective that every process must call."""
@@ -782,10 +526,7 @@ class Accelerator:
     def free_memory(self, *objects: Any) -> list[Any]:
         """Drop references to prepared objects, collect garbage and empty the device cache."""
         self.strategy.release()
-        self._models.clear()
-        self._optimizers.clear()
-        self._schedulers.clear()
-        self._dataloaders.clear()
+        self._prepared.clear()
         self.step = 0
         released = [None] * len(objects)
         del objects
@@ -845,14 +586,7 @@ class Accelerator:
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Save and restore these objects (anything with ``state_dict``/``load_state_dict``) with ``save_state``."""
-        invalid = [f"- Item at index {i}, `{type(obj).__name__}`" for i, obj in enumerate(objects)
-                   if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)))]
-        if invalid:
-            raise ValueError(
-                "All `objects` must include a `state_dict` and `load_state_dict` function to be stored. The following "
-                "inputs are invalid:\n" + "\n".join(invalid)
-            )
-        self._custom_objects.extend(objects)
+        self._prepared.register_for_checkpointing(objects)
 
     def register_save_state_pre_hook(self, hook: Callable[..., None]):
         """Call ``hook(models, weights, output_dir)`` before ``save_state`` writes models; returns a removable handle."""
@@ -896,8 +630,7 @@ class Accelerator:
 
         The strategy and checkpointing get this instead of reading the Accelerator's lists.
         """
-        return PreparedObjects(tuple(self._models), tuple(self._optimizers), tuple(self._schedulers),
-                               tuple(self._dataloaders), tuple(self._custom_objects), self.scaler)
+        return self._prepared.snapshot(self.scaler)
 
     def deepspeed_ulysses_dl_adapter(self, dl: Any, model: torch.nn.Module) -> Any:
         """``dl`` sharded along its sequences for DeepSpeed Ulysses (``dl`` itself when ``sp_size`` is 1).
@@ -909,30 +642,21 @@ class Accelerator:
 
         return deepspeed_ulysses_dl_adapter(dl, self.parallelism_config, self.device)
 
-    @contextlib.contextmanager
     def maybe_context_parallel(self, buffers: list[torch.Tensor] | None = None, buffer_seq_dims: list[int] | None = None,
-                               no_restore_buffers: set[torch.Tensor] | None = None):
+                               no_restore_buffers: set[torch.Tensor] | None = None) -> contextlib.AbstractContextManager:
         """Run the block with ``buffers`` sharded along ``buffer_seq_dims`` over the ``cp`` mesh dimension (torch
         context parallelism, ``cp_size`` > 1); without it, a warning and no effect. Enter it anew each step.
 
         Refused (``UnsupportedFeatureError`` naming the kernel) where torch cannot shard the device's attention.
         """
-        config = self.parallelism_config
-        if config is None or config.cp_backend != "torch" or not config.cp_enabled:
-            logger.warning_once("Context parallel training is not enabled: maybe_context_parallel has no effect. "
-                                "Set parallelism_config.cp_size > 1 in the Accelerator to enable it.")
-            yield
-            return
-        from .utils.sequence_parallel import context_parallel
+        from .context_parallel import maybe_context_parallel
 
-        with context_parallel(self.torch_device_mesh["cp"], buffers=buffers, buffer_seq_dims=buffer_seq_dims,
-                              no_restore_buffers=no_restore_buffers, comm_strategy=config.cp_handler.cp_comm_strategy):
-            yield
+        return maybe_context_parallel(self.parallelism_config, lambda: self.torch_device_mesh, buffers=buffers,
+                                      buffer_seq_dims=buffer_seq_dims, no_restore_buffers=no_restore_buffers)
 
-    @property
-    def deepspeed_engine_wrapped(self) -> Any:
-        """The wrapper of the DeepSpeed engine built last (None without DeepSpeed or before ``prepare``)."""
-        return self.strategy.engine_wrapper
+    deepspeed_engine_wrapped = _forward("strategy.engine_wrapper",
+                                        "The wrapper of the DeepSpeed engine built last (None without DeepSpeed or before "
+                                        "``prepare``).")
 
     def __repr__(self) -> str:
         return (f"Accelerator(backend={self.backend.name!r}, distributed_type={self.distributed_type}, "
