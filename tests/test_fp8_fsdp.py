@@ -24,6 +24,10 @@ def _fresh_state(monkeypatch):
     yield
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # the one-process group FSDP needed; forked ranks of later tests must not inherit it
+        dist.destroy_process_group()
 
 
 def test_cpu_ram_efficient_loading_is_refused_in_accelerates_words():
