@@ -151,5 +151,5 @@ def test_a_megatron_lm_plugin_is_refused_with_what_is_missing():
     with pytest.raises(NotImplementedError, match=r"megatron_lm_plugin drives Megatron-LM training.*missing: .*engine in accel"):
         AcceleratorState(megatron_lm_plugin=object())
     assert not AcceleratorState._shared_state.get("_initialized", False)
-    with pytest.raises(NotImplementedError, match="torch_tp_plugin is not supported"):
+    with pytest.raises(ValueError, match="tp_size must be a positive integer"):
         AcceleratorState(torch_tp_plugin=object())

@@ -101,6 +101,8 @@ def _precision(args: Any) -> str:
         environ = dict(os.environ)
         if _get(args, "fp8_backend"):
             environ["ACCELERATE_FP8_BACKEND"] = str(_get(args, "fp8_backend"))
+        if _get(args, "use_deepspeed"):  # MS-AMP is judged with DeepSpeed in mind, as the ranks will see it
+            environ["ACCELERATE_USE_DEEPSPEED"] = "true"
         refusal = fp8_refusal(environ=environ)
         if refusal is not None:
             raise ValueError(f"mixed_precision='fp8' is not supported ({refusal})")
