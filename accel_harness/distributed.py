@@ -54,8 +54,12 @@ RANK_LOCAL_ARGS = ("backend", "device", "rank", "world_size")
 
 STACK_GRACE_S = 10.0  # the most ranks get to write their stacks after SIGUSR1 (they usually take milliseconds)
 STACK_SETTLED_S = 0.1  # a stack file that has grown and then not changed for this long is taken as written
+#: how long a rank that is going away may take to be reaped on a loaded host. It is only waited for
+#: after a failure or a crash and ends as soon as the rank is gone, so being generous costs nothing
+#: on the happy path (and only the wait, never the verdict, when the rank does not go away)
+RANK_EXIT_GRACE_S = 30.0
 PEER_DEATH_GRACE_S = 0.2  # a collective error right after a peer died is reported as that death
-PEER_DEATH_ECHO_GRACE_S = 3.0  # ... and longer when the error itself says the peer went away
+PEER_DEATH_ECHO_GRACE_S = RANK_EXIT_GRACE_S  # ... and longer when the error itself says the peer went away
 _PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "ProcessGroupNCCL is aborted",
               "gloo/transport", "Connection refused", "connection closed", "NCCL communicator was aborted")
 
@@ -292,12 +296,12 @@ class RankPool:
         for r in pending:
             proc = self.procs[r]
             if not proc.is_alive() or self._pipe_closed(r) or _gone(proc.pid):
-                proc.join(timeout=grace)  # a closed pipe means it is exiting: wait for its status
+                proc.join(timeout=RANK_EXIT_GRACE_S)  # a closed pipe means it is exiting: wait for its status
                 return r, proc.exitcode
         return None
 
     def _crashed(self, rank: int, outcomes: dict[int, RankOutcome]) -> PoolResult:
-        self.procs[rank].join(timeout=5)  # the sentinel or EOF comes before the exit code is known
+        self.procs[rank].join(timeout=RANK_EXIT_GRACE_S)  # the sentinel or EOF comes before the exit code is known
         code = self.procs[rank].exitcode
         stacks = self._crash_stacks([rank])
         self.close(kill=True)
