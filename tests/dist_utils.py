@@ -13,8 +13,11 @@ import multiprocessing as mp
 import os
 import pickle
 import tempfile
+import time
 import traceback
 from typing import Any, Callable
+
+from _waits import SAFETY_NET_S
 
 
 def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, store: str, args: tuple, queue: Any) -> None:
@@ -44,8 +47,13 @@ def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, store: str, a
         queue.put((rank, "error", traceback.format_exc()))
 
 
-def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 60.0) -> list[Any]:
-    """Run ``fn(*args)`` on ``world_size`` forked ranks; return the per-rank results in rank order."""
+def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float | None = None) -> list[Any]:
+    """Run ``fn(*args)`` on ``world_size`` forked ranks; return the per-rank results in rank order.
+
+    ``timeout`` (default: the tests' one safety net) bounds the whole call, all ranks together.
+    """
+    timeout = SAFETY_NET_S if timeout is None else timeout
+    deadline = time.monotonic() + timeout
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
@@ -57,10 +65,10 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout
         try:
             for _ in range(world_size):
                 try:
-                    rank, status, payload = queue.get(timeout=timeout)
+                    rank, status, payload = queue.get(timeout=max(0.0, deadline - time.monotonic()))
                 except Exception:
                     alive = [r for r, p in enumerate(procs) if p.is_alive()]
-                    raise TimeoutError(f"ranks {alive} did not finish within {timeout}s") from None
+                    raise TimeoutError(f"ranks {alive} did not finish within {timeout:g}s") from None
                 if status == "error":
                     raise AssertionError(f"rank {rank} failed:\n{payload}")
                 results[rank] = pickle.loads(payload)

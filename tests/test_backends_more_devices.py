@@ -28,6 +28,7 @@ from accel.backends.xla import XLABackend
 from accel.utils.dataclasses import DistributedType
 
 from _backend_fakes import FakeDeviceModule
+from _waits import SAFETY_NET_S
 
 # name: (class, extension package, collective backend, visible-devices variable, distributed type, Accelerate RNG key)
 FACTS = {
@@ -268,7 +269,7 @@ def test_importing_accel_imports_no_vendor_extension():
         "('torch_npu', 'torch_mlu', 'torch_musa', 'torch_sdaa', 'torch_neuronx', 'torch_xla')]\n"
         "print('HEAVY', heavy)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=SAFETY_NET_S)
     assert out.returncode == 0, out.stderr
     assert "HEAVY []" in out.stdout
 

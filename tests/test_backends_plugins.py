@@ -28,6 +28,7 @@ from accel.backends import (
     reset_registry,
 )
 from accel.backends.registry import _builtin_factories
+from _waits import SAFETY_NET_S
 
 PLUGIN_PACKAGE = "fakedev_plugin"
 
@@ -260,7 +261,7 @@ def test_plugin_that_registers_itself_on_import_does_not_deadlock(tmp_path):
     watchdog = 5
     proc = subprocess.run(
         [sys.executable, "-c", CHILD_SCRIPT.format(watchdog=watchdog)],
-        env=env, capture_output=True, text=True, timeout=120,
+        env=env, capture_output=True, text=True, timeout=SAFETY_NET_S,
     )
     assert proc.returncode == 0, (
         f"get_registry() did not return within {watchdog} s (deadlock on the registry lock?) "

@@ -13,6 +13,7 @@ import pytest
 
 from accel.backends import base as backends_base
 from accel.backends.cpu import CPUBackend
+from _waits import SAFETY_NET_S
 
 pytest_plugins = ["pytester"]
 
@@ -335,7 +336,7 @@ def test_record_puts_exactly_the_measured_rounds_into_the_json(pytester, monkeyp
     for var in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
         monkeypatch.delenv(var, raising=False)
     pytester.makepyfile(test_record=RECORD_TEST.format(suites=str(SUITES)))
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--benchmark-json", "out.json", "-q", timeout=120)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--benchmark-json", "out.json", "-q", timeout=SAFETY_NET_S)
     result.assert_outcomes(passed=2)
     doc = json.loads((pytester.path / "out.json").read_text())
     measured = json.loads((pytester.path / "samples.json").read_text())
@@ -421,7 +422,9 @@ def test_interleaving_with_the_memory_probe_records_it_apart_from_the_variants(m
     monkeypatch.setattr(host_reference.InterleavedMemoryProbe, "__call__", slower)
     results = host_reference.interleave_with_memory_probe(bench, CPUBackend(), {"a": step, "b": step}, settings)
     assert list(results) == ["a", "b"] and results["a"].rounds == results["b"].rounds == 3
-    assert results["a"].iterations >= 4, results["a"].iterations  # the step's own time, not the probe's
+    # the step's own time, not the probe's: timed with the probe, one call (51 ms) would fill the round and
+    # give 1 iteration; about 20 fit when timed apart, fewer where a loaded host preempts the busy step
+    assert results["a"].iterations >= 2, results["a"].iterations
     monkeypatch.setattr(host_reference.InterleavedMemoryProbe, "__call__", slow_probe)
     probe = bench.extra_info[host_reference.PAIRED_KEY]
     assert probe["rounds"] == 3 and probe["memory_gbs"] > 0  # one probe round per measured round, none in warm-up

@@ -23,6 +23,7 @@ from accel.checkpointing import CheckpointError
 from accel.state import AcceleratorState, GradientState
 from accel.utils import GradScalerKwargs, ProjectConfiguration
 from tests.dist_utils import run_distributed
+from _waits import SAFETY_NET_S
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_SCRIPT = REPO / "tests" / "scripts" / "ckpt_train.py"
@@ -151,15 +152,15 @@ def _losses(path: Path) -> dict[int, str]:
 def test_sigkilled_run_resumes_identically(tmp_path):
     reference = _run_script(tmp_path / "ref", tmp_path / "ref.txt")
     crashed = _run_script(tmp_path / "run", tmp_path / "run.txt", "--kill-at", "23")
-    out_ref, _ = reference.communicate(timeout=60)
-    out_run, _ = crashed.communicate(timeout=60)
+    out_ref, _ = reference.communicate(timeout=SAFETY_NET_S)
+    out_run, _ = crashed.communicate(timeout=SAFETY_NET_S)
     assert reference.returncode == 0, out_ref
     assert crashed.returncode == -signal.SIGKILL, out_run
     checkpoints = tmp_path / "run" / "checkpoints"
     assert sorted(os.listdir(checkpoints)) == ["checkpoint_1", "checkpoint_2", "checkpoint_3"]  # total_limit=3
 
     resumed = _run_script(tmp_path / "run", tmp_path / "resumed.txt", "--resume")
-    out_res, _ = resumed.communicate(timeout=60)
+    out_res, _ = resumed.communicate(timeout=SAFETY_NET_S)
     assert resumed.returncode == 0, out_res
     ref, run, res = _losses(tmp_path / "ref.txt"), _losses(tmp_path / "run.txt"), _losses(tmp_path / "resumed.txt")
     assert sorted(run) == list(range(1, 24)) and all(run[k] == ref[k] for k in run)
@@ -640,7 +641,7 @@ def _two_rank_round_trip(folder: str) -> dict:
 
 
 def test_two_ranks_write_one_rng_file_each(tmp_path):
-    rank0, rank1 = run_distributed(_two_rank_round_trip, 2, str(tmp_path / "ck"), timeout=60)
+    rank0, rank1 = run_distributed(_two_rank_round_trip, 2, str(tmp_path / "ck"))
     assert rank0["path"] == rank1["path"]
     assert rank0["files"] == sorted([
         "model.safetensors", "optimizer.bin", "sampler.bin", "random_states_0.json", "random_states_1.json",
@@ -697,7 +698,7 @@ def _rotation_in_fresh_process(lib: str, base: Path) -> dict[str, dict]:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     env.pop("ACCEL_DEVICE", None)
     done = subprocess.run([sys.executable, str(ROTATION_SCRIPT), lib, str(base)], env=env, capture_output=True,
-                          text=True, timeout=240)
+                          text=True, timeout=SAFETY_NET_S)
     assert done.returncode == 0, done.stderr[-3000:]
     return {row["scenario"]: row for row in map(json.loads, done.stdout.splitlines())}
 
@@ -804,7 +805,7 @@ def _two_ranks_load_a_damaged_checkpoint(folder: str) -> list[str]:
 
 
 def test_a_damaged_file_fails_the_load_on_every_rank(tmp_path):
-    rank0, rank1 = run_distributed(_two_ranks_load_a_damaged_checkpoint, 2, str(tmp_path / "ck"), timeout=60)
+    rank0, rank1 = run_distributed(_two_ranks_load_a_damaged_checkpoint, 2, str(tmp_path / "ck"))
     for errors in (rank0, rank1):
         assert len(errors) == 1 and str(tmp_path / "ck" / "random_states_1.json") in errors[0], errors
         assert "does not match its sha256 checksum" in errors[0]

@@ -10,6 +10,7 @@ from _ci_data import REPO, SMALL_MATRIX, write
 
 from ci import plan
 from ci.matrix import load_matrix
+from _waits import SAFETY_NET_S
 
 
 def run_plan(capsys, *argv: str) -> tuple[int, str, str]:
@@ -82,6 +83,6 @@ def test_table_and_json_formats(tmp_path, capsys):
 def test_plan_command_reads_the_same_matrix_file_as_the_tests():
     """The workflow runs `python -m ci.plan` on ci/matrix.yaml: its output is these cells, nothing else."""
     proc = subprocess.run([sys.executable, "-m", "ci.plan", "--matrix", "ci/matrix.yaml", "--format", "github"],
-                          cwd=REPO, capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+                          cwd=REPO, capture_output=True, text=True, timeout=SAFETY_NET_S, env={"PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == {"include": [c.github() for c in load_matrix().cells()]}

@@ -17,6 +17,7 @@ from accel.commands import cli
 from accel.commands.config import config as config_command
 from accel.commands.config.config_args import ClusterConfig, SageMakerConfig, load_config_from_file
 from accel.commands.config_file import ConfigError, default_config_path, load_config
+from _waits import SAFETY_NET_S
 
 pytestmark = pytest.mark.usefixtures("clean_environment")
 REPO = Path(__file__).resolve().parents[1]
@@ -273,7 +274,7 @@ def test_completion_offers_a_commands_options(tmp_path):
            "PYTHONPATH": str(REPO)}
     # argcomplete answers on file descriptor 8, as the shell script it generates arranges
     command = f'"{sys.executable}" -c "import sys; from accel.commands.cli import main; sys.exit(main())" 8>&1 9>/dev/null'
-    proc = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True, timeout=SAFETY_NET_S, stdin=subprocess.DEVNULL)
     assert "--zero_stage" in proc.stdout
 
 

@@ -16,6 +16,7 @@ import pytest
 from accel.commands import UsageError, cli
 from accel.commands import launch as launch_command
 from accel.utils import launch as launch_utils
+from _waits import SAFETY_NET_S
 
 accelerate_launch = pytest.importorskip("accelerate.commands.launch", reason="Accelerate is the behaviour reference")
 
@@ -323,7 +324,7 @@ def test_two_ranks_receive_the_variables(tmp_path):
         [sys.executable, "-m", "accel.commands.cli", "launch", "--backend", "cpu", "--num_processes", "2", "--use_fsdp", "--fsdp_version", "2",
          "--dynamo_backend", "no", "--gradient_accumulation_steps", "2", "--mixed_precision", "bf16", "--env", "FOO=bar",
          "--num_cpu_threads_per_process", "1", "-q", "--tee", "0", str(probe), str(tmp_path)],
-        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+        capture_output=True, text=True, timeout=SAFETY_NET_S, env=env, cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
     seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]

@@ -177,7 +177,7 @@ def _save_on_two_ranks(folder):
 
 
 def test_save_writes_on_the_main_process_only(tmp_path):
-    results = run_distributed(_save_on_two_ranks, 2, str(tmp_path), timeout=120)
+    results = run_distributed(_save_on_two_ranks, 2, str(tmp_path))
     assert sorted(os.listdir(tmp_path)) == ["from_0.pt"]
     assert results[0] in (["from_0.pt"], [])
 
@@ -237,7 +237,7 @@ def _log_on_ranks():
 
 
 def test_get_logger_main_process_only_and_in_order_on_two_ranks():
-    rank0, rank1 = run_distributed(_log_on_ranks, 2, timeout=120)
+    rank0, rank1 = run_distributed(_log_on_ranks, 2)
     assert rank0 == ["[RANK 0] main only", "[RANK 0] everyone", "[RANK 0] in order", "[RANK 0] once"]
     assert rank1 == ["[RANK 1] everyone", "[RANK 1] in order"]
 

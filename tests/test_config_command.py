@@ -15,6 +15,7 @@ from accel.backends import get_backend
 from accel.commands import cli
 from accel.commands.config import config as config_command
 from accel.commands.config_file import ConfigError, LaunchConfig, default_config_path, load_config, save_config
+from _waits import SAFETY_NET_S
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -149,7 +150,7 @@ def test_without_a_terminal_and_without_flags_it_does_not_wait(tmp_path):
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"), PYTHONPATH=str(REPO))
     result = subprocess.run(
         [sys.executable, "-m", "accel.commands.cli", "config"],
-        stdin=subprocess.PIPE, capture_output=True, text=True, timeout=60, env=env,  # a pipe left open
+        stdin=subprocess.PIPE, capture_output=True, text=True, timeout=SAFETY_NET_S, env=env,  # a pipe left open
     )
     assert result.returncode == 2
     assert "stdin is not a terminal" in result.stderr and "accel config default" in result.stderr

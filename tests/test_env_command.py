@@ -17,6 +17,7 @@ import accel
 from accel.backends import Availability, Backend, register_backend, reset_registry
 from accel.commands import cli, env as env_command
 from accel.commands.config_file import config_file_in_use, default_config_path
+from _waits import SAFETY_NET_S
 
 TOP_LEVEL_KEYS = {
     "schema_version",
@@ -383,7 +384,7 @@ def test_every_command_module_has_the_interface():
 
 def test_help_does_not_import_torch():
     code = "import sys; from accel.commands.cli import main; rc = main(['--help']); print('torch' in sys.modules, rc)"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=SAFETY_NET_S, check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "False 0"
 
@@ -393,12 +394,12 @@ def test_installed_console_script_runs(tmp_path):
     cmd = [script] if script else [sys.executable, "-m", "accel.commands.cli"]
     env = {k: v for k, v in os.environ.items() if k not in ("ACCEL_DEVICE", "ACCEL_CONFIG_FILE")}
     env["XDG_CACHE_HOME"] = str(tmp_path)
-    proc = subprocess.run([*cmd, "env", "--json"], capture_output=True, text=True, timeout=300, env=env, check=False)
+    proc = subprocess.run([*cmd, "env", "--json"], capture_output=True, text=True, timeout=SAFETY_NET_S, env=env, check=False)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert backend_named(data, "cpu")["available"] is True
     assert data["config_file"]["path"] == str(tmp_path / "accel" / "default_config.yaml")
-    proc = subprocess.run([sys.executable, "-m", "accel.commands.cli", "env"], capture_output=True, text=True, timeout=300, env=env, check=False)
+    proc = subprocess.run([sys.executable, "-m", "accel.commands.cli", "env"], capture_output=True, text=True, timeout=SAFETY_NET_S, env=env, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "backends (probe order)" in proc.stdout.splitlines()
 

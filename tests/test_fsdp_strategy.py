@@ -209,7 +209,7 @@ def _features_on_ranks():
 
 
 def test_checkpointing_ignored_modules_accumulation_rank0_loading_and_bf16():
-    results = run_distributed(_features_on_ranks, 2, timeout=120)
+    results = run_distributed(_features_on_ranks, 2)
     r0 = results[0]
     assert r0["checkpointed"] == 2 and r0["offloaded"] == 2 and r0["units"] == 3  # two Blocks wrapped in checkpointing and sharded, plus the root
     assert all(r["ignored_plain"] for r in results)
@@ -264,7 +264,7 @@ def _tensor_parallel_on_ranks():
 
 
 def test_tensor_parallelism_with_the_models_plan_on_gloo():
-    results = run_distributed(_tensor_parallel_on_ranks, 4, timeout=120)
+    results = run_distributed(_tensor_parallel_on_ranks, 4)
     assert [r[0] for r in results] == [0, 1, 0, 1]
     assert all(r[1] for r in results)
     model = TPNet()

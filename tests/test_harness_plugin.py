@@ -8,6 +8,7 @@ import psutil
 import pytest
 
 from _harness_counts import other_backends
+from _waits import SAFETY_NET_S
 
 pytest_plugins = ["pytester"]
 
@@ -163,7 +164,7 @@ def test_multi_process_fail_skip_crash_hang_and_recovery(pytester, tmp_path):
     def alive() -> list[int]:
         return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
-    deadline = time.monotonic() + 120  # the ranks are being reaped as the session ends: wait for it, bounded
+    deadline = time.monotonic() + SAFETY_NET_S  # the ranks are being reaped as the session ends: wait for it, bounded
     while alive() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert alive() == []  # no rank outlives the session

@@ -29,6 +29,7 @@ from accel_harness.records import (
     read_records,
     truncate,
 )
+from _waits import SAFETY_NET_S
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -387,7 +388,7 @@ def test_killed_process_keeps_every_finished_record(tmp_path):
             w.write(make_record(run_id="k", nodeid=f"t.py::test_{{i}}[cpu-ws1]", backend="cpu", outcome="passed"))
         os.kill(os.getpid(), signal.SIGKILL)
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=SAFETY_NET_S)
     assert proc.returncode != 0, proc.stderr
     header, loaded, problems = read_records(path)
     assert problems == []
@@ -505,7 +506,7 @@ def test_run_ids_are_unique_and_times_are_utc():
 
 def test_records_module_does_not_import_torch():
     code = f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r}); import accel_harness.records, accel_harness.known_issues; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=SAFETY_NET_S, check=True)
     assert out.stdout.strip() == "False"
 
 

@@ -23,6 +23,7 @@ from _fake_backend import NoDevice
 from accel.backends import Availability, Backend, Capability, get_backend, register_backend, reset_registry
 from accel.commands import cli
 from accel.commands import launch as launch_command
+from _waits import SAFETY_NET_S
 
 SCRIPTS = Path(__file__).parent / "scripts"
 REPORT = SCRIPTS / "report_rank.py"
@@ -53,7 +54,7 @@ def launch(args: list[str], tmp_path: Path, env: dict[str, str] | None = None, c
     full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "accel.commands.cli", "launch", *args],
-        capture_output=True, text=True, timeout=90, env=full_env, cwd=cwd or tmp_path,
+        capture_output=True, text=True, timeout=SAFETY_NET_S, env=full_env, cwd=cwd or tmp_path,
     )
 
 
@@ -157,7 +158,7 @@ def test_two_machines_on_loopback_form_one_group(tmp_path):
                               env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         first = launch(["--machine_rank", "0", *common], tmp_path)
-        _, second_err = second.communicate(timeout=90)
+        _, second_err = second.communicate(timeout=SAFETY_NET_S)
     finally:
         if second.poll() is None:
             second.kill()

@@ -24,6 +24,7 @@ from accel.commands import UsageError
 from accel.commands import launch as L
 from accel.commands.launch import diagnosis as D
 from accel.utils import heartbeat
+from _waits import SAFETY_NET_S
 
 SCRIPTS = Path(__file__).parent / "scripts"
 REPO = Path(__file__).resolve().parents[1]
@@ -96,7 +97,7 @@ def _check_hang(tmp_path: Path, mode: str) -> str:
     assert "in stuck_forever" in rank1 and "not in a collective" in rank1.splitlines()[0]
     assert "waiting in a collective" in rank0.splitlines()[0]
     assert ("in gather" if mode == "gather" else "in wait_for_everyone") in rank0
-    assert _wait_gone(_pids(out), 60) == []
+    assert _wait_gone(_pids(out), SAFETY_NET_S) == []
     return err
 
 
@@ -125,15 +126,15 @@ def test_ranks_die_with_the_launcher(tmp_path, how):
     launcher = subprocess.Popen(_command(str(SCRIPTS / "sleep_rank.py")), env=_env(out), cwd=tmp_path,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + SAFETY_NET_S
         while len(_pids(out)) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
         pids = _pids(out)
         assert len(pids) == 2, "the ranks did not start"
         assert all(_running(p) for p in pids)
         launcher.send_signal(how)
-        launcher.wait(timeout=60)
-        assert _wait_gone(pids, 60) == [], "ranks still running after the launcher was killed"
+        launcher.wait(timeout=SAFETY_NET_S)
+        assert _wait_gone(pids, SAFETY_NET_S) == [], "ranks still running after the launcher was killed"
     finally:
         if launcher.poll() is None:
             launcher.kill()
@@ -206,7 +207,7 @@ def test_hang_timeout_option(monkeypatch):
 # ---------------------------------------------------------------------------------------------- faults from outside
 FAULT = SCRIPTS / "fault_rank.py"
 #: how long a test waits for ranks to reach a point or a launcher to end (a loaded 2-core machine is slow)
-PATIENCE = 240
+PATIENCE = SAFETY_NET_S
 
 
 def _free_port() -> str:
@@ -255,7 +256,7 @@ def _finish(launchers: list[subprocess.Popen], tmp_path: Path, pids: list[int]) 
         for node, launcher in enumerate(launchers):
             code = launcher.wait(timeout=PATIENCE)
             results.append((code, (tmp_path / f"stderr-{node}").read_text(), time.monotonic() - started))
-        assert _wait_gone(pids, 60) == [], "ranks left running"
+        assert _wait_gone(pids, SAFETY_NET_S) == [], "ranks left running"
     finally:
         for launcher in launchers:
             if launcher.poll() is None:
@@ -338,11 +339,11 @@ def test_the_folder_of_a_killed_launcher_is_removed_by_the_next_start(tmp_path):
             assert time.monotonic() < deadline and launcher.poll() is None, "the ranks did not start"
             time.sleep(0.1)
         launcher.kill()
-        launcher.wait(timeout=30)
+        launcher.wait(timeout=SAFETY_NET_S)
     finally:
         if launcher.poll() is None:
             launcher.kill()
-    assert _wait_gone(_pids(out), 60) == []
+    assert _wait_gone(_pids(out), SAFETY_NET_S) == []
     left = list(temp.glob(D.RUN_DIR_PREFIX + "*"))
     assert len(left) == 1 and (left[0] / D.OWNER_FILE).is_file()
     live = Path(D.make_run_dir())  # a folder of a launcher that is still running (this process) stays

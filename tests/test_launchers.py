@@ -20,6 +20,7 @@ import torch.distributed as dist
 from accel.backends import reset_registry
 from accel.launchers import debug_launcher, notebook_launcher
 from accel.state import AcceleratorState, GradientState, PartialState
+from _waits import SAFETY_NET_S
 
 
 @pytest.fixture(autouse=True)
@@ -181,7 +182,7 @@ def test_accel_launch_restarts_failed_attempts(tmp_path):
     proc = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
-        output, _ = proc.communicate(timeout=90)
+        output, _ = proc.communicate(timeout=SAFETY_NET_S)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # the agent and its workers: a hung restart must not outlive the test
         output, _ = proc.communicate()

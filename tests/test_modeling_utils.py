@@ -300,13 +300,13 @@ def test_broadcast_from_rank0_only_rank0_reads_and_every_rank_gets_the_weights(t
     reference.batchnorm.running_mean.uniform_()
     index = _sharded(tmp_path, reference, fmt)
     for empty in (False, True):  # other ranks with real weights, or still on the meta device
-        results = run_distributed(_broadcast_rank, 2, index, empty, False, {}, timeout=120)
+        results = run_distributed(_broadcast_rank, 2, index, empty, False, {})
         for rank, loaded in enumerate(results):
             assert "error" not in loaded, loaded
             assert set(loaded) == set(reference.state_dict())
             for key, value in reference.state_dict().items():
                 assert loaded[key].device.type == "cpu" and torch.equal(loaded[key], value), (rank, key)
-    halves = run_distributed(_broadcast_rank, 2, index, True, False, {"dtype": torch.float16}, timeout=120)
+    halves = run_distributed(_broadcast_rank, 2, index, True, False, {"dtype": torch.float16})
     assert all(r["linear1.weight"].dtype == torch.float16 and r["batchnorm.num_batches_tracked"].dtype == torch.int64
                for r in halves)
 
@@ -314,12 +314,12 @@ def test_broadcast_from_rank0_only_rank0_reads_and_every_rank_gets_the_weights(t
 def test_broadcast_from_rank0_failures_reach_every_rank_instead_of_hanging(tmp_path):
     from tests.dist_utils import run_distributed
 
-    missing = run_distributed(_broadcast_rank, 2, str(tmp_path / "absent.safetensors"), False, False, {}, timeout=120)
+    missing = run_distributed(_broadcast_rank, 2, str(tmp_path / "absent.safetensors"), False, False, {})
     assert all("absent.safetensors" in r["error"] for r in missing), missing  # rank 0's listing error, everywhere
 
     path = tmp_path / "model.safetensors"
     save_file(Small().state_dict(), str(path), metadata={"format": "pt"})
-    mismatch = run_distributed(_broadcast_rank, 2, str(path), False, True, {}, timeout=120)
+    mismatch = run_distributed(_broadcast_rank, 2, str(path), False, True, {})
     assert "rank(s) 1" in mismatch[0]["error"] and "linear2." in mismatch[0]["error"], mismatch
     assert "Shape mismatch" in mismatch[1]["error"], mismatch
 

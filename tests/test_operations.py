@@ -354,7 +354,7 @@ def _all_operations():
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_operations_across_processes(world_size):
-    assert run_distributed(_all_operations, world_size, timeout=120) == [9] * world_size
+    assert run_distributed(_all_operations, world_size) == [9] * world_size
 
 
 def _debug_mode(env_var: str, odd_ranks: list[int]):
@@ -398,7 +398,7 @@ def _debug_mode(env_var: str, odd_ranks: list[int]):
 
 @pytest.mark.parametrize("world_size, env_var, odd_ranks", [(2, "ACCEL_DEBUG_MODE", [1]), (4, "ACCELERATE_DEBUG_MODE", [1, 3])])
 def test_debug_mode_names_mismatching_ranks(world_size, env_var, odd_ranks):
-    results = run_distributed(_debug_mode, world_size, env_var, odd_ranks, timeout=120)
+    results = run_distributed(_debug_mode, world_size, env_var, odd_ranks)
     assert all(r == results[0] for r in results), "ranks disagreed about the error"
     messages = results[0]
     odd = ", ".join(map(str, odd_ranks))
@@ -441,7 +441,7 @@ def _gather_requires_grad():
 
 
 def test_gather_of_tensors_that_require_grad_on_two_ranks():
-    results = run_distributed(_gather_requires_grad, 2, timeout=120)
+    results = run_distributed(_gather_requires_grad, 2)
     for loss, metrics, weight, requires_grad in results:
         assert loss == [6.0, 12.0] and metrics == [6.0, 12.0]
         assert weight == [1.0, 2.0, 2.0, 4.0]

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from _waits import SAFETY_NET_S
 
 accelerate = pytest.importorskip("accelerate", reason="the installed Accelerate is the reference for the public names")
 
@@ -244,7 +245,7 @@ def test_set_numa_affinity_pins_to_one_node(tmp_path):
         "set_numa_affinity(0)\nassert sorted(os.sched_getaffinity(0)) == sorted(_numa_nodes()[0])\n"
         "set_numa_affinity(0)\nprint('pinned')\n"
     )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=SAFETY_NET_S)
     assert out.returncode == 0 and "pinned" in out.stdout, out.stderr
     from accel.utils import set_numa_affinity
 
@@ -443,7 +444,7 @@ def _pipeline_rank():
 def test_prepare_pippy_runs_two_stages_on_gloo():
     from dist_utils import run_distributed
 
-    results = run_distributed(_pipeline_rank, 2, timeout=240)
+    results = run_distributed(_pipeline_rank, 2)
     for points, error in results:
         assert points == ["3"] and error < 1e-5
 
@@ -547,7 +548,7 @@ def _join_rank():
 def test_join_uneven_inputs_reads_the_distributed_type_when_called():
     from dist_utils import run_distributed
 
-    results = run_distributed(_join_rank, 2, timeout=240)
+    results = run_distributed(_join_rank, 2)
     assert sorted(batches for batches, _, _ in results) == [1, 2]
     for _, messages, calls in results:
         assert any("only supported for multi-device data-parallel training" in m and "FSDP" in m for m in messages)

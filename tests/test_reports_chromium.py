@@ -22,6 +22,7 @@ from accel_reports.loaders import load_results
 from accel_reports.render import write_report
 
 from _report_data import KNOWN_YAML, XSS_IMG, XSS_MARKER, XSS_SCRIPT, bench_file, clustered, rec, run_file
+from _waits import SAFETY_NET_S
 
 CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = pytest.mark.skipif(
@@ -53,7 +54,7 @@ def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
         f"--user-data-dir={tmp_path / 'profile'}", *args,
     ]
     env = {**os.environ, "HOME": str(tmp_path)}
-    return subprocess.run(command, capture_output=True, text=True, timeout=90, env=env, check=False)
+    return subprocess.run(command, capture_output=True, text=True, timeout=SAFETY_NET_S, env=env, check=False)
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from accel.commands.cli import main
 from accel_harness.records import SCHEMA
 
 from _report_data import KNOWN_YAML, bench_file, clustered, rec, run_file
+from _waits import SAFETY_NET_S
 
 
 def _steady(seed: float, n: int = 12, scale: float = 1.0) -> list[float]:
@@ -266,13 +267,13 @@ def test_a_real_process_with_non_utf8_names_and_a_bad_field(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYTHONIOENCODING")}
     env.update(LC_ALL="C.UTF-8", PYTHONUTF8="1")
     command = [os.fsencode(sys.executable), b"-m", b"accel.commands.cli", b"report", folder, b"-o", out]
-    proc = subprocess.run(command, capture_output=True, env=env, timeout=120)
+    proc = subprocess.run(command, capture_output=True, env=env, timeout=SAFETY_NET_S)
     assert proc.returncode == report_command.EXIT_OK, proc.stderr.decode("utf-8", "replace")
     assert b"out\xef\xbf\xbd/report.md" in proc.stdout and b"Traceback" not in proc.stderr  # shown with U+FFFD
     assert b"res\xef\xbf\xbd/p.jsonl:0: path is not valid UTF-8" in proc.stderr
     assert os.path.getsize(os.path.join(out, b"report.html")) > 1000
     with open(os.path.join(folder, b"p.jsonl"), "a", encoding="utf-8") as fh:
         fh.write(json.dumps({"type": "test", "nodeid": "t.py::x", "outcome": "passed", "world_size": "2"}) + "\n")
-    proc = subprocess.run(command + [b"--no-strict"], capture_output=True, env=env, timeout=120)
+    proc = subprocess.run(command + [b"--no-strict"], capture_output=True, env=env, timeout=SAFETY_NET_S)
     assert proc.returncode == report_command.EXIT_INPUT
     assert b"field 'world_size': expected an integer, got string '2'" in proc.stderr

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import time
+from _waits import SAFETY_NET_S
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -30,7 +31,7 @@ def test_smoke_detects_a_launcher_that_started_fewer_processes(tmp_path):
     out = tmp_path / "smoke.json"
     env = {**ENV, "ACCEL_TEST_EXPECTED_WORLD_SIZE": "2", "ACCEL_DEVICE": "cpu"}
     proc = subprocess.run([sys.executable, "-m", "accel.test_utils.scripts.smoke", "--out", str(out)],
-                          capture_output=True, text=True, env=env, timeout=120)
+                          capture_output=True, text=True, env=env, timeout=SAFETY_NET_S)
     assert proc.returncode == 1
     rows = {r["check"]: r for r in json.loads(out.read_text())["ranks"][0]}
     assert rows["launch: world size"]["status"] == "fail"

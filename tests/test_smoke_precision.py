@@ -78,14 +78,14 @@ def _train_with_fault(precision: str, fault: str | None) -> str:
 
 @pytest.mark.parametrize("precision", ["no", "bf16", "fp16"])
 def test_healthy_ranks_pass_the_training_check(precision):
-    verdicts = run_distributed(_train_with_fault, 2, precision, None, timeout=120)
+    verdicts = run_distributed(_train_with_fault, 2, precision, None)
     assert all(v.startswith(f"PASS {precision}:") for v in verdicts), verdicts
 
 
 @pytest.mark.parametrize("precision", ["no", "bf16", "fp16"])
 @pytest.mark.parametrize("fault, world_size", [("wrong scale", 1), ("unsynced gradient", 2)])
 def test_a_planted_divergence_fails_the_training_check(precision, fault, world_size):
-    verdicts = run_distributed(_train_with_fault, world_size, precision, fault, timeout=120)
+    verdicts = run_distributed(_train_with_fault, world_size, precision, fault)
     for verdict in verdicts:
         assert verdict.startswith("FAIL weights after"), verdict
         assert f"under {precision} differ from the fp32 one-process reference" in verdict

@@ -16,6 +16,7 @@ import pytest
 
 from accel_harness import upstream as up
 from accel_harness.records import RecordWriter, RunHeader, make_record, read_records
+from _waits import SAFETY_NET_S
 
 pytest_plugins = ["pytester"]
 
@@ -194,7 +195,7 @@ def test_the_import_check_runs_for_real(tmp_path):
     (info / "top_level.txt").write_text("brokenpkg\n")
     env = {**__import__("os").environ, "PYTHONPATH": str(tmp_path)}
     proc = subprocess.run([sys.executable, "-c", up._IMPORT_CHECK, "pyyaml", "packaging", "broken-pkg"],
-                          capture_output=True, text=True, timeout=120, env=env)
+                          capture_output=True, text=True, timeout=SAFETY_NET_S, env=env)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == {"broken-pkg": "import brokenpkg: ImportError: needs a newer neighbour"}
 
@@ -394,7 +395,7 @@ def test_harness_records_a_unittest_suite_and_completion_maps_its_skips(pytester
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--continue-on-collection-errors",
                                            up.harness_option("accel_results_dir", "--results-dir"), "raw",
-                                           "--junitxml", "junit.xml", timeout=120)
+                                           "--junitxml", "junit.xml", timeout=SAFETY_NET_S)
     assert result.ret == 1
     raws = list((pytester.path / "raw").glob("*.jsonl"))
     assert len(raws) == 1
