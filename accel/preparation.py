@@ -147,7 +147,9 @@ def prepare_objects(args: Sequence[Any], device_placement: Sequence[bool | None]
         optimizer_placement=[placement[i] for i in indices["optimizer"]],
         dataloaders=loaders, prepared=registry.snapshot(scaler),
     )
-    models = [compile_model(m) for m in models]
+    models = list(models)
+    for i, model in enumerate(models):  # a loop, not a comprehension: compile_model's warning counts frames
+        models[i] = compile_model(model)
     for i in indices["dataloader"] if models else ():
         result[i] = strategy.adapt_dataloader(result[i])
     for kind, prepared in (("model", models), ("optimizer", optimizers), ("scheduler", schedulers)):
