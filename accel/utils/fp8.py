@@ -78,8 +78,9 @@ def fp8_library_missing(backend: str) -> ImportError | None:
 
 
 def _deepspeed_launch(environ: Mapping[str, str]) -> bool:
-    return any(str(environ.get(name, "")).strip().lower() in ("1", "true", "yes")
-               for name in ("ACCEL_USE_DEEPSPEED", "ACCELERATE_USE_DEEPSPEED"))
+    from ..facts.environment import env_flag
+
+    return env_flag("ACCEL_USE_DEEPSPEED", "ACCELERATE_USE_DEEPSPEED", environ=environ)
 
 
 def fp8_refusal(handler: Any = None, environ: Mapping[str, str] | None = None, deepspeed: bool | None = None) -> str | None:
