@@ -24,6 +24,8 @@ class AcceleratedScheduler:
         self.gradient_state = GradientState()
         #: scheduler steps per optimizer step: the process count, read from the state at the first step
         self._steps_per_step: int | None = None
+        #: whether the scheduler has a ``total_steps`` it must not be stepped past (OneCycleLR raises)
+        self._guards_total = hasattr(scheduler, "total_steps")
 
     def step(self, *args: Any, **kwargs: Any) -> None:
         """Step the scheduler as Accelerate does: once per process per optimizer step, never while accumulating."""
@@ -31,8 +33,9 @@ class AcceleratedScheduler:
         if not self.step_with_optimizer:
             scheduler.step(*args, **kwargs)
             return
-        if not self.gradient_state.sync_gradients:
-            if self.gradient_state.adjust_scheduler:
+        gradient_state = self.gradient_state
+        if not gradient_state.sync_gradients:
+            if gradient_state.adjust_scheduler:
                 scheduler._step_count += 1
             return
         for opt in self.optimizers:  # a plain loop: this runs every step
@@ -45,12 +48,14 @@ class AcceleratedScheduler:
         if repeat is None:
             # PartialState holds the ranks; the count cannot change while this process runs
             repeat = self._steps_per_step = PartialState().num_processes
-        total = getattr(scheduler, "total_steps", None)
-        if repeat == 1:
-            if total is None or scheduler._step_count <= total:  # OneCycleLR raises past its total_steps
+        if repeat == 1 and not self._guards_total:  # one process, no total to respect: the every-step case
+            if args or kwargs:
                 scheduler.step(*args, **kwargs)
+            else:
+                scheduler.step()
             return
         for _ in range(repeat):
+            total = getattr(scheduler, "total_steps", None)
             if total is not None and scheduler._step_count > total:
                 break  # OneCycleLR raises past its total_steps
             scheduler.step(*args, **kwargs)
