@@ -3,22 +3,29 @@
 One step is ``zero_grad``, forward, backward, ``optimizer.step`` and ``scheduler.step`` (no
 gradient accumulation). All variants live in ONE process group of ``--world-size`` ranks
 (1 = single process, 2 = DDP over gloo), one torch thread per rank, each with its own copy of the
-same model, data and optimizer. They run in alternating blocks of ``--steps`` timed steps (the
-order rotates every block), so whatever the host does meanwhile hits every variant alike; short
-blocks, many of them, keep the variants' conditions close. Each variant draws its batches from
-its own loader, epoch after epoch (``--epoch-steps`` batches each), so a block may span an epoch
-boundary as in real training. Each block is compared with the hand-written block of the same
-round: the median of those per-block ratios is the figure, with the ratio of the totals and the
-medians of the raw rates beside it.
+same model, data and optimizer. They run in alternating blocks of ``--steps`` timed steps, every
+order of the variants in turn, so whatever the host does meanwhile hits every variant alike and
+no variant always follows the same other one; short blocks, many of them, keep the variants'
+conditions close. Each variant draws its batches from its own loader, epoch after epoch
+(``--epoch-steps`` batches each), so a block may span an epoch boundary as in real training.
 
-    python suites/benchmarks/train_step.py [--world-size 1] [--steps 50] [--blocks 60] [--json out.json]
+Each block is compared with the hand-written block of the same round. The figure is the median
+of those per-block ratios with a distribution-free 95 % confidence interval of that median (from
+order statistics), the quartiles of the ratios and the ratio of the totals beside it. The host's
+load average before and after and the share of a core the timed steps got are printed with it,
+and a verdict says whether the interval lies at or above ``--goal`` (default 0.99), below it, or
+straddles it (the noise is too large to tell: run more ``--blocks``).
+
+    python suites/benchmarks/train_step.py [--world-size 1] [--steps 10] [--blocks 600] [--goal 0.99] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import json
+import math
 import multiprocessing as mp
 import os
 import statistics
@@ -26,6 +33,7 @@ import sys
 import time
 
 FEATURES, HIDDEN, BATCH = 32, 128, 32
+STEPS, BLOCKS = 10, 600  # defaults: steps per block, rounds (6,000 timed steps per variant)
 
 
 def _data(batches: int):
@@ -122,10 +130,12 @@ def run_blocks(variants: list[str], steps: int, blocks: int, world: int,
         built[v] = (step, _epochs(loader))
     for v in variants:
         _block(built[v][0], built[v][1], epoch_steps)
+    # every order of the variants in turn: each follows each other equally often, so what one variant
+    # leaves in the caches (or takes out of them) does not favour the one that always comes next
+    orders = list(itertools.permutations(variants))
     rows = []
     for b in range(blocks):
-        shift = b % len(variants)
-        for v in variants[shift:] + variants[:shift]:
+        for v in orders[b % len(orders)]:
             rows.append((b, v, *_block(built[v][0], built[v][1], steps)))
     return rows
 
@@ -185,43 +195,114 @@ def measure(variants: list[str], world: int, steps: int, blocks: int, epoch_step
     return out
 
 
+def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float]:
+    """A distribution-free confidence interval for the median of ``values`` (from order statistics).
+
+    The median lies between the ``j``-th and ``k``-th smallest of ``n`` samples with probability
+    about ``confidence`` (normal approximation to the binomial count of samples below it); no
+    assumption about how the block ratios are distributed, so host hiccups do not bend it.
+    """
+    if not values:
+        raise ValueError("median_interval needs at least one value")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie between 0 and 1, got {confidence}")
+    ordered = sorted(values)
+    n = len(ordered)
+    half_width = statistics.NormalDist().inv_cdf(0.5 + confidence / 2) * math.sqrt(n) / 2
+    # 1-based ranks floor(n/2 - h) and ceil(1 + n/2 + h), as 0-based indices
+    low = max(0, math.floor(n / 2 - half_width) - 1)
+    high = min(n - 1, math.ceil(1 + n / 2 + half_width) - 1)
+    return ordered[low], ordered[high]
+
+
+def summarize(samples: dict[str, list[dict]], reference: str = "torch") -> dict[str, dict]:
+    """Per variant: median rates and the per-round ratio to ``reference`` (median, 95 % interval, quartiles)."""
+    raw = {s["block"]: s for s in samples[reference]}
+    raw_total = sum(s["steps"] for s in raw.values()) / sum(s["cpu_s"] for s in raw.values())
+    out = {}
+    for variant, rows in samples.items():
+        ratios = [s["steps_per_cpu_s"] / raw[s["block"]]["steps_per_cpu_s"] for s in rows]
+        ratio = statistics.median(ratios)
+        q1, _, q3 = statistics.quantiles(ratios) if len(ratios) > 1 else (ratio, ratio, ratio)
+        low, high = median_interval(ratios)
+        out[variant] = {
+            "steps_per_cpu_s": statistics.median(s["steps_per_cpu_s"] for s in rows),
+            "steps_per_s": statistics.median(s["steps_per_s"] for s in rows),
+            "ratio_vs_torch": ratio, "ratio_ci95": [low, high], "ratio_quartiles": [q1, q3],
+            "ratio_of_totals": sum(s["steps"] for s in rows) / sum(s["cpu_s"] for s in rows) / raw_total,
+            "block_ratios": ratios, "samples": rows,
+        }
+    return out
+
+
+def verdict(ratio_ci: tuple[float, float] | list[float], goal: float) -> str:
+    """Whether a 95 % interval of the ratio shows it at or above ``goal``, below it, or cannot tell."""
+    low, high = ratio_ci
+    if low >= goal:
+        return f"at or above {goal:g}"
+    if high < goal:
+        return f"below {goal:g}"
+    return f"not distinguishable from {goal:g} at this noise"
+
+
+def host_load() -> dict[str, float]:
+    """The host's load averages and CPU count, printed with the figures they were measured under."""
+    one, five, _ = os.getloadavg()
+    return {"load_1min": one, "load_5min": five, "cpus": os.cpu_count() or 1}
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Command line: measure, print one row per variant with its ratio's spread and the host's load."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-size", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=50, help="timed steps per rank in one block")
-    parser.add_argument("--blocks", type=int, default=60, help="rounds of alternating blocks")
+    parser.add_argument("--steps", type=int, default=STEPS, help="timed steps per rank in one block")
+    parser.add_argument("--blocks", type=int, default=BLOCKS, help="rounds of alternating blocks")
     parser.add_argument("--epoch-steps", type=int, default=400, help="batches per rank in one epoch of the data")
+    parser.add_argument("--goal", type=float, default=0.99, help="the accel/torch ratio the verdict is judged against")
     parser.add_argument("--no-accelerate", action="store_true", help="leave Accelerate out even if installed")
     parser.add_argument("--json", help="write raw samples and medians here")
     args = parser.parse_args(argv)
     if min(args.world_size, args.steps, args.blocks, args.epoch_steps) < 1:
         parser.error("--world-size, --steps, --blocks and --epoch-steps must be positive")
+    if not 0 < args.goal:
+        parser.error("--goal must be positive")
 
     variants = ["torch", "accel"]
     if not args.no_accelerate and importlib.util.find_spec("accelerate"):
         variants.append("accelerate")
+    before = host_load()
+    cpu0, wall0 = time.process_time(), time.perf_counter()
     samples = measure(variants, args.world_size, args.steps, args.blocks, args.epoch_steps)
+    wall = time.perf_counter() - wall0
+    after = host_load()
+    summary = summarize(samples)
+    # the ranks' share of a core while they ran: 1.0 = each rank had a core to itself
+    busy = sum(s["cpu_s"] for rows in samples.values() for s in rows)
+    timed_wall = sum(s["wall_s"] for rows in samples.values() for s in rows)
+    cpu_share = busy / timed_wall if timed_wall else float("nan")
 
-    raw = {s["block"]: s for s in samples["torch"]}
     print(f"MLP {FEATURES}-{HIDDEN}-{HIDDEN}-1, batch {BATCH}, world size {args.world_size}, {args.blocks} alternating "
           f"blocks of {args.steps} steps in one process group (1 torch thread per rank); medians over blocks")
-    print(f"{'variant':<12}{'steps/CPU-s':>14}{'steps/s (wall)':>16}{'vs torch':>10}{'of totals':>11}{'quartiles':>16}")
-    raw_total = sum(s["steps"] for s in samples["torch"]) / sum(s["cpu_s"] for s in samples["torch"])
-    summary = {}
+    print(f"host: {after['cpus']} CPUs, load average {before['load_1min']:.2f} before, {after['load_1min']:.2f} after "
+          f"(5 min {after['load_5min']:.2f}); the timed steps got {cpu_share:.0%} of a core; {wall:.0f} s in all")
+    print(f"{'variant':<12}{'steps/CPU-s':>12}{'steps/s':>10}{'vs torch':>10}{'95% CI':>16}{'quartiles':>16}"
+          f"{'of totals':>11}")
     for v in variants:
-        ratios = [s["steps_per_cpu_s"] / raw[s["block"]]["steps_per_cpu_s"] for s in samples[v]]
-        med = statistics.median(s["steps_per_cpu_s"] for s in samples[v])
-        wall = statistics.median(s["steps_per_s"] for s in samples[v])
-        ratio = statistics.median(ratios)
-        total = sum(s["steps"] for s in samples[v]) / sum(s["cpu_s"] for s in samples[v]) / raw_total
-        q1, _, q3 = statistics.quantiles(ratios) if len(ratios) > 1 else (ratio, ratio, ratio)
-        summary[v] = {"steps_per_cpu_s": med, "steps_per_s": wall, "ratio_vs_torch": ratio, "ratio_of_totals": total,
-                      "block_ratios": ratios, "samples": samples[v]}
-        print(f"{v:<12}{med:>14.1f}{wall:>16.1f}{ratio:>10.3f}{total:>11.3f}{q1:>9.3f}..{q3:<6.3f}")
+        r = summary[v]
+        low, high = r["ratio_ci95"]
+        q1, q3 = r["ratio_quartiles"]
+        print(f"{v:<12}{r['steps_per_cpu_s']:>12.1f}{r['steps_per_s']:>10.1f}{r['ratio_vs_torch']:>10.3f}"
+              f"{low:>9.3f}..{high:<5.3f}{q1:>9.3f}..{q3:<5.3f}{r['ratio_of_totals']:>11.3f}")
+    judged = verdict(summary["accel"]["ratio_ci95"], args.goal)
+    print(f"accel vs torch: median ratio {summary['accel']['ratio_vs_torch']:.3f}, 95% CI "
+          f"{summary['accel']['ratio_ci95'][0]:.3f}..{summary['accel']['ratio_ci95'][1]:.3f}: {judged}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"world_size": args.world_size, "steps": args.steps, "blocks": args.blocks,
-                       "epoch_steps": args.epoch_steps, "results": summary}, fh, indent=2)
+                       "epoch_steps": args.epoch_steps, "goal": args.goal, "verdict": judged,
+                       "host": {"before": before, "after": after, "cpu_share": cpu_share, "wall_s": wall,
+                                "driver_cpu_s": time.process_time() - cpu0},
+                       "results": summary}, fh, indent=2)
     return 0
 
 
