@@ -15,6 +15,7 @@ import contextlib
 import gc
 import operator
 import os
+import sys
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
@@ -43,6 +44,25 @@ if TYPE_CHECKING:
     from .optimizer import AcceleratedOptimizer
     from .scheduler import AcceleratedScheduler
     from .strategies.context import PreparedObjects
+
+#: availability probes that are names of this module, as in Accelerate (its tests patch
+#: ``accelerate.accelerator.is_xpu_available``); loaded on first use to keep the import cheap
+_MODULE_PROBES = ("is_bitsandbytes_multi_backend_available", "is_xpu_available")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MODULE_PROBES:
+        from .utils import imports
+
+        return getattr(imports, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _quantized_offload_supported() -> bool:
+    """Whether bitsandbytes' multi-backend build or an XPU handles an 8/4-bit model's offloaded modules,
+    asked through this module's names (so a patch of them applies)."""
+    module = sys.modules[__name__]
+    return module.is_bitsandbytes_multi_backend_available() or module.is_xpu_available()
 
 _UNSET: Any = object()
 
@@ -276,7 +296,7 @@ class Accelerator:
         result = prepare_objects(
             args, device_placement, default_placement=self.device_placement, registry=self._prepared,
             strategy=self.strategy, scaler=self.scaler, prepare_loader=self.prepare_data_loader,
-            place_model=may_place_model,
+            place_model=lambda model: may_place_model(model, _quantized_offload_supported),
             compile_model=lambda model: compile_model(model, self.state.dynamo_plugin, self.strategy, stacklevel=4))
         return result[0] if len(result) == 1 else tuple(result)
 
@@ -288,7 +308,7 @@ class Accelerator:
             self._prepared.register(model)
             return model
         placement = self.device_placement if device_placement is None else device_placement
-        placement = placement and may_place_model(model)
+        placement = placement and may_place_model(model, _quantized_offload_supported)
         (prepared,), _, _ = self.strategy.prepare([model], [], [], model_placement=[placement], optimizer_placement=[],
                                                    evaluation_mode=evaluation_mode)
         return self._prepared.add("model", compile_model(prepared, self.state.dynamo_plugin, self.strategy))

@@ -38,19 +38,17 @@ def compile_model(model: torch.nn.Module, dynamo_plugin: Any, strategy: Any, sta
     return torch.compile(model, **plugin.to_kwargs())
 
 
-def may_place_model(model: torch.nn.Module) -> bool:
+def may_place_model(model: torch.nn.Module, offload_supported: Callable[[], bool]) -> bool:
     """Whether ``prepare`` may move ``model`` to the device: not an 8/4-bit model (bitsandbytes placed it).
 
     An 8/4-bit model whose device map offloads to cpu or disk cannot train: a ValueError names the map's
-    devices, unless bitsandbytes' multi-backend build (or an XPU) handles offloaded modules.
+    devices, unless ``offload_supported()`` says bitsandbytes' multi-backend build (or an XPU) handles
+    offloaded modules (the Accelerator passes its module's probes, which Accelerate's tests patch).
     """
     if not (getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False)):
         return True
-    from .utils.imports import is_bitsandbytes_multi_backend_available, is_xpu_available
-
     device_map = getattr(model, "hf_device_map", None) or {}
-    if any(str(d) in ("cpu", "disk") for d in device_map.values()) and not (
-            is_bitsandbytes_multi_backend_available() or is_xpu_available()):
+    if any(str(d) in ("cpu", "disk") for d in device_map.values()) and not offload_supported():
         raise ValueError(
             "You can't train a model that has been loaded in 8-bit or 4-bit precision with CPU or disk offload: "
             f"its device map puts modules on {sorted({str(d) for d in device_map.values()})}"

@@ -118,3 +118,25 @@ def test_warnings_moved_out_of_the_accelerator_still_name_the_callers_line(monke
             pass
     assert [w.filename for w in caught] == [__file__] * 3, [(w.filename, str(w.message)) for w in caught]
     assert "is ignored" in str(caught[0].message) and "has no effect" in str(caught[2].message)
+
+
+@pytest.mark.parametrize("offload_handled", [False, True])
+def test_the_quantized_offload_probes_are_names_of_accel_accelerator_that_a_patch_reaches(offload_handled):
+    # Accelerate's own suite patches these two names in its accelerator module; the check moved to
+    # accel.model_wrappers must still ask them there
+    from unittest.mock import patch
+
+    model = torch.nn.Linear(2, 2)
+    model.is_loaded_in_8bit = True
+    model.hf_device_map = {"": "cpu"}
+    accelerator = Accelerator(cpu=True)
+    with patch("accel.accelerator.is_bitsandbytes_multi_backend_available", return_value=offload_handled), \
+            patch("accel.accelerator.is_xpu_available", return_value=False):
+        if offload_handled:
+            assert accelerator.prepare_model(model) is not None
+        else:
+            with pytest.raises(ValueError, match="CPU or disk offload"):
+                accelerator.prepare_model(model)
+    import accel.accelerator as module
+
+    assert callable(module.is_xpu_available)  # still there once the patches are gone
