@@ -126,7 +126,7 @@ class Accelerator:
         self.autocast_handler: AutocastKwargs | None = handlers.get(AutocastKwargs)
         self.init_handler: InitProcessGroupKwargs | None = handlers.get(InitProcessGroupKwargs)
         self.profile_handler = next((h for k, h in handlers.items() if k.__name__ == "ProfileKwargs"), None)
-        self.fp8_recipe_handler = next((h for k, h in handlers.items() if "Recipe" in k.__name__), None)
+        recipe = next((h for k, h in handlers.items() if "Recipe" in k.__name__), None)
 
         self.dataloader_config = dataloader_config or DataLoaderConfiguration()
         if split_batches is not _UNSET:
@@ -144,10 +144,17 @@ class Accelerator:
             fsdp_plugin=fsdp_plugin, torch_tp_plugin=torch_tp_plugin, megatron_lm_plugin=megatron_lm_plugin,
             parallelism_config=parallelism_config, dynamo_plugin=dynamo_plugin, _from_accelerator=True,
             _precision_handlers={"autocast_handler": self.autocast_handler, "scaler_handler": self.scaler_handler,
-                                 "fp8_handler": self.fp8_recipe_handler},
+                                 "fp8_handler": recipe},
             **init_kwargs,
         )
         plan = self.state.run_plan
+        # Accelerate's fp8 attributes (one per recipe kind, the backend, whether TE's autocast is delayed)
+        from .fp8_handlers import delays_fp8_autocast, fp8_handlers
+
+        fp8 = fp8_handlers(handlers, fp8_enabled=mixed_precision == "fp8" or self.state.mixed_precision == "fp8")
+        (self.fp8_recipe_handler, self.ao_recipe_handler, self.te_recipe_handler, self.msamp_recipe_handler,
+         self.has_fp8_handler, self.fp8_enabled) = fp8
+        self.delayed_fp8_autocast = fp8.has_fp8_handler and delays_fp8_autocast(self.fp8_backend, self.distributed_type)
         self.backend = self.state.hardware_backend
         self.gradient_state = GradientState(accumulation_plugin(gradient_accumulation_steps, gradient_accumulation_plugin))
         # what runs, not just what was asked: a fallback was warned about and recorded by the resolution
@@ -291,8 +298,10 @@ class Accelerator:
         loaders to its models (DeepSpeed Ulysses shards their sequences). An object prepared before is
         returned as it is.
         """
-        from .model_wrappers import compile_model, may_place_model
+        from .model_wrappers import compile_model, may_place_model, refuse_device_mapped_model
 
+        for obj in args:
+            refuse_device_mapped_model(obj, self.distributed_type)
         result = prepare_objects(
             args, device_placement, default_placement=self.device_placement, registry=self._prepared,
             strategy=self.strategy, scaler=self.scaler, prepare_loader=self.prepare_data_loader,
@@ -302,11 +311,12 @@ class Accelerator:
 
     def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> torch.nn.Module:
         """Prepare one model (``evaluation_mode``: placed and given the precision's forward, not wrapped)."""
-        from .model_wrappers import compile_model, may_place_model
+        from .model_wrappers import compile_model, may_place_model, refuse_device_mapped_model
 
         if getattr(model, "_is_accelerate_prepared", False):
             self._prepared.register(model)
             return model
+        refuse_device_mapped_model(model, self.distributed_type)
         placement = self.device_placement if device_placement is None else device_placement
         placement = placement and may_place_model(model, _quantized_offload_supported)
         (prepared,), _, _ = self.strategy.prepare([model], [], [], model_placement=[placement], optimizer_placement=[],
@@ -353,7 +363,27 @@ class Accelerator:
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``loss.backward()`` for this strategy: divided for accumulation, scaled for fp16, or the engine's."""
         heartbeat.beat()  # a progress point for accel launch's hang watchdog (every rank passes it alike)
+        learning_rate = kwargs.get("learning_rate") if kwargs else None
+        if (learning_rate is not None and self.scaler is None and self.distributed_type != DistributedType.DEEPSPEED
+                and self.has_lomo_optimizer):
+            steps = self.gradient_accumulation_steps
+            self.lomo_backward(loss / steps if steps > 1 else loss, learning_rate)
+            return
         self.strategy.backward(loss, **kwargs)
+
+    @property
+    def has_lomo_optimizer(self) -> bool:
+        """Whether a LOMO or AdaLomo optimizer (``lomo_optim``) was prepared: ``backward(loss,
+        learning_rate=...)`` then runs their fused backward."""
+        from .lomo import is_lomo_optimizer
+
+        return any(is_lomo_optimizer(optimizer) for optimizer in self._optimizers)
+
+    def lomo_backward(self, loss: torch.Tensor, learning_rate: float) -> None:
+        """The fused backward of the prepared LOMO/AdaLomo optimizers, which update the weights as they go."""
+        from .lomo import lomo_backward
+
+        lomo_backward(self._optimizers, loss, learning_rate)
 
     def _do_sync(self) -> None:
         """Count one more batch and set whether its backward synchronises gradients (Accelerate's name)."""
@@ -424,6 +454,24 @@ class Accelerator:
         return self.is_fsdp2
 
     parallelism_config = _forward("state.parallelism_config", "The ``ParallelismConfig`` of this run, or None.")
+    deepspeed_plugin = _forward("state.deepspeed_plugin", "The active ``DeepSpeedPlugin`` (the selected one of "
+                                "several), or None without DeepSpeed.")
+
+    @property
+    def fp8_backend(self) -> Any:
+        """The fp8 library configured for training (``FP8BackendType``: ``AO``, ``TE``, ``MSAMP`` or ``NO``)."""
+        from .fp8_handlers import Fp8Handlers, fp8_backend_of
+
+        fp8 = Fp8Handlers(self.fp8_recipe_handler, self.ao_recipe_handler, self.te_recipe_handler,
+                          self.msamp_recipe_handler, self.has_fp8_handler, self.fp8_enabled)
+        return fp8_backend_of(fp8, self.state.deepspeed_plugin)
+
+    def verify_device_map(self, model: torch.nn.Module) -> bool:
+        """Whether ``model`` was spread over several devices by a device map (such a model is not trained
+        in a distributed run: ``prepare`` refuses it)."""
+        from .model_wrappers import has_device_map
+
+        return has_device_map(model)
 
     @property
     def torch_device_mesh(self) -> Any:

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["compile_model", "may_place_model", "unwrap_model"]
+__all__ = ["compile_model", "has_device_map", "may_place_model", "refuse_device_mapped_model", "unwrap_model"]
 
 
 def compile_model(model: torch.nn.Module, dynamo_plugin: Any, strategy: Any, stacklevel: int = 2) -> torch.nn.Module:
@@ -79,3 +79,23 @@ def unwrap_model(model: torch.nn.Module, strategy_unwrap: Callable[[Any], Any], 
         compiled._orig_mod = inner
         return compiled
     return inner
+
+
+def has_device_map(model: torch.nn.Module) -> bool:
+    """Whether ``model`` or one of its submodules was dispatched over several devices by big-model
+    inference (an ``hf_device_map`` with more than one entry)."""
+    return any(len(getattr(module, "hf_device_map", None) or ()) > 1 for module in model.modules())
+
+
+def refuse_device_mapped_model(model: Any, distributed_type: Any) -> None:
+    """A ValueError, in Accelerate's words, when a model spread over devices by a device map is prepared
+    for distributed training (each rank would own a copy of a model split across devices);
+    ``ACCELERATE_BYPASS_DEVICE_MAP=true`` lets it through, as in Accelerate."""
+    if not isinstance(model, torch.nn.Module) or str(distributed_type) == "NO" or not has_device_map(model):
+        return
+    from .facts.environment import env_flag
+
+    if env_flag("ACCELERATE_BYPASS_DEVICE_MAP"):
+        return
+    raise ValueError("You can't train a model that has been loaded with `device_map='auto'` in any distributed mode.")
+

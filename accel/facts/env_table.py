@@ -102,6 +102,8 @@ _ROWS: tuple[EnvVar, ...] = (
     _one("ACCEL_DEVICE", "the backend to use instead of detection", USER,
          "accel.backends.registry", "accel.commands.env", "accel.commands.launch", "accel_harness.plugin"),
     _one("ACCEL_PROFILE", "a device profile file to load as a backend", USER, "accel.backends.registry"),
+    _one("ACCELERATE_BYPASS_DEVICE_MAP", "let prepare() take a model spread over devices by a device map in a "
+         "distributed run", USER, "accel.model_wrappers"),
     _one("ACCEL_CPU_COMM_BACKEND", "collective backend on the host: gloo, ccl or mpi", USER, "accel.backends.cpu"),
     _one("ACCEL_CONFIG_FILE", "the launch config file", USER, "accel.commands.config_file", "accel.commands.env"),
     _one("ACCEL_HANG_TIMEOUT", "seconds without progress before a launch is called hung (0 never)", USER,
