@@ -69,11 +69,17 @@ def check_process_control(accelerator: Accelerator) -> None:
 
 
 def check_rng_synchronisation(accelerator: Accelerator) -> None:
-    """synchronize_rng_states copies the main process's torch RNG to every process."""
+    """synchronize_rng_states copies the main process's torch (host) RNG to every process, and on a device
+    the device's own RNG (which draws on the device use) when asked by the device's name."""
     torch.manual_seed(1234 + accelerator.process_index)
     synchronize_rng_states(["torch"])
-    draws = gather(torch.rand(4, device=accelerator.device)[None]).reshape(accelerator.num_processes, 4)
+    draws = gather(torch.rand(4)[None].to(accelerator.device)).reshape(accelerator.num_processes, 4)
     _check(bool((draws == draws[0]).all()), f"torch RNG not synchronised: {draws.tolist()}")
+    device_type = accelerator.device.type
+    if device_type != "cpu":
+        synchronize_rng_states([device_type])
+        draws = gather(torch.rand(4, device=accelerator.device)[None]).reshape(accelerator.num_processes, 4)
+        _check(bool((draws == draws[0]).all()), f"{device_type} RNG not synchronised: {draws.tolist()}")
 
 
 def check_data_loader_sharding(accelerator: Accelerator) -> None:
