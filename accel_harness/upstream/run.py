@@ -20,9 +20,11 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_
 #: prefixes of the caller's variables an upstream run never sees (user configuration of accel and Accelerate)
 CALLER_PREFIXES = ("ACCEL_", "ACCELERATE_")
 
-#: variables that would point a run at the caller's own configuration or pytest options
+#: variables that would point a run at the caller's own configuration or pytest options; PYTHONSAFEPATH
+#: (which accel qualify sets for its own children) would stop the suite's ``python -m tests.x`` ranks from
+#: finding its tests in the working folder, where a plain pytest run finds them
 CALLER_VARIABLES = ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER", "PYTEST_PLUGINS", "HF_HOME", "HF_HUB_CACHE",
-                    "TRANSFORMERS_CACHE", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME")
+                    "TRANSFORMERS_CACHE", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "PYTHONSAFEPATH")
 
 
 def backend_env(backend: str, others_visible: Mapping[str, str | None] | None = None) -> dict[str, str]:
