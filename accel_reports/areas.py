@@ -17,6 +17,7 @@ SUITE_AREAS = {
     "test_fsdp": "FSDP",
     "test_deepspeed": "DeepSpeed",
     "test_mixed_precision": "mixed precision",
+    "test_fp8_training": "mixed precision",
     "test_checkpointing": "checkpointing",
     "test_data_loading": "data loading",
     "test_big_modeling": "big-model",
