@@ -171,6 +171,13 @@ class Accelerator:
             ddp_kwargs=self.ddp_handler,
         ))
         self.strategy.settle_parallelism_config()
+        from .precision import PrecisionPlan
+        from .strategies.base import Strategy
+
+        # whether backward is the strategy's and precision's plain one (no engine, no override): then a step
+        # without a scaler or accumulation is just loss.backward(), without the two calls in between
+        self._plain_backward = (type(self.strategy).backward is Strategy.backward
+                                and type(self.precision).backward is PrecisionPlan.backward)
 
         self.step = 0
         self.flag_tensor: torch.Tensor | None = None
@@ -368,6 +375,9 @@ class Accelerator:
                 and self.has_lomo_optimizer):
             steps = self.gradient_accumulation_steps
             self.lomo_backward(loss / steps if steps > 1 else loss, learning_rate)
+            return
+        if not kwargs and self._plain_backward and self.precision.scaler is None and self.gradient_state.num_steps == 1:
+            loss.backward()
             return
         self.strategy.backward(loss, **kwargs)
 

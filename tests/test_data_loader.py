@@ -681,7 +681,7 @@ def _rank_stateful(dispatch: bool):
 @pytest.mark.parametrize("dispatch", [False, True])
 def test_stateful_loaders_resume_on_two_ranks(dispatch):
     _stateful()
-    results = run_distributed(_rank_stateful, 2, dispatch, timeout=120)
+    results = run_distributed(_rank_stateful, 2, dispatch)
     for rank, (first, rest) in enumerate(results):
         # 8 batches of 2 over 2 ranks: rank r gets batches r, r+2, ... (sharded and dispatched alike)
         expected = [[4 * i + 2 * rank, 4 * i + 2 * rank + 1] for i in range(4)]

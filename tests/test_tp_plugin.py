@@ -91,5 +91,5 @@ def _two_ranks() -> tuple[int, list[str], tuple[int, ...], bool]:
 
 
 def test_tp_size_two_on_two_ranks_builds_the_tp_mesh():
-    for tp_size, names, shape, warned in run_distributed(_two_ranks, 2, timeout=240):
+    for tp_size, names, shape, warned in run_distributed(_two_ranks, 2):
         assert tp_size == 2 and names == ["tp"] and shape == (2,) and warned

@@ -106,6 +106,16 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
                 return
             place = _placer(self.device, self._non_blocking)
             skip, stateful = self.skip_batches, self.use_stateful_dataloader
+            if not skip and not stateful:  # the usual epoch, without the per-batch bookkeeping of the loop below
+                if place is not None:
+                    current = place(current)
+                for upcoming in batches:  # one batch of look-ahead, so the last one is known as the last
+                    yield current
+                    current = place(upcoming) if place is not None else upcoming
+                self.end_of_dataloader = True
+                yield current
+                self._advance_epoch()
+                return
             index = 0
             while True:
                 if place is not None:  # move before looking ahead, so the copy overlaps the next fetch
