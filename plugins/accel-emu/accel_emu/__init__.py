@@ -59,6 +59,11 @@ def load() -> ModuleType:
         from .distributed import register_comm_backend
 
         register_comm_backend()
+        import atexit
+
+        from ._autograd_exit import settle
+
+        atexit.register(settle)  # before the interpreter finalizes: see _autograd_exit
         _loaded = True
         return device_module
 

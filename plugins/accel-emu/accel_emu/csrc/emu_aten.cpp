@@ -780,6 +780,11 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("convolution_backward_overrideable", emu_convolution_backward);
   m.impl("native_dropout", emu_native_dropout);
   m.impl("_has_compatible_shallow_copy_type", emu_has_compatible_shallow_copy_type);
+  // Without a kernel of its own, a structured operator's functional form reaches a PrivateUse1
+  // device through PyTorch's composite wrapper, which calls the `.out` form with the final (reduced)
+  // shape; the host's `mse_loss.out` first resizes that output to the elementwise shape and warns.
+  // The host's functional kernel does not: send the functional form to the fallback as it is.
+  m.impl("mse_loss", torch::CppFunction::makeFromBoxedFunction<&emu_fallback>());
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
