@@ -370,14 +370,17 @@ class Accelerator:
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``loss.backward()`` for this strategy: divided for accumulation, scaled for fp16, or the engine's."""
         heartbeat.beat()  # a progress point for accel launch's hang watchdog (every rank passes it alike)
-        learning_rate = kwargs.get("learning_rate") if kwargs else None
-        if (learning_rate is not None and self.scaler is None and self.distributed_type != DistributedType.DEEPSPEED
-                and self.has_lomo_optimizer):
+        if not kwargs:
+            # the usual step: no scaler, no accumulation, the strategy's and precision's backward the plain one
+            # ``plugin_kwargs`` read directly: the ``num_steps`` property costs more than the rest together
+            if (self._plain_backward and self.precision.scaler is None
+                    and (self.gradient_state.plugin_kwargs.get("num_steps") or 1) == 1):
+                loss.backward()
+                return
+        elif (kwargs.get("learning_rate") is not None and self.scaler is None
+              and self.distributed_type != DistributedType.DEEPSPEED and self.has_lomo_optimizer):
             steps = self.gradient_accumulation_steps
-            self.lomo_backward(loss / steps if steps > 1 else loss, learning_rate)
-            return
-        if not kwargs and self._plain_backward and self.precision.scaler is None and self.gradient_state.num_steps == 1:
-            loss.backward()
+            self.lomo_backward(loss / steps if steps > 1 else loss, kwargs["learning_rate"])
             return
         self.strategy.backward(loss, **kwargs)
 

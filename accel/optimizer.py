@@ -121,8 +121,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         if not self.gradient_state.sync_gradients:
             return None
         self._accelerate_step_called = True
-        if self.scaler is None:
-            self._is_overflow = False
+        if self.scaler is None:  # no scaler: ``_is_overflow`` stays False
             return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
         scale_before = self.scaler.get_scale()
         result = self.scaler.step(self.optimizer, closure) if closure is not None else self.scaler.step(self.optimizer)

@@ -13,6 +13,17 @@ from typing import Any
 from .state import GradientState, PartialState
 
 
+def _may_skip(optimizers: list[Any]) -> tuple[Any, ...]:
+    """The optimizers whose ``step_was_skipped`` can ever be True: not a plain ``AcceleratedOptimizer``
+    without a grad scaler, which never skips."""
+    from .optimizer import AcceleratedOptimizer
+
+    never = AcceleratedOptimizer.__dict__["step_was_skipped"]
+    return tuple(opt for opt in optimizers
+                 if not (isinstance(opt, AcceleratedOptimizer) and opt.scaler is None
+                         and getattr(type(opt), "step_was_skipped", None) is never))
+
+
 class AcceleratedScheduler:
     """Wraps a learning-rate scheduler for ``Accelerator.prepare``, stepping it by the rules above."""
 
@@ -26,9 +37,25 @@ class AcceleratedScheduler:
         self._steps_per_step: int | None = None
         #: whether the scheduler has a ``total_steps`` it must not be stepped past (OneCycleLR raises)
         self._guards_total = hasattr(scheduler, "total_steps")
+        #: one process, stepping with the optimizer, no total to respect (set at the first step):
+        #: (the scheduler's bound ``step``, the gradient state, the optimizers that can skip a step)
+        self._every_step: tuple[Any, GradientState, tuple[Any, ...]] | None = None
 
     def step(self, *args: Any, **kwargs: Any) -> None:
         """Step the scheduler as Accelerate does: once per process per optimizer step, never while accumulating."""
+        # ``self.x`` is slow on a class with ``__getattr__``: the every-step case reads one attribute
+        every_step = self._every_step
+        if every_step is not None and not args and not kwargs:
+            scheduler_step, gradient_state, may_skip = every_step
+            if gradient_state.sync_gradients:
+                for opt in may_skip:
+                    if opt.step_was_skipped:
+                        return
+                scheduler_step()
+                return
+        self._step_by_rules(args, kwargs)
+
+    def _step_by_rules(self, args: tuple, kwargs: dict) -> None:
         scheduler = self.scheduler
         if not self.step_with_optimizer:
             scheduler.step(*args, **kwargs)
@@ -38,9 +65,8 @@ class AcceleratedScheduler:
             if gradient_state.adjust_scheduler:
                 scheduler._step_count += 1
             return
-        for opt in self.optimizers:  # a plain loop: this runs every step
-            if getattr(opt, "step_was_skipped", False):
-                return
+        if any(getattr(opt, "step_was_skipped", False) for opt in self.optimizers):
+            return
         if self.split_batches:
             scheduler.step(*args, **kwargs)
             return
@@ -48,12 +74,8 @@ class AcceleratedScheduler:
         if repeat is None:
             # PartialState holds the ranks; the count cannot change while this process runs
             repeat = self._steps_per_step = PartialState().num_processes
-        if repeat == 1 and not self._guards_total:  # one process, no total to respect: the every-step case
-            if args or kwargs:
-                scheduler.step(*args, **kwargs)
-            else:
-                scheduler.step()
-            return
+            if repeat == 1 and not self._guards_total:
+                self._every_step = (scheduler.step, gradient_state, _may_skip(self.optimizers))
         for _ in range(repeat):
             total = getattr(scheduler, "total_steps", None)
             if total is not None and scheduler._step_count > total:

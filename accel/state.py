@@ -153,8 +153,10 @@ def _reset_message(cls: str, name: str) -> str:
             f"an `Accelerator` or `PartialState` was not reinitialized.")
 
 
-class SharedDict(dict):
-    """Marker type for the class-level dict every instance of a state class shares."""
+#: the class-level dict every instance of a state class shares (Accelerate's name). A plain ``dict``,
+#: as in Accelerate: attribute reads on a state are only fast (specialised by the interpreter) when the
+#: instance dict is exactly a ``dict``.
+SharedDict = dict
 
 
 def do_nothing(*args: Any, **kwargs: Any) -> None:
@@ -658,6 +660,31 @@ class AcceleratorState:
         """Destroy the process group (``group`` or the default one)."""
         self._partial.destroy_process_group(group)
 
+
+
+class _PartialField:
+    """An ``AcceleratorState`` attribute that lives on the shared ``PartialState`` (ranks, device).
+
+    A class-level descriptor, so ``state.device`` is one call instead of a failed lookup, an exception
+    and ``__getattr__``. It has no ``__set__``: a value stored on the state itself still wins.
+    """
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __get__(self, state: Any, owner: Any = None) -> Any:
+        if state is None:
+            return self
+        partial = state.__dict__.get("_partial")
+        if partial is None:
+            raise AttributeError(_reset_message("AcceleratorState", self.name))
+        return getattr(partial, self.name)
+
+
+for _name in sorted(_PARTIAL_FIELDS):
+    if not _name.startswith("_") and _name not in AcceleratorState.__dict__:
+        setattr(AcceleratorState, _name, _PartialField(_name))
+del _name
 
 class GradientState:
     """Whether gradients synchronise this step, and where the active data loader stands."""

@@ -153,3 +153,16 @@ def test_a_megatron_lm_plugin_is_refused_with_what_is_missing():
     assert not AcceleratorState._shared_state.get("_initialized", False)
     with pytest.raises(ValueError, match="tp_size must be a positive integer"):
         AcceleratorState(torch_tp_plugin=object())
+
+
+def test_accelerator_state_reads_ranks_and_device_from_the_partial_state_and_names_a_reset():
+    state = AcceleratorState(cpu=True)
+    partial = PartialState()
+    assert (state.device, state.num_processes, state.process_index, state.local_process_index) == (
+        partial.device, partial.num_processes, partial.process_index, partial.local_process_index)
+    assert state.distributed_type == state.run_plan.distributed_type  # its own value wins over the partial one
+    AcceleratorState._reset_state(reset_partial_state=True)
+    with pytest.raises(AttributeError, match="`AcceleratorState` object has no attribute `device`.*_reset_state"):
+        _ = state.device
+    with pytest.raises(AttributeError, match="no attribute 'not_a_field'"):
+        _ = AcceleratorState().not_a_field
