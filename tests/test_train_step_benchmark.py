@@ -58,13 +58,33 @@ def test_summarize_pairs_each_block_with_the_hand_written_block_of_its_round(ben
 def test_a_tiny_run_prints_the_load_the_interval_and_the_verdict(tmp_path):
     out = tmp_path / "out.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--steps", "2", "--blocks", "6", "--epoch-steps", "5",
-                           "--no-accelerate", "--json", str(out)], capture_output=True, text=True, timeout=SAFETY_NET_S)
+                           "--builds", "2", "--self-check", "--no-accelerate", "--json", str(out)],
+                          capture_output=True, text=True, timeout=SAFETY_NET_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "load average" in proc.stdout and "95% CI" in proc.stdout and "accel vs torch: median ratio" in proc.stdout
     doc = json.loads(out.read_text())
     accel = doc["results"]["accel"]
     assert len(accel["block_ratios"]) == 6 and accel["ratio_ci95"][0] <= accel["ratio_vs_torch"] <= accel["ratio_ci95"][1]
-    assert doc["host"]["before"]["cpus"] >= 1 and doc["goal"] == 0.99 and doc["verdict"]
+    assert doc["host"]["before"]["cpus"] >= 1 and doc["goal"] == 0.99 and doc["verdict"] and doc["builds"] == 2
+    assert len(doc["results"]["torch-again"]["block_ratios"]) == 6
+    assert "torch-again vs torch: median ratio" in proc.stdout
     bad = subprocess.run([sys.executable, str(SCRIPT), "--blocks", "0"], capture_output=True, text=True,
                          timeout=SAFETY_NET_S)
     assert bad.returncode == 2 and "must be positive" in bad.stderr
+    too_many = subprocess.run([sys.executable, str(SCRIPT), "--blocks", "3", "--builds", "4"], capture_output=True,
+                              text=True, timeout=SAFETY_NET_S)
+    assert too_many.returncode == 2 and "--builds (4) cannot exceed --blocks (3)" in too_many.stderr
+
+
+def test_rounds_are_spread_over_fresh_builds_made_in_a_rotated_order(bench, monkeypatch):
+    built = []
+
+    def fake_build(variant, batches, world):
+        built.append(variant)
+        return (lambda x, y: None), [(0, 0)] * batches
+
+    monkeypatch.setattr(bench, "build_variant", fake_build)
+    rows = bench.run_blocks(["torch", "accel", "accelerate"], steps=1, blocks=7, world=1, epoch_steps=2, builds=3)
+    assert built == ["torch", "accel", "accelerate", "accel", "accelerate", "torch", "accelerate", "torch", "accel"]
+    for variant in ("torch", "accel", "accelerate"):  # every round once per variant, none lost at the seams
+        assert sorted(b for b, v, *_ in rows if v == variant) == list(range(7))

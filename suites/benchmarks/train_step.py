@@ -8,6 +8,11 @@ order of the variants in turn, so whatever the host does meanwhile hits every va
 no variant always follows the same other one; short blocks, many of them, keep the variants'
 conditions close. Each variant draws its batches from its own loader, epoch after epoch
 (``--epoch-steps`` batches each), so a block may span an epoch boundary as in real training.
+The rounds are spread over ``--builds`` fresh builds of every variant, made in a rotated order:
+two builds of one and the same loop differ by a few tenths of a percent (where their memory
+landed), and one build per variant would credit that luck to the variant. ``--self-check`` adds
+a second hand-written loop ("torch-again"): its ratio is what the benchmark reads for no
+difference at all, the resolution to judge the others by.
 
 Each block is compared with the hand-written block of the same round. The figure is the median
 of those per-block ratios with a distribution-free 95 % confidence interval of that median (from
@@ -16,7 +21,8 @@ load average before and after and the share of a core the timed steps got are pr
 and a verdict says whether the interval lies at or above ``--goal`` (default 0.99), below it, or
 straddles it (the noise is too large to tell: run more ``--blocks``).
 
-    python suites/benchmarks/train_step.py [--world-size 1] [--steps 10] [--blocks 600] [--goal 0.99] [--json out.json]
+    python suites/benchmarks/train_step.py [--world-size 1] [--steps 10] [--blocks 600] [--builds 6] [--self-check]
+                                           [--goal 0.99] [--json out.json]
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ import time
 
 FEATURES, HIDDEN, BATCH = 32, 128, 32
 STEPS, BLOCKS = 10, 600  # defaults: steps per block, rounds (6,000 timed steps per variant)
+BUILDS = 6  # default: fresh builds of every variant the rounds are spread over
+SELF_CHECK = "torch-again"  # the hand-written loop once more, built and timed as a variant of its own
 
 
 def _data(batches: int):
@@ -66,7 +74,7 @@ def build_variant(variant: str, batches: int, world: int):
     import torch.nn.functional as F
 
     model, dataset = _model(), _data(batches * world)
-    if variant == "torch":
+    if variant in ("torch", SELF_CHECK):
         sampler = None
         if world > 1:
             from torch.nn.parallel import DistributedDataParallel
@@ -122,26 +130,38 @@ def _block(step_fn, batches, steps: int) -> tuple[float, float, int]:
 
 
 def run_blocks(variants: list[str], steps: int, blocks: int, world: int,
-               epoch_steps: int) -> list[tuple[int, str, float, float, int]]:
-    """Build every variant, warm each up with one untimed epoch, then time ``blocks`` rounds of all of them."""
-    built = {}
-    for v in variants:
-        step, loader = build_variant(v, epoch_steps, world)
-        built[v] = (step, _epochs(loader))
-    for v in variants:
-        _block(built[v][0], built[v][1], epoch_steps)
-    # every order of the variants in turn: each follows each other equally often, so what one variant
-    # leaves in the caches (or takes out of them) does not favour the one that always comes next
+               epoch_steps: int, builds: int = 1) -> list[tuple[int, str, float, float, int]]:
+    """Time ``blocks`` rounds of every variant, spread over ``builds`` fresh builds of them.
+
+    Two builds of the very same loop differ by a few tenths of a percent (where their tensors and
+    objects landed in memory), so one build per variant would pass that luck off as the variant's
+    speed. Each build makes every variant anew, in a rotated order, and warms each up with one untimed
+    epoch; its share of the rounds then runs.
+    """
+    import gc
+
     orders = list(itertools.permutations(variants))
     rows = []
-    for b in range(blocks):
-        for v in orders[b % len(orders)]:
-            rows.append((b, v, *_block(built[v][0], built[v][1], steps)))
+    for build in range(builds):
+        first = build % len(variants)
+        built = {}
+        for v in variants[first:] + variants[:first]:
+            step, loader = build_variant(v, epoch_steps, world)
+            built[v] = (step, _epochs(loader))
+        for v in variants:
+            _block(built[v][0], built[v][1], epoch_steps)
+        # every order of the variants in turn: each follows each other equally often, so what one variant
+        # leaves in the caches (or takes out of them) does not favour the one that always comes next
+        for b in range(blocks * build // builds, blocks * (build + 1) // builds):
+            for v in orders[b % len(orders)]:
+                rows.append((b, v, *_block(built[v][0], built[v][1], steps)))
+        del built
+        gc.collect()
     return rows
 
 
 def _rank(variants: list[str], rank: int, world: int, port: int, steps: int, blocks: int, epoch_steps: int,
-          queue) -> None:
+          builds: int, queue) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
     if world == 1:
@@ -155,7 +175,7 @@ def _rank(variants: list[str], rank: int, world: int, port: int, steps: int, blo
             import torch.distributed as dist
 
             dist.init_process_group("gloo")  # shared by every variant (accel and Accelerate adopt it)
-        queue.put((rank, run_blocks(variants, steps, blocks, world, epoch_steps)))
+        queue.put((rank, run_blocks(variants, steps, blocks, world, epoch_steps, builds)))
     except Exception as exc:  # report instead of hanging the parent
         import traceback
 
@@ -170,12 +190,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def measure(variants: list[str], world: int, steps: int, blocks: int, epoch_steps: int) -> dict[str, list[dict]]:
+def measure(variants: list[str], world: int, steps: int, blocks: int, epoch_steps: int,
+            builds: int = 1) -> dict[str, list[dict]]:
     """Per variant, one record per block: steps, CPU seconds (mean over ranks), wall seconds (slowest rank)."""
     ctx = mp.get_context("spawn")  # a clean interpreter: no singletons from this one
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(variants, r, world, port, steps, blocks, epoch_steps, queue))
+    procs = [ctx.Process(target=_rank, args=(variants, r, world, port, steps, blocks, epoch_steps, builds, queue))
              for r in range(world)]
     for p in procs:
         p.start()
@@ -258,21 +279,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=STEPS, help="timed steps per rank in one block")
     parser.add_argument("--blocks", type=int, default=BLOCKS, help="rounds of alternating blocks")
     parser.add_argument("--epoch-steps", type=int, default=400, help="batches per rank in one epoch of the data")
+    parser.add_argument("--builds", type=int, default=BUILDS,
+                        help="fresh builds of every variant the rounds are spread over (averages memory-layout luck)")
     parser.add_argument("--goal", type=float, default=0.99, help="the accel/torch ratio the verdict is judged against")
     parser.add_argument("--no-accelerate", action="store_true", help="leave Accelerate out even if installed")
+    parser.add_argument("--self-check", action="store_true",
+                        help=f"also time the hand-written loop as a variant ({SELF_CHECK!r}): the reading for no difference")
     parser.add_argument("--json", help="write raw samples and medians here")
     args = parser.parse_args(argv)
-    if min(args.world_size, args.steps, args.blocks, args.epoch_steps) < 1:
-        parser.error("--world-size, --steps, --blocks and --epoch-steps must be positive")
+    if min(args.world_size, args.steps, args.blocks, args.epoch_steps, args.builds) < 1:
+        parser.error("--world-size, --steps, --blocks, --epoch-steps and --builds must be positive")
+    if args.builds > args.blocks:
+        parser.error(f"--builds ({args.builds}) cannot exceed --blocks ({args.blocks}): each build runs some rounds")
     if not 0 < args.goal:
         parser.error("--goal must be positive")
 
     variants = ["torch", "accel"]
     if not args.no_accelerate and importlib.util.find_spec("accelerate"):
         variants.append("accelerate")
+    if args.self_check:
+        variants.append(SELF_CHECK)
     before = host_load()
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    samples = measure(variants, args.world_size, args.steps, args.blocks, args.epoch_steps)
+    samples = measure(variants, args.world_size, args.steps, args.blocks, args.epoch_steps, args.builds)
     wall = time.perf_counter() - wall0
     after = host_load()
     summary = summarize(samples)
@@ -282,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     cpu_share = busy / timed_wall if timed_wall else float("nan")
 
     print(f"MLP {FEATURES}-{HIDDEN}-{HIDDEN}-1, batch {BATCH}, world size {args.world_size}, {args.blocks} alternating "
-          f"blocks of {args.steps} steps in one process group (1 torch thread per rank); medians over blocks")
+          f"blocks of {args.steps} steps over {args.builds} builds, in one process group (1 torch thread per rank); "
+          f"medians over blocks")
     print(f"host: {after['cpus']} CPUs, load average {before['load_1min']:.2f} before, {after['load_1min']:.2f} after "
           f"(5 min {after['load_5min']:.2f}); the timed steps got {cpu_share:.0%} of a core; {wall:.0f} s in all")
     print(f"{'variant':<12}{'steps/CPU-s':>12}{'steps/s':>10}{'vs torch':>10}{'95% CI':>16}{'quartiles':>16}"
@@ -296,9 +326,13 @@ def main(argv: list[str] | None = None) -> int:
     judged = verdict(summary["accel"]["ratio_ci95"], args.goal)
     print(f"accel vs torch: median ratio {summary['accel']['ratio_vs_torch']:.3f}, 95% CI "
           f"{summary['accel']['ratio_ci95'][0]:.3f}..{summary['accel']['ratio_ci95'][1]:.3f}: {judged}")
+    if args.self_check:
+        again = summary[SELF_CHECK]
+        print(f"{SELF_CHECK} vs torch: median ratio {again['ratio_vs_torch']:.3f}, 95% CI {again['ratio_ci95'][0]:.3f}.."
+              f"{again['ratio_ci95'][1]:.3f}: what this run reads for two identical loops")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"world_size": args.world_size, "steps": args.steps, "blocks": args.blocks,
+            json.dump({"world_size": args.world_size, "steps": args.steps, "blocks": args.blocks, "builds": args.builds,
                        "epoch_steps": args.epoch_steps, "goal": args.goal, "verdict": judged,
                        "host": {"before": before, "after": after, "cpu_share": cpu_share, "wall_s": wall,
                                 "driver_cpu_s": time.process_time() - cpu0},
