@@ -369,7 +369,8 @@ class Accelerator:
     # ------------------------------------------------------------------ training step
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``loss.backward()`` for this strategy: divided for accumulation, scaled for fp16, or the engine's."""
-        heartbeat.beat()  # a progress point for accel launch's hang watchdog (every rank passes it alike)
+        if heartbeat.active:  # a progress point for accel launch's hang watchdog (every rank passes it alike)
+            heartbeat.beat()
         if not kwargs:
             # the usual step: no scaler, no accumulation, the strategy's and precision's backward the plain one
             # ``plugin_kwargs`` read directly: the ``num_steps`` property costs more than the rest together

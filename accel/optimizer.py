@@ -117,7 +117,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Step when gradients are synchronised (through the grad scaler under fp16); a no-op while accumulating."""
-        heartbeat.beat()  # progress for accel launch's hang watchdog (a no-op outside it)
+        if heartbeat.active:  # progress for accel launch's hang watchdog
+            heartbeat.beat()
         if not self.gradient_state.sync_gradients:
             return None
         self._accelerate_step_called = True

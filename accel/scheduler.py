@@ -43,7 +43,7 @@ class AcceleratedScheduler:
 
     def step(self, *args: Any, **kwargs: Any) -> None:
         """Step the scheduler as Accelerate does: once per process per optimizer step, never while accumulating."""
-        # ``self.x`` is slow on a class with ``__getattr__``: the every-step case reads one attribute
+        # the every-step case: one attribute read, then the checks that can change from step to step
         every_step = self._every_step
         if every_step is not None and not args and not kwargs:
             scheduler_step, gradient_state, may_skip = every_step
@@ -102,8 +102,3 @@ class AcceleratedScheduler:
     def print_lr(self, *args: Any, **kwargs: Any) -> Any:
         """The wrapped scheduler's ``print_lr``."""
         return self.scheduler.print_lr(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "scheduler":
-            raise AttributeError(name)
-        return getattr(self.scheduler, name)

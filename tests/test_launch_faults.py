@@ -169,8 +169,6 @@ def test_the_first_rank_to_fail_is_named_in_every_run(tmp_path):
 
 
 def test_heartbeat_file_round_trip(tmp_path, monkeypatch):
-    import faulthandler
-
     heartbeat.beat()  # outside accel launch: nothing happens
     assert list(tmp_path.iterdir()) == []
     monkeypatch.setenv("RANK", "3")
@@ -183,9 +181,12 @@ def test_heartbeat_file_round_trip(tmp_path, monkeypatch):
         heartbeat.alive()  # busy moves, the progress count does not
         after = heartbeat.read(tmp_path)[3]
         assert after.count == 2 and after.busy == 1
+        assert heartbeat.active
     finally:
-        faulthandler.unregister(heartbeat.STACK_SIGNAL)
-        heartbeat._view = heartbeat._map = None
+        heartbeat.stop()
+    assert not heartbeat.active
+    heartbeat.beat()  # a no-op once stopped
+    assert heartbeat.read(tmp_path)[3].count == 2
     monkeypatch.setenv(heartbeat.RUN_DIR_ENV, str(tmp_path))
     heartbeat.record_failure()
     assert heartbeat.read_failure(tmp_path, 3) is not None and heartbeat.read_failure(tmp_path, 0) is None

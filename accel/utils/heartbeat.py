@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
-    "RUN_DIR_ENV", "STACK_SIGNAL", "Beat", "alive", "beat", "failure_path", "read", "read_failure",
-    "record_failure", "start",
+    "RUN_DIR_ENV", "STACK_SIGNAL", "Beat", "active", "alive", "beat", "failure_path", "read", "read_failure",
+    "record_failure", "start", "stop",
 ]
 
 #: the folder the launcher shares with its ranks (heartbeats, stacks, failure times)
@@ -42,6 +42,9 @@ _SIZE = _RECORD.size
 
 _map: mmap.mmap | None = None
 _view: memoryview | None = None  # the mapping as int64 slots
+#: whether this rank beats (it was started by ``accel launch``): the training step's hot paths test this
+#: before calling :func:`beat`, so outside ``accel launch`` a step makes no call at all
+active = False
 _count = 0
 _busy = 0
 _stack_file = None
@@ -73,7 +76,7 @@ def _rank() -> str:
 def start(run_dir: str | os.PathLike | None = None) -> bool:
     """Create this rank's heartbeat file and stack file in ``run_dir`` (default ``$ACCEL_LAUNCH_RUN_DIR``) and
     register the stack dump on :data:`STACK_SIGNAL`; False (and nothing done) when there is no such folder."""
-    global _map, _view, _count, _busy, _stack_file
+    global _map, _view, _count, _busy, _stack_file, active
     import faulthandler
 
     folder = run_dir or os.environ.get(RUN_DIR_ENV)
@@ -96,7 +99,27 @@ def start(run_dir: str | os.PathLike | None = None) -> bool:
     if STACK_SIGNAL is not None:
         _stack_file = open(Path(folder) / f"stack-{rank}.txt", "w")  # kept open: faulthandler writes to its fd
         faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
+    active = True
     return True
+
+
+def stop() -> None:
+    """Undo :func:`start`: stop beating, release the mapping and the stack dump (the files stay)."""
+    global _map, _view, _stack_file, active
+    import faulthandler
+
+    active = False
+    if _view is not None:
+        _view.release()
+        _view = None
+    if _map is not None:
+        _map.close()
+        _map = None
+    if _stack_file is not None:
+        if STACK_SIGNAL is not None:
+            faulthandler.unregister(STACK_SIGNAL)
+        _stack_file.close()
+        _stack_file = None
 
 
 @dataclass

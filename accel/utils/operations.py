@@ -504,7 +504,8 @@ def gather(tensor: Any) -> Any:
     # reads the attributes all PartialState instances share straight from their shared dict and
     # issues the collective at once. Right after a collective the interpreter runs with cold
     # caches, where each avoided Python step is worth ~1 % of a 1 MiB gather on a small CPU host.
-    heartbeat.beat()  # progress for accel launch's hang watchdog (a no-op outside it)
+    if heartbeat.active:  # progress for accel launch's hang watchdog
+        heartbeat.beat()
     shared = PartialState._shared_state
     world = shared.get("num_processes", 0)
     if (world > 1 and type(tensor) is torch.Tensor and not _GATHER_MODE and not shared.get("debug", True)
