@@ -96,3 +96,20 @@ def test_arguments_to_step_reach_the_wrapped_scheduler_after_the_first_step():
     for loss in (1.0, 1.0, 2.0, 3.0):  # no improvement after the first: the rate halves each time
         scheduler.step(loss)
     assert inner.param_groups[0]["lr"] == 0.1 * 0.5 ** 3
+
+
+def test_an_overflow_flag_set_by_hand_holds_the_scheduler_as_in_accelerate():
+    # Accelerate's own scheduler test marks a skipped step this way, on an optimizer without a scaler
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(2, 4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lambda n: 1 - n / 10)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    optimizer._is_overflow = False
+    scheduler.step()
+    optimizer._is_overflow = True
+    scheduler.step()
+    assert scheduler.get_last_lr()[0] == 0.9
+    optimizer._is_overflow = False
+    scheduler.step()
+    assert scheduler.get_last_lr()[0] == 0.8
