@@ -53,8 +53,11 @@ class PrecisionPlan:
 
     @property
     def label(self) -> str:
-        """What runs, as shown to people: the precision, or "fp8 (emulated)" where torchao emulates fp8."""
-        return self.fp8.label if self.fp8 is not None else self.used
+        """What runs, as shown to people: the precision, or "fp8 (emulated)" where torchao emulates fp8 (a recipe's
+        fp8 layers under another precision: "bf16 + fp8 layers")."""
+        if self.fp8 is None:
+            return self.used
+        return self.fp8.label if self.used == "fp8" else f"{self.used} + {self.fp8.label} layers"
 
     @property
     def autocast_enabled(self) -> bool:
@@ -151,6 +154,22 @@ def plan_precision(
     if requested == "fp16":
         scaler_kwargs = scaler_handler.to_kwargs() if scaler_handler is not None else {}
         plan.scaler = backend.grad_scaler(**scaler_kwargs)
+    return plan
+
+
+def with_recipe_layers(plan: PrecisionPlan, backend: Backend, fp8_handler: Any) -> PrecisionPlan:
+    """``plan`` with the ``Float8Linear`` layers of a torchao recipe passed beside another ``mixed_precision``.
+
+    Under FSDP and DeepSpeed Accelerate converts the model whenever a torchao recipe handler is passed, whatever
+    ``mixed_precision`` says (elsewhere that is an error); the rest of the model keeps ``plan``'s precision.
+    Only torchao recipes: Transformer Engine and MS-AMP recipes change nothing here (see the limits).
+    """
+    from .utils.fp8 import fp8_backend_name, plan_fp8
+
+    if fp8_handler is None or plan.used == "fp8" or fp8_backend_name(fp8_handler) != "AO":
+        return plan
+    plan.fp8 = plan_fp8(backend, fp8_handler)
+    plan.reason = f"{plan.reason}; {plan.fp8.reason} (the recipe's layers, as Accelerate converts them)"
     return plan
 
 

@@ -1,5 +1,6 @@
 """fp8 training (torchao ``Float8Linear``) on the backend under test: DDP at 1 and 2 ranks, FSDP2, FSDP1 and
-DeepSpeed (ZeRO-2 and ZeRO-3) at 2 ranks.
+DeepSpeed (ZeRO-2 and ZeRO-3) at 2 ranks; and a torchao recipe passed beside another ``mixed_precision``
+under FSDP2 and DeepSpeed, which converts the model as in Accelerate.
 
 ``Accelerator(mixed_precision="fp8")`` converts the model's ``nn.Linear`` layers the way Accelerate 1.15
 does (``accel.utils.ao``): the first and the last linear layer, and any layer whose in/out sizes are not
@@ -105,16 +106,17 @@ def _fsdp2(version: int = 2):
     return FullyShardedDataParallelPlugin(fsdp_version=version, auto_wrap_policy="size_based_wrap", min_num_params=4000)
 
 
-def _train(mixed_precision: str, fsdp: bool | int = False, emulated: bool = False, zero_stage: int | None = None):
-    """AdamW, ``GLOBAL_BATCH`` samples per step over all ranks (``fsdp``: True or the FSDP version); returns
-    (accelerator, model, per-step global losses)."""
+def _train(mixed_precision: str, fsdp: bool | int = False, emulated: bool = False, zero_stage: int | None = None,
+           recipe: bool = False):
+    """AdamW, ``GLOBAL_BATCH`` samples per step over all ranks (``fsdp``: True or the FSDP version; ``recipe``: pass
+    the torchao recipe whatever ``mixed_precision`` is); returns (accelerator, model, per-step global losses)."""
     fresh_state()
     kwargs = {"fsdp_plugin": _fsdp2(2 if fsdp is True else fsdp)} if fsdp else {}
     if zero_stage is not None:
         from accel.utils import DeepSpeedPlugin
 
         kwargs["deepspeed_plugin"] = DeepSpeedPlugin(zero_stage=zero_stage, gradient_clipping=1.0)
-    if mixed_precision == "fp8":
+    if mixed_precision == "fp8" or recipe:
         kwargs["kwargs_handlers"] = [_recipe(emulated)]
     accelerator = Accelerator(mixed_precision=mixed_precision, **kwargs)
     model = _mlp()
@@ -274,4 +276,36 @@ def test_fp8_deepspeed_tracks_fp32(device, world_size, rank, zero_stage):
     _assert_layer_choice(inner)
     assert {p.dtype for p in inner.parameters()} == {torch.bfloat16}
     _assert_tracks(losses, reference, f"fp8 under DeepSpeed ZeRO-{zero_stage}")
+    accelerator.free_memory()
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.require_fsdp2
+def test_a_torchao_recipe_beside_bf16_converts_the_model_under_fsdp2(device, world_size, rank):
+    """Under FSDP Accelerate converts the model whenever a torchao recipe is passed, whatever ``mixed_precision``
+    is; the other layers keep bf16."""
+    _, _, reference = _train("no", fsdp=True)
+    accelerator, model, losses = _train("bf16", fsdp=True, emulated=True, recipe=True)
+    assert accelerator.mixed_precision == "bf16" and accelerator.is_fsdp2
+    assert accelerator.precision.label == "bf16 + fp8 (emulated) layers"
+    assert f"Mixed precision type: {accelerator.precision.label}\n" in repr(accelerator.state)
+    _assert_layer_choice(accelerator.unwrap_model(model))
+    _assert_tracks(losses, reference, "bf16 with the recipe's fp8 layers under FSDP2")
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.require_deepspeed
+def test_a_torchao_recipe_beside_full_precision_converts_the_model_under_deepspeed(device, world_size, rank):
+    """The same under DeepSpeed: the engine keeps fp32 and the model gets its Float8Linear layers before it is
+    built (the FSDP2-only float8 all-gather off)."""
+    _, _, reference = _train("no", zero_stage=2)
+    accelerator, model, losses = _train("no", zero_stage=2, emulated=True, recipe=True)
+    assert accelerator.distributed_type == "DEEPSPEED" and accelerator.mixed_precision == "no"
+    assert accelerator.precision.label == "no + fp8 (emulated) layers"
+    assert not accelerator.state.deepspeed_plugin.deepspeed_config.get("bf16", {}).get("enabled", False)
+    assert not accelerator.precision.fp8.config.enable_fsdp_float8_all_gather
+    inner = accelerator.unwrap_model(model)
+    _assert_layer_choice(inner)
+    assert {p.dtype for p in inner.parameters()} == {torch.float32}
+    _assert_tracks(losses, reference, "fp32 with the recipe's fp8 layers under DeepSpeed ZeRO-2")
     accelerator.free_memory()

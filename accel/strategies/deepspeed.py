@@ -196,6 +196,14 @@ class DeepSpeedStrategy(Strategy):
             requested = deepspeed_plugin.config_precision()
         plan = engine_managed_precision(requested, "deepspeed", cls._deepspeed_supports)
         deepspeed_plugin.set_mixed_precision(plan.used)
+        if library == "AO" and fp8_handler is not None:  # a torchao recipe beside another precision: its layers too
+            from ..precision import with_recipe_layers
+
+            plan = with_recipe_layers(plan, backend, fp8_handler)
+            if getattr(plan.fp8.config, "enable_fsdp_float8_all_gather", False):
+                plan.fp8 = dataclasses.replace(
+                    plan.fp8, config=dataclasses.replace(plan.fp8.config, enable_fsdp_float8_all_gather=False))
+                plan.reason += " (enable_fsdp_float8_all_gather is FSDP2's and is off under DeepSpeed)"
         return plan
 
     @classmethod

@@ -383,8 +383,11 @@ class FSDPStrategy(Strategy):
         fp32 as under DDP. fp16 gets a ShardedGradScaler, so every rank skips the same steps. A policy set
         on the plugin is used as it is.
         """
+        from ..precision import with_recipe_layers
+
         plan = super().plan_precision(requested, backend, autocast_handler=autocast_handler,
                                       scaler_handler=scaler_handler, fp8_handler=fp8_handler)
+        plan = with_recipe_layers(plan, backend, fp8_handler)
         plugin = fsdp_plugin
         if plugin is None:
             raise ValueError("the FSDP strategy's precision needs its FullyShardedDataParallelPlugin")
