@@ -365,17 +365,28 @@ class NodeExchange:
         return self._store
 
     def hang_declared(self) -> bool:
-        """Whether another launcher declared a hang (False when the store cannot be reached now)."""
+        """Whether another launcher declared a hang (False when the store cannot be reached now: the watchdog
+        asks again at its next poll). A loaded host can take seconds to answer: up to 10 s are allowed."""
         try:
-            return bool(self._client(2.0).check([_STORE_PREFIX + "hang"]))
+            return bool(self._client(min(self.wait, 10.0)).check([_STORE_PREFIX + "hang"]))
         except Exception:
             self._store = self._server
             return False
 
     def declare_hang(self) -> None:
-        """Tell the other launchers that this one declared a hang (they end too and send their evidence)."""
-        with contextlib.suppress(Exception):
-            self._client(self.wait).set(_STORE_PREFIX + "hang", str(self.node))
+        """Tell the other launchers that this one declared a hang (they end too and send their evidence),
+        trying again until ``wait`` has passed; a store that never answers is kept in ``error``."""
+        deadline = time.monotonic() + self.wait
+        while True:
+            try:
+                self._client(max(deadline - time.monotonic(), 1.0)).set(_STORE_PREFIX + "hang", str(self.node))
+                return
+            except Exception as exc:
+                self._store = self._server
+                if time.monotonic() >= deadline:
+                    self.error = f"{type(exc).__name__}: {exc}"
+                    return
+                time.sleep(0.2)
 
     def swap(self, mine: list[RankEvidence]) -> tuple[list[RankEvidence], list[int]]:
         """Publish this node's evidence, read every other node's (waiting at most ``wait`` seconds in

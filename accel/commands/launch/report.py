@@ -116,6 +116,8 @@ def failure_report(err: Any, debug: bool = False, run_dir: str | None = None, wa
     if missing:
         lines.append(f"accel launch: no evidence from node(s) {', '.join(map(str, missing))} within "
                      f"{diagnosis.EVIDENCE_WAIT:g} s: the verdict weighs this node's ranks only")
+    if exchange is not None and exchange.error:
+        lines.append(f"accel launch: the other nodes' launchers could not be reached: {exchange.error}")
     if root.traceback:
         lines.append(f"accel launch: end of rank {root.rank}'s traceback:")
         lines += [f"  {line}" for line in root.traceback]

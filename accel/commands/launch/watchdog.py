@@ -102,6 +102,8 @@ class HangWatchdog:
         if self.exchange is not None:
             evidence, missing = self.exchange.swap(evidence)
         report = hang_report(evidence, idle, self.timeout, nnodes=self.nnodes, missing=missing)
+        if self.exchange is not None and self.exchange.error:
+            report += f"\naccel launch: the other nodes' launchers could not be reached: {self.exchange.error}"
         for b in alive.values():
             with contextlib.suppress(OSError):
                 os.kill(b.pid, signal.SIGKILL)
