@@ -98,4 +98,3 @@ def refuse_device_mapped_model(model: Any, distributed_type: Any) -> None:
     if env_flag("ACCELERATE_BYPASS_DEVICE_MAP"):
         return
     raise ValueError("You can't train a model that has been loaded with `device_map='auto'` in any distributed mode.")
-

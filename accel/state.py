@@ -661,7 +661,6 @@ class AcceleratorState:
         self._partial.destroy_process_group(group)
 
 
-
 class _PartialField:
     """An ``AcceleratorState`` attribute that lives on the shared ``PartialState`` (ranks, device).
 
@@ -685,6 +684,7 @@ for _name in sorted(_PARTIAL_FIELDS):
     if not _name.startswith("_") and _name not in AcceleratorState.__dict__:
         setattr(AcceleratorState, _name, _PartialField(_name))
 del _name
+
 
 class GradientState:
     """Whether gradients synchronise this step, and where the active data loader stands."""

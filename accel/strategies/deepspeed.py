@@ -18,7 +18,6 @@ it); if DeepSpeed still picks another device or collective library the run stops
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -199,11 +198,11 @@ class DeepSpeedStrategy(Strategy):
         if library == "AO" and fp8_handler is not None:  # a torchao recipe beside another precision: its layers too
             from ..precision import with_recipe_layers
 
+            from ..utils.fp8 import without_float8_all_gather
+
             plan = with_recipe_layers(plan, backend, fp8_handler)
-            if getattr(plan.fp8.config, "enable_fsdp_float8_all_gather", False):
-                plan.fp8 = dataclasses.replace(
-                    plan.fp8, config=dataclasses.replace(plan.fp8.config, enable_fsdp_float8_all_gather=False))
-                plan.reason += " (enable_fsdp_float8_all_gather is FSDP2's and is off under DeepSpeed)"
+            plan.fp8, note = without_float8_all_gather(plan.fp8, "DeepSpeed")
+            plan.reason += note
         return plan
 
     @classmethod
@@ -221,15 +220,12 @@ class DeepSpeedStrategy(Strategy):
             plugin.set_mixed_precision("fp8")
             return PrecisionPlan("fp8", "fp8", f"MS-AMP (opt_level {plugin.msamp_opt_level}) through its DeepSpeed engine",
                                  managed_by="deepspeed")
-        from ..utils.fp8 import plan_fp8
+        from ..utils.fp8 import plan_fp8, without_float8_all_gather
 
         fp8 = plan_fp8(backend, handler)  # Accelerate's ImportError / accel's refusal where it cannot run
-        reason = f"{fp8.reason}; DeepSpeed runs the other layers in bf16"
-        if getattr(fp8.config, "enable_fsdp_float8_all_gather", False):
-            # an FSDP2-only option: it wraps each weight in a tensor subclass that DeepSpeed's module.to() cannot
-            # swap ("Couldn't swap Float8Linear.weight", where Accelerate 1.15 stops with its default recipe)
-            fp8 = dataclasses.replace(fp8, config=dataclasses.replace(fp8.config, enable_fsdp_float8_all_gather=False))
-            reason += " (enable_fsdp_float8_all_gather is FSDP2's and is off under DeepSpeed)"
+        # where Accelerate 1.15 stops with its default recipe ("Couldn't swap Float8Linear.weight")
+        fp8, note = without_float8_all_gather(fp8, "DeepSpeed")
+        reason = f"{fp8.reason}; DeepSpeed runs the other layers in bf16{note}"
         plugin.set_mixed_precision("fp8")
         return PrecisionPlan("fp8", "fp8", reason, managed_by="deepspeed", fp8=fp8)
 

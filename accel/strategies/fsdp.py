@@ -391,11 +391,11 @@ class FSDPStrategy(Strategy):
         plugin = fsdp_plugin
         if plugin is None:
             raise ValueError("the FSDP strategy's precision needs its FullyShardedDataParallelPlugin")
-        if plan.fp8 is not None and plugin.fsdp_version == 1 and getattr(plan.fp8.config, "enable_fsdp_float8_all_gather", False):
-            # torchao's float8 all-gather is FSDP2's; its weight wrapper cannot be moved by FSDP1's module.to()
-            # ("Couldn't swap Float8Linear.weight"), so FSDP1 all-gathers the high-precision weights
-            plan.fp8 = dataclasses.replace(plan.fp8, config=dataclasses.replace(plan.fp8.config, enable_fsdp_float8_all_gather=False))
-            plan.reason += " (enable_fsdp_float8_all_gather is FSDP2's and is off under FSDP1)"
+        if plan.fp8 is not None and plugin.fsdp_version == 1:  # FSDP1 all-gathers the high-precision weights
+            from ..utils.fp8 import without_float8_all_gather
+
+            plan.fp8, note = without_float8_all_gather(plan.fp8, "FSDP1")
+            plan.reason += note
         if plan.fp8 is not None and plugin.cpu_ram_efficient_loading:
             # Accelerate's refusal: rank 0's weights are loaded into the sharded model after fully_shard,
             # which does not fit the Float8Linear weights wrapped for the fp8 all-gather

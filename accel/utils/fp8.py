@@ -180,6 +180,16 @@ class Fp8Plan:
                 self.replaced[before[name]] = param
 
 
+def without_float8_all_gather(fp8: Fp8Plan, engine: str) -> tuple[Fp8Plan, str]:
+    """``fp8`` with torchao's float8 all-gather turned off for ``engine`` (FSDP1, DeepSpeed), and the note for
+    the plan's reason ("" when it was off already). The option is FSDP2's: it wraps each weight in a tensor
+    subclass that the other engines' ``module.to()`` cannot swap ("Couldn't swap Float8Linear.weight")."""
+    if not getattr(fp8.config, "enable_fsdp_float8_all_gather", False):
+        return fp8, ""
+    config = dataclasses.replace(fp8.config, enable_fsdp_float8_all_gather=False)
+    return dataclasses.replace(fp8, config=config), f" (enable_fsdp_float8_all_gather is FSDP2's and is off under {engine})"
+
+
 def plan_fp8(backend: Any, handler: Any = None) -> Fp8Plan:
     """The fp8 plan for ``backend`` and the recipe ``handler`` (an ``AORecipeKwargs``, default: Accelerate's).
 
