@@ -435,9 +435,13 @@ def test_node_exchange_swaps_evidence_and_a_silent_node_costs_a_bounded_wait():
     host.open()
     other = D.NodeExchange("127.0.0.1", port, node=1, nnodes=3, wait=5.0)
     try:
-        assert not other.hang_declared()
-        host.declare_hang()
-        assert other.hang_declared()
+        assert other.end_declared() is None
+        host.declare_end("failure")
+        assert other.end_declared() == "failure"
+        other.declare_end("hang")
+        assert host.end_declared() == "hang"  # both declared: the first of END_KINDS is named
+        with pytest.raises(ValueError, match="unknown kind of end 'crash'"):
+            host.declare_end("crash")
         import threading
 
         got: dict[str, Any] = {}
@@ -476,6 +480,62 @@ def test_a_hang_that_cannot_be_declared_is_named_not_swallowed():
     # no store serves this port: the declaration is retried until the wait has passed, then kept as the error
     exchange = D.NodeExchange("127.0.0.1", int(_free_port()), node=1, nnodes=2, wait=1.5)
     started = time.monotonic()
-    exchange.declare_hang()
+    exchange.declare_end("hang")
     assert 1.5 <= time.monotonic() - started < 30
-    assert exchange.error and not exchange.hang_declared()
+    assert exchange.error and exchange.end_declared() is None
+
+
+class _FakeExchange:
+    """Another node's launcher as the watchdog sees it: what it declared and the evidence it sends."""
+
+    error = None
+
+    def __init__(self, declared: str | None, theirs: list[D.RankEvidence]):
+        self.declared, self.theirs, self.sent = declared, theirs, []
+
+    def end_declared(self) -> str | None:
+        return self.declared
+
+    def declare_end(self, kind: str) -> None:
+        self.sent.append(kind)
+
+    def swap(self, mine):
+        return [*mine, *self.theirs], []
+
+
+KILLED_ON_NODE_1 = [_ev(3, node=1, pid=4242, local_rank=1, exitcode=-9, signal="SIGKILL", last_alive=100.0),
+                    _ev(2, node=1, pid=4241, local_rank=0, exitcode=-15, signal="SIGTERM", last_alive=101.0)]
+
+
+@pytest.mark.parametrize("declared, theirs, code, sent", [
+    ("failure", KILLED_ON_NODE_1, 128 + 9, []),  # node 1 failed while this node's ranks noticed nothing
+    (None, KILLED_ON_NODE_1, 128 + 9, ["hang"]),  # this node timed out first; node 1's failure is in the store
+    (None, [], L.HANG_EXIT_CODE, ["hang"]),  # a hang, with no failure anywhere
+], ids=["peer-failure-declared", "own-timeout-peer-failed", "plain-hang"])
+def test_the_watchdog_names_another_nodes_failed_rank_over_a_hang(tmp_path, monkeypatch, declared, theirs, code, sent):
+    import accel.commands.launch.watchdog as W
+
+    monkeypatch.setattr(W, "PEER_END_IDLE", 0.2)
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # this node's rank 0
+    try:
+        record = heartbeat._RECORD
+        (tmp_path / "rank-0.hb").write_bytes(record.pack(rank.pid, 5, 0, 0))
+        exchange = _FakeExchange(declared, theirs)
+        watchdog = W.HangWatchdog(str(tmp_path), timeout=60 if declared else 1.0, poll=0.05, exchange=exchange,
+                                  node=0, nnodes=2)
+        monkeypatch.setattr(watchdog, "_stop_agent", lambda: None)  # the agent is this pytest process
+        watchdog.start()
+        watchdog._thread.join(timeout=PATIENCE)
+        assert watchdog.report is not None and not watchdog._thread.is_alive()
+        assert rank.wait(timeout=PATIENCE) != 0  # the local rank was ended
+    finally:
+        if rank.poll() is None:
+            rank.kill()
+    assert watchdog.exit_code == code and exchange.sent == sent
+    headline = watchdog.report.splitlines()[0]
+    if theirs:
+        assert headline.startswith("accel launch: rank 3 (node 1, local rank 1, pid 4242) failed with signal 9 (SIGKILL)"), watchdog.report
+        assert "rank 3 was killed by SIGKILL before any other rank reported an error" in watchdog.report
+        assert "this node's ranks (0) made no progress" in watchdog.report
+    else:
+        assert headline.startswith("accel launch: rank 0 (node 0, pid ") and " hung: " in headline, watchdog.report

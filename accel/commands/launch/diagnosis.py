@@ -43,6 +43,7 @@ from accel.utils import heartbeat
 
 __all__ = [
     "CLOCK_SKEW_MARGIN",
+    "END_KINDS",
     "EVIDENCE_WAIT",
     "STACK_CHARS",
     "ChildWatch",
@@ -71,6 +72,8 @@ STOP_SIGNAL = "SIGTERM"
 RUN_DIR_PREFIX = "accel_run_"
 OWNER_FILE = "owner.pid"
 _STORE_PREFIX = "accel_launch/"
+#: how a node's launcher can tell the others that its job ended: its watchdog declared a hang, or a rank failed
+END_KINDS = ("hang", "failure")
 #: characters of a rank's stack kept in its evidence (faulthandler writes the most recent call first)
 STACK_CHARS = 20_000
 
@@ -334,7 +337,8 @@ class NodeExchange:
     main process's address). Node 0's launcher hosts the store's server itself (torch elastic's agent
     shares it), so the store outlives the agent until every node has read the evidence.
 
-    Keys: ``accel_launch/hang`` (a launcher declared a hang: the others end too and send evidence),
+    Keys: ``accel_launch/hang`` and ``accel_launch/failure`` (a launcher's job ended: the others end
+    theirs too and send evidence),
     ``accel_launch/evidence/<node>`` and ``accel_launch/read/<node>``. Every wait is bounded.
     """
 
@@ -364,22 +368,27 @@ class NodeExchange:
             self._store = self._make(is_master=False, timeout=timeout)
         return self._store
 
-    def hang_declared(self) -> bool:
-        """Whether another launcher declared a hang (False when the store cannot be reached now: the watchdog
-        asks again at its next poll). A loaded host can take seconds to answer: up to 10 s are allowed."""
+    def end_declared(self) -> str | None:
+        """The kind of end another launcher declared (one of :data:`END_KINDS`), or None (also when the store
+        cannot be reached now: the watchdog asks again at its next poll). A loaded host can take seconds to
+        answer: up to 10 s are allowed."""
         try:
-            return bool(self._client(min(self.wait, 10.0)).check([_STORE_PREFIX + "hang"]))
+            store = self._client(min(self.wait, 10.0))
+            return next((kind for kind in END_KINDS if store.check([_STORE_PREFIX + kind])), None)
         except Exception:
             self._store = self._server
-            return False
+            return None
 
-    def declare_hang(self) -> None:
-        """Tell the other launchers that this one declared a hang (they end too and send their evidence),
-        trying again until ``wait`` has passed; a store that never answers is kept in ``error``."""
+    def declare_end(self, kind: str) -> None:
+        """Tell the other launchers that this node's job ended (``kind``: ``"hang"``, this launcher's
+        watchdog ended it; ``"failure"``, a rank of this node failed): they end theirs too and send their
+        evidence. Tried again until ``wait`` has passed; a store that never answers is kept in ``error``."""
+        if kind not in END_KINDS:
+            raise ValueError(f"unknown kind of end {kind!r}: expected one of {', '.join(END_KINDS)}")
         deadline = time.monotonic() + self.wait
         while True:
             try:
-                self._client(max(deadline - time.monotonic(), 1.0)).set(_STORE_PREFIX + "hang", str(self.node))
+                self._client(max(deadline - time.monotonic(), 1.0)).set(_STORE_PREFIX + kind, str(self.node))
                 return
             except Exception as exc:
                 self._store = self._server

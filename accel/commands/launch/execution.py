@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from . import diagnosis
 from .bootstrap import LAUNCHER_PID_ENV
 from .report import exit_code, failure_report
-from .watchdog import HANG_EXIT_CODE, HangWatchdog
+from .watchdog import HangWatchdog
 from accel.utils import heartbeat
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ def execute(plan: LaunchPlan) -> int:
                 watchdog.stop()
                 if watchdog.report is not None:
                     print(watchdog.report, file=sys.stderr)
-                    return HANG_EXIT_CODE
+                    return watchdog.exit_code
                 report, code = failure_report(err, plan.debug, run_dir, watch=watch, exchange=exchange,
                                               node=plan.machine_rank, nnodes=plan.num_machines)
                 if plan.quiet:
@@ -109,7 +109,7 @@ def execute(plan: LaunchPlan) -> int:
                 watchdog.stop()
                 if watchdog.report is not None:  # the watchdog stopped the agent (no restart of a hung job)
                     print(watchdog.report, file=sys.stderr)
-                    return HANG_EXIT_CODE
+                    return watchdog.exit_code
                 print(f"accel launch: stopped by signal {exc.sigval.name}; the ranks were terminated", file=sys.stderr)
                 return 128 + int(exc.sigval)
             except Exception as exc:
@@ -121,7 +121,7 @@ def execute(plan: LaunchPlan) -> int:
                 api_logger.removeFilter(quiet)
             if watchdog.report is not None:  # ended as hung, though every rank's exit looked clean to the agent
                 print(watchdog.report, file=sys.stderr)
-                return HANG_EXIT_CODE
+                return watchdog.exit_code
             return 0
     finally:
         if exchange is not None:

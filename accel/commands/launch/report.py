@@ -10,7 +10,7 @@ from . import diagnosis
 from .bootstrap import BOOTSTRAP_FILE, RUNPY_FILE
 from accel.utils import heartbeat
 
-__all__ = ["TRACEBACK_LINES", "clean_traceback", "exit_code", "failure_evidence", "failure_report"]
+__all__ = ["TRACEBACK_LINES", "clean_traceback", "exit_code", "failure_evidence", "failure_report", "failure_verdict"]
 
 #: traceback lines shown for the failing rank
 TRACEBACK_LINES = 15
@@ -85,17 +85,30 @@ def failure_report(err: Any, debug: bool = False, run_dir: str | None = None, wa
                    node: int = 0, nnodes: int = 1) -> tuple[str, int]:
     """A short summary of a ChildFailedError: the rank to blame, its exit code and the end of its traceback;
     returns (text, exit code for `accel launch`). ``run_dir``: where ranks recorded when they failed;
-    ``watch``: the launcher's own observation of the ranks' processes; ``exchange``: swaps the evidence
-    with the other nodes' launchers, so every node names the same rank."""
+    ``watch``: the launcher's own observation of the ranks' processes; ``exchange``: tells the other nodes'
+    launchers that this job failed and swaps the evidence with them, so every node names the same rank."""
     failures: dict[int, Any] = dict(err.failures)
     if not failures:
         return f"accel launch: {err}", 1
     evidence = failure_evidence(failures, run_dir, watch, node)
     missing: list[int] = []
     if exchange is not None:
+        exchange.declare_end("failure")  # a node whose ranks see no error (a peer's death unnoticed) ends too
         evidence, missing = exchange.swap(evidence)
         # a node that ended as hung sends ranks without an exit status: they are not failures to weigh
         evidence = [e for e in evidence if e.exitcode is not None]
+    text, code = failure_verdict(evidence, node=node, nnodes=nnodes, missing=missing,
+                                 unreachable=exchange.error if exchange is not None else None)
+    if debug:
+        text += "\n" + (err.format_msg() if hasattr(err, "format_msg") else str(err))
+    return text, code
+
+
+def failure_verdict(evidence: list[Any], node: int = 0, nnodes: int = 1, missing: list[int] | None = None,
+                    unreachable: str | None = None) -> tuple[str, int]:
+    """The rank to blame among failed ranks' ``evidence`` (every node's, when swapped), how it ended, the
+    end of its traceback and the other failed ranks; returns (text, exit code for `accel launch`).
+    ``missing``: nodes that sent no evidence; ``unreachable``: why the other launchers could not be reached."""
     root = diagnosis.blame_failure(evidence)
     exitcode = root.exitcode if root.exitcode is not None else 1
     how = f"exit code {exitcode}"
@@ -116,8 +129,8 @@ def failure_report(err: Any, debug: bool = False, run_dir: str | None = None, wa
     if missing:
         lines.append(f"accel launch: no evidence from node(s) {', '.join(map(str, missing))} within "
                      f"{diagnosis.EVIDENCE_WAIT:g} s: the verdict weighs this node's ranks only")
-    if exchange is not None and exchange.error:
-        lines.append(f"accel launch: the other nodes' launchers could not be reached: {exchange.error}")
+    if unreachable:
+        lines.append(f"accel launch: the other nodes' launchers could not be reached: {unreachable}")
     if root.traceback:
         lines.append(f"accel launch: end of rank {root.rank}'s traceback:")
         lines += [f"  {line}" for line in root.traceback]
@@ -130,8 +143,6 @@ def failure_report(err: Any, debug: bool = False, run_dir: str | None = None, wa
     others = [f"rank {e.rank} ({_how_it_ended(e)})" for e in diagnosis.failure_order(evidence) if e is not root]
     if others:
         lines.append(f"accel launch: also stopped: {', '.join(others)}")
-    if debug:
-        lines.append(err.format_msg() if hasattr(err, "format_msg") else str(err))
     return "\n".join(lines), exit_code(exitcode)
 
 

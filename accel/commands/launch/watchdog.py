@@ -10,12 +10,16 @@ import threading
 from typing import Any
 
 from . import diagnosis
+from .report import failure_verdict
 from accel.utils import heartbeat
 
 __all__ = ["HANG_EXIT_CODE", "HangWatchdog", "hang_report"]
 
 #: exit status of a launch ended by the hang watchdog (as `timeout` exits)
 HANG_EXIT_CODE = 124
+#: seconds without progress after which the watchdog asks whether another node's launcher ended the job
+#: (a rank there failed, or its watchdog declared a hang): a job whose steps take less never asks
+PEER_END_IDLE = 5.0
 
 
 class HangWatchdog:
@@ -27,7 +31,12 @@ class HangWatchdog:
     signal), each rank's state is read from the OS, the evidence is swapped with the other nodes'
     launchers (``exchange``, which also tells them to end), the rank to blame is chosen by
     :func:`accel.commands.launch.diagnosis.blame_hang`, every local rank is killed, and ``report`` holds
-    the text ``accel launch`` prints before exiting with :data:`HANG_EXIT_CODE`.
+    the text ``accel launch`` prints before exiting with ``exit_code`` (:data:`HANG_EXIT_CODE`).
+
+    Another node's launcher may end the job first: its watchdog declared a hang, or one of its ranks failed
+    while this node's ranks wait in a collective without noticing (gloo can miss a peer's death). This node
+    then ends too; when the swapped evidence holds failed ranks, the report names the one to blame and the
+    exit code is that rank's, as on the failing node.
     """
 
     def __init__(self, run_dir: str, timeout: float, poll: float | None = None, exchange: Any = None,
@@ -38,6 +47,7 @@ class HangWatchdog:
         self.exchange = exchange
         self.node, self.nnodes = node, nnodes
         self.report: str | None = None
+        self.exit_code = HANG_EXIT_CODE
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="accel-hang-watchdog", daemon=True)
 
@@ -68,23 +78,24 @@ class HangWatchdog:
             if not any(b.count > 0 for b in beats.values()) or any(heartbeat.read_failure(self.run_dir, r) for r in beats):
                 continue  # not armed yet, or a rank failed: the agent's failure report takes over
             idle = now - max(b.last for b in beats.values())
-            declared = False
-            # another node's launcher may have declared a hang; this node's ranks then wait for the hung one
-            # too, so the store is asked only once they have been idle a while (a healthy job never asks)
-            if self.exchange is not None and idle >= self.timeout / 2 and now >= next_ask:
+            declared = None
+            # another node's launcher may have ended its job; this node's ranks then wait for its ranks in a
+            # collective, so the store is asked only once they have been idle a while
+            if self.exchange is not None and idle >= min(self.timeout / 2, PEER_END_IDLE) and now >= next_ask:
                 next_ask = now + 1.0
-                declared = self.exchange.hang_declared()
+                declared = self.exchange.end_declared()
             if idle >= self.timeout or declared:
-                self.report = self._end(beats, idle)
+                self.report, self.exit_code = self._end(beats, idle, declared)
                 self._stop_agent()
                 return
 
-    def _end(self, beats: dict[int, heartbeat.Beat], idle: float) -> str:
+    def _end(self, beats: dict[int, heartbeat.Beat], idle: float, declared: str | None) -> tuple[str, int]:
+        """Collect the evidence, swap it, kill the local ranks; returns (report, exit code)."""
         import signal
         import time
 
-        if self.exchange is not None:
-            self.exchange.declare_hang()
+        if self.exchange is not None and declared is None:
+            self.exchange.declare_end("hang")
         alive = {rank: b for rank, b in beats.items() if _is_our_rank(b.pid)}
         for b in alive.values():
             with contextlib.suppress(OSError):
@@ -101,13 +112,22 @@ class HangWatchdog:
         missing: list[int] = []
         if self.exchange is not None:
             evidence, missing = self.exchange.swap(evidence)
-        report = hang_report(evidence, idle, self.timeout, nnodes=self.nnodes, missing=missing)
-        if self.exchange is not None and self.exchange.error:
-            report += f"\naccel launch: the other nodes' launchers could not be reached: {self.exchange.error}"
+        unreachable = self.exchange.error if self.exchange is not None else None
+        # ranks that failed on another node (exit status known) outweigh a hang: they are why this node waited
+        failed = [e for e in evidence if e.exitcode is not None]
+        if failed:
+            report, code = failure_verdict(failed, node=self.node, nnodes=self.nnodes, missing=missing,
+                                           unreachable=unreachable)
+            report += (f"\naccel launch: this node's ranks ({', '.join(str(r) for r in sorted(beats))}) made no progress "
+                       f"for {idle:.0f} s after that failure and were ended")
+        else:
+            report, code = hang_report(evidence, idle, self.timeout, nnodes=self.nnodes, missing=missing), HANG_EXIT_CODE
+            if unreachable:
+                report += f"\naccel launch: the other nodes' launchers could not be reached: {unreachable}"
         for b in alive.values():
             with contextlib.suppress(OSError):
                 os.kill(b.pid, signal.SIGKILL)
-        return report
+        return report, code
 
     def _stop_agent(self) -> None:
         """Stop the elastic agent as SIGTERM does, so it restarts nothing (--max_restarts) and returns."""
