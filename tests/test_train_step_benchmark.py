@@ -58,7 +58,7 @@ def test_summarize_pairs_each_block_with_the_hand_written_block_of_its_round(ben
 def test_a_tiny_run_prints_the_load_the_interval_and_the_verdict(tmp_path):
     out = tmp_path / "out.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--steps", "2", "--blocks", "6", "--epoch-steps", "5",
-                           "--builds", "2", "--self-check", "--no-accelerate", "--json", str(out)],
+                           "--builds", "2", "--self-check", "--floor", "--no-accelerate", "--json", str(out)],
                           capture_output=True, text=True, timeout=SAFETY_NET_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "load average" in proc.stdout and "95% CI" in proc.stdout and "accel vs torch: median ratio" in proc.stdout
@@ -68,6 +68,8 @@ def test_a_tiny_run_prints_the_load_the_interval_and_the_verdict(tmp_path):
     assert doc["host"]["before"]["cpus"] >= 1 and doc["goal"] == 0.99 and doc["verdict"] and doc["builds"] == 2
     assert len(doc["results"]["torch-again"]["block_ratios"]) == 6
     assert "torch-again vs torch: median ratio" in proc.stdout
+    assert len(doc["results"]["pass-through"]["block_ratios"]) == 6
+    assert "pass-through vs torch: median ratio" in proc.stdout
     bad = subprocess.run([sys.executable, str(SCRIPT), "--blocks", "0"], capture_output=True, text=True,
                          timeout=SAFETY_NET_S)
     assert bad.returncode == 2 and "must be positive" in bad.stderr
@@ -88,3 +90,18 @@ def test_rounds_are_spread_over_fresh_builds_made_in_a_rotated_order(bench, monk
     assert built == ["torch", "accel", "accelerate", "accel", "accelerate", "torch", "accelerate", "torch", "accel"]
     for variant in ("torch", "accel", "accelerate"):  # every round once per variant, none lost at the seams
         assert sorted(b for b, v, *_ in rows if v == variant) == list(range(7))
+
+
+def test_the_pass_through_variant_steps_over_the_hand_written_loops_batches_and_loses_none(bench):
+    import torch
+
+    seen = {}
+    for variant in ("torch", bench.PASS_THROUGH):
+        step, loader = bench.build_variant(variant, 4, 1)
+        batches = list(loader)
+        assert len(batches) == 4  # the look-ahead loses no batch and adds none
+        for x, y in batches:
+            step(x, y)
+        seen[variant] = torch.cat([x for x, _ in batches])
+    assert torch.equal(seen["torch"], seen[bench.PASS_THROUGH])  # the same batches, in the same order
+    assert list(bench._LookAheadLoader([])) == []

@@ -12,7 +12,11 @@ The rounds are spread over ``--builds`` fresh builds of every variant, made in a
 two builds of one and the same loop differ by a few tenths of a percent (where their memory
 landed), and one build per variant would credit that luck to the variant. ``--self-check`` adds
 a second hand-written loop ("torch-again"): its ratio is what the benchmark reads for no
-difference at all, the resolution to judge the others by.
+difference at all, the resolution to judge the others by. ``--floor`` adds the hand-written loop
+behind the thinnest wrappers an Accelerate-shaped API needs ("pass-through"): a loader with one
+batch of look-ahead (the last batch must be known as the last), optimizer and scheduler wrappers
+that only delegate, and a backward function. Its ratio is the cost of wrapping the loop's objects
+at all, the floor for any library with that API.
 
 Each block is compared with the hand-written block of the same round. The figure is the median
 of those per-block ratios with a distribution-free 95 % confidence interval of that median (from
@@ -22,7 +26,7 @@ and a verdict says whether the interval lies at or above ``--goal`` (default 0.9
 straddles it (the noise is too large to tell: run more ``--blocks``).
 
     python suites/benchmarks/train_step.py [--world-size 1] [--steps 10] [--blocks 600] [--builds 6] [--self-check]
-                                           [--goal 0.99] [--json out.json]
+                                           [--floor] [--goal 0.99] [--json out.json]
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ FEATURES, HIDDEN, BATCH = 32, 128, 32
 STEPS, BLOCKS = 10, 600  # defaults: steps per block, rounds (6,000 timed steps per variant)
 BUILDS = 6  # default: fresh builds of every variant the rounds are spread over
 SELF_CHECK = "torch-again"  # the hand-written loop once more, built and timed as a variant of its own
+PASS_THROUGH = "pass-through"  # the hand-written loop behind wrappers that only delegate
 
 
 def _data(batches: int):
@@ -68,13 +73,48 @@ def _schedule(opt):
     return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)  # a real scheduler step; the rate stays put
 
 
+class _Delegate:
+    """An optimizer's or scheduler's wrapper that only delegates (the pass-through variant)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def zero_grad(self):
+        self.inner.zero_grad()
+
+    def step(self):
+        self.inner.step()
+
+
+class _LookAheadLoader:
+    """A loader's wrapper that holds one batch back, so the last batch is known as the last."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __iter__(self):
+        batches = iter(self.loader)
+        try:
+            current = next(batches)
+        except StopIteration:
+            return
+        for upcoming in batches:
+            yield current
+            current = upcoming
+        yield current
+
+
+def _backward(loss):
+    loss.backward()
+
+
 def build_variant(variant: str, batches: int, world: int):
     """A ``(step, loader)`` pair: ``step(x, y)`` is one full training step of ``variant``."""
     import torch
     import torch.nn.functional as F
 
     model, dataset = _model(), _data(batches * world)
-    if variant in ("torch", SELF_CHECK):
+    if variant in ("torch", SELF_CHECK, PASS_THROUGH):
         sampler = None
         if world > 1:
             from torch.nn.parallel import DistributedDataParallel
@@ -84,6 +124,17 @@ def build_variant(variant: str, batches: int, world: int):
         loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=sampler)
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
         sched = _schedule(opt)
+        if variant == PASS_THROUGH:
+            wrapped_opt, wrapped_sched, backward = _Delegate(opt), _Delegate(sched), _backward
+
+            def wrapped_step(x, y):
+                wrapped_opt.zero_grad()
+                loss = F.mse_loss(model(x), y)
+                backward(loss)
+                wrapped_opt.step()
+                wrapped_sched.step()
+
+            return wrapped_step, _LookAheadLoader(loader)
 
         def step(x, y):
             opt.zero_grad()
@@ -285,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-accelerate", action="store_true", help="leave Accelerate out even if installed")
     parser.add_argument("--self-check", action="store_true",
                         help=f"also time the hand-written loop as a variant ({SELF_CHECK!r}): the reading for no difference")
+    parser.add_argument("--floor", action="store_true",
+                        help=f"also time the hand-written loop behind wrappers that only delegate ({PASS_THROUGH!r}): "
+                             "the cost of an Accelerate-shaped API itself")
     parser.add_argument("--json", help="write raw samples and medians here")
     args = parser.parse_args(argv)
     if min(args.world_size, args.steps, args.blocks, args.epoch_steps, args.builds) < 1:
@@ -299,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
         variants.append("accelerate")
     if args.self_check:
         variants.append(SELF_CHECK)
+    if args.floor:
+        variants.append(PASS_THROUGH)
     before = host_load()
     cpu0, wall0 = time.process_time(), time.perf_counter()
     samples = measure(variants, args.world_size, args.steps, args.blocks, args.epoch_steps, args.builds)
@@ -330,6 +386,10 @@ def main(argv: list[str] | None = None) -> int:
         again = summary[SELF_CHECK]
         print(f"{SELF_CHECK} vs torch: median ratio {again['ratio_vs_torch']:.3f}, 95% CI {again['ratio_ci95'][0]:.3f}.."
               f"{again['ratio_ci95'][1]:.3f}: what this run reads for two identical loops")
+    if args.floor:
+        floor = summary[PASS_THROUGH]
+        print(f"{PASS_THROUGH} vs torch: median ratio {floor['ratio_vs_torch']:.3f}, 95% CI {floor['ratio_ci95'][0]:.3f}.."
+              f"{floor['ratio_ci95'][1]:.3f}: the cost of wrapping the loop's objects at all")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"world_size": args.world_size, "steps": args.steps, "blocks": args.blocks, "builds": args.builds,
