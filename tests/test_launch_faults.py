@@ -483,6 +483,12 @@ def test_a_hang_that_cannot_be_declared_is_named_not_swallowed():
     exchange.declare_end("hang")
     assert 1.5 <= time.monotonic() - started < 30
     assert exchange.error and exchange.end_declared() is None
+    def no_second_wait(timeout):
+        raise AssertionError("the store is known to be out of reach: swap must not wait for it again")
+
+    exchange._client = no_second_wait
+    evidence = [_ev(2, node=1, exitcode=-9, signal="SIGKILL")]
+    assert exchange.swap(evidence) == (evidence, [0])
 
 
 class _FakeExchange:

@@ -399,11 +399,14 @@ class NodeExchange:
 
     def swap(self, mine: list[RankEvidence]) -> tuple[list[RankEvidence], list[int]]:
         """Publish this node's evidence, read every other node's (waiting at most ``wait`` seconds in
-        all); returns (all evidence, nodes that sent none)."""
+        all); returns (all evidence, nodes that sent none). After a declaration that could not reach the
+        store (``error`` is set), nothing is tried again: the launcher has waited once already."""
         from datetime import timedelta
 
         merged = list(mine)
         missing = [n for n in range(self.nnodes) if n != self.node]
+        if self.error is not None:
+            return merged, missing
         deadline = time.monotonic() + self.wait
         try:
             store = self._client(self.wait)
