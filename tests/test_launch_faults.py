@@ -219,11 +219,12 @@ def _free_port() -> str:
         return str(sock.getsockname()[1])
 
 
-def _start_job(tmp_path: Path, nodes: int, ranks: int, hang_timeout: float) -> tuple[list[subprocess.Popen], Path]:
+def _start_job(tmp_path: Path, nodes: int, ranks: int, hang_timeout: float,
+               extra_env: dict[str, str] | None = None) -> tuple[list[subprocess.Popen], Path]:
     """``nodes`` launchers of fault_rank.py (``ranks`` in all), on one host; their stderr goes to files."""
     out = tmp_path / "out"
     out.mkdir(parents=True, exist_ok=True)
-    env = _env(out)
+    env = {**_env(out), **(extra_env or {})}
     common = ["--cpu", "--num_processes", str(ranks), "--hang_timeout", str(hang_timeout)]
     if nodes > 1:
         common += ["--num_machines", str(nodes), "--main_process_ip", "127.0.0.1", "--main_process_port", _free_port()]
@@ -297,6 +298,25 @@ def test_a_rank_killed_by_a_signal_is_named_first(tmp_path, nodes, ranks, victim
         assert code == 128 + signal.SIGKILL, err[-4000:]
     if nodes > 1:
         assert "(node 1, local rank 1," in _headline(results[0][1])  # node 0 names the rank of node 1
+
+
+def test_a_node_whose_ranks_miss_a_peers_death_ends_and_names_it(tmp_path):
+    """gloo can leave one node's ranks waiting without an error after a rank on another node was killed;
+    here node 0's ranks sleep outside any collective, so they never notice. Node 1's launcher declares
+    the failure, and node 0's watchdog ends its ranks after 5 s without progress and names the killed
+    rank with its exit status, long before the hour-long hang timeout."""
+    launchers, out = _start_job(tmp_path, 2, 4, hang_timeout=3600, extra_env={"ACCEL_TEST_QUIET_NODE": "0"})
+    pids = []
+    try:
+        pids = _wait_ready(launchers, out, 4)
+        os.kill(pids[3], signal.SIGKILL)
+    finally:
+        results = _finish(launchers, tmp_path, pids)
+    for code, err, _ in results:
+        headline = _headline(err)
+        assert headline.startswith("accel launch: rank 3 (node 1, local rank 1,") and "failed with signal 9 (SIGKILL)" in headline, err[-4000:]
+        assert code == 128 + signal.SIGKILL, err[-4000:]
+    assert "this node's ranks (0, 1) made no progress for" in results[0][1], results[0][1][-4000:]
 
 
 @pytest.mark.parametrize("nodes, ranks, victim", [(1, 2, 0), (2, 4, 3)], ids=["one-node", "two-nodes"])

@@ -3,7 +3,9 @@ runs DDP's gradient allreduce) until the test stops, kills or freezes one of the
 
 Each rank writes its pid into ``$ACCEL_TEST_OUT/pid-{RANK}`` and, after a few steps, ``ready-{RANK}``
 (the point the test waits for before it injects the fault). A rank left alone ends after 300 s, so a
-launcher that never acts cannot keep the test waiting forever.
+launcher that never acts cannot keep the test waiting forever. With ``ACCEL_TEST_QUIET_NODE=N`` the
+ranks of node N stop after that point and sleep outside any collective: they never notice a peer's
+death, as gloo's ranks sometimes do not.
 """
 
 import os
@@ -32,3 +34,6 @@ while time.monotonic() < end:
     if step == 5:
         with open(os.path.join(out, f"ready-{rank}"), "w") as handle:
             handle.write(str(step))
+        if os.environ.get("ACCEL_TEST_QUIET_NODE") == os.environ.get("GROUP_RANK"):
+            while time.monotonic() < end:
+                time.sleep(0.5)
