@@ -20,6 +20,16 @@ from typing import Any, Callable
 from _waits import SAFETY_NET_S
 
 
+def free_port() -> str:
+    """A TCP port on 127.0.0.1 that was free a moment ago: a rendezvous of the test's own, never the
+    default 29500 that everything else on the host takes."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return str(sock.getsockname()[1])
+
+
 def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, store: str, args: tuple, queue: Any) -> None:
     try:
         os.environ.update(

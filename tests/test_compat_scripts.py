@@ -8,6 +8,7 @@ from accel import debug_launcher
 from accel.test_utils import test_ops, test_script, test_sync
 from accel.test_utils.scripts import test_distributed_data_loop
 from accel.test_utils.scripts.external_deps import test_metrics
+from dist_utils import free_port
 
 
 @pytest.mark.parametrize("script", [test_ops, test_sync, test_script, test_distributed_data_loop, test_metrics],
@@ -70,7 +71,8 @@ def test_notebook_script_on_two_processes():
     from accel.test_utils.testing import path_in_accelerate_package
 
     script = str(path_in_accelerate_package("test_utils", "scripts", "test_notebook.py"))
-    done = _run([script], ACCEL_NUM_PROCESSES="2")
+    # a port of its own: the default (29500) is shared by everything on the host that takes the default
+    done = _run([script], ACCEL_NUM_PROCESSES="2", ACCEL_TEST_PORT=free_port())
     assert done.returncode == 0, done.stdout[-3000:]
     assert "4 passed" in done.stdout
 

@@ -24,6 +24,7 @@ from accel.backends import Availability, Backend, Capability, get_backend, regis
 from accel.commands import cli
 from accel.commands import launch as launch_command
 from _waits import SAFETY_NET_S
+from dist_utils import free_port
 
 SCRIPTS = Path(__file__).parent / "scripts"
 REPORT = SCRIPTS / "report_rank.py"
@@ -146,9 +147,7 @@ def test_a_rank_exit_code_becomes_the_launch_exit_code(tmp_path):
 
 def test_two_machines_on_loopback_form_one_group(tmp_path):
     """Two launchers (machine ranks 0 and 1) meet at --main_process_ip/--main_process_port."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = str(sock.getsockname()[1])
+    port = free_port()
     common = ["--cpu", "--num_machines", "2", "--num_processes", "4", "--main_process_ip", "127.0.0.1",
               "--main_process_port", port, str(REPORT), "--collective"]
     out = tmp_path / "out"

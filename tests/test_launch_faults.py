@@ -25,6 +25,7 @@ from accel.commands import launch as L
 from accel.commands.launch import diagnosis as D
 from accel.utils import heartbeat
 from _waits import SAFETY_NET_S
+from dist_utils import free_port
 
 SCRIPTS = Path(__file__).parent / "scripts"
 REPO = Path(__file__).resolve().parents[1]
@@ -211,14 +212,6 @@ FAULT = SCRIPTS / "fault_rank.py"
 PATIENCE = SAFETY_NET_S
 
 
-def _free_port() -> str:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return str(sock.getsockname()[1])
-
-
 def _start_job(tmp_path: Path, nodes: int, ranks: int, hang_timeout: float,
                extra_env: dict[str, str] | None = None) -> tuple[list[subprocess.Popen], Path]:
     """``nodes`` launchers of fault_rank.py (``ranks`` in all), on one host; their stderr goes to files."""
@@ -227,7 +220,7 @@ def _start_job(tmp_path: Path, nodes: int, ranks: int, hang_timeout: float,
     env = {**_env(out), **(extra_env or {})}
     common = ["--cpu", "--num_processes", str(ranks), "--hang_timeout", str(hang_timeout)]
     if nodes > 1:
-        common += ["--num_machines", str(nodes), "--main_process_ip", "127.0.0.1", "--main_process_port", _free_port()]
+        common += ["--num_machines", str(nodes), "--main_process_ip", "127.0.0.1", "--main_process_port", free_port()]
     launchers = []
     for node in range(nodes):
         where = ["--machine_rank", str(node)] if nodes > 1 else []
@@ -449,7 +442,7 @@ def test_blame_hang_names_a_silent_live_rank_then_the_one_behind():
 
 
 def test_node_exchange_swaps_evidence_and_a_silent_node_costs_a_bounded_wait():
-    port = int(_free_port())
+    port = int(free_port())
     # 5 s: a loaded 2-core host can take seconds to answer a store request; node 2's silence still costs 5 s only
     host = D.NodeExchange("127.0.0.1", port, node=0, nnodes=3, wait=5.0)
     host.open()
@@ -498,7 +491,7 @@ def test_orphaned_run_dirs_are_removed_and_live_ones_kept(tmp_path, monkeypatch)
 
 def test_a_hang_that_cannot_be_declared_is_named_not_swallowed():
     # no store serves this port: the declaration is retried until the wait has passed, then kept as the error
-    exchange = D.NodeExchange("127.0.0.1", int(_free_port()), node=1, nnodes=2, wait=1.5)
+    exchange = D.NodeExchange("127.0.0.1", int(free_port()), node=1, nnodes=2, wait=1.5)
     started = time.monotonic()
     exchange.declare_end("hang")
     assert 1.5 <= time.monotonic() - started < 30

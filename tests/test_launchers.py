@@ -6,7 +6,6 @@ import inspect
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from accel.backends import reset_registry
 from accel.launchers import debug_launcher, notebook_launcher
 from accel.state import AcceleratorState, GradientState, PartialState
 from _waits import SAFETY_NET_S
+from dist_utils import free_port
 
 
 @pytest.fixture(autouse=True)
@@ -36,12 +36,6 @@ def clean_state(monkeypatch):
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
     reset_registry()
-
-
-def free_port() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return str(sock.getsockname()[1])
 
 
 def report(out_dir: str, tag: str) -> None:

@@ -1,8 +1,10 @@
 """notebook_launcher situations, run with pytest in a fresh interpreter (``python -m pytest test_notebook.py``).
 
 ``ACCEL_NUM_PROCESSES`` (or Accelerate's ``ACCELERATE_NUM_PROCESSES``) sets the number of processes
-(default 1). Checked: a plain launch sees the world size it asked for, a worker's failure reaches
-the caller, and the static and c10d rendezvous work.
+(default 1); ``ACCEL_TEST_PORT`` the rendezvous port (default notebook_launcher's own, 29500), so that
+runs side by side (parallel test workers, another job on the host) do not meet in one store.
+Checked: a plain launch sees the world size it asked for, a worker's failure reaches the caller,
+and the static and c10d rendezvous work.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import pytest
 from accel import PartialState, notebook_launcher
 
 NUM_PROCESSES = int(os.environ.get("ACCEL_NUM_PROCESSES") or os.environ.get("ACCELERATE_NUM_PROCESSES") or 1)
+PORT = os.environ.get("ACCEL_TEST_PORT") or "29500"
 require_multi_process = pytest.mark.skipif(NUM_PROCESSES < 2, reason="needs at least 2 processes (ACCEL_NUM_PROCESSES)")
 
 
@@ -29,18 +32,19 @@ def failing_function() -> None:
 
 
 def test_can_initialize():
-    notebook_launcher(world_size_function, (NUM_PROCESSES,), num_processes=NUM_PROCESSES)
+    notebook_launcher(world_size_function, (NUM_PROCESSES,), num_processes=NUM_PROCESSES, use_port=PORT)
 
 
 def test_a_failing_worker_reaches_the_caller():
     with pytest.raises(Exception, match="fails on purpose|failed"):
-        notebook_launcher(failing_function, (), num_processes=NUM_PROCESSES)
+        notebook_launcher(failing_function, (), num_processes=NUM_PROCESSES, use_port=PORT)
 
 
 @require_multi_process
 @pytest.mark.parametrize("rdzv_backend", ["static", "c10d"])
 def test_rendezvous_backends(rdzv_backend):
-    notebook_launcher(world_size_function, (NUM_PROCESSES,), num_processes=NUM_PROCESSES, rdzv_backend=rdzv_backend)
+    notebook_launcher(world_size_function, (NUM_PROCESSES,), num_processes=NUM_PROCESSES, rdzv_backend=rdzv_backend,
+                      use_port=PORT)
 
 
 def main() -> None:
