@@ -309,7 +309,7 @@ def test_a_node_whose_ranks_miss_a_peers_death_ends_and_names_it(tmp_path):
         headline = _headline(err)
         assert headline.startswith("accel launch: rank 3 (node 1, local rank 1,") and "failed with signal 9 (SIGKILL)" in headline, err[-4000:]
         assert code == 128 + signal.SIGKILL, err[-4000:]
-    assert "this node's ranks (0, 1) made no progress for" in results[0][1], results[0][1][-4000:]
+    assert "this node's ranks (0, 1) had made no progress for" in results[0][1], results[0][1][-4000:]
 
 
 @pytest.mark.parametrize("nodes, ranks, victim", [(1, 2, 0), (2, 4, 3)], ids=["one-node", "two-nodes"])
@@ -555,6 +555,6 @@ def test_the_watchdog_names_another_nodes_failed_rank_over_a_hang(tmp_path, monk
     if theirs:
         assert headline.startswith("accel launch: rank 3 (node 1, local rank 1, pid 4242) failed with signal 9 (SIGKILL)"), watchdog.report
         assert "rank 3 was killed by SIGKILL before any other rank reported an error" in watchdog.report
-        assert "this node's ranks (0) made no progress" in watchdog.report
+        assert "this node's ranks (0) had made no progress" in watchdog.report
     else:
         assert headline.startswith("accel launch: rank 0 (node 0, pid ") and " hung: " in headline, watchdog.report

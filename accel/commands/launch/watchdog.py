@@ -118,8 +118,8 @@ class HangWatchdog:
         if failed:
             report, code = failure_verdict(failed, node=self.node, nnodes=self.nnodes, missing=missing,
                                            unreachable=unreachable)
-            report += (f"\naccel launch: this node's ranks ({', '.join(str(r) for r in sorted(beats))}) made no progress "
-                       f"for {idle:.0f} s after that failure and were ended")
+            report += (f"\naccel launch: this node's ranks ({', '.join(str(r) for r in sorted(beats))}) had made no progress "
+                       f"for {idle:.0f} s and were ended after that failure")
         else:
             report, code = hang_report(evidence, idle, self.timeout, nnodes=self.nnodes, missing=missing), HANG_EXIT_CODE
             if unreachable:
