@@ -73,7 +73,8 @@ def test_notebook_script_on_two_processes():
     script = str(path_in_accelerate_package("test_utils", "scripts", "test_notebook.py"))
     # a port of its own: the default (29500) is shared by everything on the host that takes the default
     done = _run([script], ACCEL_NUM_PROCESSES="2", ACCEL_TEST_PORT=free_port())
-    assert done.returncode == 0, done.stdout[-3000:]
+    # the whole short-summary and the workers' errors: a rare gloo "Connection refused" under load is not yet explained
+    assert done.returncode == 0, done.stdout[-12000:] + done.stderr[-4000:]
     assert "4 passed" in done.stdout
 
 

@@ -113,6 +113,8 @@ _ROWS: tuple[EnvVar, ...] = (
     _both("INIT_INCLUDE_BUFFERS", "init_empty_weights also puts buffers on the meta device", USER, "accel.big_modeling"),
     _both("NUM_PROCESSES", "process count of the notebook-launcher test script", USER,
           "accel.test_utils.scripts.test_notebook"),
+    _one("ACCEL_TEST_PORT", "rendezvous port of the notebook-launcher test script (default: the default port)",
+         USER, "accel.test_utils.scripts.test_notebook"),
     _one("ACCEL_CHECKPOINT_CHECKSUMS", "write and verify checkpoint checksums (default yes)", USER,
          "accel.checkpointing"),
     _one("USE_TORCH_XLA", "use torch_xla where it is installed (default yes)", USER,

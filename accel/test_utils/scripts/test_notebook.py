@@ -1,7 +1,7 @@
 """notebook_launcher situations, run with pytest in a fresh interpreter (``python -m pytest test_notebook.py``).
 
 ``ACCEL_NUM_PROCESSES`` (or Accelerate's ``ACCELERATE_NUM_PROCESSES``) sets the number of processes
-(default 1); ``ACCEL_TEST_PORT`` the rendezvous port (default notebook_launcher's own, 29500), so that
+(default 1); ``ACCEL_TEST_PORT`` the rendezvous port (default notebook_launcher's own), so that
 runs side by side (parallel test workers, another job on the host) do not meet in one store.
 Checked: a plain launch sees the world size it asked for, a worker's failure reaches the caller,
 and the static and c10d rendezvous work.
@@ -14,9 +14,10 @@ import os
 import pytest
 
 from accel import PartialState, notebook_launcher
+from accel.facts.network import DEFAULT_PORT
 
 NUM_PROCESSES = int(os.environ.get("ACCEL_NUM_PROCESSES") or os.environ.get("ACCELERATE_NUM_PROCESSES") or 1)
-PORT = os.environ.get("ACCEL_TEST_PORT") or "29500"
+PORT = os.environ.get("ACCEL_TEST_PORT") or str(DEFAULT_PORT)
 require_multi_process = pytest.mark.skipif(NUM_PROCESSES < 2, reason="needs at least 2 processes (ACCEL_NUM_PROCESSES)")
 
 
