@@ -1,18 +1,34 @@
 """Shared fixtures of the project's own tests."""
 
+import os
+
 import pytest
 
 
 @pytest.fixture(autouse=True)
 def fresh_state():
-    """Every test starts and ends without accel's process-wide state (it is a shared singleton)."""
+    """Every test starts and ends without accel's process-wide state (it is a shared singleton), and
+    leaves the environment as it found it: a variable one test sets (``MASTER_PORT`` from a process
+    group, a cloud SDK's credentials) would otherwise reach every later test of the same worker and the
+    subprocesses they start."""
     from accel.state import AcceleratorState, GradientState
 
+    saved = dict(os.environ)
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
     yield
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
+    restore_environment(saved)
+
+
+def restore_environment(saved: dict[str, str]) -> None:
+    """Put ``os.environ`` back to ``saved`` (pytest's own ``PYTEST_CURRENT_TEST`` left to pytest)."""
+    for name in set(os.environ) - set(saved) - {"PYTEST_CURRENT_TEST"}:
+        del os.environ[name]
+    for name, value in saved.items():
+        if name != "PYTEST_CURRENT_TEST" and os.environ.get(name) != value:
+            os.environ[name] = value
 
 
 @pytest.fixture
