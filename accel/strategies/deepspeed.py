@@ -180,7 +180,7 @@ class DeepSpeedStrategy(Strategy):
         into the config (a config enabling the other dtype is an error), and one DeepSpeed's accelerator
         cannot run is an ``UnsupportedFeatureError``.
         """
-        from ..precision import engine_managed_precision
+        from ..precision import engine_managed_precision, with_recipe_layers
 
         if deepspeed_plugin is None:
             raise ValueError("the DeepSpeed strategy's precision needs its DeepSpeedPlugin")
@@ -195,12 +195,11 @@ class DeepSpeedStrategy(Strategy):
             requested = deepspeed_plugin.config_precision()
         plan = engine_managed_precision(requested, "deepspeed", cls._deepspeed_supports)
         deepspeed_plugin.set_mixed_precision(plan.used)
-        if library == "AO" and fp8_handler is not None:  # a torchao recipe beside another precision: its layers too
-            from ..precision import with_recipe_layers
-
+        # a torchao recipe beside another precision: its layers too (with_recipe_layers leaves other recipes out)
+        plan = with_recipe_layers(plan, backend, fp8_handler)
+        if plan.fp8 is not None:
             from ..utils.fp8 import without_float8_all_gather
 
-            plan = with_recipe_layers(plan, backend, fp8_handler)
             plan.fp8, note = without_float8_all_gather(plan.fp8, "DeepSpeed")
             plan.reason += note
         return plan
