@@ -9,13 +9,15 @@ The file is a list of entries, or a mapping with one key ``issues`` holding that
         backends: [xpu]                    # optional; default: every backend
         torch: ">=2.5,<2.8"                # optional version specifier (quote it in YAML)
         tests: ["suites/test_collectives.py::test_all_gather*"]   # optional patterns
+        ops: ["fft.*"]                     # optional operator patterns (the operator sweep's op names)
+        dtypes: [bfloat16]                 # optional: with ops, only these dtypes
         error: "UR_RESULT_ERROR_\\w+"      # optional regex searched in the failure text
         xfail: true                        # optional; default false
         reason: known-limitation           # optional reason code (lower-case words joined by '-')
         issue: https://github.com/...      # optional link to the tracking issue (as url)
         expires: 2026-06-30                # optional date: after it the entry covers nothing
 
-An entry needs ``tests`` or ``error`` (or both: then both must match). Every condition given
+An entry needs ``tests``, ``ops`` or ``error`` (``error`` with either: then both must match). Every condition given
 must hold: backend in ``backends``, installed torch in ``torch``, a ``tests`` pattern matching
 the test, and ``error`` found (``re.search``) in the failure message/traceback.
 
@@ -54,7 +56,7 @@ __all__ = ["FIELDS", "KnownIssue", "KnownIssues", "KnownIssuesError", "RerunVerd
            "rerun_verdicts"]
 
 #: the keys an entry may have
-FIELDS = ("id", "url", "title", "backends", "torch", "tests", "error", "xfail", "reason", "issue", "expires")
+FIELDS = ("id", "url", "title", "backends", "torch", "tests", "ops", "dtypes", "error", "xfail", "reason", "issue", "expires")
 
 
 class KnownIssuesError(ValueError):
@@ -104,6 +106,10 @@ class KnownIssue:
     #: torch version specifier text, or None for every version
     torch: str | None = None
     tests: tuple[str, ...] = ()
+    #: operator name patterns (the operator sweep's rows), same wildcards as ``tests``
+    ops: tuple[str, ...] = ()
+    #: with ``ops``: the dtypes the entry covers (empty: every dtype)
+    dtypes: tuple[str, ...] = ()
     #: regular expression searched in the failure text
     error: str | None = None
     xfail: bool = False
@@ -118,6 +124,7 @@ class KnownIssue:
     _specifier: SpecifierSet | None = field(default=None, repr=False, compare=False)
     _error_regex: re.Pattern[str] | None = field(default=None, repr=False, compare=False)
     _test_regexes: tuple[tuple[re.Pattern[str], bool], ...] = field(default=(), repr=False, compare=False)
+    _op_regexes: tuple[re.Pattern[str], ...] = field(default=(), repr=False, compare=False)
 
     def applies_to(self, backend: str | None, torch_version: Any = None) -> bool:
         """Backend and torch filters: does the issue concern this backend and torch release?
@@ -147,6 +154,12 @@ class KnownIssue:
                     return True
         return False
 
+    def matches_op(self, op: str, dtype: str | None = None) -> bool:
+        """Whether an ``ops`` pattern matches the operator (and ``dtypes``, when given, the dtype)."""
+        if self.dtypes and dtype not in self.dtypes:
+            return False
+        return any(regex.match(op) for regex in self._op_regexes)
+
     def matches_text(self, text: str | None) -> bool:
         """Whether the ``error`` regex is found in ``text`` (False when the entry has none)."""
         return bool(self._error_regex is not None and text and self._error_regex.search(text))
@@ -156,7 +169,8 @@ class KnownIssue:
         data: dict[str, Any] = {
             "id": self.id, "title": self.title, "url": self.url,
             "backends": list(self.backends) if self.backends is not None else None,
-            "torch": self.torch, "tests": list(self.tests) or None, "error": self.error,
+            "torch": self.torch, "tests": list(self.tests) or None, "ops": list(self.ops) or None,
+            "dtypes": list(self.dtypes) or None, "error": self.error,
             "reason": self.reason, "issue": self.issue,
             "expires": self.expires.isoformat() if self.expires is not None else None,
         }
@@ -242,8 +256,12 @@ def _parse_entry(entry: Any, source: str) -> KnownIssue:
             regex = re.compile(error)
         except re.error as exc:
             raise _EntryError("error", f"bad regular expression {error!r}: {exc}") from None
-    if not tests and error is None:
-        raise _EntryError("tests", "an entry needs tests (patterns), error (a regex), or both")
+    ops = _strings("ops", entry["ops"]) if entry.get("ops") is not None else ()
+    dtypes = _strings("dtypes", entry["dtypes"], lower=True) if entry.get("dtypes") is not None else ()
+    if dtypes and not ops:
+        raise _EntryError("dtypes", "dtypes narrows ops: give ops (operator patterns) too")
+    if not tests and not ops and error is None:
+        raise _EntryError("tests", "an entry needs tests (patterns), ops (operator patterns), error (a regex), or a pattern and error")
     xfail = entry.get("xfail", False)
     if not isinstance(xfail, bool):
         raise _EntryError("xfail", f"expected true or false, got {xfail!r}")
@@ -253,9 +271,10 @@ def _parse_entry(entry: Any, source: str) -> KnownIssue:
     issue = _optional_text("issue", entry.get("issue"))
     expires = _date("expires", entry.get("expires"))
     return KnownIssue(
-        id=issue_id, title=title, url=url, backends=backends, torch=spec_text, tests=tests,
+        id=issue_id, title=title, url=url, backends=backends, torch=spec_text, tests=tests, ops=ops, dtypes=dtypes,
         error=error, xfail=xfail, reason=reason, issue=issue, expires=expires, source=source, _specifier=specifier, _error_regex=regex,
         _test_regexes=tuple((_pattern_regex(p), "[" in p) for p in tests),
+        _op_regexes=tuple(_pattern_regex(p) for p in ops),
     )
 
 
@@ -343,6 +362,21 @@ class KnownIssues:
             if not issue.applies_to(backend, torch_version):
                 continue
             if issue.tests and not issue.matches_test(test_id, nodeid):
+                continue
+            if issue.ops and not issue.tests:  # an operator entry covers sweep rows, not tests
+                continue
+            if issue.error is not None and not issue.matches_text(text):
+                continue
+            return issue
+        return None
+
+    def match_op(self, op: str, dtype: str | None, backend: str | None, torch_version: Any, text: str | None, *,
+                 today: datetime.date | None = None) -> KnownIssue | None:
+        """The first unexpired issue whose ``ops`` patterns cover this failing operator row, or None."""
+        for issue in self.issues:
+            if not issue.ops or issue.is_expired(today) or not issue.applies_to(backend, torch_version):
+                continue
+            if not issue.matches_op(op, dtype):
                 continue
             if issue.error is not None and not issue.matches_text(text):
                 continue

@@ -84,7 +84,7 @@ def test_several_files_merge_and_ids_stay_unique(tmp_path):
     ("- id: a\n  torch: '>=banana'\n  error: x\n", ["field 'torch'", "not a version specifier: '>=banana'"]),
     ("- id: a\n  torch: 2.5\n  error: x\n", ["field 'torch'", "quoted in YAML", "2.5"]),
     ("- title: no id\n  error: x\n", ["entry #1", "field 'id'", "needs an id"]),
-    ("- id: a\n  title: only a title\n", ["(id 'a')", "needs tests (patterns), error (a regex), or both"]),
+    ("- id: a\n  title: only a title\n", ["(id 'a')", "needs tests (patterns), ops (operator patterns), error (a regex)"]),
     ("- id: a\n  error: x\n  xfail: sometimes\n", ["field 'xfail'", "true or false", "'sometimes'"]),
     ("- id: a\n  error: x\n  backends: []\n", ["field 'backends'", "non-empty list"]),
     ("- id: a\n  tests: [3]\n", ["field 'tests'", "non-empty strings, got 3"]),
@@ -205,3 +205,18 @@ def test_match_test_reports_tracked_passes(issues):
 def test_as_dict_round_trips_through_from_data(issues):
     again = KnownIssues.from_data([i.as_dict() for i in issues])
     assert [i.as_dict() for i in again] == [i.as_dict() for i in issues]
+
+
+def test_an_operator_entry_covers_sweep_rows_by_op_and_dtype_and_never_a_test():
+    known = KnownIssues.from_data([{"id": "emu-fft", "ops": ["fft.*"], "dtypes": ["float32"], "backends": ["emu"],
+                                    "reason": "known-limitation"}])
+    assert known.match_op("fft.ifft", "float32", "emu", "2.13.0", "boom").id == "emu-fft"
+    assert known.match_op("fft.ifft", "bfloat16", "emu", "2.13.0", "boom") is None
+    assert known.match_op("fft.ifft", "float32", "cpu", "2.13.0", "boom") is None
+    assert known.match_op("linalg.svd", "float32", "emu", "2.13.0", "boom") is None
+    assert known.match_failure("suites/test_x.py::test_y", None, "emu", "2.13.0", "boom") is None
+
+
+def test_dtypes_without_ops_is_refused():
+    with pytest.raises(KnownIssuesError, match="dtypes narrows ops"):
+        KnownIssues.from_data([{"id": "a", "error": "x", "dtypes": ["float32"]}])

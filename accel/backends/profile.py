@@ -145,6 +145,8 @@ class DeviceProfile:
     tolerances: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     #: known-issue entries as written (the harness validates them), with their line numbers
     known_issues: list[dict[str, Any]] = field(default_factory=list)
+    #: operator pattern -> dtype -> {"rtol", "atol"}: the operator sweep's per-operator tolerances
+    op_tolerances: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     known_issue_lines: list[int | None] = field(default_factory=list)
     #: the profile's own version (for the run fingerprint)
     version: str | None = None
@@ -266,7 +268,7 @@ def _line(lines: Mapping[tuple, int], where: tuple) -> int | None:
     return lines.get(())
 
 
-_SECTIONS = ("version", "device", "hooks", "capabilities", "tolerances", "known_issues")
+_SECTIONS = ("version", "device", "hooks", "capabilities", "tolerances", "op_tolerances", "known_issues")
 _DEVICE_KEYS = ("name", "device_type", "module", "start_method", "visible_devices_env", "distributed_type",
                 "oom_messages", "ranks_share_device")
 _CAPABILITY_KEYS = ("dtypes", "autocast", "collectives", "compile", "memory_stats", "deterministic", "device_count")
@@ -374,6 +376,17 @@ def _validate(data: Any, lines: Mapping[tuple, int], path: Path | None, fmt: str
                 raise fail(here, "a kind of check is a lower-case word such as training or forward")
             tolerances.setdefault(dtype, {})[str(kind)] = _tolerance_value(value, lambda m, h=here: fail(h, m))
 
+    op_tolerances: dict[str, dict[str, dict[str, float]]] = {}
+    for pattern, per_dtype in mapping(("op_tolerances",), top.get("op_tolerances") or {}).items():
+        where = ("op_tolerances", pattern)
+        for dtype_key, value in mapping(where, per_dtype).items():
+            here = where + (dtype_key,)
+            try:
+                dtype = canonical_dtype(dtype_key)
+            except ValueError as exc:
+                raise fail(here, str(exc)) from None
+            op_tolerances.setdefault(str(pattern), {})[dtype] = _tolerance_value(value, lambda m, h=here: fail(h, m))
+
     issues = top.get("known_issues") or []
     if not isinstance(issues, list):
         raise fail(("known_issues",), f"expected a list of known-issue entries, got {type(issues).__name__}")
@@ -382,7 +395,7 @@ def _validate(data: Any, lines: Mapping[tuple, int], path: Path | None, fmt: str
         raise fail(("version",), f"expected a version string, got {version!r}")
     return DeviceProfile(
         name=name, device_type=device_type, module=module, device_extra=extra, hooks=hooks,
-        comm_backend=comm_backend, capabilities=capabilities, tolerances=tolerances,
+        comm_backend=comm_backend, capabilities=capabilities, tolerances=tolerances, op_tolerances=op_tolerances,
         known_issues=[dict(i) if isinstance(i, Mapping) else i for i in issues],
         known_issue_lines=[_line(lines, ("known_issues", i)) for i in range(len(issues))],
         version=None if version is None else str(version), format=fmt,

@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "launch": ("accel.commands.launch", "run a script in several processes (torch elastic), e.g. `accel launch --num_processes 2 train.py`"),
     "test": ("accel.commands.test", "smoke-check this machine: launch, verify the world size, run the core checks"),
     "qualify": ("accel.commands.qualify", "qualify this machine: conformance suites, benchmarks and a report in one folder"),
+    "ops": ("accel.commands.ops", "operator conformance: torch's OpInfo/ModuleInfo/OptimInfo on a backend against the host, op x dtype table"),
     "bench": ("accel.commands.bench", "run the throughput benchmarks for a backend (pytest-benchmark JSON into ./results), e.g. `accel bench --quick`"),
     "report": ("accel.commands.report", "turn results (JSONL, JUnit XML, benchmark JSON) into report.html + report.md; CI exit codes"),
     "estimate-memory": ("accel.commands.estimate", "estimate a model's memory for inference and training, per dtype (no weights downloaded)"),
