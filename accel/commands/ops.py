@@ -37,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="function, method, inplace, out, noncontiguous, train, eval, step (default: all)")
     parser.add_argument("-k", dest="pattern", metavar="PATTERN",
                         help="only entries whose name matches (wildcards * ?, else a substring; comma for several)")
+    parser.add_argument("--extra-opinfos", "--extra_opinfos", dest="extra_opinfos", action="append", metavar="MODULE:ATTR",
+                        help="also sweep the OpInfo entries in this list (a vendor's own operators; repeatable)")
     parser.add_argument("--samples", type=int, default=None, metavar="N", help="samples per entry and dtype (0: all; default 8, --quick 3)")
     parser.add_argument("-n", "--workers", type=int, default=0, metavar="N", help="worker processes (default: the number of CPUs, at most 8)")
     parser.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="per-sample limit before the case counts as a hang (default 60)")
@@ -74,6 +76,12 @@ def selection_from(args: argparse.Namespace) -> object:
         changes["limit"] = args.samples
     if args.pattern:
         changes["pattern"] = args.pattern
+    for spec in args.extra_opinfos or []:
+        module, _, attribute = spec.partition(":")
+        if not module or not attribute:
+            raise UsageError(f"--extra-opinfos {spec!r}: write MODULE:ATTRIBUTE naming a list of OpInfo entries")
+    if args.extra_opinfos:
+        changes["extra_opinfos"] = tuple(args.extra_opinfos)
     return dataclasses.replace(base, **changes)
 
 

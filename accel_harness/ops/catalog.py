@@ -32,8 +32,15 @@ DATABASES = {
 _NN_DTYPES = ("float64", "float32", "float16", "bfloat16")
 
 
-def database(kind: str) -> list[Any]:
-    """torch's database of ``kind`` (imported on first use; it needs the ``expecttest`` package)."""
+def database(kind: str, source: str | None = None) -> list[Any]:
+    """torch's database of ``kind`` (imported on first use; it needs the ``expecttest`` package), or the
+    list of entries ``source`` (``module:attribute``) names."""
+    if source is not None:
+        module, _, name = source.partition(":")
+        entries = getattr(importlib.import_module(module), name) if name else None
+        if not isinstance(entries, (list, tuple)):
+            raise ValueError(f"{source!r} must name a list of OpInfo entries as 'module:attribute'")
+        return list(entries)
     module, name = DATABASES[kind]
     return getattr(importlib.import_module(module), name)
 
@@ -93,12 +100,13 @@ def _nn_pairs(kind: str, entry: Any, selection: Selection) -> list[tuple[str, st
     return [(m, d) for m in modes for d in ("forward", "backward") if d in selection.directions]
 
 
-def make_plan(selection: Selection, device_type: str, claimed: list[str]) -> tuple[list[Task], list[Row]]:
+def make_plan(selection: Selection, device_type: str, claimed: list[str], device_threads: int = 0) -> tuple[list[Task], list[Row]]:
     """The tasks to run and the rows torch's metadata already decides, for ``device_type``."""
     tasks: list[Task] = []
     rows: list[Row] = []
-    for kind in selection.kinds:
-        for index, entry in enumerate(database(kind)):
+    sources = [(kind, None) for kind in selection.kinds] + [("op", extra) for extra in selection.extra_opinfos]
+    for kind, source in sources:
+        for index, entry in enumerate(database(kind, source)):
             name = entry_name(kind, entry)
             if not selection.wants(name):
                 continue
@@ -121,5 +129,6 @@ def make_plan(selection: Selection, device_type: str, claimed: list[str]) -> tup
                 directions = tuple(dict.fromkeys(d for _, d in pairs))
                 tasks.append(Task(tid=len(tasks), kind=kind, index=index, name=name, dtype=dtype_name, variants=variants,
                                   directions=directions, limit=selection.limit, xfail=said.xfail, atol=said.atol,
-                                  rtol=said.rtol, pairs=tuple(pairs)))
+                                  rtol=said.rtol, pairs=tuple(pairs), source=source,
+                                  device_threads=device_threads))
     return tasks, rows

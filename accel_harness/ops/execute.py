@@ -8,9 +8,10 @@ in (``begin``), so the parent can name the case if the process dies or hangs the
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -110,6 +111,20 @@ class _Side:
         return list(torch.autograd.grad(outs, inputs, weights, allow_unused=True))
 
 
+@contextlib.contextmanager
+def threads(count: int) -> Iterator[None]:
+    """Run the block with ``count`` intra-op threads (0: leave the setting alone)."""
+    if not count:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def attempt(fn: Callable[[], Any]) -> tuple[Any, BaseException | None]:
     try:
         return fn(), None
@@ -138,18 +153,19 @@ def _one(task: Task, entry: Any, sample: Any, index: int, variant: str, directio
                     for d in directions]
     host_out, host_exc = attempt(lambda: host.call(variant, out_like))
     dev = _Side(entry, sample, device, None, backward)
-    dev_out, dev_exc = attempt(lambda: dev.call(variant, out_like))
+    with threads(task.device_threads):
+        dev_out, dev_exc = attempt(lambda: dev.call(variant, out_like))
     forward = judge(host_out, host_exc, dev_out, dev_exc, dtype, tol)
     forward.sample, forward.variant, forward.direction = index, variant, "forward"
     forward.seconds = time.perf_counter() - started
     results.append(forward)
     if backward:
-        results.append(_backward(host, host_out, dev, dev_out, forward, index, variant, dtype, tol, begin))
+        results.append(_backward(host, host_out, dev, dev_out, forward, index, variant, dtype, tol, begin, task.device_threads))
     return [r for r in results if r.direction in directions]
 
 
 def _backward(host: _Side, host_out: Any, dev: _Side, dev_out: Any, forward: SampleResult, index: int, variant: str,
-              dtype: torch.dtype, tol: Tolerance, begin: Begin) -> SampleResult:
+              dtype: torch.dtype, tol: Tolerance, begin: Begin, device_threads: int) -> SampleResult:
     if forward.reason not in (oc.PASSED, oc.MISMATCH):
         return SampleResult(variant, "backward", index, oc.NO_REFERENCE if forward.reason in (oc.NO_REFERENCE, oc.BOTH_RAISE)
                             else forward.reason, message=f"the forward did not run: {forward.message}")
@@ -158,7 +174,8 @@ def _backward(host: _Side, host_out: Any, dev: _Side, dev_out: Any, forward: Sam
     host_grads, host_exc = attempt(lambda: host.grads(host_out, index))
     if host_exc is None and host_grads is None:
         return SampleResult(variant, "backward", index, oc.NO_SAMPLES, message="no differentiable output")
-    dev_grads, dev_exc = attempt(lambda: dev.grads(dev_out, index))
+    with threads(device_threads):
+        dev_grads, dev_exc = attempt(lambda: dev.grads(dev_out, index))
     result = judge(host_grads, host_exc, dev_grads, dev_exc, dtype, tol)
     result.sample, result.variant, result.direction = index, variant, "backward"
     result.seconds = time.perf_counter() - started

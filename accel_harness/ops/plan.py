@@ -37,6 +37,8 @@ class Selection:
     pattern: str | None = None
     #: a device profile's tolerance rules (accel_harness.ops.profile_rules.tolerance_rules), or None
     tolerance_rules: dict | None = None
+    #: more OpInfo entries beside torch's, as ``module:attribute`` naming a list (a vendor's own operators)
+    extra_opinfos: tuple[str, ...] = ()
 
     def wants(self, name: str) -> bool:
         """Whether an entry's name is selected by the pattern (``*``/``?`` wildcards, else a substring; a
@@ -80,6 +82,11 @@ class Task:
     rtol: float | None = None
     #: the (variant, direction) rows this task fills
     pairs: tuple[tuple[str, str], ...] = ()
+    #: where the entry comes from: None for torch's database of ``kind``, else ``module:attribute``
+    source: str | None = None
+    #: threads the device side runs with (0: as the host side); a CPU swept as a device uses another
+    #: thread count than its reference, so the two must agree across thread counts
+    device_threads: int = 0
 
 
 @dataclass

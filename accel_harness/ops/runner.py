@@ -104,7 +104,8 @@ def run_sweep(backend: str, selection: Selection, *, workers: int = 2, timeout: 
     started = time.monotonic()
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "accel_harness.ops.catalog", "accel.backends",
-                                *{f"{m}" for m, _ in _databases(selection)}])
+                                *{m for m, _ in _databases(selection)},
+                                *{spec.partition(":")[0] for spec in selection.extra_opinfos}])
     workers = max(1, workers)
     threads = max(1, (os.cpu_count() or 1) // workers)
     result = SweepResult(backend=backend, workers=workers)

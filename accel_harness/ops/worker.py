@@ -71,9 +71,7 @@ def worker_main(connection: Any, marker: Any, backend_name: str, threads: int, l
                 trace = trace_training_step(device, backend.device_type)
                 connection.send(("census", None, {"census": census(backend.device_type), "trace": trace}))
             elif what == "task":
-                marker[0] = float(payload.tid)
-                begin(-1, payload.variants[0], payload.directions[0])
-                results = _run_task(payload, device, begin)
+                results = _run_task(payload, device, begin, marker)
                 marker[0] = -1.0
                 connection.send(("result", payload.tid, results))
             else:
@@ -93,16 +91,20 @@ def _plan(backend: Any, device: Any, selection: Selection) -> dict[str, Any]:
 
     claims = claimed_dtypes(backend, device)
     claimed = [name for name, why in claims.items() if not why]
-    tasks, rows = make_plan(selection, backend.device_type, claimed)
+    # the host swept as a device runs its side with twice the threads: the two must agree across thread counts
+    device_threads = 2 * torch.get_num_threads() if backend.device_type == "cpu" else 0
+    tasks, rows = make_plan(selection, backend.device_type, claimed, device_threads)
     apply_tolerances(tasks, selection.tolerance_rules)
     return {"device": str(device), "device_type": backend.device_type, "claims": claims, "tasks": tasks, "rows": rows,
             "torch": torch.__version__, "pid": os.getpid()}
 
 
-def _run_task(task: Task, device: Any, begin: Any) -> list[Any]:
+def _run_task(task: Task, device: Any, begin: Any, marker: Any) -> list[Any]:
     from .catalog import database
 
-    entry = database(task.kind)[task.index]
+    entry = database(task.kind, task.source)[task.index]  # importing a database is not the task's time
+    marker[0] = float(task.tid)
+    begin(-1, task.variants[0], task.directions[0])
     if task.kind == "op":
         from .execute import run_op_task
 
