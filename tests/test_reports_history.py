@@ -389,16 +389,18 @@ def test_a_postgres_url_that_cannot_connect_is_one_clear_error_without_the_passw
 
 
 def test_a_write_lock_not_obtained_in_time_is_a_history_error(tmp_path, monkeypatch):
-    import accel_reports.history as history_module
+    import accel_reports.history_db as history_db
 
     _run(tmp_path / "r", 1, {"test_a": "passed"})
     path = tmp_path / "h.db"
     History(path).close()
     holder = sqlite3.connect(path, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")  # another process importing, for longer than the wait
-    monkeypatch.setattr(history_module, "BUSY_TIMEOUT", 0.2)
+    monkeypatch.setattr(history_db, "BUSY_TIMEOUT", 0.2)  # where the connection reads it
     try:
         with History(path) as history:
+            # the short wait is the one in force, not the production default
+            assert history._db.execute("PRAGMA busy_timeout").fetchone()[0] == 200
             with pytest.raises(HistoryError, match="SQLite database failed: database is locked"):
                 history.ingest(load_results([tmp_path / "r"]))
             assert history.run_ids() == []  # a reader is not blocked by the writer (WAL)
