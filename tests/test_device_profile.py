@@ -455,7 +455,7 @@ def test_accel_qualify_passes_the_profile_to_the_suites(tmp_path):
     out = tmp_path / "q"
     run = subprocess.run(
         [sys.executable, "-m", "accel.commands.cli", "qualify", "--profile", str(EXAMPLE / "mycpu.yaml"),
-         "-k", "test_forward_really_runs", "--no-bench", "-o", str(out)],
+         "-k", "test_forward_really_runs", "--no-bench", "--ops", "none", "-o", str(out)],
         capture_output=True, text=True, timeout=900, cwd=tmp_path,
     )
     assert run.returncode == 0, run.stdout + run.stderr
@@ -464,7 +464,7 @@ def test_accel_qualify_passes_the_profile_to_the_suites(tmp_path):
     assert header["extra"]["profile"]["name"] == "mycpu" and header["backends"] == ["mycpu"]
     assert {t["outcome"] for t in tests.values()} == {"passed"} and len(tests) == 2
     bad = write(tmp_path, "bad.yaml", "device: {name: mycpu}\n")
-    run = subprocess.run([sys.executable, "-m", "accel.commands.cli", "qualify", "--profile", str(bad), "--no-bench",
+    run = subprocess.run([sys.executable, "-m", "accel.commands.cli", "qualify", "--profile", str(bad), "--no-bench", "--ops", "none",
                           "-o", str(tmp_path / "q2")], capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert run.returncode == 2 and "missing required key 'device_type'" in run.stdout + run.stderr
 

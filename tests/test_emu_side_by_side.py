@@ -1,6 +1,6 @@
 """``accel qualify --backend cpu --backend emu``: one report with the two backends side by side.
 
-A small selection (``-k``, no benchmarks) keeps it short: a test that passes on both backends and one
+A small selection (``-k``, ``--ops-k``, no benchmarks) keeps it short: a test that passes on both backends and one
 that only runs on an accelerator, so the report must show a pass on each side and emu running what
 cpu skips, with the skip's reason code.
 """
@@ -21,6 +21,8 @@ pytest.importorskip("accel_emu", reason="the accel-emu plug-in is not installed 
 REPO = Path(__file__).resolve().parents[1]
 # passes everywhere / needs an accelerator (skips on cpu with a reason code)
 SELECTION = "test_identity_and_availability or test_a_real_device_out_of_memory_is_recognised_and_recovered_from"
+#: the quick operator sweep on a few operators that every backend lists in float32 and bfloat16
+OPS_SELECTION = "add,mul,sub"
 TIMEOUT_S = 300  # a cold build of the emu extension alone can take minutes on a busy machine
 
 
@@ -47,7 +49,7 @@ def qualified(tmp_path_factory) -> tuple[Path, dict]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_DEVICE", "PYTEST_"))}
     env.update(OMP_NUM_THREADS="1", ACCEL_EMU_MEMORY="256MiB")  # a small device fills up quickly
     command = [sys.executable, "-m", "accel.commands.cli", "qualify", "--backend", "cpu", "--backend", "emu",
-               "-k", SELECTION, "--no-bench", "--json", "-o", str(out)]
+               "-k", SELECTION, "--ops-k", OPS_SELECTION, "--no-bench", "--json", "-o", str(out)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=REPO, env=env)
     assert result.returncode == 0, f"accel qualify failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
     summary = json.loads((out / "summary.json").read_text())
@@ -80,3 +82,13 @@ def test_the_summary_names_both_backends(qualified):
     assert summary["backends"] == ["cpu", "emu"], summary
     suites = next(stage for stage in summary["stages"] if stage["stage"] == "conformance suites")
     assert suites["exit_code"] == 0 and suites["tests_done"] == 4 and not suites["failing_tests"], suites
+
+
+def test_the_operator_stage_ran_on_both_backends_and_compared_every_selected_operator(qualified):
+    out, summary = qualified
+    stages = {stage["stage"]: stage for stage in summary["stages"]}
+    for name in ("cpu", "emu"):
+        assert stages[f"operators ({name})"]["exit_code"] == 0, stages[f"operators ({name})"]
+        rows = (out / "ops" / name / "op_support.csv").read_text().splitlines()[1:]
+        compared = [r for r in rows if ",passed," in r]
+        assert {r.split(",")[0] for r in compared} == {"add", "mul", "sub"}, rows

@@ -166,8 +166,8 @@ def test_torchs_metadata_is_read_from_the_marks_its_decorators_leave():
     assert declaration(entry, "op", "cuda", torch.float32).xfail is False
 
 
-def test_the_pattern_matches_wildcards_substrings_and_alternatives():
-    selection = Selection(pattern="fft.*,layer_norm")
-    assert selection.wants("fft.ifft") and selection.wants("nn.functional.layer_norm")
-    assert not selection.wants("add")
+def test_the_pattern_matches_globs_exact_names_and_alternatives():
+    selection = Selection(pattern="fft.*,*layer_norm,add")
+    assert selection.wants("fft.ifft") and selection.wants("nn.functional.layer_norm") and selection.wants("add")
+    assert not selection.wants("addr") and not selection.wants("mul")
     assert QUICK.dtypes == ("float32", "bfloat16") and QUICK.directions == ("forward",)

@@ -31,7 +31,7 @@ def _baseline(folder: Path) -> Path:
 
 def _qualify(tmp_path: Path, name: str, *extra: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "ACCEL_DEVICE", "CI")}
-    return subprocess.run([sys.executable, "-m", "accel.commands.cli", "qualify", "--backend", "cpu", "--no-bench",
+    return subprocess.run([sys.executable, "-m", "accel.commands.cli", "qualify", "--backend", "cpu", "--no-bench", "--ops", "none",
                            "-k", "test_identity_and_availability and backend_contract", "-o", str(tmp_path / name),
                            "--baseline", str(tmp_path / "base"), *extra],
                           env=env, capture_output=True, text=True, timeout=900)
@@ -60,5 +60,5 @@ def test_a_collection_drop_fails_qualify_unless_within_the_threshold(tmp_path):
 ])
 def test_baseline_usage_errors(tmp_path, capsys, args, message):
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
-    assert main(["qualify", "--backend", "cpu", "--no-bench", "-o", str(tmp_path / "out"), *args]) == 2
+    assert main(["qualify", "--backend", "cpu", "--no-bench", "--ops", "none", "-o", str(tmp_path / "out"), *args]) == 2
     assert message in capsys.readouterr().err

@@ -69,7 +69,7 @@ def test_merge_names_the_failing_rank():
 
 def test_accel_qualify_end_to_end(tmp_path):
     out = tmp_path / "qualify"
-    proc = _accel("qualify", "--backend", "cpu", "-o", str(out), "-k", "contract", "--no-bench", "--json", timeout=600)
+    proc = _accel("qualify", "--backend", "cpu", "-o", str(out), "-k", "contract", "--no-bench", "--ops", "none", "--json", timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = list((out / "results").glob("*.jsonl"))
     assert len(results) == 1 and not (out / "results" / "junit.xml").exists()  # one results file, no copy of it
@@ -97,7 +97,7 @@ def test_accel_qualify_names_failing_tests(tmp_path):
         "def test_bad(device):\n    assert device.type == 'nowhere'\n"
     )
     out = tmp_path / "qualify"
-    proc = _accel("qualify", "--backend", "cpu", "-o", str(out), "--no-bench", "--json", timeout=300,
+    proc = _accel("qualify", "--backend", "cpu", "-o", str(out), "--no-bench", "--ops", "none", "--json", timeout=300,
                   env={**ENV, "ACCEL_SUITES_DIR": str(suites)})
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "1 failing test(s):" in proc.stdout and "test_mini.py::test_bad[cpu" in proc.stdout
@@ -118,7 +118,7 @@ def test_ctrl_c_renders_a_partial_report(tmp_path):
     )
     out = tmp_path / "qualify"
     proc = subprocess.Popen([sys.executable, "-m", "accel.commands.cli", "qualify", "--backend", "cpu", "-o", str(out),
-                             "--no-bench", "--json"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             "--no-bench", "--ops", "none", "--json"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**ENV, "ACCEL_SUITES_DIR": str(suites)})
     log = out / "logs" / "suites.log"
     deadline = time.monotonic() + 300  # an event (3 tests passed), with room for a loaded machine
@@ -149,13 +149,13 @@ def test_ctrl_c_renders_a_partial_report(tmp_path):
 def test_accel_qualify_refuses_a_used_folder(tmp_path):
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "x").write_text("keep me")
-    proc = _accel("qualify", "-o", str(tmp_path / "used"), "--no-bench")
+    proc = _accel("qualify", "-o", str(tmp_path / "used"), "--no-bench", "--ops", "none")
     assert proc.returncode == 2 and "not empty" in proc.stderr
     assert (tmp_path / "used" / "x").read_text() == "keep me"
 
 
 def test_accel_qualify_output_that_cannot_be_made_is_one_line_and_exit_2(tmp_path):
     (tmp_path / "a-file").write_text("x")
-    proc = _accel("qualify", "-o", str(tmp_path / "a-file" / "sub"), "--no-bench")
+    proc = _accel("qualify", "-o", str(tmp_path / "a-file" / "sub"), "--no-bench", "--ops", "none")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr and "--output" in proc.stderr and "is a file" in proc.stderr

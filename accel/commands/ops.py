@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variants", metavar="V,...",
                         help="function, method, inplace, out, noncontiguous, train, eval, step (default: all)")
     parser.add_argument("-k", dest="pattern", metavar="PATTERN",
-                        help="only entries whose name matches (wildcards * ?, else a substring; comma for several)")
+                        help="only entries whose name matches: glob patterns, comma-separated ('fft.*,*norm*,add')")
     parser.add_argument("--extra-opinfos", "--extra_opinfos", dest="extra_opinfos", action="append", metavar="MODULE:ATTR",
                         help="also sweep the OpInfo entries in this list (a vendor's own operators; repeatable)")
     parser.add_argument("--samples", type=int, default=None, metavar="N", help="samples per entry and dtype (0: all; default 8, --quick 3)")

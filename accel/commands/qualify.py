@@ -63,6 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "is the one qualified (unless --backend says otherwise) and its claims are checked")
     parser.add_argument("--dist-timeout", type=float, default=120.0, metavar="SECONDS",
                         help="timeout of one multi-process test (default 120)")
+    parser.add_argument("--ops", choices=("quick", "full", "none"), default="quick",
+                        help="the operator sweep (accel ops) per backend: quick (default: every operator, float32 and "
+                             "bfloat16, forward), full (every dtype, backward, variants, modules, optimizers) or none")
+    parser.add_argument("--ops-k", "--ops_k", dest="ops_k", metavar="PATTERN",
+                        help="only the operators matching this accel ops -k pattern")
     parser.add_argument("--no-bench", action="store_true", help="skip the benchmarks")
     parser.add_argument("--history", metavar="DB", help="also append this run's results and benchmarks to a run history (an SQLite file, or a postgresql:// URL)")
     parser.add_argument("--quick", action="store_true", help="quick benchmarks (smoke run)")
@@ -365,6 +370,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         if _step(stage, pytest_cmd, logs / "suites.log", stages) != 0:
             status = 1
+        if args.ops != "none" and not rerun:
+            for name in backends:
+                stage = f"operators ({name})"
+                artefacts += [(f"operators ({name})", out / "ops" / name)]
+                code = _step(stage, _ops_command(args, name, out / "ops" / name, known_file), logs / f"ops-{name}.log", stages)
+                if code != 0:
+                    status = 1
         if not args.no_bench and not rerun and importlib.util.find_spec("accel.commands.bench"):
             bench_dir = out / "bench"
             artefacts += [("benchmarks", bench_dir)]
@@ -381,7 +393,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"\naccel qualify: interrupted during {stage}; rendering a partial report", flush=True)
     if importlib.util.find_spec("accel.commands.report"):
         report_dir = out / "report"
-        inputs = [str(results)] + ([str(out / "bench")] if (out / "bench").is_dir() else [])
+        inputs = [str(results)] + [str(p) for p in _ops_results(out)] + ([str(out / "bench")] if (out / "bench").is_dir() else [])
         title = ("accel qualify --rerun-known" if rerun else "accel qualify") + (
             f" — PARTIAL: interrupted during {interrupted}" if interrupted else "")
         cmd = [sys.executable, "-m", "accel.commands.cli", "report", *inputs, "-o", str(report_dir), "--title", title]
@@ -412,9 +424,9 @@ def run(args: argparse.Namespace) -> int:
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
         artefacts.append(("summary", out / "summary.json"))
     if getattr(args, "history", None):  # --history DB: this run appended to the run history
-        status = _append_history(args.history, [results, out / "bench"]) or status
+        status = _append_history(args.history, [results, *_ops_results(out), out / "bench"]) or status
     print(_closing_line(status, interrupted))
-    print(f"accel qualify: {_tally(results, out / 'bench' if not args.no_bench else None)}")
+    print(f"accel qualify: {_tally(results, out / 'bench' if not args.no_bench else None, _ops_results(out))}")
     for verdict in verdicts:
         print(f"accel qualify: {verdict.line()}")
     for label, path in artefacts:
@@ -481,20 +493,44 @@ def _closing_line(status: int, interrupted: str | None) -> str:
     return "accel qualify: done" + ("" if status == 0 else " (with failures)")
 
 
-def _tally(results: Path, bench: Path | None) -> str:
-    """The whole run in one line: suite outcomes per backend, then benchmarks measured and too noisy to judge."""
+def _ops_command(args: argparse.Namespace, backend: str, folder: Path, known_file: Path | None) -> list[str]:
+    """The ``accel ops`` child command of one backend's operator stage."""
+    cmd = [sys.executable, "-m", "accel.commands.cli", "ops", "--backend", backend, "-o", str(folder)]
+    if args.ops == "quick":
+        cmd.append("--quick")
+    if getattr(args, "ops_k", None):
+        cmd += ["-k", args.ops_k]
+    if args.workers:
+        cmd += ["-n", str(args.workers)]
+    if known_file is not None:
+        cmd += ["--known-issues", str(known_file)]
+    if getattr(args, "profile", None):
+        cmd += ["--profile", os.path.abspath(args.profile)]
+    return cmd
+
+
+def _ops_results(out: Path) -> list[Path]:
+    """The results folders the operator stages wrote (one per backend)."""
+    return sorted(p for p in (out / "ops").glob("*/results") if p.is_dir())
+
+
+def _tally(results: Path, bench: Path | None, ops: list[Path] | None = None) -> str:
+    """The whole run in one line: suite outcomes per backend, operator rows per backend, then benchmarks
+    measured and too noisy to judge."""
     from accel_harness.records import read_records
 
-    counts: dict[str, dict[str, int]] = {}
-    for path in sorted(results.glob("*.jsonl")) if results.is_dir() else []:
-        _, records, _ = read_records(path)
-        for rec in records:
-            per = counts.setdefault(str(rec.get("backend") or "?"), {})
-            per[rec["outcome"]] = per.get(rec["outcome"], 0) + 1
     parts = []
-    for backend, per in sorted(counts.items()):
-        shown = ", ".join(f"{per[o]} {o}" for o in ("passed", "failed", "error", "skipped", "xfailed", "xpassed") if per.get(o))
-        parts.append(f"{backend}: {sum(per.values())} tests ({shown})")
+    for label, folders in (("tests", [results]), ("operator rows", ops or [])):
+        counts: dict[str, dict[str, int]] = {}
+        for folder in folders:
+            for path in sorted(folder.glob("*.jsonl")) if folder.is_dir() else []:
+                _, records, _ = read_records(path)
+                for rec in records:
+                    per = counts.setdefault(str(rec.get("backend") or "?"), {})
+                    per[rec["outcome"]] = per.get(rec["outcome"], 0) + 1
+        for backend, per in sorted(counts.items()):
+            shown = ", ".join(f"{per[o]} {o}" for o in ("passed", "failed", "error", "skipped", "xfailed", "xpassed") if per.get(o))
+            parts.append(f"{backend}: {sum(per.values())} {label} ({shown})")
     if bench is not None and bench.is_dir():
         measured = noisy = 0
         for path in bench.rglob("*.json"):

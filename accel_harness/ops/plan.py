@@ -27,7 +27,7 @@ ALL_DTYPES = ("float64", "float32", "float16", "bfloat16", "complex128", "comple
 @dataclass(frozen=True)
 class Selection:
     """What a sweep covers: databases, dtypes (None: every dtype the device claims), directions,
-    call variants (None: every variant an entry has), samples per entry and dtype, a name pattern."""
+    call variants (None: every variant an entry has), samples per entry and dtype, name patterns."""
 
     kinds: tuple[str, ...] = KINDS
     dtypes: tuple[str, ...] | None = None
@@ -41,18 +41,13 @@ class Selection:
     extra_opinfos: tuple[str, ...] = ()
 
     def wants(self, name: str) -> bool:
-        """Whether an entry's name is selected by the pattern (``*``/``?`` wildcards, else a substring; a
-        comma separates alternatives)."""
+        """Whether an entry's name is selected by the pattern: comma-separated glob patterns (``fft.*``,
+        ``*norm*``); a part without wildcards names one entry exactly."""
         if not self.pattern:
             return True
         import fnmatch
 
-        for part in (p.strip() for p in self.pattern.split(",") if p.strip()):
-            if any(c in part for c in "*?[") and fnmatch.fnmatchcase(name, part):
-                return True
-            if not any(c in part for c in "*?[") and part in name:
-                return True
-        return False
+        return any(fnmatch.fnmatchcase(name, part.strip()) for part in self.pattern.split(",") if part.strip())
 
 
 #: the quick sweep: every operator entry, float32 and bfloat16, forward, torch's function, three samples
