@@ -77,12 +77,14 @@ def cotangents(outputs: list[torch.Tensor], seed: int) -> list[torch.Tensor]:
 class _Side:
     """One sample as one side (host or device) sees it, with the call variants."""
 
-    def __init__(self, entry: Any, sample: Any, device: Any, from_device: Any, grad: bool):
+    def __init__(self, entry: Any, sample: Any, device: Any, from_device: Any, grad: bool, keep_places: bool = False):
         self.entry = entry
         self.device = device
-        self.input = mirror(sample.input, device, grad, from_device)
-        self.args = mirror(tuple(sample.args), device, grad, from_device)
-        self.kwargs = mirror(dict(sample.kwargs), device, grad, from_device)
+        # the device side keeps each tensor where the sample made it (a host index tensor stays on the host)
+        place = None if keep_places else device
+        self.input = mirror(sample.input, place, grad, from_device)
+        self.args = mirror(tuple(sample.args), place, grad, from_device)
+        self.kwargs = mirror(dict(sample.kwargs), place, grad, from_device)
         self.process = sample.output_process_fn_grad
 
     def call(self, variant: str, out_like: Any = None) -> Any:
@@ -152,7 +154,7 @@ def _one(task: Task, entry: Any, sample: Any, index: int, variant: str, directio
             return [SampleResult(variant, d, index, oc.NO_REFERENCE, message="the operator returns no tensor to pass as out=")
                     for d in directions]
     host_out, host_exc = attempt(lambda: host.call(variant, out_like))
-    dev = _Side(entry, sample, device, None, backward)
+    dev = _Side(entry, sample, device, None, backward, keep_places=True)
     with threads(task.device_threads):
         dev_out, dev_exc = attempt(lambda: dev.call(variant, out_like))
     forward = judge(host_out, host_exc, dev_out, dev_exc, dtype, tol)

@@ -74,8 +74,8 @@ def _module_sample(info: Any, module_input: Any, index: int, variant: str, train
     forward_input = module_input.forward_input
     host_args = mirror(tuple(forward_input.args), "cpu", grad, device)
     host_kwargs = mirror(dict(forward_input.kwargs), "cpu", grad, device)
-    dev_args = mirror(tuple(forward_input.args), device, grad, None)
-    dev_kwargs = mirror(dict(forward_input.kwargs), device, grad, None)
+    dev_args = mirror(tuple(forward_input.args), None, grad)
+    dev_kwargs = mirror(dict(forward_input.kwargs), None, grad)
     torch.manual_seed(index)
     host_out, host_exc = attempt(lambda: host_module(*host_args, **host_kwargs))
     if dev_exc is None:

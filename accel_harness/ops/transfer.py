@@ -34,10 +34,12 @@ def _dense(sizes: torch.Size, strides: tuple[int, ...]) -> bool:
     return True
 
 
-def mirror_tensor(tensor: torch.Tensor, device: torch.device | str, requires_grad: bool | None = None) -> torch.Tensor:
-    """A leaf copy of ``tensor`` on ``device`` with the same storage layout; ``requires_grad`` as the original's unless given."""
+def mirror_tensor(tensor: torch.Tensor, device: torch.device | str | None, requires_grad: bool | None = None) -> torch.Tensor:
+    """A leaf copy of ``tensor`` on ``device`` (None: where it is) with the same storage layout;
+    ``requires_grad`` as the original's unless given."""
     grad = tensor.requires_grad if requires_grad is None else requires_grad
     source = tensor.detach()
+    device = source.device if device is None else device
     if _plain(source):
         copy = source.to(device, copy=True)
     else:
@@ -52,9 +54,10 @@ def mirror_tensor(tensor: torch.Tensor, device: torch.device | str, requires_gra
     return copy
 
 
-def mirror(value: Any, device: torch.device | str, requires_grad: bool | None = None, from_device: Any = None) -> Any:
-    """``value`` (tensors inside lists, tuples and dicts) copied to ``device``; a ``device`` keyword
-    naming ``from_device`` is pointed at ``device`` too (factory functions)."""
+def mirror(value: Any, device: torch.device | str | None, requires_grad: bool | None = None, from_device: Any = None) -> Any:
+    """``value`` (tensors inside lists, tuples and dicts) copied to ``device`` (None: each tensor where it
+    is, as the sample made it: a host index tensor of a device sample stays on the host); a ``device``
+    keyword naming ``from_device`` is pointed at ``device`` too (factory functions)."""
     if isinstance(value, torch.Tensor):
         return mirror_tensor(value, device, requires_grad)
     if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
@@ -67,7 +70,7 @@ def mirror(value: Any, device: torch.device | str, requires_grad: bool | None = 
     return value
 
 
-def _device_keyword(value: Any, device: torch.device | str, from_device: Any) -> Any:
-    if from_device is not None and value is not None and torch.device(value).type == torch.device(from_device).type:
+def _device_keyword(value: Any, device: torch.device | str | None, from_device: Any) -> Any:
+    if device is not None and from_device is not None and value is not None and torch.device(value).type == torch.device(from_device).type:
         return device if isinstance(value, torch.device) else str(device)
     return value
