@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="only entries whose name matches: glob patterns, comma-separated ('fft.*,*norm*,add')")
     parser.add_argument("--extra-opinfos", "--extra_opinfos", dest="extra_opinfos", action="append", metavar="MODULE:ATTR",
                         help="also sweep the OpInfo entries in this list (a vendor's own operators; repeatable)")
-    parser.add_argument("--samples", type=int, default=None, metavar="N", help="samples per entry and dtype (0: all; default 8, --quick 3)")
+    parser.add_argument("--samples", type=int, default=None, metavar="N", help="samples per entry and dtype (0: all; default 4, --quick 3)")
     parser.add_argument("-n", "--workers", type=int, default=0, metavar="N", help="worker processes (default: the number of CPUs, at most 8)")
     parser.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="per-sample limit before the case counts as a hang (default 60)")
     parser.add_argument("--known-issues", "--known_issues", dest="known_issues", action="append", metavar="YAML",

@@ -33,7 +33,7 @@ class Selection:
     dtypes: tuple[str, ...] | None = None
     directions: tuple[str, ...] = ("forward", "backward", "step")
     variants: tuple[str, ...] | None = None
-    limit: int = 8
+    limit: int = 4
     pattern: str | None = None
     #: a device profile's tolerance rules (accel_harness.ops.profile_rules.tolerance_rules), or None
     tolerance_rules: dict | None = None
