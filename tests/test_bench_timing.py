@@ -42,18 +42,51 @@ def _load_host_reference():
 host_reference = _load_host_reference()
 
 
-# ---------------------------------------------------------------------------- fake backends
+# ---------------------------------------------------------------------------- fake clock and backends
+class FakeClock:
+    """Virtual time: ``perf_counter`` reads it and only ``advance`` (the fake work) moves it.
+
+    The tests advance it by powers of two, so every sum and difference is exact.
+    """
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """A fake clock in place of the ``time`` module that accel's timers read."""
+    fake = FakeClock()
+    monkeypatch.setattr(backends_base, "time", fake)
+    return fake
+
+
+#: one fake call (about a millisecond) and a benchmark round of 16 of them
+CALL_S = 2.0 ** -10
+ROUND_S = 16 * CALL_S
+
+
 class QueueBackend(CPUBackend):
     """A CPU backend that behaves like an asynchronous device.
 
     ``enqueue(seconds)`` queues work and returns at once; ``synchronize()`` waits until the queued
-    work is done (sleeps for it). Every call is logged in ``log`` so the order can be checked.
+    work is done (advances ``clock`` by it). Every call is logged in ``log`` so the order can be checked.
     """
 
     name = "fakequeue"
 
-    def __init__(self):
+    def __init__(self, clock: FakeClock):
         super().__init__()
+        self.clock = clock
         self.pending = 0.0
         self.log: list[str] = []
         self.syncs = 0
@@ -66,7 +99,7 @@ class QueueBackend(CPUBackend):
         self.syncs += 1
         self.log.append("sync")
         if self.pending:
-            time.sleep(self.pending)
+            self.clock.advance(self.pending)
             self.pending = 0.0
 
 
@@ -115,14 +148,15 @@ class EventBackend(CPUBackend):
 
 
 class _ClockShim:
-    """Stands in for the ``time`` module inside accel.backends.base: logs every clock read."""
+    """Stands in for the ``time`` module inside accel.backends.base: logs every read of ``clock``."""
 
-    def __init__(self, log):
+    def __init__(self, log, clock: FakeClock):
         self.log = log
+        self.clock = clock
 
     def perf_counter(self) -> float:
         self.log.append("clock")
-        return time.perf_counter()
+        return self.clock.perf_counter()
 
     def __getattr__(self, name):
         return getattr(time, name)
@@ -130,9 +164,9 @@ class _ClockShim:
 
 # ---------------------------------------------------------------------------- synchronization
 def test_host_timer_synchronizes_before_each_clock_read(monkeypatch):
-    backend = QueueBackend()
-    monkeypatch.setattr(backends_base, "time", _ClockShim(backend.log))
-    m = timing.measure(backend, lambda: backend.enqueue(0.001), iterations=2, rounds=3, warmup_rounds=1)
+    backend = QueueBackend(FakeClock())
+    monkeypatch.setattr(backends_base, "time", _ClockShim(backend.log, backend.clock))
+    m = timing.measure(backend, lambda: backend.enqueue(CALL_S), iterations=2, rounds=3, warmup_rounds=1)
     assert m.rounds == 3 and m.iterations == 2 and len(m.warmup_samples) == 1
     log = backend.log
     clocks = [i for i, event in enumerate(log) if event == "clock"]
@@ -144,16 +178,14 @@ def test_host_timer_synchronizes_before_each_clock_read(monkeypatch):
         assert log[start + 1:end - 1] == ["work", "work"]
 
 
-def test_elapsed_includes_the_rounds_queued_work_and_excludes_earlier_work():
-    backend = QueueBackend()
-    # far apart, so a loaded host's oversleeping (seen: 0.02 s taking 0.22 s) cannot blur the two
-    queued_before, per_call = 0.6, 0.02
+def test_elapsed_includes_the_rounds_queued_work_and_excludes_earlier_work(clock):
+    backend = QueueBackend(clock)
+    queued_before, per_call = 64 * CALL_S, CALL_S
     m = timing.measure(backend, lambda: backend.enqueue(per_call), iterations=1, rounds=4, warmup_rounds=1,
                        setup=lambda: backend.enqueue(queued_before))
-    for sample in m.samples:
-        # without the closing synchronize the round would take ~0 s (enqueue returns at once);
-        # without the opening one it would include the setup's 0.12 s
-        assert per_call <= sample < queued_before, m.samples
+    # without the closing synchronize a round would take 0 s (enqueue returns at once);
+    # without the opening one it would include the setup's queued work
+    assert m.samples == [per_call] * 4 and m.warmup_samples == [per_call]
     assert backend.pending == 0.0
 
 
@@ -180,46 +212,53 @@ def test_host_timers_reported_as_such():
 
 
 # ---------------------------------------------------------------------------- warm-up and calibration
-def test_warmup_rounds_are_excluded_from_the_samples():
+def test_warmup_rounds_are_excluded_from_the_samples(clock):
     calls = []
 
     def fn():
         calls.append(1)
-        time.sleep(0.2 if len(calls) <= 4 else 0.001)  # the first touch and 3 warm-up rounds are slow
+        clock.advance(64 * CALL_S if len(calls) <= 4 else CALL_S)  # the first touch and 3 warm-up rounds are slow
 
     m = timing.measure(CPUBackend(), fn, iterations=1, rounds=5, warmup_rounds=3)
     assert len(calls) == 1 + 3 + 5
-    assert len(m.warmup_samples) == 3 and all(s >= 0.2 for s in m.warmup_samples)
-    assert len(m.samples) == 5 and all(s < 0.15 for s in m.samples), m.samples  # generous for a loaded host
+    assert m.warmup_samples == [64 * CALL_S] * 3
+    assert m.samples == [CALL_S] * 5
 
 
-def test_calibration_picks_iterations_for_the_round_time_and_rounds_for_the_budget():
-    settings = timing.Settings(warmup_rounds=1, min_rounds=3, max_rounds=6, round_time_s=0.02, budget_s=0.5)
+def test_calibration_picks_iterations_for_the_round_time_and_rounds_for_the_budget(clock):
+    # the budget holds 5 rounds of 16 calls, between the minimum (3) and the maximum (6)
+    settings = timing.Settings(warmup_rounds=1, min_rounds=3, max_rounds=6, round_time_s=ROUND_S, budget_s=5 * ROUND_S)
     calls = []
 
     def fn():
         calls.append(1)
-        time.sleep(0.001)
+        clock.advance(CALL_S)
 
     m = timing.measure(CPUBackend(), fn, settings)
-    assert 2 <= m.iterations <= 20
-    assert 3 <= m.rounds <= 6
-    assert m.calibration_s is not None and m.calibration_s >= 0.001
-    for sample in m.samples:
-        assert sample >= m.iterations * 0.001
+    assert m.calibration_s == CALL_S
+    assert m.iterations == 16 and m.rounds == 5
+    assert m.samples == [ROUND_S] * 5 and m.warmup_samples == [ROUND_S]
+    # first touch, calibration batches of 1, 2 and 4 calls (the last fills a quarter round), warm-up, rounds
+    assert len(calls) == 1 + (1 + 2 + 4) + 16 * (1 + 5)
+    capped = timing.Settings(warmup_rounds=0, min_rounds=3, max_rounds=6, round_time_s=ROUND_S, budget_s=100 * ROUND_S)
+    assert timing.measure(CPUBackend(), fn, capped).rounds == 6
+    floored = timing.Settings(warmup_rounds=0, min_rounds=3, max_rounds=6, round_time_s=ROUND_S, budget_s=ROUND_S)
+    assert timing.measure(CPUBackend(), fn, floored).rounds == 3
 
 
-def test_calibration_trusts_the_longest_batch_not_a_lucky_short_one():
+def test_calibration_trusts_the_longest_batch_not_a_lucky_short_one(clock):
     calls = []
 
-    def fn():  # the first calls are nearly free, then each call costs 1 ms (a latency-bound call on a busy host)
+    def fn():  # the first calls are free, then each call costs CALL_S (a latency-bound call on a busy host)
         calls.append(1)
         if len(calls) > 3:
-            time.sleep(0.001)
+            clock.advance(CALL_S)
 
-    per_call = timing._calibrate(CPUBackend(), fn, round_time_s=0.04)
-    assert per_call >= 0.0009, per_call  # the fastest batch would say a few microseconds
-    assert timing._iterations_for(0.04, per_call) <= 45
+    # batches of 1 and 2 calls take no time, 4 and 8 calls less than a quarter of the round, 16 calls fill it
+    per_call = timing._calibrate(CPUBackend(), fn, round_time_s=64 * CALL_S)
+    assert len(calls) == 1 + 2 + 4 + 8 + 16
+    assert per_call == CALL_S  # the fastest batch would say 0
+    assert timing._iterations_for(64 * CALL_S, per_call) == 64
 
 
 def test_smoke_settings_run_once_and_time_one_round():
@@ -395,37 +434,34 @@ def test_extra_info_rejects_an_unknown_host_bound():
         timing.extra_info(backend, m, metric="x", unit="GB/s", work_per_round=1.0, work_unit="GB", host_bound="disk")
 
 
-def test_interleaving_with_the_memory_probe_records_it_apart_from_the_variants(monkeypatch):
+def test_interleaving_with_the_memory_probe_records_it_apart_from_the_variants(monkeypatch, clock):
     from types import SimpleNamespace
 
     monkeypatch.setitem(sys.modules, "timing", timing)  # host_reference imports the suites' timing by name
     import torch
 
     bench = SimpleNamespace(extra_info={})
-    settings = timing.Settings(warmup_rounds=1, min_rounds=3, max_rounds=3, round_time_s=0.02, budget_s=0.05)
+    settings = timing.Settings(warmup_rounds=1, min_rounds=3, max_rounds=3, round_time_s=ROUND_S, budget_s=ROUND_S)
     threads = []
 
-    def step():  # 1 ms per call (busy, so a loaded machine cannot stretch it much)
+    def step():
         threads.append(torch.get_num_threads())
-        end = time.perf_counter() + 0.001
-        while time.perf_counter() < end:
-            pass
+        clock.advance(CALL_S)
 
-    # a probe round made deliberately slow (50 ms): had the benchmark's calibration timed it along with
-    # the step, one call would fill the 20 ms round; timed apart, about 20 calls do
-    slow_probe = host_reference.InterleavedMemoryProbe.__call__
+    # a probe round that costs 64 calls of the step: had the benchmark's calibration or its rounds timed it
+    # along with the step, one call would fill the round and the samples would hold the probe's time
+    real_probe = host_reference.InterleavedMemoryProbe.__call__
 
     def slower(self):
-        slow_probe(self)
-        time.sleep(0.05)
+        real_probe(self)
+        clock.advance(64 * CALL_S)
 
     monkeypatch.setattr(host_reference.InterleavedMemoryProbe, "__call__", slower)
     results = host_reference.interleave_with_memory_probe(bench, CPUBackend(), {"a": step, "b": step}, settings)
     assert list(results) == ["a", "b"] and results["a"].rounds == results["b"].rounds == 3
-    # the step's own time, not the probe's: timed with the probe, one call (51 ms) would fill the round and
-    # give 1 iteration; about 20 fit when timed apart, fewer where a loaded host preempts the busy step
-    assert results["a"].iterations >= 2, results["a"].iterations
-    monkeypatch.setattr(host_reference.InterleavedMemoryProbe, "__call__", slow_probe)
+    for result in results.values():  # the step's own time, not the probe's
+        assert result.iterations == 16 and result.samples == [ROUND_S] * 3, result
+    monkeypatch.setattr(host_reference.InterleavedMemoryProbe, "__call__", real_probe)
     probe = bench.extra_info[host_reference.PAIRED_KEY]
     assert probe["rounds"] == 3 and probe["memory_gbs"] > 0  # one probe round per measured round, none in warm-up
     assert set(threads) == {torch.get_num_threads()}  # the probe's single thread never leaks into the benchmark
