@@ -31,7 +31,9 @@ Frames (columns in :data:`TEST_COLUMNS`, :data:`RUN_COLUMNS`, :data:`BENCH_COLUM
   start_time, nodeid, test_id (device-neutral), world_size, outcome, duration, when, reason_code,
   message, signature, traceback, known_issue, tracked_pass (tuple of known-issue ids or None),
   flake_rate (``extra["flake"]["flake_rate"]`` of a failure re-run with ``--flake-runs``, else None),
-  expired_issue (``extra["expired_known_issue"]``: the expired known issue that used to cover it);
+  expired_issue (``extra["expired_known_issue"]``: the expired known issue that used to cover it),
+  operator (an operator sweep's row: the fields of its ``extra`` the report reads, see
+  :func:`accel_reports.operators.operator_detail`; None for any other test);
 * ``runs``: run_id, source, format, backends, torch_version, torch_build, accel_version, host,
   start_time, end_time, interrupted, records, device_models, git_commit, upstream (the header's
   ``extra["upstream"]`` block of an upstream-suite run, else None; such a run's ``accel_version``
@@ -40,7 +42,9 @@ Frames (columns in :data:`TEST_COLUMNS`, :data:`RUN_COLUMNS`, :data:`BENCH_COLUM
   fingerprint (the header's ``extra["fingerprint"]``), selection (the ``run_end`` line's
   ``fingerprint_tests``: count and hash of the selected test ids), profile (the header's
   ``extra["profile"]`` without its local path), profile_coverage (the ``run_end`` line's) and
-  expired_known_issues (id, expires, issue of each entry the run found expired);
+  expired_known_issues (id, expires, issue of each entry the run found expired), ops (an operator
+  sweep's headline figures, the header's ``extra["ops"]``, checked by
+  :func:`accel_reports.operators.header_figures`; a wrong one is an ``"invalid"`` problem);
 * ``benchmarks``: see :data:`BENCH_COLUMNS`.
 """
 
@@ -70,6 +74,7 @@ from accel_harness.records import (
 )
 
 from .headers import subject_label, upstream_block
+from .operators import header_figures, is_operator_id, operator_detail
 
 __all__ = [
     "BENCH_COLUMNS",
@@ -90,13 +95,13 @@ __all__ = [
 TEST_COLUMNS = [
     "run_id", "source", "format", "backend", "torch_version", "accel_version", "torch_build", "host",
     "start_time", "nodeid", "test_id", "world_size", "outcome", "duration", "when", "reason_code",
-    "message", "signature", "traceback", "known_issue", "tracked_pass", "flake_rate", "expired_issue",
+    "message", "signature", "traceback", "known_issue", "tracked_pass", "flake_rate", "expired_issue", "operator",
 ]
 RUN_COLUMNS = [
     "run_id", "source", "format", "backends", "torch_version", "torch_build", "accel_version", "host",
     "start_time", "end_time", "interrupted", "records", "device_models", "git_commit", "upstream",
     "os", "kernel", "python", "driver_versions", "runtime_versions", "device_count", "devices",
-    "fingerprint", "selection", "profile", "profile_coverage", "expired_known_issues",
+    "fingerprint", "selection", "profile", "profile_coverage", "expired_known_issues", "ops",
 ]
 BENCH_COLUMNS = [
     "run_id", "source", "datetime", "name", "fullname", "group", "bench_id", "backend", "device", "dtype",
@@ -111,7 +116,7 @@ _RESULT_SUFFIXES = {".jsonl": "jsonl", ".xml": "junit", ".json": "benchmark"}
 _OUTCOME_SET = frozenset(OUTCOMES)
 #: columns taken from each test row; the others come from the run
 _ROW_COLUMNS = ["nodeid", "test_id", "backend", "world_size", "outcome", "duration", "when", "reason_code",
-                "message", "signature", "traceback", "known_issue", "tracked_pass", "flake_rate", "expired_issue"]
+                "message", "signature", "traceback", "known_issue", "tracked_pass", "flake_rate", "expired_issue", "operator"]
 _RUN_FIELDS = [c for c in TEST_COLUMNS if c not in _ROW_COLUMNS]
 
 
@@ -233,6 +238,9 @@ def load_jsonl(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, lis
             problems.append(Problem(where, 1, f"{len(records)} test records without a run header; ignored", "unreadable"))
         return None, [], list(problems)
     run_id = _text(header.get("run_id")) or f"file:{where}"
+    figures, wrong = header_figures(header)
+    if wrong:
+        problems.append(Problem(where, 1, wrong, "invalid"))
     run = {
         "run_id": run_id,
         "source": where,
@@ -261,6 +269,7 @@ def load_jsonl(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, lis
         "device_count": _display_deep(dict(header.get("device_count") or {})),
         "devices": _devices(header),
         **_evidence(header),
+        "ops": _display_deep(figures),
     }
     block = upstream_block(header)
     if block is not None:  # an upstream suite (accel qualify --upstream): the cell's version is its subject
@@ -288,6 +297,7 @@ def load_jsonl(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, lis
         rec["flake_rate"] = float(rate) if _is_number(rate) and 0 <= rate <= 1 else None
         expired = extra.get("expired_known_issue") if type(extra) is dict else None
         rec["expired_issue"] = display_text(expired) if isinstance(expired, str) and expired else None
+        rec["operator"] = _display_deep(operator_detail(extra)) if is_operator_id(rec["test_id"]) else None
         rows.append(rec)
     return run, rows, list(problems)
 
