@@ -32,6 +32,7 @@ from accel_harness.known_issues import KnownIssues
 from . import benchmarks as bench
 from .groups import CELL, FAILING, SKIP_NEEDS, cell_label, failure_clusters, skip_groups
 from .loaders import Loaded, Problem
+from .operators import parse_operator_id
 
 __all__ = [
     "CELL",
@@ -121,8 +122,9 @@ def undefined_known_issues(tests: pd.DataFrame, known: KnownIssues | None,
 
 
 def apply_known_issues(tests: pd.DataFrame, known: KnownIssues | None, problems: list[Problem] | None = None) -> pd.DataFrame:
-    """``tests`` with failures matched to ``known`` issues (where the harness did not already) and
-    passing tests' ``tracked_pass`` filled with the issues whose test patterns name them.
+    """``tests`` with failures matched to ``known`` issues (where the harness did not already; an
+    operator sweep's row by the entries' ``ops`` patterns too) and passing tests' ``tracked_pass``
+    filled with the issues whose test patterns name them.
 
     Ids in the results that ``known`` does not define are cleared first (see
     :func:`undefined_known_issues`, which adds a note per file and id to ``problems``); with no
@@ -132,11 +134,15 @@ def apply_known_issues(tests: pd.DataFrame, known: KnownIssues | None, problems:
         return tests
     tests = tests.copy()
     failing = tests[tests["outcome"].isin(FAILING) & tests["known_issue"].isna()]
+    has_ops = any(issue.ops for issue in known)
     columns = ["test_id", "nodeid", "backend", "torch_version", "message", "traceback"]
     for idx, (test_id, nodeid, backend, torch_version, message, traceback) in zip(
             failing.index, failing[columns].itertuples(index=False, name=None)):
         text = "\n".join(t for t in (message, traceback) if isinstance(t, str))
         issue = known.match_failure(test_id, nodeid, backend, _torch_or_none(torch_version), text)
+        operator = parse_operator_id(test_id) if issue is None and has_ops else None
+        if operator is not None:  # an operator sweep's row: the entries' ``ops`` patterns cover it
+            issue = known.match_op(operator["op"], operator["dtype"], backend, _torch_or_none(torch_version), text)
         if issue is not None:
             tests.at[idx, "known_issue"] = issue.id
     passing = tests[tests["outcome"] == "passed"]
