@@ -14,8 +14,9 @@ become entities, newlines spaces) and only http(s) URLs become links. Long lists
 
 The views are built in :mod:`accel_reports.render_tests` (tests, verdict, areas),
 :mod:`accel_reports.render_bench` (benchmarks), :mod:`accel_reports.render_env` (environment and
-paths) and :mod:`accel_reports.render_profile` (fingerprints, profile coverage, expired known issues,
-flaky tests); this module puts them together and writes the files.
+paths), :mod:`accel_reports.render_profile` (fingerprints, profile coverage, expired known issues,
+flaky tests) and :mod:`accel_reports.render_ops` (operator sweeps: the Operators section, and the
+per-test tables without their rows); this module puts them together and writes the files.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from .render_bench import _benchmark_view
 from .render_env import _ENV_FIELDS, _environment_view, _path_scrubber, _shown_path
 from .render_text import (GLYPHS, SKIP_LETTERS, TREND_POINTS, _md_link, _pct, _present, _records, md_escape,
                           safe_url)
+from .render_ops import headline_with_operators, operators_view, support_csv, without_operators
 from .render_profile import evidence_context, flaky_keys, flaky_text
 from .render_tests import (_area_view, _cell_counts, _diff_view, _failure_details, _grid_rows, _history_view,
                            _matrix_rows, _pass_rate_series, _pass_rate_view, _report_title, _skip_codes,
@@ -57,23 +59,25 @@ def _context(report: Report, out_dir: str | Path | None = None) -> dict[str, Any
 
     base = Path(os.path.abspath(out_dir if out_dir is not None else os.getcwd()))
     scrub = _path_scrubber(base)
-    details, anchors, total_details = _failure_details(report)
+    ops = operators_view(report)
+    generic = without_operators(report)  # the per-test tables: an operator sweep's rows are summarised apart
+    details, anchors, total_details = _failure_details(generic)
     for detail in details:
         detail["source"] = _shown_path(detail["source"], base)
         for key in ("traceback", "message", "signature", "nodeid", "test_id"):
             detail[key] = scrub(detail[key])
-    grid_rows, all_passing = _grid_rows(report, anchors)
-    clusters = _records(report.clusters)
+    grid_rows, all_passing = _grid_rows(generic, anchors)
+    clusters = _records(generic.clusters)
     for row in clusters:
         row["url"] = safe_url(row["url"])
         row["share_text"] = _pct(row["share"])
-    sig_clusters = _records(report.signature_clusters)
+    sig_clusters = _records(generic.signature_clusters)
     for row in sig_clusters:
         row["share_text"] = _pct(row["share"])
     known_passing = _records(report.known_passing)
     for row in known_passing:
         row["url"] = safe_url(row["url"])
-    skips = _records(report.skips)
+    skips = _records(generic.skips)
     for row in skips:
         row["letter"] = SKIP_LETTERS.get(row["reason_code"], "s")
     runs = _records(report.loaded.runs)
@@ -114,7 +118,8 @@ def _context(report: Report, out_dir: str | Path | None = None) -> dict[str, Any
         "totals": totals,
         "total_pass_rate": _pct(totals["passed"] / executed) if executed else "–",
         "matrix": _matrix_rows(report),
-        "headline": report.headline,
+        "headline": headline_with_operators(generic.headline, ops),
+        "ops": ops,
         "headline_url": clusters[0]["url"] if clusters and clusters[0]["kind"] == "known issue" else None,
         "clusters": clusters,
         "sig_clusters": sig_clusters,
@@ -193,7 +198,8 @@ def render_markdown(report: Report, context: dict[str, Any] | None = None, out_d
 
 
 def write_report(report: Report, out_dir: str | Path, formats: Iterable[str] = ("html", "md")) -> dict[str, Path]:
-    """Write ``report.html`` and/or ``report.md`` into ``out_dir``; returns format -> path."""
+    """Write ``report.html`` and/or ``report.md`` into ``out_dir``, and beside them one operator support
+    list (CSV) per cell with operator rows; returns format (or the CSV's file name) -> path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     formats = list(formats)
@@ -202,6 +208,8 @@ def write_report(report: Report, out_dir: str | Path, formats: Iterable[str] = (
         raise ValueError(f"unknown report format {unknown[0]!r} (html, md)")
     context = _context(report, out)
     written = {}
+    for cell in (context["ops"] or {}).get("cells", []):  # the support lists the reports link to
+        written[cell["csv"]] = _write_atomic(out / cell["csv"], support_csv(cell))
     for fmt in formats:
         text = render_html(report, context) if fmt == "html" else render_markdown(report, context)
         written[fmt] = _write_atomic(out / ("report.html" if fmt == "html" else "report.md"), text)

@@ -298,6 +298,9 @@ def _run(args: argparse.Namespace) -> int:
     for fmt in ("html", "md"):
         if fmt in written:
             print(f"{'HTML report' if fmt == 'html' else 'Markdown summary'}: {_shown(written[fmt])}")
+    for name, path in written.items():  # an operator sweep's support list, beside the report
+        if name not in FORMATS:
+            print(f"Operator support list: {_shown(path)}")
     invalid, unreadable = counts.get("invalid", 0), counts.get("unreadable", 0)
     if invalid or (strict and unreadable):
         parts = [n(invalid, "invalid input") if invalid else "", n(unreadable, "unreadable input") if strict and unreadable else ""]
