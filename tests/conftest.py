@@ -42,3 +42,14 @@ def clean_environment(monkeypatch, tmp_path):
     reset_registry()
     yield
     reset_registry()
+
+
+@pytest.fixture
+def timer_clock(monkeypatch):
+    """A fake clock (``_fake_clock.FakeClock``) in place of the ``time`` module that accel's host timers read."""
+    from accel.backends import base
+    from _fake_clock import FakeClock
+
+    fake = FakeClock()
+    monkeypatch.setattr(base, "time", fake)
+    return fake

@@ -327,14 +327,14 @@ def test_timer_uses_device_events(cls):
     assert fake.called("synchronize") == []  # events, not a host synchronize
 
 
-def test_timer_on_mps_uses_host_clock_and_module_synchronize():
+def test_timer_on_mps_uses_host_clock_and_module_synchronize(timer_clock):
     fake = FakeDeviceModule()
     mps = MPSBackend(module=fake, accelerator=None)
     with mps.timer() as t:
-        pass
+        timer_clock.advance(0.25)
     assert fake.events == []
     assert len(fake.called("synchronize")) == 2
-    assert t.elapsed is not None and 0 <= t.elapsed < 1
+    assert t.elapsed == 0.25
 
 
 # ---------------------------------------------------------------------- properties and dtypes

@@ -13,6 +13,7 @@ import pytest
 
 from accel.backends import base as backends_base
 from accel.backends.cpu import CPUBackend
+from _fake_clock import FakeClock
 from _waits import SAFETY_NET_S
 
 pytest_plugins = ["pytester"]
@@ -42,34 +43,7 @@ def _load_host_reference():
 host_reference = _load_host_reference()
 
 
-# ---------------------------------------------------------------------------- fake clock and backends
-class FakeClock:
-    """Virtual time: ``perf_counter`` reads it and only ``advance`` (the fake work) moves it.
-
-    The tests advance it by powers of two, so every sum and difference is exact.
-    """
-
-    def __init__(self):
-        self.now = 0.0
-
-    def perf_counter(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-    def __getattr__(self, name):
-        return getattr(time, name)
-
-
-@pytest.fixture
-def clock(monkeypatch):
-    """A fake clock in place of the ``time`` module that accel's timers read."""
-    fake = FakeClock()
-    monkeypatch.setattr(backends_base, "time", fake)
-    return fake
-
-
+# ---------------------------------------------------------------------------- fake backends
 #: one fake call (about a millisecond) and a benchmark round of 16 of them
 CALL_S = 2.0 ** -10
 ROUND_S = 16 * CALL_S
@@ -178,8 +152,8 @@ def test_host_timer_synchronizes_before_each_clock_read(monkeypatch):
         assert log[start + 1:end - 1] == ["work", "work"]
 
 
-def test_elapsed_includes_the_rounds_queued_work_and_excludes_earlier_work(clock):
-    backend = QueueBackend(clock)
+def test_elapsed_includes_the_rounds_queued_work_and_excludes_earlier_work(timer_clock):
+    backend = QueueBackend(timer_clock)
     queued_before, per_call = 64 * CALL_S, CALL_S
     m = timing.measure(backend, lambda: backend.enqueue(per_call), iterations=1, rounds=4, warmup_rounds=1,
                        setup=lambda: backend.enqueue(queued_before))
@@ -212,12 +186,12 @@ def test_host_timers_reported_as_such():
 
 
 # ---------------------------------------------------------------------------- warm-up and calibration
-def test_warmup_rounds_are_excluded_from_the_samples(clock):
+def test_warmup_rounds_are_excluded_from_the_samples(timer_clock):
     calls = []
 
     def fn():
         calls.append(1)
-        clock.advance(64 * CALL_S if len(calls) <= 4 else CALL_S)  # the first touch and 3 warm-up rounds are slow
+        timer_clock.advance(64 * CALL_S if len(calls) <= 4 else CALL_S)  # the first touch and 3 warm-up rounds are slow
 
     m = timing.measure(CPUBackend(), fn, iterations=1, rounds=5, warmup_rounds=3)
     assert len(calls) == 1 + 3 + 5
@@ -225,14 +199,14 @@ def test_warmup_rounds_are_excluded_from_the_samples(clock):
     assert m.samples == [CALL_S] * 5
 
 
-def test_calibration_picks_iterations_for_the_round_time_and_rounds_for_the_budget(clock):
+def test_calibration_picks_iterations_for_the_round_time_and_rounds_for_the_budget(timer_clock):
     # the budget holds 5 rounds of 16 calls, between the minimum (3) and the maximum (6)
     settings = timing.Settings(warmup_rounds=1, min_rounds=3, max_rounds=6, round_time_s=ROUND_S, budget_s=5 * ROUND_S)
     calls = []
 
     def fn():
         calls.append(1)
-        clock.advance(CALL_S)
+        timer_clock.advance(CALL_S)
 
     m = timing.measure(CPUBackend(), fn, settings)
     assert m.calibration_s == CALL_S
@@ -246,13 +220,13 @@ def test_calibration_picks_iterations_for_the_round_time_and_rounds_for_the_budg
     assert timing.measure(CPUBackend(), fn, floored).rounds == 3
 
 
-def test_calibration_trusts_the_longest_batch_not_a_lucky_short_one(clock):
+def test_calibration_trusts_the_longest_batch_not_a_lucky_short_one(timer_clock):
     calls = []
 
     def fn():  # the first calls are free, then each call costs CALL_S (a latency-bound call on a busy host)
         calls.append(1)
         if len(calls) > 3:
-            clock.advance(CALL_S)
+            timer_clock.advance(CALL_S)
 
     # batches of 1 and 2 calls take no time, 4 and 8 calls less than a quarter of the round, 16 calls fill it
     per_call = timing._calibrate(CPUBackend(), fn, round_time_s=64 * CALL_S)
@@ -434,7 +408,7 @@ def test_extra_info_rejects_an_unknown_host_bound():
         timing.extra_info(backend, m, metric="x", unit="GB/s", work_per_round=1.0, work_unit="GB", host_bound="disk")
 
 
-def test_interleaving_with_the_memory_probe_records_it_apart_from_the_variants(monkeypatch, clock):
+def test_interleaving_with_the_memory_probe_records_it_apart_from_the_variants(monkeypatch, timer_clock):
     from types import SimpleNamespace
 
     monkeypatch.setitem(sys.modules, "timing", timing)  # host_reference imports the suites' timing by name
@@ -446,7 +420,7 @@ def test_interleaving_with_the_memory_probe_records_it_apart_from_the_variants(m
 
     def step():
         threads.append(torch.get_num_threads())
-        clock.advance(CALL_S)
+        timer_clock.advance(CALL_S)
 
     # a probe round that costs 64 calls of the step: had the benchmark's calibration or its rounds timed it
     # along with the step, one call would fill the round and the samples would hold the probe's time
@@ -454,7 +428,7 @@ def test_interleaving_with_the_memory_probe_records_it_apart_from_the_variants(m
 
     def slower(self):
         real_probe(self)
-        clock.advance(64 * CALL_S)
+        timer_clock.advance(64 * CALL_S)
 
     monkeypatch.setattr(host_reference.InterleavedMemoryProbe, "__call__", slower)
     results = host_reference.interleave_with_memory_probe(bench, CPUBackend(), {"a": step, "b": step}, settings)
