@@ -7,6 +7,8 @@ A row of the sweep (one operator x call variant x dtype x direction on one backe
 
 from __future__ import annotations
 
+from accel.facts.reasons import UNSUPPORTED_DTYPE
+
 __all__ = [
     "COMPARED_OUTCOMES", "CRASH", "ERROR", "ERROR_DIFFERS", "MISMATCH", "MISSING_KERNEL", "NO_REFERENCE",
     "NO_SAMPLES", "OP_OUTCOMES", "OP_REASONS", "PASSED", "RECORD_OUTCOME", "SEVERITY", "TIMEOUT", "TORCH_SKIP",
@@ -17,7 +19,6 @@ __all__ = [
 PASSED = "passed"
 BOTH_RAISE = "raises-like-host"
 MISMATCH = "mismatch"
-UNSUPPORTED_DTYPE = "unsupported-dtype"
 MISSING_KERNEL = "missing-kernel"
 ERROR = "error"
 ERROR_DIFFERS = "error-differs"

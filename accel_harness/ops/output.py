@@ -74,7 +74,8 @@ def _records(result: SweepResult, rows: list[Row], path: Path, command: str | No
                        torch_version=result.torch.split("+")[0] or None, torch_build=result.torch or None,
                        python=platform.python_version(), os=platform.platform(), kernel=platform.release(),
                        host=platform.node(), backends=[result.backend],
-                       extra={"stage": "operators", "command": command, "device": result.device, "ops": figures})
+                       extra={"stage": "operators", "command": command, "device": result.device, "claims": result.claims,
+                              "ops": figures})
     with RecordWriter(path, header) as writer:
         for row in rows:
             outcome = RECORD_OUTCOME[row.outcome]
@@ -83,8 +84,7 @@ def _records(result: SweepResult, rows: list[Row], path: Path, command: str | No
                                  duration=row.seconds, text=text if outcome != "skipped" else None,
                                  message=row.message if outcome == "skipped" else None, known_issue=row.known_issue,
                                  extra={"area": "operators", **{k: v for k, v in asdict(row).items() if k != "message"}})
-            if outcome == "skipped":
-                record.reason_code = row.reason_code
+            record.reason_code = row.reason_code  # every row carries its code, failures too
             writer.write(record)
     return path
 
