@@ -41,13 +41,15 @@ PROFILE_ENV = "ACCEL_CI_PROFILE"
 SCHEMA_VERSION = 1
 
 TOP_KEYS = ("version", "defaults", "backends", "torch", "exclude", "profiles", "known_issues")
-BACKEND_KEYS = ("runner", "comm", "world_sizes", "python", "suites", "workers", "bench", "dist_timeout",
+BACKEND_KEYS = ("runner", "comm", "world_sizes", "python", "suites", "workers", "bench", "ops", "dist_timeout",
                 "timeout_minutes", "setup_python", "enabled", "plugins")
 TORCH_KEYS = ("enabled", "install")
 INSTALL_KEYS = ("requirement", "index_url", "extra_index_url", "pre", "pip_args")
 EXCLUDE_KEYS = ("backend", "torch", "python", "world_sizes", "reason")
 PROFILE_KEYS = ("install", "description")
 BENCH_MODES = ("off", "quick", "full")
+#: how much of the operator sweep (`accel ops`) a cell runs after its suites
+OPS_MODES = ("off", "quick", "full")
 PREINSTALLED = "preinstalled"
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -268,6 +270,8 @@ class Backend:
     timeout_minutes: int
     setup_python: bool
     enabled: bool
+    #: off | quick | full: the operator sweep after the suites
+    ops: str = "off"
     #: backend plug-in packages (folders in the repository) installed after accel
     plugins: tuple[str, ...] = ()
 
@@ -332,6 +336,8 @@ class Cell:
     removed_world_sizes: tuple[int, ...] = ()
     #: backend plug-in packages (folders in the repository) installed after accel
     plugins: tuple[str, ...] = ()
+    #: off | quick | full: the operator sweep (`accel ops`) after the suites
+    ops: str = "off"
 
     def github(self) -> dict[str, Any]:
         """The cell as one ``include`` entry of the GitHub Actions job matrix."""
@@ -344,7 +350,8 @@ class Cell:
                 "runner": list(self.runner), "comm": self.comm, "world_sizes": list(self.world_sizes),
                 "removed_world_sizes": list(self.removed_world_sizes),
                 "suites": "all" if self.suites is None else list(self.suites), "workers": self.workers,
-                "bench": self.bench, "dist_timeout": self.dist_timeout, "timeout_minutes": self.timeout_minutes,
+                "bench": self.bench, "ops": self.ops, "dist_timeout": self.dist_timeout,
+                "timeout_minutes": self.timeout_minutes,
                 "setup_python": self.setup_python, "install": self.install.to_dict(),
                 "expected_torch": self.expected_torch, "enabled": self.enabled, "plugins": list(self.plugins),
                 "known_issues": self.known_issues}
@@ -415,7 +422,7 @@ class Matrix:
             workers=backend.workers, bench=backend.bench, dist_timeout=backend.dist_timeout,
             timeout_minutes=backend.timeout_minutes, setup_python=backend.setup_python, install=spec,
             expected_torch=expected, enabled=backend.enabled and torch.enabled, known_issues=self.known_issues,
-            removed_world_sizes=tuple(removed), plugins=backend.plugins,
+            removed_world_sizes=tuple(removed), plugins=backend.plugins, ops=backend.ops,
         )
 
     def _profile_spec(self, profile: str, torch: str) -> InstallSpec:
@@ -606,11 +613,8 @@ def _backend(check: _Checker, name: str, settings: Any, defaults: dict[str, Any]
                 known = sorted(p.name for p in (REPO / "suites").glob("test_*.py"))
                 raise check.fail(at("suites") + (i,), f"no suite {item!r} in {REPO / 'suites'}{suggest(item, known)}")
     workers = check.whole(merged.get("workers", 0), at("workers"), 0)
-    bench = merged.get("bench", "full")
-    if bench is False:  # YAML 1.1 reads an unquoted `off` as false
-        bench = "off"
-    if bench not in BENCH_MODES:
-        raise check.fail(at("bench"), f"expected one of {', '.join(BENCH_MODES)}, got {bench!r}{suggest(bench, BENCH_MODES)}")
+    bench = _mode(check, merged.get("bench", "full"), at("bench"), BENCH_MODES)
+    ops = _mode(check, merged.get("ops", "off"), at("ops"), OPS_MODES)
     plugins: tuple[str, ...] = ()
     if merged.get("plugins") is not None:
         plugins = tuple(check.texts(merged["plugins"], at("plugins"), re.compile(r"^[\w/.-]+$"),
@@ -621,12 +625,21 @@ def _backend(check: _Checker, name: str, settings: Any, defaults: dict[str, Any]
     return Backend(
         plugins=plugins,
         name=name, runner=tuple(runner), comm=comm, world_sizes=tuple(sizes), python=tuple(python), suites=suites,
-        workers=workers, bench=bench,
+        workers=workers, bench=bench, ops=ops,
         dist_timeout=check.whole(merged.get("dist_timeout", 120), at("dist_timeout"), 1),
         timeout_minutes=check.whole(merged.get("timeout_minutes", 120), at("timeout_minutes"), 1),
         setup_python=check.flag(merged.get("setup_python", True), at("setup_python")),
         enabled=check.flag(merged.get("enabled", True), at("enabled")),
     )
+
+
+def _mode(check: _Checker, value: Any, path: KeyPath, modes: Sequence[str]) -> str:
+    """One of ``modes``; YAML 1.1 reads an unquoted ``off`` as false, which counts as ``off``."""
+    if value is False:
+        value = "off"
+    if value not in modes:
+        raise check.fail(path, f"expected one of {', '.join(modes)}, got {value!r}{suggest(value, modes)}")
+    return value
 
 
 def _torch_version(check: _Checker, name: str, settings: Any, backends: dict[str, Backend]) -> TorchVersion:

@@ -52,13 +52,13 @@ def github_matrix(cells: Sequence[Cell]) -> dict[str, list[dict]]:
 
 
 def table(matrix: Matrix, cells: Sequence[Cell]) -> str:
-    rows = [("cell", "runner", "world sizes", "suites", "bench", "torch install")]
+    rows = [("cell", "runner", "world sizes", "suites", "bench", "ops", "torch install")]
     for cell in cells:
         ws = ",".join(map(str, cell.world_sizes))
         if cell.removed_world_sizes:
             ws += f" (-{','.join(map(str, cell.removed_world_sizes))})"
         rows.append((cell.id + ("" if cell.enabled else " [disabled]"), ",".join(cell.runner), ws,
-                     "all" if cell.suites is None else ",".join(cell.suites), cell.bench, cell.install.describe()))
+                     "all" if cell.suites is None else ",".join(cell.suites), cell.bench, cell.ops, cell.install.describe()))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))

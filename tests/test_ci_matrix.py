@@ -140,6 +140,46 @@ def test_version_matches(installed, expected, ok):
     assert version_matches(installed, expected) is ok
 
 
+def test_ops_defaults_to_off_and_merges_like_bench(tmp_path):
+    cells = {c.id: c for c in load_matrix(write(tmp_path, SMALL_MATRIX)).cells()}
+    assert {c.ops for c in cells.values()} == {"off"}  # a matrix without the key sweeps nothing
+    text = SMALL_MATRIX.replace("  bench: quick\n", "  bench: quick\n  ops: quick\n").replace(
+        "    bench: full\n", "    bench: full\n    ops: full\n")
+    cells = {c.id: c for c in load_matrix(write(tmp_path, text)).cells()}
+    assert cells["cpu-torch2.13.0-py3.11"].ops == "quick"  # from defaults
+    assert cells["cuda-torch2.13.0-py3.11"].ops == "full"  # the backend's own
+    assert cells["hpu-torch2.13.0-py3.11"].to_dict()["ops"] == "quick"
+
+
+@pytest.mark.parametrize("written", ["off", '"off"', "'off'"])
+def test_unquoted_off_is_off_for_ops_and_bench(tmp_path, written):
+    text = SMALL_MATRIX.replace("  bench: quick\n", f"  bench: {written}\n  ops: {written}\n")
+    cell = load_matrix(write(tmp_path, text)).cell("cpu-torch2.13.0-py3.11")
+    assert (cell.ops, cell.bench) == ("off", "off")
+
+
+@pytest.mark.parametrize("value, words", [
+    ("fast", "expected one of off, quick, full, got 'fast'"),
+    ("ful", "got 'ful' (did you mean 'full'?)"),
+    ("true", "expected one of off, quick, full, got True"),
+    ("[full]", "expected one of off, quick, full, got ['full']"),
+])
+def test_bad_ops_values_name_the_file_line_and_key(tmp_path, value, words):
+    text = SMALL_MATRIX.replace("    workers: 2\n", f"    workers: 2\n    ops: {value}\n")
+    err = error_for(tmp_path, text)
+    assert err.key == "backends.cpu.ops" and err.line == line_of(text, f"ops: {value}")
+    assert words in str(err)
+    text = SMALL_MATRIX.replace("  bench: quick\n", f"  bench: quick\n  ops: {value}\n")
+    err = error_for(tmp_path, text)
+    assert err.key == "defaults.ops" and err.line == line_of(text, f"ops: {value}") and words in str(err)
+
+
+def test_a_mistyped_ops_key_suggests_it(tmp_path):
+    text = SMALL_MATRIX.replace("    workers: 2\n", "    workers: 2\n    opps: full\n")
+    err = error_for(tmp_path, text)
+    assert err.key == "backends.cpu.opps" and "did you mean 'ops'" in str(err) and err.line == line_of(text, "opps: full")
+
+
 # ---------------------------------------------------------------------------- broken files
 def error_for(tmp_path, text: str) -> MatrixError:
     path = write(tmp_path, text)

@@ -74,6 +74,18 @@ def test_table_and_json_formats(tmp_path, capsys):
     _, out, _ = run_plan(capsys, "--matrix", path, "--format", "table", "--include-disabled")
     assert "cpu-torch2.13.0-py3.12" in out and "1,2 (-4)" in out and "[disabled]" in out
     assert "10 cells from" in out and "excluded: backend=hpu torch=2.14.1,nightly (the image ships 2.13.0)" in out
+    header = out.splitlines()[0]
+    assert header.split()[header.split().index("bench") + 1] == "ops"  # the sweep's mode, beside the benchmarks'
+
+    def column(text: str, cell: str, name: str) -> str:
+        lines = text.splitlines()
+        row = next(line for line in lines if line.startswith(cell + " "))
+        return row[lines[0].index(f"  {name} ") + 2:].split()[0]
+
+    assert (column(out, "cuda-torch2.13.0-py3.11", "bench"), column(out, "cuda-torch2.13.0-py3.11", "ops")) == ("full", "off")
+    text = SMALL_MATRIX.replace("    bench: full\n", "    bench: full\n    ops: full\n")
+    _, out, _ = run_plan(capsys, "--matrix", str(write(tmp_path, text, "ops.yaml")), "--format", "table")
+    assert column(out, "cuda-torch2.14.1-py3.11", "ops") == "full" and column(out, "cpu-torch2.13.0-py3.11", "ops") == "off"
     _, out, _ = run_plan(capsys, "--matrix", path, "--format", "json", "--profile", "local", "--only", "cpu")
     cells = json.loads(out)
     assert cells[0]["install"]["profile"] == "local" and cells[0]["install"]["requirement"] == "torch==2.13.0"
