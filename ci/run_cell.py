@@ -1,9 +1,9 @@
-"""Run one cell of the nightly matrix: its own environment, the suites, the benchmarks, the records.
+"""Run one cell of the nightly matrix: its environment, the suites, the operator sweep, the benchmarks.
 
     python -m ci.run_cell --cell cpu-torch2.13.0-py3.11 --out results
                           [--matrix ci/matrix.yaml] [--profile local] [--pip-args "..."]
                           [--venv-cache DIR] [--reuse-venv] [--python PYTHON]
-                          [--bench off|quick|full] [-k EXPR] [--dry-run]
+                          [--bench off|quick|full] [--ops off|quick|full] [-k EXPR] [--dry-run]
 
 What it does, in order (every command's output goes to ``OUT/CELL/logs/<step>.log``):
 
@@ -18,14 +18,18 @@ What it does, in order (every command's output goes to ``OUT/CELL/logs/<step>.lo
 4. the conformance suites: ``pytest <repo>/suites -m <backend> --backend <backend>
    --world-sizes ... --results-dir OUT/CELL/results --junitxml OUT/CELL/junit.xml`` (the JUnit file
    stays outside ``results/``: the report reads the harness records, which carry more detail);
-5. ``accel bench`` (quick or full, per the matrix) into ``OUT/CELL/bench`` unless it is off;
-6. ``OUT/CELL/cell.json``: the cell (id, backend, torch requested and installed, python, runner
+5. ``accel ops`` (the operator sweep, quick or full, per the matrix) into ``OUT/CELL/ops`` unless
+   it is off: ``-n`` the cell's workers (else the CPU count), the matrix's known issues; its result
+   records land in ``OUT/CELL/ops/results`` for the report;
+6. ``accel bench`` (quick or full, per the matrix) into ``OUT/CELL/bench`` unless it is off (last:
+   the benchmarks want a quiet machine);
+7. ``OUT/CELL/cell.json``: the cell (id, backend, torch requested and installed, python, runner
    labels, install), start and end times, every command with its exit code and duration, the
-   suites' outcome counts.
+   suites' and the operator sweep's outcome counts.
 
-Exit status: **0 whenever the environment was built**, also when tests failed or the benchmarks
-broke: test failures are data (in the results and in cell.json, judged later by ``accel report``),
-not a crash of the cell. 3 when the environment could not be built (no such python, venv or pip
+Exit status: **0 whenever the environment was built**, also when tests or operator rows failed
+(``accel ops`` exit 1) or the benchmarks broke: test failures are data (in the results and in
+cell.json, judged later by ``accel report``), not a crash of the cell. 3 when the environment could not be built (no such python, venv or pip
 failure, torch not the requested version, accel not importable); cell.json then says why. 2 for a
 usage error (unknown cell, bad matrix file, an output folder that is not a cell's).
 
@@ -51,7 +55,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
-from ci.matrix import DEFAULT_MATRIX, PROFILE_ENV, REPO, Cell, MatrixError, load_matrix, version_matches
+from ci.matrix import (BENCH_MODES, DEFAULT_MATRIX, OPS_MODES, PROFILE_ENV, REPO, Cell, MatrixError, load_matrix,
+                       version_matches)
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -109,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m ci.run_cell", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run one cell of the nightly matrix in its own virtual environment: install the cell's torch "
-                    "(pinned, first), accel from this checkout, run the suites and benchmarks, record the results.",
+                    "(pinned, first), accel from this checkout, run the suites, the operator sweep and the benchmarks, "
+                    "record the results.",
         epilog="exit status: 0 the environment was built (test failures are data: see cell.json and the results); "
                "3 the environment could not be built; 2 usage error.\n"
                f"environment: {PIP_ARGS_ENV} (extra pip arguments), {PROFILE_ENV} (install profile), "
@@ -122,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--python", metavar="PYTHON", help="interpreter for the cell's environment (default: this one if its version matches, else python3.X on PATH)")
     parser.add_argument("--profile", metavar="NAME", help=f"install profile from the matrix, e.g. local (default ${PROFILE_ENV})")
     parser.add_argument("--pip-args", metavar="ARGS", help=f"extra arguments for every pip install, one shell-quoted string; write --pip-args=\"--find-links DIR\" (added to ${PIP_ARGS_ENV})")
-    parser.add_argument("--bench", choices=("off", "quick", "full"), help="override the matrix's benchmark mode")
+    parser.add_argument("--bench", choices=BENCH_MODES, help="override the matrix's benchmark mode")
+    parser.add_argument("--ops", choices=OPS_MODES, help="override the matrix's operator sweep mode (accel ops)")
     parser.add_argument("-k", dest="keyword", metavar="EXPR", help="only suite tests matching this pytest -k expression")
     parser.add_argument("--repo", default=str(REPO), metavar="DIR", help="accel checkout to install and test (default: this one)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands without running anything")
@@ -166,6 +173,7 @@ class CellRunner:
     reuse: bool = False
     pip_args: list[str] = field(default_factory=list)
     bench: str | None = None
+    ops: str | None = None
     keyword: str | None = None
     dry_run: bool = False
     steps: list[Step] = field(default_factory=list)
@@ -176,9 +184,11 @@ class CellRunner:
         self.cell_dir = self.out_root / self.cell.id
         self.results = self.cell_dir / "results"
         self.bench_dir = self.cell_dir / "bench"
+        self.ops_dir = self.cell_dir / "ops"
         self.logs = self.cell_dir / "logs"
         self.vpy = str(venv_python(self.venv))
         self.bench_mode = self.bench or self.cell.bench
+        self.ops_mode = self.ops or self.cell.ops
 
     # ------------------------------------------------------------------ the commands
     def pip(self, *args: str) -> list[str]:
@@ -214,6 +224,16 @@ class CellRunner:
             cmd += ["--known-issues", str(self.repo / cell.known_issues)]
         if self.keyword:
             cmd += ["-k", self.keyword]
+        return cmd
+
+    def ops_command(self) -> list[str]:
+        cell = self.cell
+        cmd = [self.vpy, "-m", "accel.commands.cli", "ops", "--backend", cell.backend]
+        if self.ops_mode == "quick":
+            cmd.append("--quick")
+        cmd += ["-o", str(self.ops_dir), "-n", str(cell.workers or os.cpu_count() or 1)]
+        if cell.known_issues:
+            cmd += ["--known-issues", str(self.repo / cell.known_issues)]
         return cmd
 
     def bench_command(self) -> list[str]:
@@ -449,6 +469,7 @@ class CellRunner:
                             "duration_s": step.duration_s, "results": "results"}
         if code not in (0, 1) and _in_github():
             print(f"::warning title=cell {self.cell.id}::the suites did not run to the end: pytest exit {code} ({verdict})", flush=True)
+        self.run_ops(record)
         if self.bench_mode == "off":
             record["bench"] = {"mode": "off"}
             return
@@ -464,15 +485,33 @@ class CellRunner:
         record["bench"] = {"mode": self.bench_mode, "exit_code": code, "files": [str(p.relative_to(self.cell_dir)) for p in files],
                            "benchmarks": benchmarks, "duration_s": step.duration_s}
 
+    def run_ops(self, record: dict[str, Any]) -> None:
+        """The operator sweep: exit 1 (failed rows) is a test failure like the suites', recorded, not raised."""
+        if self.ops_mode == "off":
+            record["ops"] = {"mode": "off"}
+            return
+        step = Step("ops", self.ops_command(), cwd=str(self.repo), echo=True)
+        code = self.run_step(step, self.child_env())
+        verdict = {0: "passed", 1: "failed", 2: "not-run"}.get(code, "crashed")
+        counts = count_outcomes(self.ops_dir / "results", split_known=True)
+        record["ops"] = {"mode": self.ops_mode, "exit_code": code, "verdict": verdict, "rows": sum(counts.values()),
+                         "counts": counts, "duration_s": step.duration_s, "results": "ops/results"}
+        if code not in (0, 1) and _in_github():
+            print(f"::warning title=cell {self.cell.id}::the operator sweep did not run to the end: accel ops exit {code} "
+                  f"({verdict})", flush=True)
+
     def print_summary(self, record: dict[str, Any]) -> None:
         suites = record.get("suites") or {}
         counts = suites.get("counts") or {}
         bench = record.get("bench") or {}
+        ops = record.get("ops") or {}
         print(f"ci.run_cell [{self.cell.id}] {record['status']}: torch {record['torch'].get('installed') or '-'} "
               f"(asked {record['torch']['requested']}), python {record['python'].get('version') or '-'}; "
               + (f"suites exit {suites.get('exit_code')} ({suites.get('verdict')}): "
                  + ", ".join(f"{counts.get(k, 0)} {k}" for k in ("passed", "failed", "error", "skipped")) + "; "
                  if suites else "")
+              + (f"ops {ops.get('mode')}: {ops.get('rows', 0)} rows, {(ops.get('counts') or {}).get('failed', 0)} failed, "
+                 f"exit {ops.get('exit_code')}; " if ops.get("mode") not in (None, "off") else "")
               + (f"bench {bench.get('mode')}: {bench.get('benchmarks', 0)} benchmarks, exit {bench.get('exit_code')}; "
                  if bench.get("mode") not in (None, "off") else "")
               + f"{record['duration_s']:.0f}s; {self.cell_dir / 'cell.json'}", flush=True)
@@ -501,6 +540,8 @@ class CellRunner:
         steps += [(f"install-plugin-{Path(folder).name}", command) for folder, command in zip(cell.plugins, self.plugin_commands())]
         steps.append(("check-accel", [self.vpy, "-c", "<import accel; torch unchanged>"]))
         steps.append(("suites", self.suites_command()))
+        if self.ops_mode != "off":
+            steps.append(("ops", self.ops_command()))
         if self.bench_mode != "off":
             steps.append(("bench", self.bench_command()))
         for name, command in steps:
@@ -509,8 +550,9 @@ class CellRunner:
         return EXIT_OK
 
 
-def count_outcomes(results: Path) -> dict[str, int]:
-    """Outcome counts of the harness records (``*.jsonl``) under ``results``."""
+def count_outcomes(results: Path, split_known: bool = False) -> dict[str, int]:
+    """Outcome counts of the harness records (``*.jsonl``) under ``results``; ``split_known``
+    counts failures that a known issue covers as ``known`` (the operator sweep's outcome)."""
     counts: dict[str, int] = {}
     for path in sorted(results.rglob("*.jsonl")) if results.is_dir() else []:
         try:
@@ -524,6 +566,8 @@ def count_outcomes(results: Path) -> dict[str, int]:
                 continue
             if isinstance(obj, dict) and obj.get("type") == "test":
                 outcome = str(obj.get("outcome"))
+                if split_known and outcome == "failed" and obj.get("known_issue"):
+                    outcome = "known"
                 counts[outcome] = counts.get(outcome, 0) + 1
     return counts
 
@@ -545,7 +589,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cell=cell, out_root=Path(args.out).resolve(),
             venv_cache=Path(args.venv_cache).expanduser().resolve() if args.venv_cache else default_venv_cache(),
             repo=repo, python=args.python, reuse=args.reuse_venv, pip_args=pip_args, bench=args.bench,
-            keyword=args.keyword, dry_run=args.dry_run)
+            ops=args.ops, keyword=args.keyword, dry_run=args.dry_run)
         return runner.run()
     except (MatrixError, UsageError) as exc:
         print(f"ci.run_cell: error: {exc}", file=sys.stderr)

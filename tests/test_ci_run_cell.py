@@ -222,3 +222,115 @@ def test_dry_run_installs_the_cells_plugin_after_accel_under_the_same_constraint
     assert plugin[-1] == str(REPO / "plugins" / "accel-emu")
     assert plugin[plugin.index("--constraint") + 1] == str(venv / run_cell.CONSTRAINTS)
     assert steps["suites"][steps["suites"].index("--backend") + 1] == "emu"
+
+
+# ---------------------------------------------------------------------------- the operator sweep
+OPS_MATRIX = SMALL_MATRIX.replace("    workers: 2\n", "    workers: 2\n    ops: full\n", 1)
+
+
+def test_dry_run_sweeps_operators_after_the_suites_and_before_the_benchmarks(tmp_path, capsys):
+    _, steps = dry_run(capsys, tmp_path, matrix=str(write(tmp_path, OPS_MATRIX, "ops.yaml")))
+    names = list(steps)
+    assert names[-3:] == ["suites", "ops", "bench"]
+    vpy = str(run_cell.venv_python(tmp_path / "venvs" / "cpu-torch2.13.0-py3.11"))
+    out_dir = tmp_path / "out" / "cpu-torch2.13.0-py3.11"
+    assert steps["ops"] == [vpy, "-m", "accel.commands.cli", "ops", "--backend", "cpu",
+                            "-o", str(out_dir / "ops"), "-n", "2"]  # full: no --quick; the cell's 2 workers
+
+
+def test_ops_override_quick_known_issues_and_cpu_count(tmp_path, capsys, monkeypatch):
+    _, steps = dry_run(capsys, tmp_path, "--ops", "quick")  # the matrix says nothing: off, overridden
+    assert "--quick" in steps["ops"] and list(steps).index("ops") == list(steps).index("suites") + 1
+    _, steps = dry_run(capsys, tmp_path, "--ops", "off", matrix=str(write(tmp_path, OPS_MATRIX, "ops.yaml")))
+    assert "ops" not in steps and "bench" in steps
+    _, steps = dry_run(capsys, tmp_path)
+    assert "ops" not in steps
+    monkeypatch.setattr(run_cell.os, "cpu_count", lambda: 12)
+    known = SMALL_MATRIX + "known_issues: ci/upstream_known_issues.yaml\n"
+    _, steps = dry_run(capsys, tmp_path, "--ops", "full", cell="cuda-torch2.13.0-py3.11", matrix=str(write(tmp_path, known, "known.yaml")))
+    ops = steps["ops"]
+    assert ops[ops.index("-n") + 1] == "12"  # no workers in the matrix: one per CPU
+    assert ops[ops.index("--known-issues") + 1] == str(REPO / "ci" / "upstream_known_issues.yaml")
+    assert steps["suites"][steps["suites"].index("--known-issues") + 1] == ops[ops.index("--known-issues") + 1]
+    assert "--quick" not in ops
+    with pytest.raises(SystemExit):
+        run_cell.main(["--cell", "x", "--out", "y", "--ops", "fast"])
+    assert "invalid choice: 'fast'" in capsys.readouterr().err
+
+
+class FakeProcess:
+    """subprocess.Popen for one step: writes what the command would leave behind, exits as told."""
+
+    exits: dict[str, int] = {}
+    commands: list[list[str]] = []
+
+    def __init__(self, command, cwd=None, env=None, **_):
+        self.command = command
+        FakeProcess.commands.append(command)
+        self.step = "ops" if "ops" in command else "bench" if "bench" in command else "suites"
+        if self.step == "suites":
+            write_records(Path(command[command.index("--results-dir") + 1]) / "run.jsonl", [("passed", None)] * 2)
+        if self.step == "ops":
+            results = Path(command[command.index("-o") + 1]) / "results"
+            write_records(results / "ops-cpu.jsonl", [("passed", None)] * 3 + [("failed", None), ("failed", "emu-sparse"),
+                                                                            ("skipped", None)])
+        self.stdout = iter([f"{self.step} output\n"])
+
+    def wait(self):
+        return FakeProcess.exits.get(self.step, 0)
+
+
+def write_records(path: Path, outcomes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [{"type": "header", "run_id": "r"}]
+    lines += [{"type": "test", "nodeid": f"t{i}", "outcome": o, "known_issue": k} for i, (o, k) in enumerate(outcomes)]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+@pytest.mark.parametrize("ops_exit, verdict", [(0, "passed"), (1, "failed"), (2, "not-run"), (-9, "crashed")])
+def test_a_sweep_with_failed_rows_is_a_test_failure_not_a_broken_cell(tmp_path, capsys, monkeypatch, ops_exit, verdict):
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    monkeypatch.setattr(run_cell.subprocess, "Popen", FakeProcess)
+    monkeypatch.setattr(FakeProcess, "exits", {"suites": 1, "ops": ops_exit})
+    monkeypatch.setattr(FakeProcess, "commands", [])
+    monkeypatch.setattr(run_cell.CellRunner, "build_environment",
+                        lambda self, record: {"version": "2.13.0+cpu", "python": "3.11.7", "accel": "0.1.0"})
+    matrix = load_matrix(write(tmp_path, OPS_MATRIX))
+    runner = run_cell.CellRunner(cell=matrix.cell("cpu-torch2.13.0-py3.11"), out_root=tmp_path / "out",
+                                 venv_cache=tmp_path / "venvs", repo=REPO)
+    assert runner.run() == run_cell.EXIT_OK  # failed rows, like failed suites, are data for the report
+    out = capsys.readouterr().out
+    record = json.loads((runner.cell_dir / "cell.json").read_text())
+    assert record["status"] == "ok" and [s["name"] for s in record["steps"]] == ["suites", "ops", "bench"]
+    ops = record["ops"]
+    assert ops["mode"] == "full" and ops["exit_code"] == ops_exit and ops["verdict"] == verdict
+    assert ops["rows"] == 6 and ops["counts"] == {"passed": 3, "failed": 1, "known": 1, "skipped": 1}
+    assert ops["results"] == "ops/results" and isinstance(ops["duration_s"], float)
+    assert record["suites"]["counts"] == {"passed": 2}  # the sweep's records are not the suites'
+    step = record["steps"][1]
+    assert step["exit_code"] == ops_exit and step["log"] == "logs/ops.log"
+    assert (runner.cell_dir / "logs" / "ops.log").read_text().startswith("$ ") and "ops output" in out
+    # only a sweep that did not run to the end is flagged, as a suite run that did not is
+    assert ("the operator sweep did not run to the end" in out) is (ops_exit not in (0, 1))
+    assert "the suites did not run to the end" not in out
+    assert f"ops full: 6 rows, 1 failed, exit {ops_exit}" in out
+
+
+def test_ops_off_is_recorded_and_runs_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(run_cell.subprocess, "Popen", FakeProcess)
+    monkeypatch.setattr(FakeProcess, "commands", [])
+    monkeypatch.setattr(run_cell.CellRunner, "build_environment",
+                        lambda self, record: {"version": "2.13.0+cpu", "python": "3.11.7"})
+    matrix = load_matrix(write(tmp_path, OPS_MATRIX))
+    runner = run_cell.CellRunner(cell=matrix.cell("cpu-torch2.13.0-py3.11"), out_root=tmp_path / "out",
+                                 venv_cache=tmp_path / "venvs", repo=REPO, ops="off", bench="off")
+    assert runner.run() == run_cell.EXIT_OK
+    record = json.loads((runner.cell_dir / "cell.json").read_text())
+    assert record["ops"] == {"mode": "off"} and [s["name"] for s in record["steps"]] == ["suites"]
+    assert not (runner.cell_dir / "ops").exists() and len(FakeProcess.commands) == 1
+
+
+def test_count_outcomes_can_split_known_failures(tmp_path):
+    write_records(tmp_path / "ops.jsonl", [("failed", None), ("failed", "issue-1"), ("passed", "issue-2")])
+    assert run_cell.count_outcomes(tmp_path) == {"failed": 2, "passed": 1}  # the suites' counts, as before
+    assert run_cell.count_outcomes(tmp_path, split_known=True) == {"failed": 1, "known": 1, "passed": 1}
