@@ -4,11 +4,13 @@
                          [--known-issues YAML] [--fail-on GATES] [--title TEXT] [--history DB]
 
 ROOT folders are searched for ``cell.json`` files (written by ``python -m ci.run_cell``; in CI, the
-downloaded ``cell-*`` artifacts). Every cell's ``results/`` and ``bench/`` go to
-``accel report ... -o DIR``, with ``--baseline`` when the baseline paths exist and hold files
-(a missing baseline, e.g. the first nightly or an expired artifact, is a note, not an error).
+downloaded ``cell-*`` artifacts). Every cell's ``results/``, ``ops/results/`` (the operator
+sweep's rows, test records like the suites') and ``bench/`` go to ``accel report ... -o DIR``,
+with ``--baseline`` when the baseline paths exist and hold files (a missing baseline, e.g. the
+first nightly or an expired artifact, is a note, not an error).
 Besides the report's ``report.html`` and ``report.md`` it writes ``DIR/cells.md`` (one row per
-cell: runner, torch asked and installed, python, environment status, outcome counts, wall time;
+cell: runner, torch asked and installed, python, environment status, outcome counts, the operator
+sweep's rows, wall time;
 cells named in ``--expect`` that left nothing are listed as missing) and ``DIR/summary.md``
 (``cells.md`` followed by ``report.md``: what CI appends to ``$GITHUB_STEP_SUMMARY``).
 
@@ -99,6 +101,8 @@ def report_inputs(cells: Sequence[tuple[Path, dict[str, Any]]]) -> list[str]:
     for folder, _ in cells:
         if _has_files(folder / "results", "*"):
             inputs.append(str(folder / "results"))
+        if _has_files(folder / "ops" / "results", "*"):
+            inputs.append(str(folder / "ops" / "results"))
         if _has_files(folder / "bench", "*.json"):
             inputs.append(str(folder / "bench"))
     return inputs
@@ -134,8 +138,8 @@ def _duration(seconds: Any) -> str:
 
 def cells_table(cells: Sequence[tuple[Path, dict[str, Any]]], expected: Sequence[str] = ()) -> str:
     lines = ["## Cells", "",
-             "| cell | runner | torch (installed) | python | environment | passed | failed | error | skipped | suites | bench | wall time |",
-             "|---|---|---|---|---|---:|---:|---:|---:|---|---|---:|"]
+             "| cell | runner | torch (installed) | python | environment | passed | failed | error | skipped | suites | ops | bench | wall time |",
+             "|---|---|---|---|---|---:|---:|---:|---:|---|---|---|---:|"]
     seen = set()
     problems = []
     for _, data in cells:
@@ -154,14 +158,20 @@ def cells_table(cells: Sequence[tuple[Path, dict[str, Any]]], expected: Sequence
         else:
             bench_text = f"{bench.get('mode')}: {bench.get('benchmarks', 0)} (exit {bench.get('exit_code')})"
         suites_text = f"exit {suites.get('exit_code')} ({suites.get('verdict')})" if suites else "-"
+        ops = data.get("ops") or {}
+        if ops.get("mode") in (None, "off"):
+            ops_text = "off" if ops.get("mode") == "off" else "-"
+        else:
+            ops_text = (f"{ops.get('mode')}: {ops.get('rows', 0)} rows, {(ops.get('counts') or {}).get('failed', 0)} failed "
+                        f"(exit {ops.get('exit_code')})")
         lines.append("| " + " | ".join(_md(v) for v in (
             cid, ",".join(data.get("runner") or []), torch.get("installed") or f"{torch.get('requested', '?')} (not installed)",
             python.get("version") or python.get("requested") or "-", status,
             counts.get("passed", 0), counts.get("failed", 0), counts.get("error", 0), counts.get("skipped", 0),
-            suites_text, bench_text, _duration(data.get("duration_s")))) + " |")
+            suites_text, ops_text, bench_text, _duration(data.get("duration_s")))) + " |")
     for cid in expected:
         if cid not in seen:
-            lines.append(f"| {_md(cid)} | | | | missing | | | | | | | |")
+            lines.append(f"| {_md(cid)} | | | | missing | | | | | | | | |")
             problems.append(f"- **{_md(cid)}**: missing: the job left no cell.json (it did not start, was cancelled, or its upload failed)")
     if problems:
         lines += ["", "Cells without results:", "", *problems]

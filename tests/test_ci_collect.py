@@ -150,3 +150,86 @@ def test_the_history_is_passed_to_accel_report_when_it_takes_it(tmp_path, monkey
     db = str(tmp_path / "h.db")
     assert collect.main([str(tmp_path / "cells"), "-o", str(tmp_path / "r"), "--history", db]) == 0
     assert commands[0][commands[0].index("--history") + 1] == db
+
+
+# ---------------------------------------------------------------------------- operator sweep rows
+def ops_rows(fail: str | None = None, known: str | None = None) -> list:
+    """Operator rows as accel ops folds them; ``fail`` names an operator whose float32 row fails."""
+    from accel_harness.ops.plan import Row
+
+    rows = []
+    for op in ("add", "mul", "nn.functional.relu"):
+        for dtype in ("float32", "bfloat16"):
+            broken = op == fail and dtype == "float32"
+            rows.append(Row("op", op, "function", dtype, "forward", "failed" if broken else "passed",
+                            "mismatch" if broken else "passed", samples=3,
+                            message="12 of 64 elements differ" if broken else None))
+    if known:
+        rows.append(Row("op", known, "function", "float32", "forward", "known", "missing-kernel",
+                        message="no kernel", known_issue="emu-sparse"))
+    return rows
+
+
+def ops_cell(root: Path, cid: str, torch: str, rows: list, exit_code: int = 0) -> Path:
+    """A cell that ran the suites and ``accel ops``: the sweep's files written by accel ops' own writer."""
+    from accel_harness.ops.output import write_outputs
+    from accel_harness.ops.runner import SweepResult
+
+    folder = cell(root, cid, torch, records(f"{root.name}-{cid}"), ops={
+        "mode": "full", "exit_code": exit_code, "verdict": "x", "rows": len(rows),
+        "counts": {"failed": sum(r.outcome == "failed" for r in rows)}, "results": "ops/results"})
+    write_outputs(SweepResult(backend="cpu", device="cpu", device_type="cpu", torch=f"{torch}+cpu", rows=rows,
+                              tasks=3, cases=len(rows), workers=2, seconds=1.0), folder / "ops")
+    return folder
+
+
+def test_ops_results_are_report_inputs_and_baseline_inputs(tmp_path):
+    folder = ops_cell(tmp_path / "cells", "cpu-torch2.13.0-py3.11", "2.13.0", ops_rows())
+    bare = cell(tmp_path / "cells", "cpu-torch2.14.1-py3.11", "2.14.1", records("b"))
+    (bare / "ops" / "results").mkdir(parents=True)  # a sweep that left nothing: no input
+    cells = collect.find_cells([tmp_path / "cells"])
+    ops_results = str((folder / "ops" / "results").resolve())
+    assert collect.report_inputs(cells) == [str((folder / "results").resolve()), ops_results,
+                                            str((bare / "results").resolve())]
+    assert ops_results in collect.baseline_inputs([str(tmp_path / "cells")])
+    assert (folder / "ops" / "results" / "ops-cpu.jsonl").is_file()  # where accel ops puts its records
+
+
+def test_cells_table_shows_the_operator_sweep(tmp_path):
+    ops_cell(tmp_path, "cpu-torch2.13.0-py3.11", "2.13.0", ops_rows(fail="mul"), exit_code=1)
+    cell(tmp_path, "cuda-torch2.13.0-py3.11", "2.13.0", records("c"), ops={"mode": "off"})
+    table = collect.cells_table(collect.find_cells([tmp_path]), ["xpu-torch2.13.0-py3.11"])
+    lines = table.splitlines()
+    header = [h.strip() for h in lines[2].strip("|").split("|")]
+    assert header[header.index("suites") + 1] == "ops"
+    rows = {line.split(" | ")[0].lstrip("| "): [c.strip() for c in line.strip("|").split("|")]
+            for line in lines[4:] if line.startswith("| ")}
+    assert rows["cpu-torch2.13.0-py3.11"][header.index("ops")] == "full: 6 rows, 1 failed (exit 1)"
+    assert rows["cuda-torch2.13.0-py3.11"][header.index("ops")] == "off"
+    assert all(len(row) == len(header) for row in rows.values())  # the missing cell's row too
+    assert rows["xpu-torch2.13.0-py3.11"][header.index("environment")] == "missing"
+
+
+def test_an_operator_row_that_passed_in_the_baseline_and_fails_now_fails_the_gate(tmp_path, capsys):
+    cells_root, base_root = tmp_path / "cells", tmp_path / "baseline"
+    ops_cell(base_root, "cpu-torch2.13.0-py3.11", "2.13.0", ops_rows())
+    ops_cell(cells_root, "cpu-torch2.13.0-py3.11", "2.13.0", ops_rows(fail="mul", known="to_sparse"), exit_code=1)
+    known = tmp_path / "known.yaml"
+    known.write_text("issues:\n  - id: emu-sparse\n    title: no sparse layouts\n    ops: [to_sparse*]\n")
+    db = tmp_path / "history.db"
+    code = collect.main([str(cells_root), "-o", str(tmp_path / "report"), "--baseline", str(base_root), "--history", str(db),
+                         "--known-issues", str(known)])
+    assert code == 1  # a new untracked failure, though the suites all passed
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "mul\\[op-function-float32-forward\\]" in report
+    assert "full: 7 rows, 1 failed (exit 1)" in (tmp_path / "report" / "summary.md").read_text()
+    from accel_reports.history import History
+
+    with History(db) as history:
+        tests = history.load().tests
+        assert any(str(t).startswith("suites/test_ops.py::mul[") for t in tests["nodeid"])
+    # the same sweep without the new failure: the known one stays known, the gate passes
+    ops_cell(tmp_path / "fixed", "cpu-torch2.13.0-py3.11", "2.13.0", ops_rows(known="to_sparse"))
+    code = collect.main([str(tmp_path / "fixed"), "-o", str(tmp_path / "report2"), "--baseline", str(base_root),
+                         "--known-issues", str(known)])
+    assert code == 0, capsys.readouterr().out

@@ -134,3 +134,11 @@ def test_command_line(tmp_path, capsys):
     path.write_text(text)
     assert vw.main(["--workflow", str(path)]) == 1
     assert "matrix.name" in capsys.readouterr().err
+
+
+def test_the_baseline_keeps_the_operator_sweep_rows():
+    """The next nightly diffs operator rows against this one: the artifact holds what ci.collect reads."""
+    steps = yaml.safe_load(WORKFLOW.read_text())["jobs"]["report"]["steps"]
+    baseline = next(s for s in steps if s.get("with", {}).get("name") == "nightly-baseline")
+    paths = baseline["with"]["path"].split()
+    assert {"cells/*/results/", "cells/*/ops/results/", "cells/*/bench/"} <= set(paths)
