@@ -41,6 +41,10 @@ def test_project_matrix_cells_carry_runner_install_and_world_sizes():
     emu = cells["emu-torch2.13.0-py3.11"]  # the emulated device: an ordinary runner, its plug-in installed after accel
     assert emu.runner == ("ubuntu-latest",) and emu.plugins == ("plugins/accel-emu",) and emu.comm == "emu_ccl"
     assert emu.to_dict()["plugins"] == ["plugins/accel-emu"] and cpu.plugins == ()
+    # the full operator sweep runs on the emulated device and on the host swept as a device, nowhere else
+    assert {c.backend for c in cells.values() if c.ops == "full"} == {"cpu", "emu"}
+    assert {c.ops for c in cells.values() if c.backend not in ("cpu", "emu")} == {"off"}
+    assert cpu.to_dict()["ops"] == "full" and "ops" not in cpu.github()
     assert "cu" in cells["cuda-torch2.14.1-py3.11"].install.index_url
     hpu = cells["hpu-torch2.13.0-py3.11"]
     assert hpu.install.preinstalled and hpu.setup_python is False and hpu.expected_torch == "2.13.0"

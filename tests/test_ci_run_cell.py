@@ -258,6 +258,14 @@ def test_ops_override_quick_known_issues_and_cpu_count(tmp_path, capsys, monkeyp
     assert "invalid choice: 'fast'" in capsys.readouterr().err
 
 
+def test_project_matrix_sweeps_every_operator_on_emu_and_cpu(tmp_path, capsys):
+    for cell in ("emu-torch2.13.0-py3.11", "cpu-torch2.14.1-py3.12"):
+        _, steps = dry_run(capsys, tmp_path, cell=cell, matrix=str(REPO / "ci" / "matrix.yaml"))
+        assert steps["ops"][3:6] == ["ops", "--backend", cell.split("-")[0]] and "--quick" not in steps["ops"]
+    _, steps = dry_run(capsys, tmp_path, cell="cuda-torch2.13.0-py3.11", matrix=str(REPO / "ci" / "matrix.yaml"))
+    assert "ops" not in steps
+
+
 class FakeProcess:
     """subprocess.Popen for one step: writes what the command would leave behind, exits as told."""
 
