@@ -1,25 +1,33 @@
 """Shared fixtures of the project's own tests."""
 
 import os
+import signal
 
 import pytest
+
+#: signals whose handlers a test may change in this process (torch's elastic agent sets the first four)
+HANDLED_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+                        if hasattr(signal, name))
 
 
 @pytest.fixture(autouse=True)
 def fresh_state():
     """Every test starts and ends without accel's process-wide state (it is a shared singleton), and
-    leaves the environment as it found it: a variable one test sets (``MASTER_PORT`` from a process
-    group, a cloud SDK's credentials) would otherwise reach every later test of the same worker and the
-    subprocesses they start."""
+    leaves the environment and the signal handlers as it found them: a variable one test sets
+    (``MASTER_PORT`` from a process group, a cloud SDK's credentials) would otherwise reach every later
+    test of the same worker and the subprocesses they start, and a handler torch's elastic agent
+    installs (``notebook_launcher``) would turn a later test's Ctrl-C into its exception."""
     from accel.state import AcceleratorState, GradientState
 
     saved = dict(os.environ)
+    handlers = {sig: signal.getsignal(sig) for sig in HANDLED_SIGNALS}
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
     yield
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
     restore_environment(saved)
+    restore_signal_handlers(handlers)
 
 
 def restore_environment(saved: dict[str, str]) -> None:
@@ -29,6 +37,13 @@ def restore_environment(saved: dict[str, str]) -> None:
     for name, value in saved.items():
         if name != "PYTEST_CURRENT_TEST" and os.environ.get(name) != value:
             os.environ[name] = value
+
+
+def restore_signal_handlers(saved: dict) -> None:
+    """Put back the handlers in ``saved`` (signal -> what ``signal.getsignal`` gave; None: not set from Python)."""
+    for sig, handler in saved.items():
+        if handler is not None and signal.getsignal(sig) is not handler:
+            signal.signal(sig, handler)
 
 
 @pytest.fixture

@@ -1,8 +1,9 @@
 """The project's own test fixtures: what one test changes in the process does not reach the next."""
 
 import os
+import signal
 
-from conftest import restore_environment
+from conftest import HANDLED_SIGNALS, restore_environment, restore_signal_handlers
 
 
 def test_variables_a_test_set_changed_or_removed_are_put_back(monkeypatch):
@@ -17,3 +18,21 @@ def test_variables_a_test_set_changed_or_removed_are_put_back(monkeypatch):
     assert os.environ["HYGIENE_PROBE_REMOVED"] == "there"
     assert "HYGIENE_PROBE_NEW" not in os.environ
     assert dict(os.environ) == saved
+
+
+def test_signal_handlers_a_test_installed_are_put_back():
+    saved = {sig: signal.getsignal(sig) for sig in HANDLED_SIGNALS}
+
+    def handler(signum, frame):
+        raise RuntimeError("a leaked handler")
+
+    try:
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        restore_signal_handlers(saved)
+        assert {sig: signal.getsignal(sig) for sig in HANDLED_SIGNALS} == saved
+        assert signal.getsignal(signal.SIGINT) is not handler
+    finally:
+        for sig, before in saved.items():
+            if before is not None:
+                signal.signal(sig, before)
