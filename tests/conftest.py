@@ -10,6 +10,20 @@ HANDLED_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", 
                         if hasattr(signal, name))
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``slow`` run only with ``RUN_SLOW=1`` (as ``accel.test_utils.slow``; the nightly
+    workflow sets it): each is an end-to-end case whose behaviour a faster test also covers, named
+    beside its mark."""
+    from accel.test_utils.testing import parse_flag_from_env
+
+    if parse_flag_from_env("RUN_SLOW"):
+        return
+    skip = pytest.mark.skip(reason="[opt-in] test is slow: set RUN_SLOW=1 to run it (the nightly workflow does)")
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def fresh_state():
     """Every test starts and ends without accel's process-wide state (it is a shared singleton), and

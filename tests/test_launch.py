@@ -328,6 +328,13 @@ def test_device_backends_are_not_probed_in_the_launcher(fake_backends, script):
     assert MultiBackend.probes == []  # no kernel on device 0 from the launcher process
 
 
+def test_plan_passes_max_restarts_to_torch_elastic_with_the_static_rendezvous(script):
+    args = plan_for(["--cpu", "--num_processes", "3", "--max_restarts", "2", str(script)]).torchrun_args
+    assert args[args.index("--max-restarts") + 1] == "2" and args[args.index("--rdzv-backend") + 1] == "static"
+    args = plan_for(["--cpu", str(script)]).torchrun_args
+    assert args[args.index("--max-restarts") + 1] == "0"
+
+
 def test_plan_for_a_single_node_cpu_run(script, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     plan = plan_for(["--cpu", "--num-processes", "2", str(script), "--num_processes", "7", "--cpu"])

@@ -175,6 +175,10 @@ def test_notebook_launcher_restarts_failed_attempts(tmp_path):
     assert {(rec["world"], rec["sum"], rec["attempt"]) for rec in got.values()} == {(3, 6.0, FAILED_ATTEMPTS)}
 
 
+# slow (nightly): test_notebook_launcher_restarts_failed_attempts covers the restarts through the same elastic
+# agent, static store and per-attempt group, test_launch.py::test_plan_passes_max_restarts_to_torch_elastic_with_the_static_rendezvous
+# that accel launch hands --max_restarts to it
+@pytest.mark.slow
 def test_accel_launch_restarts_failed_attempts(tmp_path):
     # `accel launch --max_restarts` runs torchrun's static rendezvous: the same shared store as notebook_launcher
     script = tmp_path / "restarting.py"
