@@ -142,3 +142,15 @@ def test_the_baseline_keeps_the_operator_sweep_rows():
     baseline = next(s for s in steps if s.get("with", {}).get("name") == "nightly-baseline")
     paths = baseline["with"]["path"].split()
     assert {"cells/*/results/", "cells/*/ops/results/", "cells/*/bench/"} <= set(paths)
+
+
+def test_the_nightly_runs_the_tests_that_ci_leaves_out_as_slow():
+    """ci/test.sh skips the tests marked slow (tests/conftest.py): a nightly job must run them, and fail on a failure."""
+    jobs = yaml.safe_load(WORKFLOW.read_text())["jobs"]
+    runs = [(name, step) for name, job in jobs.items() for step in job.get("steps", [])
+            if "pytest tests -m slow" in str(step.get("run", ""))]
+    assert len(runs) == 1, runs
+    name, step = runs[0]
+    assert str(step.get("env", {}).get("RUN_SLOW")) == "1"
+    assert "continue-on-error" not in step and "continue-on-error" not in jobs[name]
+    assert "set +e" not in step["run"] and "|| true" not in step["run"]
