@@ -10,6 +10,14 @@ HANDLED_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", 
                         if hasattr(signal, name))
 
 
+def pytest_configure(config):
+    """Take Ctrl-C as a terminal run does. A run started in the background of a non-interactive shell
+    (``nohup pytest ... &``) ignores SIGINT, and every process the tests start inherits that: the tests
+    that interrupt a command would wait for an interrupt it never takes."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``slow`` run only with ``RUN_SLOW=1`` (as ``accel.test_utils.slow``; the nightly
     workflow sets it): each is an end-to-end case whose behaviour a faster test also covers, named
