@@ -56,6 +56,10 @@ def test_config_file_with_a_deepspeed_json_of_auto_values(tmp_path):
     _check_checkpoint(tmp_path / "ckpt")
 
 
+# slow (nightly): test_cli_launch_flags.py::test_training_options_reach_the_ranks_under_accelerates_variable_names[deepspeed]
+# covers the flags reaching the ranks as Accelerate's variables, suites/test_deepspeed.py ZeRO-3 training at 2 ranks
+# from them, and test_config_file_with_a_deepspeed_json_of_auto_values this script under accel launch
+@pytest.mark.slow
 def test_launch_flags_turn_on_zero3(tmp_path):
     result = _launch(["--num_processes", "2", "--use_deepspeed", "--zero_stage", "3",
                       "--gradient_accumulation_steps", "1"], tmp_path)

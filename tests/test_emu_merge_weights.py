@@ -30,7 +30,9 @@ def _launch(backend: str, tmp_path: Path) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, cwd=tmp_path)
 
 
-@pytest.mark.parametrize("backend", ["cpu", "emu"])
+# cpu is slow (nightly): emu runs the same script and merges on two devices, and
+# suites/test_fsdp.py::test_merge_weights_output_loads_into_a_plain_module merges on cpu
+@pytest.mark.parametrize("backend", [pytest.param("cpu", marks=pytest.mark.slow), "emu"])
 def test_merge_weights_script_checks_four_merges(backend, tmp_path):
     if backend == "emu" and importlib.util.find_spec("accel_emu") is None:
         pytest.skip("the accel-emu plug-in is not installed (pip install -e plugins/accel-emu)")

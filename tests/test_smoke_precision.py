@@ -23,7 +23,9 @@ def accel_test(*args: str, tmp_path) -> tuple[subprocess.CompletedProcess, dict]
     return proc, (json.loads(out.read_text()) if out.exists() else {})
 
 
-@pytest.mark.parametrize("processes", ["1", "2"])
+# one process is slow (nightly): two processes run the same checks with the launcher's precision, and
+# test_accel_test_reads_the_precision_from_the_config_file runs one process in bf16
+@pytest.mark.parametrize("processes", [pytest.param("1", marks=pytest.mark.slow), "2"])
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_accel_test_passes_under_mixed_precision(precision, processes, tmp_path):
     proc, payload = accel_test("--cpu", "--num_processes", processes, "--mixed_precision", precision, tmp_path=tmp_path)
