@@ -317,7 +317,7 @@ def test_find_executable_batch_size_treats_device_oom_wording_as_oom(message):
 
     tried = []
 
-    @find_executable_batch_size(starting_batch_size=64)
+    @find_executable_batch_size(starting_batch_size=16)  # each retry collects garbage: a few retries are enough
     def train(batch_size):
         tried.append(batch_size)
         if batch_size > 8:
@@ -325,7 +325,7 @@ def test_find_executable_batch_size_treats_device_oom_wording_as_oom(message):
         return batch_size
 
     result = train()
-    assert tried[0] == 64 and result == tried[-1] <= 8 and all(a > b for a, b in zip(tried, tried[1:]))
+    assert tried == [16, 14, 12, 10, 9, 8] and result == 8
 
 
 def test_other_runtime_errors_are_not_oom():
