@@ -5,6 +5,9 @@ import os
 import subprocess
 import sys
 import time
+
+import pytest
+
 from _waits import SAFETY_NET_S
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -15,6 +18,9 @@ def _accel(*args, timeout=300, env=None):
                           timeout=timeout, env=env or ENV)
 
 
+# slow (nightly): test_smoke_precision.py::test_accel_test_passes_under_mixed_precision[*-2] runs the same two-process
+# accel test with these checks, and test_healthy_ranks_pass_the_training_check[no] its training check in full precision
+@pytest.mark.slow
 def test_accel_test_two_cpu_processes_all_checks_pass(tmp_path):
     out = tmp_path / "smoke.json"
     proc = _accel("test", "--cpu", "--num_processes", "2", "--json", str(out))

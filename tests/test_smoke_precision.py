@@ -31,6 +31,9 @@ def test_accel_test_passes_under_mixed_precision(precision, processes, tmp_path)
     proc, payload = accel_test("--cpu", "--num_processes", processes, "--mixed_precision", precision, tmp_path=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "9 passed, 0 failed, 0 skipped" in proc.stdout
+    assert f"world size {processes} (asked {processes})" in proc.stdout
+    assert payload["world_size"] == int(processes) and len(payload["ranks"]) == int(processes)
+    assert {r["check"] for r in payload["ranks"][-1]} >= {"launch: world size", "training equivalence", "checkpoint round trip"}
     training = {r["check"]: r for r in payload["ranks"][0]}["training equivalence"]
     assert training["detail"].startswith(f"{precision}: forward in {'bfloat16' if precision == 'bf16' else 'float16'}")
     mixed = {r["check"]: r for r in payload["ranks"][0]}["mixed precision"]
