@@ -1,26 +1,160 @@
 #!/usr/bin/env bash
 # The project's test command (README: "the tests"): the project's own tests, the conformance suites
 # on the CPU backend (real 2- and 4-rank gloo runs), then, where the emulated device's plug-in is
-# installed (plugins/accel-emu; .ci/run installs it), its own tests and the same suites on emu.
-# Separate pytest runs because tests/, suites/ and the plug-in's tests/ are rootless folders whose
-# module names overlap.
-set -euo pipefail
+# installed (plugins/accel-emu; .ci/run installs it), its own tests, the same suites on emu and the
+# contract suite on a backend made from emu's device profile alone.
+#
+# Separate pytest runs (stages) because tests/, suites/ and the plug-in's tests/ are rootless folders
+# whose module names overlap, and the emu stages load emu into every process. To keep both cores
+# busy the stages run in two lanes at once: the project's tests in one, the suites and the plug-in's
+# tests one after the other in the other. Each stage's output is printed when it ends; the last
+# lines are one tally, counted from each stage's JUnit XML file: per stage and in all, passed,
+# failed, skipped and errors, with wall times. The exit status is non-zero when any stage failed.
+#
+# Arguments go to every stage (e.g. `bash ci/test.sh -x`). Slow tests (marker `slow`) run only with
+# RUN_SLOW=1, as the nightly workflow does. ACCEL_TEST_WORKERS sets the project tests' workers (2).
+set -uo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-status=0
-note() { status=$((status ? status : $1)); }
-# --timeout: a test that hangs fails with every thread's stack instead of stalling the whole run
-python -m pytest tests -q -n 2 --timeout 900 "$@" || note $?
-python -m pytest suites -m cpu -q -n 2 --timeout 900 --ignore=suites/benchmarks "$@" || note $?
-if python -c "import accel_emu" 2>/dev/null; then
-    python -m pytest plugins/accel-emu/tests -q -n 2 --timeout 900 "$@" || note $?
-    # every difference from cpu is either fixed or named in the plug-in's known-issues file (xfail)
-    python -m pytest suites -m emu --backend emu -q -n 2 --timeout 900 --ignore=suites/benchmarks \
-        --known-issues plugins/accel-emu/known-issues.yaml --known-issues-xfail "$@" || note $?
-    # a backend made from the device profile alone (no plug-in Backend class) passes the contract suite
-    python -m pytest suites/test_backend_contract.py -m emu --backend emu -q --timeout 900 \
-        --profile plugins/accel-emu/profile.yaml "$@" || note $?
+# bytecode of the repository's modules and pytest's rewritten test modules is kept (__pycache__, ignored
+# by git): with PYTHONDONTWRITEBYTECODE every pytest process and command the tests start compiles them again
+unset PYTHONDONTWRITEBYTECODE
+PYTHON="${PYTHON:-python}"
+WORKERS="${ACCEL_TEST_WORKERS:-2}"
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/accel-test.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+lanes=()   # each lane runs in a process group of its own, so an interrupt reaches every pytest of it
+stop() {
+    trap - INT TERM
+    for lane in "${lanes[@]}"; do
+        kill "-$1" -- "-$lane" 2>/dev/null
+    done
+    wait
+    exit 130
+}
+trap 'stop INT' INT
+trap 'stop TERM' TERM
+
+order=()   # stage names in the order the tally lists them
+# stage NAME ARGS...: one pytest run; its output, exit status, start and end go into $work; the output
+# is printed (whole, under a header) as soon as the run ends
+stage() {
+    local name=$1
+    shift
+    date +%s.%N > "$work/$name.start"
+    "$PYTHON" -m pytest "$@" --junitxml="$work/$name.xml" > "$work/$name.log" 2>&1
+    echo $? > "$work/$name.rc"
+    date +%s.%N > "$work/$name.end"
+    {
+        echo "==================== ci/test.sh: $name: pytest $* (exit $(cat "$work/$name.rc"))"
+        cat "$work/$name.log"
+    } > "$work/$name.out"
+    if command -v flock > /dev/null; then
+        flock "$work/print.lock" cat "$work/$name.out"   # one stage's output at a time
+    else
+        cat "$work/$name.out"
+    fi
+}
+
+common=(-q --timeout 900)   # --timeout: a hung test fails with every thread's stack instead of stalling the run
+if "$PYTHON" -c "import accel_emu" 2>/dev/null; then
+    emu=1
 else
+    emu=0
     echo "ci/test.sh: the emulated device is not installed (pip install -e plugins/accel-emu): its tests and the emu suites did not run" >&2
 fi
-exit "$status"
+
+started=$(date +%s.%N)
+order+=(tests)
+set -m   # job control while the lanes start: a process group each (no job notices afterwards)
+# worksteal: an idle worker takes tests queued for a busy one, so one long test does not hold a queue
+stage tests tests -n "$WORKERS" --dist worksteal "${common[@]}" "$@" &
+lanes+=($!)
+order+=(suites-cpu)
+[ "$emu" = 1 ] && order+=(emu-plugin suites-emu contract-emu)
+# one worker each: the other lane has two. The suites run in an xdist worker as the harness expects
+(
+    stage suites-cpu suites -m cpu -n 1 "${common[@]}" --ignore=suites/benchmarks "$@"
+    if [ "$emu" = 1 ]; then
+        stage emu-plugin plugins/accel-emu/tests "${common[@]}" "$@"
+        # every difference from cpu is either fixed or named in the plug-in's known-issues file (xfail)
+        stage suites-emu suites -m emu --backend emu -n 1 "${common[@]}" --ignore=suites/benchmarks \
+            --known-issues plugins/accel-emu/known-issues.yaml --known-issues-xfail "$@"
+        # a backend made from the device profile alone (no plug-in Backend class) passes the contract suite
+        stage contract-emu suites/test_backend_contract.py -m emu --backend emu "${common[@]}" \
+            --profile plugins/accel-emu/profile.yaml "$@"
+    fi
+) &
+lanes+=($!)
+set +m
+wait "${lanes[@]}"
+lanes=()
+ended=$(date +%s.%N)
+
+# the tally: counted from each stage's JUnit file; a stage without one (it crashed, or was killed)
+# counts as an error, and so does a stage whose pytest exited non-zero with no failure recorded
+"$PYTHON" - "$work" "$started" "$ended" "${order[@]}" <<'EOF'
+import os
+import sys
+import xml.etree.ElementTree as ET
+
+work, started, ended, names = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4:]
+KEYS = ("passed", "failed", "skipped", "errors", "xfailed")
+
+
+def read(path):
+    with open(path) as fh:
+        return fh.read().strip()
+
+
+def count(xml_path):
+    counts = dict.fromkeys(KEYS, 0)
+    for case in ET.parse(xml_path).getroot().iter("testcase"):
+        kinds = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
+        if "failure" in kinds:
+            counts["failed"] += 1
+        if "error" in kinds:
+            counts["errors"] += 1
+        if "skipped" in kinds:
+            skipped = next(child for child in case if child.tag == "skipped")
+            counts["xfailed" if skipped.get("type") == "pytest.xfail" else "skipped"] += 1
+        if not kinds:
+            counts["passed"] += 1
+    return counts
+
+
+def line(counts, seconds):
+    parts = [f"{counts[key]} {key}" for key in ("passed", "failed", "skipped", "errors")]
+    if counts["xfailed"]:
+        parts.append(f"{counts['xfailed']} xfailed")
+    return ", ".join(parts) + f" in {seconds:.1f}s"
+
+
+total = dict.fromkeys(KEYS, 0)
+status = 0
+rows = []
+for name in names:
+    rc = int(read(os.path.join(work, f"{name}.rc"))) if os.path.exists(os.path.join(work, f"{name}.rc")) else None
+    seconds = float(read(os.path.join(work, f"{name}.end"))) - float(read(os.path.join(work, f"{name}.start"))) \
+        if os.path.exists(os.path.join(work, f"{name}.end")) else 0.0
+    note = ""
+    try:
+        counts = count(os.path.join(work, f"{name}.xml"))
+    except (OSError, ET.ParseError) as exc:
+        counts = dict.fromkeys(KEYS, 0)
+        counts["errors"] = 1
+        note = f"  (no results: {type(exc).__name__})"
+    if rc and not counts["failed"] and not counts["errors"]:
+        counts["errors"] += 1
+        note = f"  (pytest exit {rc} with no failure recorded)"
+    if rc is None or rc or counts["failed"] or counts["errors"]:
+        status = 1
+    for key in KEYS:
+        total[key] += counts[key]
+    rows.append(f"  {name:<14} {line(counts, seconds)}  [exit {rc}]{note}")
+print("==================== ci/test.sh: tally (stages ran in two lanes at once; the total is the wall time of all)")
+print("\n".join(rows))
+print(line(total, ended - started))
+sys.exit(status)
+EOF
