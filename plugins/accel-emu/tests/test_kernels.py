@@ -120,3 +120,45 @@ def test_mse_loss_matches_cpu_for_every_reduction_without_a_warning(emu):
         assert loss.shape == host.shape
         assert torch.allclose(loss.cpu(), host)
         assert torch.allclose(leaf.grad.cpu(), host_leaf.grad)
+
+
+def test_conjugate_and_negative_views_copy_and_compute():
+    # a copy of a conjugate view to, from or within emu recursed until the stack overflowed
+    # (SIGSEGV), so this runs in a child process
+    from conftest import run_python
+
+    result = run_python(
+        """
+        import torch, accel_emu
+        accel_emu.load()
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(5, 6, 7, generator=g)
+        c = torch.randn(4, 3, dtype=torch.complex64, generator=g)
+        e = c.to("emu")
+        checks = {
+            "ifft of a real input": (torch.fft.ifft(x.to("emu"), n=10, dim=1).cpu(), torch.fft.ifft(x, n=10, dim=1)),
+            "ihfft": (torch.fft.ihfft(x.to("emu")).cpu(), torch.fft.ihfft(x)),
+            "conj to host": (e.conj().cpu(), c.conj()),
+            "neg view to host": (e.conj().imag.cpu(), c.conj().imag),
+            "clone of a conj view": (e.conj().clone().cpu(), c.conj()),
+            "matmul with the adjoint": ((e @ e.mH).cpu(), c @ c.mH),
+            "vdot": (torch.vdot(e[0], e[1]).cpu(), torch.vdot(c[0], c[1])),
+        }
+        into = torch.zeros(4, 3, dtype=torch.complex64, device="emu")
+        into.conj().copy_(e)  # writes through a conjugate view
+        checks["copy into a conj view"] = (into.cpu(), c.conj())
+        host = torch.empty(4, 3, dtype=torch.complex64)
+        host.copy_(e.conj())
+        checks["copy to a host tensor"] = (host, c.conj())
+        for name, (got, want) in checks.items():
+            torch.testing.assert_close(got, want, rtol=0, atol=0, msg=name)
+        leaf = e.clone().requires_grad_()
+        (leaf.sin() * leaf.conj()).abs().sum().backward()  # complex gradients resolve conj views
+        host_leaf = c.clone().requires_grad_()
+        (host_leaf.sin() * host_leaf.conj()).abs().sum().backward()
+        torch.testing.assert_close(leaf.grad.cpu(), host_leaf.grad, rtol=0, atol=0)
+        print("all equal")
+        """
+    )
+    assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
+    assert "all equal" in result.stdout

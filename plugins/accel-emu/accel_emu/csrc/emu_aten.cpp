@@ -8,6 +8,7 @@
 #include <ATen/autocast_mode.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/CPUFallback.h>
+#include <ATen/native/MathBitsFallback.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/_local_scalar_dense_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
@@ -340,9 +341,13 @@ at::Tensor& emu_set_source_tensor(at::Tensor& self, const at::Tensor& source) {
   return at::native::set_tensor_(self, source);
 }
 
-// A host (cpu) tensor over the same bytes as an emu tensor; valid while a MemoryGuard holds it open.
+// A host (cpu) tensor over the same bytes as an emu tensor, with its conj/neg bits; valid while a
+// MemoryGuard holds it open.
 at::Tensor host_alias(const at::Tensor& t) {
-  return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options().device(c10::DeviceType::CPU));
+  at::Tensor out = at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options().device(c10::DeviceType::CPU));
+  if (t.is_conj()) out._set_conj(true);
+  if (t.is_neg()) out._set_neg(true);
+  return out;
 }
 
 bool is_pinned_host(const at::Tensor& t) {
@@ -740,6 +745,38 @@ bool emu_has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tens
   return dense(self) && dense(from);
 }
 
+// PyTorch resolves a conjugate or negative view before an operator that does not understand the
+// bit by cloning the operand. On emu a clone is a copy, and every copy that involves emu reaches
+// `_copy_from`, which the same rule would resolve by cloning again, without end (a stack overflow).
+// emu's copies understand both bits (their host aliases carry them), so `_copy_from` and
+// `_copy_from_and_resize` with an emu operand skip both rules; other devices keep PyTorch's rule.
+class MathBitRule final : public at::native::MathOpFallback {
+ public:
+  explicit MathBitRule(c10::DispatchKey key)
+      : MathOpFallback(key, key == c10::DispatchKey::Conjugate ? "conjugate" : "negation"), key_(key) {}
+  bool is_bit_set(const at::Tensor& t) override {
+    return key_ == c10::DispatchKey::Conjugate ? t.is_conj() : t.is_neg();
+  }
+
+ private:
+  c10::DispatchKey key_;
+};
+
+template <c10::DispatchKey Key>
+void copy_with_math_bits(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  bool emu_operand = false;
+  for (const auto& v : torch::jit::last(*stack, op.schema().arguments().size())) {
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().device().type() == kEmu) emu_operand = true;
+  }
+  if (emu_operand) {
+    // Negative is dispatched before Conjugate: skipping past Conjugate skips both
+    op.redispatchBoxed(keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Conjugate),
+                       stack);
+    return;
+  }
+  MathBitRule(Key).fallback_impl(op, keys, stack);
+}
+
 }  // namespace
 
 std::vector<FallbackCount> fallback_calls() {
@@ -785,6 +822,18 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   // shape; the host's `mse_loss.out` first resizes that output to the elementwise shape and warns.
   // The host's functional kernel does not: send the functional form to the fallback as it is.
   m.impl("mse_loss", torch::CppFunction::makeFromBoxedFunction<&emu_fallback>());
+}
+
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  constexpr auto key = c10::DispatchKey::Conjugate;
+  m.impl("_copy_from", torch::CppFunction::makeFromBoxedFunction<&copy_with_math_bits<key>>());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFromBoxedFunction<&copy_with_math_bits<key>>());
+}
+
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  constexpr auto key = c10::DispatchKey::Negative;
+  m.impl("_copy_from", torch::CppFunction::makeFromBoxedFunction<&copy_with_math_bits<key>>());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFromBoxedFunction<&copy_with_math_bits<key>>());
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
