@@ -122,3 +122,24 @@ def test_storage_resize_waits_for_queued_copies():
     )
     assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
     assert "ok 100" in result.stdout
+
+
+def test_a_queued_copy_keeps_the_shape_it_was_queued_with(emu):
+    # in-place metadata operators (t_, resize_, unsqueeze_) change a tensor whose copy is still queued;
+    # the copy must write the layout the tensor had when it was queued, as on a real device
+    x = torch.arange(12.0).reshape(3, 4)
+    source = x.to("emu")
+    stream = emu.current_stream()
+    hold = _hold(stream)
+    try:
+        transposed, reshaped, unsqueezed = source.clone(), source.clone(), source.clone()
+        assert not stream.query()  # the three copies wait behind the hold
+        transposed.t_()
+        reshaped.resize_(2, 6)
+        unsqueezed.unsqueeze_(0)
+    finally:
+        hold.release()
+    emu.synchronize()
+    assert torch.equal(transposed.cpu(), x.t())
+    assert torch.equal(reshaped.cpu(), x.reshape(2, 6))
+    assert torch.equal(unsqueezed.cpu(), x.unsqueeze(0))

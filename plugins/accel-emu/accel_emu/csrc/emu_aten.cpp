@@ -364,6 +364,15 @@ void copy_now(const at::Tensor& self, const at::Tensor& dst) {
   dst_view.copy_(src_view);
 }
 
+// A tensor over `t`'s storage with the sizes, strides, offset and math bits `t` has now. Work queued on
+// a stream uses it instead of `t`, whose metadata an in-place operator (resize_, t_, set_, ...) may
+// change before the stream gets to the work.
+at::Tensor geometry_snapshot(const at::Tensor& t) {
+  at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(t.storage()), t.key_set(), t.dtype());
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  return out;
+}
+
 at::Tensor emu_copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   TORCH_CHECK(self.defined() && dst.defined(), "emu copy: undefined tensor");
   if (self.numel() == 0) return dst;
@@ -379,8 +388,9 @@ at::Tensor emu_copy_from(const at::Tensor& self, const at::Tensor& dst, bool non
                                      (src_emu ? is_pinned_host(dst) : is_pinned_host(self)));
   auto stream = current_stream(device);
   if (async) {
-    at::Tensor s = self;  // the task holds both storages alive
-    at::Tensor d = dst;
+    // the task holds both storages alive, and copies the geometry the tensors have now
+    at::Tensor s = geometry_snapshot(self);
+    at::Tensor d = geometry_snapshot(dst);
     stream_queue(device, stream.id()).enqueue([s, d] { copy_now(s, d); });
     return dst;
   }
