@@ -162,3 +162,36 @@ def test_conjugate_and_negative_views_copy_and_compute():
     )
     assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
     assert "all equal" in result.stdout
+
+
+def test_operators_with_a_host_kernel_do_not_run_as_a_decomposition(emu):
+    # PyTorch's composite kernels (layer norm through batch norm, addr, group norm, mish and silu
+    # backward) outrank a backend fallback; on emu they gave other numbers than the host's kernels
+    import accel_emu
+
+    g = torch.Generator().manual_seed(0)
+    one = torch.tensor([1.5])
+    torch.testing.assert_close(F.layer_norm(one.to("emu"), (1,)).cpu(), torch.zeros(1), rtol=0, atol=0)
+
+    x = torch.randn(2, 6, 3, generator=g).to(torch.bfloat16)
+    w, b = torch.randn(6, generator=g).to(torch.bfloat16), torch.randn(6, generator=g).to(torch.bfloat16)
+    a, v1, v2 = (torch.randn(*s, generator=g).to(torch.bfloat16) for s in ((5, 10), (5,), (10,)))
+    dev = lambda *ts: [t.to("emu") for t in ts]  # noqa: E731
+    pairs = {
+        "layer_norm": (F.layer_norm(*dev(x), (3,)), F.layer_norm(x, (3,))),
+        "group_norm": (F.group_norm(*dev(x), 2, *dev(w, b)), F.group_norm(x, 2, w, b)),
+        "addr": (torch.addr(*dev(a, v1, v2), beta=0.3, alpha=1.7), torch.addr(a, v1, v2, beta=0.3, alpha=1.7)),
+    }
+    for name, (got, want) in pairs.items():
+        torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0, msg=name)
+
+    h = torch.randn(16, 32, generator=g)
+    for fn in (F.mish, F.silu):
+        host_leaf, leaf = h.clone().requires_grad_(), h.to("emu").requires_grad_()
+        fn(host_leaf).sum().backward()
+        fn(leaf).sum().backward()
+        torch.testing.assert_close(leaf.grad.cpu(), host_leaf.grad, rtol=0, atol=0, msg=fn.__name__)
+
+    accel_emu.reset_fallback_calls()
+    F.layer_norm(torch.randn(4, 8, device="emu"), (8,))
+    assert "aten::native_layer_norm" in {name for name, _, calls in accel_emu.fallback_calls() if calls}

@@ -800,6 +800,37 @@ std::vector<FallbackCount> fallback_calls() {
   return out;
 }
 
+// An operator with a host (CPU) kernel of its own can still miss emu's fallback: a composite kernel
+// takes precedence over a backend fallback, so on emu it would run as a decomposition with other
+// numerics than the host's kernel. CompositeExplicitAutograd does so at the backend (native_layer_norm
+// through batch norm, addr, group norm); CompositeImplicitAutograd does so at the autograd key
+// whenever emu has no kernel of its own (mish_backward, silu_backward). Such operators get the
+// fallback as emu's own kernel. Left alone: views, composites that are an operator's only source of
+// gradients, and operators that reach the host's `out=` kernel through
+// CompositeExplicitAutogradNonFunctional alone (the host's numerics already).
+std::vector<std::string> route_composites_to_host() {
+  using c10::DispatchKey;
+  static auto* library = new torch::Library(torch::Library::IMPL, "aten", DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  std::vector<std::string> routed;
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const auto& name : dispatcher.getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    auto handle = dispatcher.findOp(name);
+    if (!handle.has_value() || !handle->hasKernelForDispatchKey(DispatchKey::CPU)) continue;
+    if (handle->hasKernelForDispatchKey(DispatchKey::PrivateUse1)) continue;
+    const bool explicit_composite = handle->hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutograd);
+    const bool implicit_composite = handle->hasKernelForDispatchKey(DispatchKey::CompositeImplicitAutograd);
+    if (!explicit_composite && !(implicit_composite && handle->hasKernelForDispatchKey(DispatchKey::Autograd))) {
+      continue;
+    }
+    if (choose_path(handle->schema()) != FallbackPath::kDirect) continue;
+    const std::string qualified = c10::toString(name);
+    library->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&emu_fallback>());
+    routed.push_back(qualified);
+  }
+  return routed;
+}
+
 void reset_fallback_calls() {
   auto& cache = path_cache();
   std::lock_guard<std::mutex> lock(cache.mutex);

@@ -284,6 +284,8 @@ std::shared_ptr<StreamHold> hold_stream(int device, int64_t stream_id) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "emu device runtime (accel_emu)";
+  static const std::vector<std::string> host_routed = emu::route_composites_to_host();
+  m.def("host_routed_ops", [] { return host_routed; });
   m.def("device_count", [] { return static_cast<int>(emu::device_count()); });
   m.def("physical_index", [](int i) { return emu::physical_index(static_cast<c10::DeviceIndex>(i)); });
   m.def("current_device", [] { return static_cast<int>(emu::current_device()); });

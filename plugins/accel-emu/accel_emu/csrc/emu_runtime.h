@@ -176,6 +176,9 @@ struct FallbackCount {
 };
 std::vector<FallbackCount> fallback_calls();
 void reset_fallback_calls();
+// Registers the host fallback as emu's kernel for operators whose host kernel a composite would
+// otherwise bypass on emu (once, when the module loads); returns their names.
+std::vector<std::string> route_composites_to_host();
 
 // ------------------------------------------------------------------ process state
 bool in_bad_fork();
