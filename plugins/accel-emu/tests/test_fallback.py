@@ -118,3 +118,19 @@ def test_host_code_still_cannot_read_device_memory():
     assert "value 2048.0" in result.stdout, result.stderr[-2000:]
     assert "read device memory from the host" not in result.stdout
     assert result.returncode != 0
+
+
+def test_a_kernel_that_flips_the_conj_bit_of_its_out_tensor(emu):
+    # linalg_lu_solve(left=False) leaves conjugated values in `out` and sets its conj bit instead of
+    # conjugating them; the bit set on the host alias must reach the device tensor's values
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(3, 3, dtype=torch.complex64, generator=g) + 3 * torch.eye(3)
+    b = torch.randn(4, 3, dtype=torch.complex64, generator=g)
+    lu, pivots = torch.linalg.lu_factor(a)
+    for adjoint in (False, True):
+        want = torch.linalg.lu_solve(lu, pivots, b, left=False, adjoint=adjoint)
+        got = torch.linalg.lu_solve(lu.to("emu"), pivots.to("emu"), b.to("emu"), left=False, adjoint=adjoint)
+        torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+        out = torch.empty(4, 3, dtype=torch.complex64, device="emu")
+        torch.linalg.lu_solve(lu.to("emu"), pivots.to("emu"), b.to("emu"), left=False, adjoint=adjoint, out=out)
+        torch.testing.assert_close(out.cpu(), want, rtol=0, atol=0)

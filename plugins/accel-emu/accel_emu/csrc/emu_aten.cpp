@@ -574,12 +574,14 @@ at::Tensor host_view_of(const at::Tensor& t) {
   return out;
 }
 
-// True when a kernel changed the host alias of `original` beyond its values (resized or restrided
-// it, or moved it to new host memory).
+// True when a kernel changed the host alias of `original` beyond its values: resized or restrided
+// it, moved it to new host memory, or flipped its conj/neg bit (linalg_lu_solve with left=False
+// leaves conjugated values in its `out=` tensor and sets the bit rather than conjugating them).
 bool alias_moved(const at::Tensor& alias, const at::Tensor& original) {
   return alias.sizes() != original.sizes() || alias.strides() != original.strides() ||
          alias.storage_offset() != original.storage_offset() ||
-         alias.storage().data() != original.storage().data();
+         alias.storage().data() != original.storage().data() || alias.is_conj() != original.is_conj() ||
+         alias.is_neg() != original.is_neg();
 }
 
 // Copies a host result into new memory on `device` (same sizes, and strides when dense).
