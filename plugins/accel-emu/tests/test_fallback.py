@@ -134,3 +134,25 @@ def test_a_kernel_that_flips_the_conj_bit_of_its_out_tensor(emu):
         out = torch.empty(4, 3, dtype=torch.complex64, device="emu")
         torch.linalg.lu_solve(lu.to("emu"), pivots.to("emu"), b.to("emu"), left=False, adjoint=adjoint, out=out)
         torch.testing.assert_close(out.cpu(), want, rtol=0, atol=0)
+
+
+def test_sparse_tensors_are_refused_with_a_clear_error(emu):
+    import pytest
+
+    dense = torch.tensor([[0.0, 1.0], [2.0, 0.0]])
+    attempts = {
+        "csr to emu": lambda: dense.to_sparse_csr().to("emu"),
+        "csc to emu": lambda: dense.to_sparse_csc().to("emu"),
+        "coo to emu": lambda: dense.to_sparse().to("emu"),
+        "to_sparse on emu": lambda: dense.to("emu").to_sparse(),
+        "to_sparse_csr on emu": lambda: dense.to("emu").to_sparse_csr(),
+        "csr factory": lambda: torch.sparse_csr_tensor(
+            torch.tensor([0, 1, 2]), torch.tensor([1, 0]), torch.tensor([1.0, 2.0]), (2, 2), device="emu"
+        ),
+        "empty coo": lambda: torch.empty(2, 2, layout=torch.sparse_coo, device="emu"),
+    }
+    for name, attempt in attempts.items():
+        with pytest.raises(NotImplementedError, match="emu supports only strided"):
+            attempt()
+    # the dense tensor and the device are untouched
+    assert torch.equal((dense.to("emu") * 2).cpu(), dense * 2)

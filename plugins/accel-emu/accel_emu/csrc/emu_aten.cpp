@@ -253,9 +253,17 @@ struct Registrations {
 } registrations;
 
 // ------------------------------------------------------------------ native kernels
+// emu keeps only strided (dense) tensors: its kernels are the host's dense kernels run on its memory,
+// and it has no sparse storage formats. Everything that would make or use another layout on emu
+// raises NotImplementedError with this text.
+[[noreturn]] void refuse_layout(const std::string& op, c10::Layout layout) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "emu supports only strided (dense) tensors; ", op, " met a ", layout,
+                              " tensor on emu. Keep sparse tensors on the host (cpu), or give emu dense ones "
+                              "(to_dense() on the host).");
+}
+
 void check_factory(std::optional<c10::Layout> layout, std::optional<bool> pin_memory) {
-  TORCH_CHECK(c10::layout_or_default(layout) == c10::Layout::Strided,
-              "emu supports only strided tensors, got layout ", c10::layout_or_default(layout));
+  if (c10::layout_or_default(layout) != c10::Layout::Strided) refuse_layout("a factory function", c10::layout_or_default(layout));
   TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory), "emu: only host (cpu) tensors can be pinned");
 }
 
@@ -678,6 +686,7 @@ void direct_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, c1
                     " returned a tensor that is not the input it mutated");
         slot = c10::IValue(*original);
       } else if (out.device().is_cpu()) {
+        if (out.layout() != c10::Layout::Strided) refuse_layout(c10::toString(schema.operator_name()), out.layout());
         slot = c10::IValue(to_device_memory(out, device));
       }
     } else if (slot.isTensorList()) {
@@ -686,9 +695,15 @@ void direct_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, c1
       back.reserve(list.size());
       for (const at::Tensor& out : list) {
         const at::Tensor* original = in_place && out.defined() ? original_of(out) : nullptr;
-        if (original != nullptr) back.push_back(*original);
-        else if (out.defined() && out.device().is_cpu()) back.push_back(to_device_memory(out, device));
-        else back.push_back(out);
+        if (original != nullptr) {
+          back.push_back(*original);
+        } else if (out.defined() && out.device().is_cpu()) {
+          if (out.layout() != c10::Layout::Strided) refuse_layout(c10::toString(schema.operator_name()), out.layout());
+          back.push_back(to_device_memory(out, device));
+        }
+        else {
+          back.push_back(out);
+        }
       }
       slot = c10::IValue(c10::List<at::Tensor>(std::move(back)));
     }
@@ -741,6 +756,22 @@ void emu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   } else {
     at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
   }
+}
+
+// Operators on sparse emu tensors (and the constructor of compressed sparse tensors, which PyTorch
+// would otherwise build on emu from dense parts) are refused with a clear error.
+void refuse_sparse(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& arguments = op.schema().arguments();
+  auto args = torch::jit::last(*stack, arguments.size());
+  c10::Layout layout = c10::Layout::Sparse;
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    if (arguments[i].name() == "layout" && args[i].isInt()) layout = args[i].toLayout();
+    if (args[i].isTensor() && args[i].toTensor().defined() && args[i].toTensor().layout() != c10::Layout::Strided) {
+      layout = args[i].toTensor().layout();
+      break;
+    }
+  }
+  refuse_layout(c10::toString(op.schema().operator_name()), layout);
 }
 
 // Module.to(), FSDP's flat parameters and `param.data = tensor` swap a tensor's storage for one of
@@ -865,6 +896,19 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   // shape; the host's `mse_loss.out` first resizes that output to the elementwise shape and warns.
   // The host's functional kernel does not: send the functional form to the fallback as it is.
   m.impl("mse_loss", torch::CppFunction::makeFromBoxedFunction<&emu_fallback>());
+}
+
+TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&refuse_sparse>());
+}
+
+TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&refuse_sparse>());
+}
+
+// the constructor is a composite of its own: without this, it would build a compressed tensor on emu
+TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) {
+  m.impl("_sparse_compressed_tensor_unsafe", torch::CppFunction::makeFromBoxedFunction<&refuse_sparse>());
 }
 
 TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
