@@ -32,6 +32,9 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from accel.facts import yaml_safe
+from accel.facts.yaml_safe import preview
+
 from .base import Availability, Backend, BackendError, Capability, DeviceProperties
 from .device_module import properties_from_module
 
@@ -95,7 +98,7 @@ def canonical_dtype(value: Any) -> str:
     """``"bf16"`` for ``torch.bfloat16``, ``"bfloat16"`` or ``"bf16"``; a ValueError names unknown ones."""
     text = str(value).removeprefix("torch.").strip().lower()
     if text not in _DTYPE_ALIASES:
-        raise ValueError(f"unknown dtype {value!r}{_suggest(text, sorted(set(_DTYPE_ALIASES)))}")
+        raise ValueError(f"unknown dtype {preview(value)}{_suggest(text, sorted(set(_DTYPE_ALIASES)))}")
     return _DTYPE_ALIASES[text]
 
 
@@ -184,13 +187,17 @@ class DeviceProfile:
 def load_profile(path: Any) -> DeviceProfile:
     """Load and validate a profile: ``.yaml``/``.yml``, ``.toml`` or a transformers-style ``.py`` spec."""
     path = Path(path)
+    suffix = path.suffix.lower()
     try:
+        if suffix in (".yaml", ".yml"):
+            yaml_safe.check_size(path)
         raw = path.read_bytes()
     except FileNotFoundError:
         raise ProfileError("file not found", path) from None
     except OSError as exc:
         raise ProfileError(f"cannot be read: {exc}", path) from None
-    suffix = path.suffix.lower()
+    except yaml_safe.YamlError as exc:
+        raise ProfileError(exc.problem, path) from None
     if suffix == ".py":
         profile = _from_spec(path)
     elif suffix in (".yaml", ".yml"):
@@ -207,29 +214,12 @@ def load_profile(path: Any) -> DeviceProfile:
 
 
 def _read_yaml(text: str, path: Path) -> tuple[Any, dict[tuple, int]]:
-    import yaml
-
     try:
-        data = yaml.safe_load(text)
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ProfileError(f"not valid YAML: {problem}", path, mark.line + 1 if mark else None) from None
-    lines: dict[tuple, int] = {}
-
-    def walk(node: Any, where: tuple) -> None:
-        lines.setdefault(where, node.start_mark.line + 1)
-        if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                lines[where + (str(key.value),)] = key.start_mark.line + 1
-                walk(value, where + (str(key.value),))
-        elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                walk(item, where + (i,))
-
-    if root is not None:
-        walk(root, ())
+        root = yaml_safe.compose(text, path)
+        lines = yaml_safe.key_lines(root)  # before construct, which rewrites merge keys in place
+        data = yaml_safe.construct(root, path)
+    except yaml_safe.YamlError as exc:
+        raise ProfileError(exc.problem if exc.refused else f"not valid YAML: {exc.problem}", path, exc.line) from None
     return data, lines
 
 
@@ -281,7 +271,7 @@ def _validate(data: Any, lines: Mapping[tuple, int], path: Path | None, fmt: str
 
     def mapping(where: tuple, value: Any, allowed: tuple | None = None) -> dict[str, Any]:
         if not isinstance(value, Mapping):
-            raise fail(where, f"expected a mapping, got {type(value).__name__} {value!r}")
+            raise fail(where, f"expected a mapping, got {type(value).__name__} {preview(value)}")
         for key in value:
             if allowed is not None and key not in allowed:
                 raise fail(where + (str(key),), f"unknown key{_suggest(key, allowed)}")
@@ -289,17 +279,17 @@ def _validate(data: Any, lines: Mapping[tuple, int], path: Path | None, fmt: str
 
     def text(where: tuple, value: Any) -> str:
         if not isinstance(value, str) or not value.strip():
-            raise fail(where, f"expected a non-empty string, got {value!r}")
+            raise fail(where, f"expected a non-empty string, got {preview(value)}")
         return value.strip()
 
     def flag(where: tuple, value: Any) -> bool:
         if not isinstance(value, bool):
-            raise fail(where, f"expected true or false, got {value!r}")
+            raise fail(where, f"expected true or false, got {preview(value)}")
         return value
 
     def dtype_list(where: tuple, value: Any) -> list[str]:
         if not isinstance(value, list):
-            raise fail(where, f"expected a list of dtypes such as [fp32, bf16], got {value!r}")
+            raise fail(where, f"expected a list of dtypes such as [fp32, bf16], got {preview(value)}")
         out = []
         for i, item in enumerate(value):
             try:
@@ -317,7 +307,7 @@ def _validate(data: Any, lines: Mapping[tuple, int], path: Path | None, fmt: str
             raise fail(("device",), f"missing required key {required!r}")
     name = text(("device", "name"), device.pop("name"))
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
-        raise fail(("device", "name"), f"backend names are lower-case words (they are pytest markers), got {name!r}")
+        raise fail(("device", "name"), f"backend names are lower-case words (they are pytest markers), got {preview(name)}")
     device_type = text(("device", "device_type"), device.pop("device_type"))
     module = text(("device", "module"), device.pop("module")) if device.get("module") is not None else None
     extra: dict[str, Any] = {}
@@ -332,7 +322,7 @@ def _validate(data: Any, lines: Mapping[tuple, int], path: Path | None, fmt: str
     if "oom_messages" in device:
         messages = device["oom_messages"]
         if not isinstance(messages, list) or not all(isinstance(m, str) and m for m in messages):
-            raise fail(("device", "oom_messages"), f"expected a list of non-empty strings, got {messages!r}")
+            raise fail(("device", "oom_messages"), f"expected a list of non-empty strings, got {preview(messages)}")
         extra["oom_messages"] = tuple(messages)
     if "ranks_share_device" in device:
         extra["ranks_share_device"] = flag(("device", "ranks_share_device"), device["ranks_share_device"])
@@ -358,7 +348,7 @@ def _validate(data: Any, lines: Mapping[tuple, int], path: Path | None, fmt: str
             capabilities[key] = dtype_list(where, value)
         elif key == "device_count":
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise fail(where, f"expected a number of devices (an integer >= 0), got {value!r}")
+                raise fail(where, f"expected a number of devices (an integer >= 0), got {preview(value)}")
             capabilities[key] = value
         else:
             capabilities[key] = flag(where, value)
@@ -392,7 +382,7 @@ def _validate(data: Any, lines: Mapping[tuple, int], path: Path | None, fmt: str
         raise fail(("known_issues",), f"expected a list of known-issue entries, got {type(issues).__name__}")
     version = top.get("version")
     if version is not None and not isinstance(version, (str, int, float)):
-        raise fail(("version",), f"expected a version string, got {version!r}")
+        raise fail(("version",), f"expected a version string, got {preview(version)}")
     return DeviceProfile(
         name=name, device_type=device_type, module=module, device_extra=extra, hooks=hooks,
         comm_backend=comm_backend, capabilities=capabilities, tolerances=tolerances, op_tolerances=op_tolerances,
@@ -405,13 +395,13 @@ def _validate(data: Any, lines: Mapping[tuple, int], path: Path | None, fmt: str
 def _tolerance_value(value: Any, fail: Callable[[str], ProfileError]) -> dict[str, float]:
     def number(v: Any) -> float:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-            raise fail(f"expected a non-negative number, got {v!r}")
+            raise fail(f"expected a non-negative number, got {preview(v)}")
         return float(v)
 
     if isinstance(value, Mapping):
         for key in value:
             if key not in ("rtol", "atol"):
-                raise fail(f"unknown key {key!r}{_suggest(key, ('rtol', 'atol'))}")
+                raise fail(f"unknown key {preview(key)}{_suggest(key, ('rtol', 'atol'))}")
         if set(value) != {"rtol", "atol"}:
             raise fail("give both rtol and atol, or one number for both")
         return {"rtol": number(value["rtol"]), "atol": number(value["atol"])}
