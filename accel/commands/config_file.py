@@ -23,6 +23,8 @@ from typing import Any, Callable
 
 from accel.facts.environment import parse_bool
 from accel.facts.precision import PRECISIONS
+from accel.facts import yaml_safe
+from accel.facts.yaml_safe import preview
 from accel.utils.files import atomic_write
 
 __all__ = [
@@ -155,7 +157,7 @@ def _whole(minimum: int, maximum: int | None = None, unset: tuple[Any, ...] = ()
         if isinstance(value, str) and value.strip().lstrip("-").isdigit():
             number = int(value.strip())
         if not _is_int(number) or number < minimum or (maximum is not None and number > maximum):
-            raise ValueError(f"expected a whole number {bound}, got {value!r}")
+            raise ValueError(f"expected a whole number {bound}, got {preview(value)}")
         return number
 
     return check
@@ -164,7 +166,7 @@ def _whole(minimum: int, maximum: int | None = None, unset: tuple[Any, ...] = ()
 def _flag(value: Any) -> bool:
     if isinstance(value, bool):
         return value
-    raise ValueError(f"expected true or false, got {value!r}")
+    raise ValueError(f"expected true or false, got {preview(value)}")
 
 
 def _choice(options: tuple[str, ...], upper: bool = False) -> Callable[[Any], str]:
@@ -173,7 +175,7 @@ def _choice(options: tuple[str, ...], upper: bool = False) -> Callable[[Any], st
             text = value.strip().upper() if upper else value.strip().lower()
             if text in options:
                 return text
-        raise ValueError(f"expected one of {', '.join(options)}, got {value!r}{_suggest(value, options)}")
+        raise ValueError(f"expected one of {', '.join(options)}, got {preview(value)}{_suggest(value, options)}")
 
     return check
 
@@ -195,7 +197,7 @@ def _distributed_type(value: Any) -> str:
 def _text(value: Any) -> str:
     if isinstance(value, str) and value.strip() and not any(c.isspace() for c in value.strip()):
         return value.strip()
-    raise ValueError(f"expected a non-empty word without spaces, got {value!r}")
+    raise ValueError(f"expected a non-empty word without spaces, got {preview(value)}")
 
 
 def _optional_text(value: Any) -> str | None:
@@ -224,9 +226,9 @@ def _gpu_ids(value: Any) -> str | None:
         parts = text.split(",")
         if all(p.isdigit() for p in parts):
             if len(set(parts)) != len(parts):
-                raise ValueError(f"lists a device twice: {value!r}")
+                raise ValueError(f"lists a device twice: {preview(value)}")
             return ",".join(str(int(p)) for p in parts)
-    raise ValueError(f"expected 'all' or comma-separated device indices such as 0,1, got {value!r}")
+    raise ValueError(f"expected 'all' or comma-separated device indices such as 0,1, got {preview(value)}")
 
 
 #: YAML key -> check that returns the normalised value or raises ValueError(reason)
@@ -338,7 +340,7 @@ def _extra_value(key: str, value: Any) -> Any:
         return None
     if key in SECTION_KEYS:
         if not isinstance(value, dict):
-            raise ValueError(f"expected a mapping of settings, got {value!r}")
+            raise ValueError(f"expected a mapping of settings, got {preview(value)}")
         return value
     if key in FLAG_KEYS:
         if isinstance(value, str):
@@ -349,10 +351,10 @@ def _extra_value(key: str, value: Any) -> Any:
             return [value]
         if isinstance(value, list) and all(isinstance(v, str) for v in value):
             return value
-        raise ValueError(f"expected a list of strings, got {value!r}")
+        raise ValueError(f"expected a list of strings, got {preview(value)}")
     if isinstance(value, (str, int, float)) and not isinstance(value, bool):
         return str(value)
-    raise ValueError(f"expected text, got {value!r}")
+    raise ValueError(f"expected text, got {preview(value)}")
 
 
 def _upgrade_legacy_keys(data: dict[str, Any], lines: dict[str, int]) -> dict[str, Any]:
@@ -379,40 +381,42 @@ def load_config(path: str | os.PathLike[str]) -> LaunchConfig:
     """Read and check a config file (YAML, or the JSON Accelerate sometimes writes).
 
     Raises ConfigError naming the file, the line and the key for a syntax error, an unknown key
-    (with a did-you-mean), a duplicated key or a value of the wrong type or range.
+    (with a did-you-mean), a duplicated key, a value of the wrong type or range, or a file that
+    :mod:`accel.facts.yaml_safe` refuses (too large, aliases that expand too far).
     """
     import yaml
 
     path = Path(path)
     try:
+        yaml_safe.check_size(path)
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError("no such file", path) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot be read: {exc}", path) from None
+    except yaml_safe.YamlError as exc:
+        raise ConfigError(exc.problem, path) from None
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"YAML syntax error: {problem}", path, mark.line + 1 if mark else None) from None
+        root = yaml_safe.compose(text, path)
+        pairs = list(root.value) if isinstance(root, yaml.MappingNode) else []  # construct rewrites merge keys
+        data = yaml_safe.construct(root, path)
+    except yaml_safe.YamlError as exc:
+        raise ConfigError(exc.problem if exc.refused else f"YAML syntax error: {exc.problem}", path, exc.line) from None
     if root is None:
         raise ConfigError("the file is empty (expected keys such as `num_processes: 2`)", path)
     if not isinstance(root, yaml.MappingNode) or not isinstance(data, dict):
         raise ConfigError(f"expected a mapping of keys to values, got a {type(data).__name__}", path, root.start_mark.line + 1)
 
     lines: dict[str, int] = {}
-    values: dict[str, Any] = {}
-    for key_node, value_node in root.value:
+    first: dict[str, Any] = {}  # key -> the node of its first value
+    for key_node, value_node in pairs:
         key, line = key_node.value, key_node.start_mark.line + 1
         if not isinstance(key_node, yaml.ScalarNode):
             raise ConfigError("keys must be plain words", path, line)
-        value = yaml.safe_load(yaml.serialize(value_node)) if isinstance(value_node, yaml.Node) else None
-        if key in lines and values[key] != value:  # a repeated key with the same value is harmless
+        # a repeated key with the same value is harmless; values are built only for repeated keys
+        if key in first and yaml_safe.construct(first[key], path) != yaml_safe.construct(value_node, path):
             raise ConfigError(f"appears twice with different values (lines {lines[key]} and {line})", path, line, key)
-        lines.setdefault(key, line)
-        values[key] = value
+        first.setdefault(key, value_node)
         lines[key] = line
 
     config = LaunchConfig(path=path, lines=lines)
@@ -423,7 +427,7 @@ def load_config(path: str | os.PathLike[str]) -> LaunchConfig:
         elif key in ACCELERATE_ONLY_KEYS:
             config.extra[key] = value
         else:
-            raise ConfigError(f"unknown key {key!r}{_suggest(key, list(FIELDS) + list(ACCELERATE_ONLY_KEYS))}", path, lines.get(key))
+            raise ConfigError(f"unknown key {preview(key)}{_suggest(key, list(FIELDS) + list(ACCELERATE_ONLY_KEYS))}", path, lines.get(key))
     return config.validate()
 
 

@@ -15,6 +15,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from accel.facts.yaml_safe import preview
+
 __all__ = [
     "ARGUMENT_KEY_MAPPING",
     "ARGUMENT_VALUE_MAPPING",
@@ -83,12 +85,12 @@ def convert_config_to_fsdp2(config: dict[str, Any], changes: list[str] | None = 
         if isinstance(target, ConversionStatus):
             why = "removed in FSDP2" if target is ConversionStatus.REMOVED else "not implemented for FSDP2 yet"
             logger.warning(f"Argument {key} is {why}, skipping this key...")
-            changes.append(f"dropped {key}: {value!r} ({why})")
+            changes.append(f"dropped {key}: {preview(value, 200)} ({why})")
             continue
         new_value = ARGUMENT_VALUE_MAPPING.get(key, {}).get(value, value)
         converted[target] = new_value
         if target != key or new_value != value:
-            changes.append(f"{key}: {value!r} -> {target}: {new_value!r}")
+            changes.append(f"{key}: {preview(value, 200)} -> {target}: {preview(new_value, 200)}")
     if fsdp.get("fsdp_version") != 2:
         changes.append(f"fsdp_version: {fsdp.get('fsdp_version', 1)!r} -> 2")
     converted["fsdp_version"] = 2
@@ -97,11 +99,10 @@ def convert_config_to_fsdp2(config: dict[str, Any], changes: list[str] | None = 
 
 
 def load_config(config_file: str) -> dict[str, Any]:
-    """The raw mapping in ``config_file`` (ValueError when it is empty)."""
-    import yaml
+    """The raw mapping in ``config_file`` (ValueError when it is empty, or refused by accel.facts.yaml_safe)."""
+    from accel.facts import yaml_safe
 
-    with open(config_file, encoding="utf-8") as fh:
-        data = yaml.safe_load(fh)
+    data = yaml_safe.read(config_file)
     if not data:
         raise ValueError(f"Config file {config_file} is empty")
     return data

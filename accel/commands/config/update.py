@@ -34,17 +34,18 @@ def update_config(args: argparse.Namespace) -> str:
 
 def _rewrite(path: Path) -> list[str]:
     """Load ``path`` (upgrading old keys), write it back; the list of changes made."""
-    import yaml
-
     from accel.commands.config_file import load_config, save_config
+    from accel.facts import yaml_safe
+    from accel.facts.yaml_safe import preview
 
-    before = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    config = load_config(path)
+    config = load_config(path)  # checks the file (size, aliases) before it is read again below
+    before = yaml_safe.read(path) or {}
     save_config(config, path)
-    after = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    changes = [f"removed {key} (was {before[key]!r})" for key in before if key not in after]
-    changes += [f"{key}: {before[key]!r} -> {after[key]!r}" for key in after if key in before and before[key] != after[key]]
-    changes += [f"added {key}: {after[key]!r}" for key in after if key not in before]
+    after = yaml_safe.read(path) or {}
+    changes = [f"removed {key} (was {preview(before[key], 200)})" for key in before if key not in after]
+    changes += [f"{key}: {preview(before[key], 200)} -> {preview(after[key], 200)}" for key in after
+                if key in before and before[key] != after[key]]
+    changes += [f"added {key}: {preview(after[key], 200)}" for key in after if key not in before]
     return changes
 
 
