@@ -52,6 +52,9 @@ from typing import Any, Iterable, Iterator, Mapping
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from accel.facts import yaml_safe
+from accel.facts.yaml_safe import preview
+
 __all__ = ["FIELDS", "KnownIssue", "KnownIssues", "KnownIssuesError", "RerunVerdict", "dump_known_issues", "load_known_issues",
            "rerun_verdicts"]
 
@@ -189,11 +192,11 @@ class _EntryError(Exception):
 def _strings(key: str, value: Any, lower: bool = False) -> tuple[str, ...]:
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not items:
-        raise _EntryError(key, f"expected a string or a non-empty list of strings, got {value!r}")
+        raise _EntryError(key, f"expected a string or a non-empty list of strings, got {preview(value)}")
     out = []
     for item in items:
         if not isinstance(item, str) or not item.strip():
-            raise _EntryError(key, f"expected non-empty strings, got {item!r}")
+            raise _EntryError(key, f"expected non-empty strings, got {preview(item)}")
         out.append(item.strip().lower() if lower else item.strip())
     return tuple(out)
 
@@ -202,7 +205,7 @@ def _optional_text(key: str, value: Any) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise _EntryError(key, f"expected a string, got {value!r} ({type(value).__name__})")
+        raise _EntryError(key, f"expected a string, got {preview(value)} ({type(value).__name__})")
     return value.strip() or None
 
 
@@ -218,12 +221,12 @@ def _date(key: str, value: Any) -> datetime.date | None:
             return datetime.date.fromisoformat(value.strip())
         except ValueError:
             pass
-    raise _EntryError(key, f"expected a date written YYYY-MM-DD, got {value!r}")
+    raise _EntryError(key, f"expected a date written YYYY-MM-DD, got {preview(value)}")
 
 
 def _parse_entry(entry: Any, source: str) -> KnownIssue:
     if not isinstance(entry, Mapping):
-        raise _EntryError(None, f"expected a mapping with at least id and tests/error, got {type(entry).__name__} {entry!r}")
+        raise _EntryError(None, f"expected a mapping with at least id and tests/error, got {type(entry).__name__} {preview(entry)}")
     for key in entry:
         if key not in FIELDS:
             close = difflib.get_close_matches(str(key), FIELDS, n=1)
@@ -231,7 +234,7 @@ def _parse_entry(entry: Any, source: str) -> KnownIssue:
             raise _EntryError(str(key), f"unknown field{hint}")
     issue_id = entry.get("id")
     if isinstance(issue_id, bool) or not isinstance(issue_id, (str, int)) or not str(issue_id).strip():
-        raise _EntryError("id", "every entry needs an id (a non-empty string)" if issue_id is None else f"expected a non-empty string, got {issue_id!r}")
+        raise _EntryError("id", "every entry needs an id (a non-empty string)" if issue_id is None else f"expected a non-empty string, got {preview(issue_id)}")
     issue_id = str(issue_id).strip()
     title = _optional_text("title", entry.get("title"))
     url = _optional_text("url", entry.get("url"))
@@ -240,22 +243,22 @@ def _parse_entry(entry: Any, source: str) -> KnownIssue:
     specifier = None
     if spec_text is not None:
         if not isinstance(spec_text, str) or not spec_text.strip():
-            raise _EntryError("torch", f"expected a version specifier string such as '>=2.5,<2.8' (quoted in YAML), got {spec_text!r}")
+            raise _EntryError("torch", f"expected a version specifier string such as '>=2.5,<2.8' (quoted in YAML), got {preview(spec_text)}")
         try:
             specifier = SpecifierSet(spec_text)
         except InvalidSpecifier as exc:
-            raise _EntryError("torch", f"not a version specifier: {spec_text!r} ({exc}); write e.g. '>=2.5,<2.8'") from None
+            raise _EntryError("torch", f"not a version specifier: {preview(spec_text)} ({exc}); write e.g. '>=2.5,<2.8'") from None
         spec_text = str(spec_text).strip()
     tests = _strings("tests", entry["tests"]) if entry.get("tests") is not None else ()
     error = entry.get("error")
     regex = None
     if error is not None:
         if not isinstance(error, str) or not error:
-            raise _EntryError("error", f"expected a regular expression string, got {error!r}")
+            raise _EntryError("error", f"expected a regular expression string, got {preview(error)}")
         try:
             regex = re.compile(error)
         except re.error as exc:
-            raise _EntryError("error", f"bad regular expression {error!r}: {exc}") from None
+            raise _EntryError("error", f"bad regular expression {preview(error)}: {exc}") from None
     ops = _strings("ops", entry["ops"]) if entry.get("ops") is not None else ()
     dtypes = _strings("dtypes", entry["dtypes"], lower=True) if entry.get("dtypes") is not None else ()
     if dtypes and not ops:
@@ -264,10 +267,10 @@ def _parse_entry(entry: Any, source: str) -> KnownIssue:
         raise _EntryError("tests", "an entry needs tests (patterns), ops (operator patterns), error (a regex), or a pattern and error")
     xfail = entry.get("xfail", False)
     if not isinstance(xfail, bool):
-        raise _EntryError("xfail", f"expected true or false, got {xfail!r}")
+        raise _EntryError("xfail", f"expected true or false, got {preview(xfail)}")
     reason = _optional_text("reason", entry.get("reason"))
     if reason is not None and not re.fullmatch(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*", reason):
-        raise _EntryError("reason", f"expected a reason code such as 'known-limitation' (lower-case words joined by '-'), got {reason!r}")
+        raise _EntryError("reason", f"expected a reason code such as 'known-limitation' (lower-case words joined by '-'), got {preview(reason)}")
     issue = _optional_text("issue", entry.get("issue"))
     expires = _date("expires", entry.get("expires"))
     return KnownIssue(
@@ -310,7 +313,7 @@ class KnownIssues:
             if unknown:
                 close = difflib.get_close_matches(str(unknown[0]), ["issues"], n=1)
                 hint = "; did you mean 'issues'?" if close else ""
-                raise KnownIssuesError(f"{source}: unknown top-level key {unknown[0]!r}{hint} (expected a list of entries or a mapping with 'issues')")
+                raise KnownIssuesError(f"{source}: unknown top-level key {preview(unknown[0])}{hint} (expected a list of entries or a mapping with 'issues')")
             data = data.get("issues")
             if data is None:
                 return
@@ -322,7 +325,7 @@ class KnownIssues:
                 issue = _parse_entry(entry, label)
             except _EntryError as exc:
                 raw_id = entry.get("id") if isinstance(entry, Mapping) else None
-                ident = f" (id {raw_id!r})" if raw_id is not None else ""
+                ident = f" (id {preview(raw_id)})" if raw_id is not None else ""
                 fld = f": field {exc.key!r}" if exc.key else ""
                 raise KnownIssuesError(f"{label}{ident}{fld}: {exc.problem}") from None
             self.add(issue)
@@ -398,24 +401,20 @@ class KnownIssues:
 
 def load_known_issues(*paths: str | os.PathLike[str]) -> KnownIssues:
     """Load and merge known-issues YAML files; ids must be unique across them."""
-    import yaml
-
     issues = KnownIssues()
     for raw in paths:
         path = Path(raw)
         try:
-            text = path.read_text(encoding="utf-8")
+            data = yaml_safe.read(path)
         except FileNotFoundError:
             raise KnownIssuesError(f"known issues file {path} not found") from None
-        except OSError as exc:
+        except (OSError, UnicodeDecodeError) as exc:
             raise KnownIssuesError(f"known issues file {path} cannot be read: {exc}") from None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-            problem = getattr(exc, "problem", None) or str(exc)
-            raise KnownIssuesError(f"known issues file {path}{where}: not valid YAML: {problem}") from None
+        except yaml_safe.YamlError as exc:
+            where = f" line {exc.line}" if exc.line else ""
+            where += f", column {exc.column}" if exc.line and exc.column else ""
+            problem = exc.problem if exc.refused else f"not valid YAML: {exc.problem}"
+            raise KnownIssuesError(f"known issues file {path}{where}: {problem}") from None
         issues.extend(data, str(path))
     return issues
 

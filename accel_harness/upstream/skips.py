@@ -29,23 +29,27 @@ class SkipRule:
 
 @functools.lru_cache(maxsize=8)
 def _load_table(path: str) -> tuple[SkipRule, ...]:
-    import yaml
+    from accel.facts import yaml_safe
+    from accel.facts.yaml_safe import preview
 
     from ..markers import SKIP_CODES
 
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
+        data = yaml_safe.read(path)
+    except (OSError, UnicodeDecodeError) as exc:
         raise UpstreamError(f"skip table {path}: {exc}") from None
+    except yaml_safe.YamlError as exc:
+        where = f"line {exc.line}: " if exc.line else ""
+        raise UpstreamError(f"skip table {path}: {where}{exc.problem}") from None
     rows = data.get("rules") if isinstance(data, dict) else None
     if not isinstance(rows, list) or not rows:
         raise UpstreamError(f"skip table {path}: expected a mapping with a non-empty 'rules' list")
     rules = []
     for number, row in enumerate(rows, start=1):
         if not isinstance(row, dict) or set(row) != {"match", "code"}:
-            raise UpstreamError(f"skip table {path}: rule {number} must have exactly the keys 'match' and 'code', got {row!r}")
+            raise UpstreamError(f"skip table {path}: rule {number} must have exactly the keys 'match' and 'code', got {preview(row)}")
         if row["code"] not in SKIP_CODES:
-            raise UpstreamError(f"skip table {path}: rule {number} has unknown reason code {row['code']!r}; "
+            raise UpstreamError(f"skip table {path}: rule {number} has unknown reason code {preview(row['code'])}; "
                                 f"known codes: {', '.join(SKIP_CODES)}")
         try:
             re.compile(str(row["match"]), re.IGNORECASE)
