@@ -61,6 +61,11 @@ PROTOCOL_NAMES = {
     "_fixtureinfo": "pytest has no public accessor for an item's fixture information",
     "_arg2fixturedefs": "pytest has no public accessor for the fixture definitions of an argument",
     "_quantize": "bitsandbytes' Params4bit/Int8Params quantize in place only through _quantize",
+    "_C": "torch's dispatcher tables (which key has a kernel, the fallbacks) are reachable only through torch._C",
+    "_dispatch_has_kernel_for_dispatch_key": "torch's dispatcher has no public query for the kernels registered under a key",
+    "_dispatch_has_backend_fallback": "torch's dispatcher has no public query for a key's backend fallback",
+    "_dispatch_key_for_device": "torch has no public map from a device type to its dispatch key",
+    "_dispatch_get_all_op_names": "torch's dispatcher has no public list of the registered operators",
     "_num_samples": "torch's RandomSampler keeps the num_samples it was given only there (the public "
                     "num_samples turns None into the dataset's length at the time it is read)",
 }

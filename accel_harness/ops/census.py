@@ -77,8 +77,7 @@ class _Tracer:
                 self.calls: Counter[str] = Counter()
 
             def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-                name = str(func._schema.name)
-                self.calls[name + (f".{func._overloadname}" if func._overloadname != "default" else "")] += 1
+                self.calls[func.name()] += 1
                 return func(*args, **(kwargs or {}))
 
         return Mode()
