@@ -51,6 +51,17 @@ def test_an_out_tensor_of_the_wrong_shape_is_resized_on_the_device(emu):
     assert torch.equal(grown.cpu(), torch.arange(12.0).reshape(3, 4) * 2)
 
 
+def test_a_resized_out_tensor_takes_the_layout_the_host_gives_it(emu):
+    """The host lays a resized ``out=`` like its inputs (transposed here); emu's tensor must match."""
+    host_t = torch.arange(12.0).reshape(3, 4).t()
+    host_out = torch.empty(0)
+    torch.mul(host_t, 2, out=host_out)
+    device_out = torch.empty(0, device="emu")
+    torch.mul(host_t.to("emu"), 2, out=device_out)
+    assert device_out.shape == host_out.shape and device_out.stride() == host_out.stride()
+    assert torch.equal(device_out.cpu(), host_out)
+
+
 def test_common_operators_take_the_direct_path(emu):
     accel_emu.reset_fallback_calls()
     model = torch.nn.Linear(8, 4).to("emu")

@@ -408,6 +408,13 @@ at::Tensor emu_copy_from(const at::Tensor& self, const at::Tensor& dst, bool non
   return dst;
 }
 
+// Gives an emu tensor these sizes, strides and storage offset, growing its storage when needed.
+void take_geometry(const at::Tensor& t, c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t offset) {
+  const size_t needed = at::detail::computeStorageNbytes(sizes, strides, t.dtype().itemsize(), offset);
+  if (needed > t.storage().nbytes()) resize_storage_bytes(t.storage(), needed);
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
+}
+
 at::Tensor emu_copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
   if (dst.device().type() == kEmu) {
     emu_resize_(dst, self.sym_sizes(), std::nullopt);
@@ -656,12 +663,15 @@ void direct_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, c1
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
 
   // A written argument the kernel resized (an `out=` tensor of the wrong shape) now has host
-  // memory or other metadata: resize the device tensor the same way and copy the result into it.
+  // memory or other metadata: give the device tensor the same sizes and strides (the host's
+  // TensorIterator lays a resized output out like its inputs, and later kernels' numbers depend
+  // on that layout) and copy the result into it.
   for (size_t index : mutated) {
     const auto& [alias, original] = originals[index];
     if (!alias_moved(alias, original)) continue;
     at::Tensor result = alias.clone();  // it may overlap the device memory about to be resized
-    emu_copy_from_and_resize(result, original);
+    take_geometry(original, result.sizes(), result.strides(), alias.storage_offset());
+    emu_copy_from(result, original, false);
   }
 
   auto original_of = [&](const at::Tensor& t) -> const at::Tensor* {
