@@ -1,8 +1,8 @@
 """accel-emu: an emulated accelerator ("emu") for PyTorch, installed as an out-of-tree backend.
 
 emu is a real PrivateUse1 device: its own allocator, device guard, streams, events, generators,
-autocast policies and a c10d collective backend, with every operator computed on the host by
-the boxed CPU fallback. Importing this package is cheap and changes nothing; :func:`load` (or
+autocast policies and a c10d collective backend, with operators on dense tensors computed on the
+host by the boxed CPU fallback (sparse layouts are refused). Importing this package is cheap and changes nothing; :func:`load` (or
 ``ACCEL_DEVICE=emu``/``--backend emu`` through accel) builds and loads the C++ extension and
 claims the process's single PrivateUse1 slot.
 """
