@@ -3,6 +3,7 @@ figures, a profile's tolerances and claims, the census."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import unittest
 from types import SimpleNamespace
@@ -171,3 +172,34 @@ def test_the_pattern_matches_globs_exact_names_and_alternatives():
     assert selection.wants("fft.ifft") and selection.wants("nn.functional.layer_norm") and selection.wants("add")
     assert not selection.wants("addr") and not selection.wants("mul")
     assert QUICK.dtypes == ("float32", "bfloat16") and QUICK.directions == ("forward",)
+
+
+def test_op_samples_are_the_samples_torch_gives_outside_a_test():
+    """The sweep's own sample iteration yields what ``OpInfo.sample_inputs`` yields, value for value."""
+    pytest.importorskip("expecttest")
+    import torch
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    from accel_harness.ops.execute import op_samples
+    from accel_harness.ops.seeding import use_backend
+
+    entries = {op.name: op for op in op_db if op.name in ("add", "sum", "nn.functional.conv2d", "index_put", "randn_like")}
+    assert len(entries) >= 4
+    for entry, backend in itertools.product(entries.values(), (None, SimpleNamespace(device_type="cpu"))):
+        use_backend(backend)  # None: torch.manual_seed; the cpu backend: the host generator alone
+        try:
+            mine = op_samples(entry, torch.device("cpu"), torch.float32, False, 3)
+        finally:
+            use_backend(None)
+        theirs = list(itertools.islice(entry.sample_inputs("cpu", torch.float32), 3))
+        assert len(mine) == len(theirs) > 0, entry.name
+        for a, b in zip(mine, theirs):
+            torch.testing.assert_close(a.input, b.input, rtol=0, atol=0)
+            flat_a = [x for x in a.args if isinstance(x, torch.Tensor)]
+            flat_b = [x for x in b.args if isinstance(x, torch.Tensor)]
+            assert len(flat_a) == len(flat_b)
+            for x, y in zip(flat_a, flat_b):
+                torch.testing.assert_close(x, y, rtol=0, atol=0)
+            assert a.kwargs.keys() == b.kwargs.keys()
+    everything = op_samples(entries["add"], torch.device("cpu"), torch.float32, False, None)
+    assert len(everything) == len(list(entries["add"].sample_inputs("cpu", torch.float32)))

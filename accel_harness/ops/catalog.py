@@ -17,16 +17,9 @@ import torch
 from . import outcomes as oc
 from .execute import op_variants
 from .metadata import declaration
-from .plan import ALL_DTYPES, Row, Selection, Task
+from .plan import ALL_DTYPES, DATABASES, Row, Selection, Task
 
-__all__ = ["DATABASES", "claimed_dtypes", "database", "entry_name", "make_plan"]
-
-#: kind -> (module of torch's test database, its list)
-DATABASES = {
-    "op": ("torch.testing._internal.common_methods_invocations", "op_db"),
-    "module": ("torch.testing._internal.common_modules", "module_db"),
-    "optim": ("torch.testing._internal.common_optimizers", "optim_db"),
-}
+__all__ = ["claimed_dtypes", "database", "entry_name", "make_plan"]
 
 #: the dtypes modules and optimizers are swept in (torch's ModuleInfo lists more; these carry training)
 _NN_DTYPES = ("float64", "float32", "float16", "bfloat16")

@@ -18,9 +18,10 @@ import torch
 from . import outcomes as oc
 from .compare import Tolerance, compare, default_tolerance
 from .plan import SampleResult, Task
+from .seeding import seed_all
 from .transfer import mirror
 
-__all__ = ["attempt", "classify_error", "cotangents", "first_line", "judge", "op_variants", "run_op_task", "samples_failed", "tensors_in", "tolerance_for"]
+__all__ = ["attempt", "classify_error", "cotangents", "first_line", "judge", "op_samples", "op_variants", "run_op_task", "samples_failed", "tensors_in", "tolerance_for"]
 
 Begin = Callable[[int, str, str], None]
 
@@ -218,15 +219,38 @@ def op_variants(entry: Any) -> tuple[str, ...]:
     return tuple(variants)
 
 
+def op_samples(entry: Any, device: torch.device, dtype: torch.dtype, requires_grad: bool, limit: int | None) -> list[Any]:
+    """The entry's first ``limit`` samples (all when None or 0), as ``entry.sample_inputs`` yields them outside a test.
+
+    torch's sample iterator looks for the running ``unittest.TestCase`` with ``inspect.stack()``
+    twice per call (none runs in a sweep worker), which costs more than making the samples; this
+    pulls from the entry's sample function with the same seed before each sample. An entry whose
+    class has a ``sample_inputs`` of its own goes through it unchanged.
+    """
+    from torch.testing._internal.common_utils import SEED
+    from torch.testing._internal.opinfo.core import OpInfo
+
+    if type(entry).sample_inputs is not OpInfo.sample_inputs or getattr(entry, "sample_inputs_func", None) is None:
+        return list(itertools.islice(entry.sample_inputs(device, dtype, requires_grad=requires_grad), limit or None))
+    pending = iter(entry.sample_inputs_func(entry, device, dtype, requires_grad))
+    samples: list[Any] = []
+    while not limit or len(samples) < limit:
+        seed_all(SEED)
+        try:
+            samples.append(next(pending))
+        except StopIteration:
+            break
+    return samples
+
+
 def run_op_task(task: Task, entry: Any, device: torch.device, begin: Begin) -> list[SampleResult]:
     """Every sample of an OpInfo task, each variant, each direction."""
     dtype = getattr(torch, task.dtype)
     tol = tolerance_for(task, dtype)
     backward = "backward" in task.directions
     begin(-1, "function", "forward")  # making the samples runs device code too
-    torch.manual_seed(0)
-    samples, exc = attempt(lambda: list(itertools.islice(entry.sample_inputs(device, dtype, requires_grad=backward),
-                                                          task.limit or None)))
+    seed_all(0)
+    samples, exc = attempt(lambda: op_samples(entry, device, dtype, backward, task.limit))
     if exc is not None:
         return samples_failed(task, exc, dtype)
     results: list[SampleResult] = []

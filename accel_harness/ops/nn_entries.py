@@ -18,6 +18,7 @@ import torch
 from . import outcomes as oc
 from .execute import attempt, cotangents, first_line, judge, samples_failed, tensors_in, tolerance_for
 from .plan import SampleResult, Task
+from .seeding import seed_all
 from .transfer import mirror
 
 __all__ = ["run_module_task", "run_optim_task"]
@@ -36,7 +37,7 @@ def run_module_task(task: Task, info: Any, device: torch.device, begin: Begin) -
     for variant in task.variants:
         training = variant == "train"
         begin(-1, variant, "forward")
-        torch.manual_seed(0)
+        seed_all(0)
         inputs, exc = attempt(lambda: list(itertools.islice(info.module_inputs_func(
             info, device=device, dtype=dtype, requires_grad="backward" in task.directions, training=training), task.limit or None)))
         if exc is not None:
@@ -57,7 +58,7 @@ def run_module_task(task: Task, info: Any, device: torch.device, begin: Begin) -
 def _build(info: Any, module_input: Any, side: Any, source: Any, dtype: torch.dtype) -> torch.nn.Module:
     args = mirror(tuple(module_input.constructor_input.args), side, False, source)
     kwargs = mirror(dict(module_input.constructor_input.kwargs), side, False, source)
-    torch.manual_seed(0)
+    seed_all(0)
     return info.module_cls(*args, **kwargs).to(side).to(dtype)
 
 
@@ -76,10 +77,10 @@ def _module_sample(info: Any, module_input: Any, index: int, variant: str, train
     host_kwargs = mirror(dict(forward_input.kwargs), "cpu", grad, device)
     dev_args = mirror(tuple(forward_input.args), None, grad)
     dev_kwargs = mirror(dict(forward_input.kwargs), None, grad)
-    torch.manual_seed(index)
+    seed_all(index)
     host_out, host_exc = attempt(lambda: host_module(*host_args, **host_kwargs))
     if dev_exc is None:
-        torch.manual_seed(index)
+        seed_all(index)
         dev_out, dev_exc = attempt(lambda: dev_module(*dev_args, **dev_kwargs))
     else:
         dev_out = None

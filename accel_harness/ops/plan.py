@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["ALL_DTYPES", "DIRECTIONS", "KINDS", "QUICK", "VARIANTS", "Row", "SampleResult", "Selection", "Task", "row_key"]
+__all__ = ["ALL_DTYPES", "DATABASES", "DIRECTIONS", "KINDS", "QUICK", "VARIANTS", "Row", "SampleResult", "Selection", "Task", "row_key"]
+
+#: kind -> (module of torch's test database, its list)
+DATABASES = {
+    "op": ("torch.testing._internal.common_methods_invocations", "op_db"),
+    "module": ("torch.testing._internal.common_modules", "module_db"),
+    "optim": ("torch.testing._internal.common_optimizers", "optim_db"),
+}
 
 #: how an operator is called: torch's function, the Tensor method, in place, with ``out=``, on
 #: non-contiguous copies of the samples; modules run in training or eval mode; optimizers per input

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from . import outcomes as oc
 from .fold import fold_task
-from .plan import Row, SampleResult, Selection, Task
+from .plan import DATABASES, Row, SampleResult, Selection, Task
 from .worker import MARKER_SLOTS, decode_marker, worker_main
 
 __all__ = ["SweepError", "SweepResult", "run_sweep"]
@@ -207,8 +207,6 @@ def run_sweep(backend: str, selection: Selection, *, workers: int = 2, timeout: 
 
 
 def _databases(selection: Selection) -> list[tuple[str, str]]:
-    from .catalog import DATABASES
-
     return [DATABASES[kind] for kind in selection.kinds]
 
 

@@ -43,6 +43,9 @@ def worker_main(connection: Any, marker: Any, backend_name: str, threads: int, l
     try:
         backend = get_registry().select(backend_name)
         device = backend.device(0)
+        from .seeding import use_backend
+
+        use_backend(backend)
     except Exception as exc:
         connection.send(("error", None, f"backend {backend_name!r} could not be used: {type(exc).__name__}: {exc}"))
         return
