@@ -195,3 +195,23 @@ def test_operators_with_a_host_kernel_do_not_run_as_a_decomposition(emu):
     accel_emu.reset_fallback_calls()
     F.layer_norm(torch.randn(4, 8, device="emu"), (8,))
     assert "aten::native_layer_norm" in {name for name, _, calls in accel_emu.fallback_calls() if calls}
+
+
+def test_composites_that_call_a_dispatch_stub_run_on_the_host(emu):
+    # conj_physical_ and mode's out= form have only a device-generic kernel, which calls a DispatchStub
+    # (no entry for emu) or refuses device types by name; linalg.svd's out= form reaches conj_physical_
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(3, 4, dtype=torch.complex128, generator=g)
+    on_emu = z.to("emu")
+    on_emu.conj_physical_()
+    torch.testing.assert_close(on_emu.cpu(), z.conj_physical(), rtol=0, atol=0)
+
+    u, s, vh = (torch.empty(0, dtype=t, device="emu") for t in (torch.complex128, torch.float64, torch.complex128))
+    torch.linalg.svd(z.to("emu"), full_matrices=False, out=(u, s, vh))
+    torch.testing.assert_close((u * s.to(u.dtype)) @ vh, z.to("emu"))
+
+    x = torch.randint(0, 4, (5, 7), generator=g).to(torch.bfloat16)
+    values, indices = torch.empty(0, dtype=torch.bfloat16, device="emu"), torch.empty(0, dtype=torch.long, device="emu")
+    torch.mode(x.to("emu"), dim=1, out=(values, indices))
+    want = torch.mode(x, dim=1)
+    assert torch.equal(values.cpu(), want.values) and torch.equal(indices.cpu(), want.indices)

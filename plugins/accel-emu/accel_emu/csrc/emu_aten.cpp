@@ -851,11 +851,27 @@ std::vector<FallbackCount> fallback_calls() {
 // fallback as emu's own kernel. Left alone: views, composites that are an operator's only source of
 // gradients, and operators that reach the host's `out=` kernel through
 // CompositeExplicitAutogradNonFunctional alone (the host's numerics already).
+//
+// Device-generic composites with no host kernel run on emu as they are, except those that call a
+// DispatchStub on the device's tensors: the stub has no entry for emu, and PyTorch fails with
+// "DispatchStub: missing kernel for emu" (conj_physical_, and through it linalg.svd's out= form on
+// complex inputs) or refuses the device type by name (mode's out= form). The host runs them whole.
+constexpr const char* kStubComposites[] = {"aten::conj_physical_", "aten::mode.values"};
+
 std::vector<std::string> route_composites_to_host() {
   using c10::DispatchKey;
   static auto* library = new torch::Library(torch::Library::IMPL, "aten", DispatchKey::PrivateUse1, __FILE__, __LINE__);
   std::vector<std::string> routed;
   auto& dispatcher = c10::Dispatcher::singleton();
+  for (const char* qualified : kStubComposites) {
+    const std::string text(qualified);
+    const auto dot = text.find('.');
+    const c10::OperatorName name(text.substr(0, dot), dot == std::string::npos ? "" : text.substr(dot + 1));
+    auto handle = dispatcher.findOp(name);
+    if (!handle.has_value() || handle->hasKernelForDispatchKey(DispatchKey::PrivateUse1)) continue;
+    library->impl(qualified, torch::CppFunction::makeFromBoxedFunction<&emu_fallback>());
+    routed.push_back(text);
+  }
   for (const auto& name : dispatcher.getAllOpNames()) {
     if (name.name.rfind("aten::", 0) != 0) continue;
     auto handle = dispatcher.findOp(name);
