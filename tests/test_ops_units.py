@@ -203,3 +203,14 @@ def test_op_samples_are_the_samples_torch_gives_outside_a_test():
             assert a.kwargs.keys() == b.kwargs.keys()
     everything = op_samples(entries["add"], torch.device("cpu"), torch.float32, False, None)
     assert len(everything) == len(list(entries["add"].sample_inputs("cpu", torch.float32)))
+
+
+def test_optimizers_run_the_implementation_the_device_would_pick_on_both_sides():
+    """foreach on the devices torch defaults to it (cuda here, by type alone), the for-loop on the host; a choice already made stays."""
+    from accel_harness.ops.nn_entries import same_implementation
+
+    assert same_implementation(torch.optim.Adam, {"lr": 0.1}, torch.device("cuda")) == {"lr": 0.1, "foreach": True}
+    assert same_implementation(torch.optim.Adam, {"lr": 0.1}, torch.device("cpu")) == {"lr": 0.1, "foreach": False}
+    for kept in ({"foreach": False}, {"fused": True}, {"differentiable": True}):
+        assert same_implementation(torch.optim.Adam, kept, torch.device("cuda")) == kept
+    assert same_implementation(torch.optim.LBFGS, {}, torch.device("cuda")) == {}  # no foreach implementation

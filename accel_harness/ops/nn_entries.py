@@ -9,6 +9,7 @@ and the same loss, and the parameters are compared after them.
 from __future__ import annotations
 
 import copy
+import inspect
 import itertools
 import time
 from typing import Any, Callable
@@ -21,7 +22,7 @@ from .plan import SampleResult, Task
 from .seeding import seed_all
 from .transfer import mirror
 
-__all__ = ["run_module_task", "run_optim_task"]
+__all__ = ["run_module_task", "run_optim_task", "same_implementation"]
 
 Begin = Callable[[int, str, str], None]
 
@@ -130,14 +131,32 @@ def run_optim_task(task: Task, info: Any, device: torch.device, begin: Begin) ->
             continue
         started = time.perf_counter()
         begin(index, variant, "step")
-        host_params, host_exc = attempt(lambda: _optimize(info, optim_input.kwargs, "cpu", device, dtype, index))
-        dev_params, dev_exc = attempt(lambda: _optimize(info, optim_input.kwargs, device, device, dtype, index))
+        kwargs = same_implementation(info.optim_cls, optim_input.kwargs, device)
+        host_params, host_exc = attempt(lambda: _optimize(info, kwargs, "cpu", device, dtype, index))
+        dev_params, dev_exc = attempt(lambda: _optimize(info, kwargs, device, device, dtype, index))
         result = judge(host_params, host_exc, dev_params, dev_exc, dtype, tol)
         result.sample, result.variant, result.direction = index, variant, "step"
         result.message = f"[{optim_input.desc}] {result.message}" if result.message else None
         result.seconds = time.perf_counter() - started
         results.append(result)
     return results
+
+
+def same_implementation(optim_cls: type, kwargs: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """``kwargs`` with the implementation torch would pick on ``device`` made explicit.
+
+    Left to itself an optimizer runs the foreach implementation on the devices torch lists for it
+    (cuda, xpu, the PrivateUse1 device, ...) and the for-loop one on the host; in float16 and
+    bfloat16 the two round differently, so the host must run the device's choice to check its kernels.
+    """
+    if "foreach" in kwargs or kwargs.get("fused") or kwargs.get("differentiable"):
+        return kwargs
+    if "foreach" not in inspect.signature(optim_cls).parameters:
+        return kwargs
+    # torch's own list of the device types that default to foreach (no public name)
+    from torch.optim.optimizer import _get_foreach_kernels_supported_devices as foreach_devices
+
+    return {**kwargs, "foreach": torch.device(device).type in foreach_devices()}
 
 
 def _optimize(info: Any, kwargs: dict[str, Any], side: Any, source: Any, dtype: torch.dtype, seed: int) -> list[torch.Tensor]:
