@@ -24,9 +24,12 @@ def accel_test(*args: str, tmp_path) -> tuple[subprocess.CompletedProcess, dict]
 
 
 # one process is slow (nightly): two processes run the same checks with the launcher's precision, and
-# test_accel_test_reads_the_precision_from_the_config_file runs one process in bf16
+# test_accel_test_reads_the_precision_from_the_config_file runs one process in bf16.
+# fp16 at two processes is slow (nightly) too: [bf16-2] runs the same two-process launch with a mixed precision
+# (its mixed-precision check runs the fp16 autocast and grad scaler as well), and
+# test_healthy_ranks_pass_the_training_check[fp16] runs the training check under fp16 on two ranks
 @pytest.mark.parametrize("processes", [pytest.param("1", marks=pytest.mark.slow), "2"])
-@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.parametrize("precision", ["bf16", pytest.param("fp16", marks=pytest.mark.slow)])
 def test_accel_test_passes_under_mixed_precision(precision, processes, tmp_path):
     proc, payload = accel_test("--cpu", "--num_processes", processes, "--mixed_precision", precision, tmp_path=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -49,6 +52,13 @@ def test_accel_test_reads_the_precision_from_the_config_file(tmp_path):
 
 
 # ---------------------------------------------------------------------------- planted divergences
+@pytest.fixture(scope="module")
+def dynamo_before_the_ranks_fork():
+    """The ranks fork from this process and their first optimizer imports ``torch._dynamo`` (torch.optim
+    does on first use): imported once here, every forked rank inherits it instead of importing it again."""
+    import torch._dynamo  # noqa: F401
+
+
 def _train_with_fault(precision: str, fault: str | None) -> str:
     """Run accel test's training check in this rank, with ``fault`` planted into the Accelerator."""
     os.environ["ACCEL_MIXED_PRECISION"] = precision
@@ -81,12 +91,14 @@ def _train_with_fault(precision: str, fault: str | None) -> str:
         return f"FAIL {exc}"
 
 
+@pytest.mark.usefixtures("dynamo_before_the_ranks_fork")
 @pytest.mark.parametrize("precision", ["no", "bf16", "fp16"])
 def test_healthy_ranks_pass_the_training_check(precision):
     verdicts = run_distributed(_train_with_fault, 2, precision, None)
     assert all(v.startswith(f"PASS {precision}:") for v in verdicts), verdicts
 
 
+@pytest.mark.usefixtures("dynamo_before_the_ranks_fork")
 @pytest.mark.parametrize("precision", ["no", "bf16", "fp16"])
 @pytest.mark.parametrize("fault, world_size", [("wrong scale", 1), ("unsynced gradient", 2)])
 def test_a_planted_divergence_fails_the_training_check(precision, fault, world_size):
