@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from accel.commands import UsageError
+from accel.commands import UsageError, default_output
 
 __all__ = ["add_arguments", "run"]
 
@@ -86,7 +86,7 @@ def selection_from(args: argparse.Namespace) -> object:
 
 
 def _output(args: argparse.Namespace, backend: str) -> Path:
-    out = Path(args.output or Path("accel-results") / f"ops-{backend}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+    out = Path(args.output or default_output(f"ops-{backend}"))
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"{out} already exists and is not empty: accel ops writes into a fresh folder")
     return out.resolve()

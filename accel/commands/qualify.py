@@ -31,10 +31,9 @@ import importlib.util
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
-from accel.commands import UsageError
+from accel.commands import UsageError, default_output
 from accel.commands.report import parse_share
 
 
@@ -53,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", action="append", metavar="NAME",
                         help="backend(s) to qualify (repeatable; default: the detected backend; 'auto': every available one)")
     parser.add_argument("-o", "--output", metavar="DIR",
-                        help="fresh folder for everything (default: ./qualify-<UTC timestamp>)")
+                        help="fresh folder for everything (default: ./accel-results/qualify-<UTC time>)")
     parser.add_argument("-n", "--workers", type=int, default=0, metavar="N",
                         help="pytest-xdist workers for the suites (default 0: one process)")
     parser.add_argument("-k", metavar="EXPR", help="only run suite tests matching this pytest -k expression")
@@ -180,7 +179,7 @@ FAILURES_SHOWN = 25
 
 
 def _fresh_output(args: argparse.Namespace) -> Path:
-    out = Path(args.output or f"qualify-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}").resolve()
+    out = Path(args.output or default_output("qualify")).resolve()
     if out.exists() and any(out.iterdir()):
         raise UsageError(f"{out} already exists and is not empty: qualify writes into a fresh folder")
     from accel_reports.outputs import OutputPathError, writable_folder

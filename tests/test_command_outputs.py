@@ -1,0 +1,23 @@
+"""Commands write into one documented folder when no ``-o`` is given, and the repository ignores it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from accel.commands import RESULTS_DIR, default_output
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_default_outputs_are_fresh_folders_under_one_results_folder():
+    path = default_output("qualify")
+    assert path.parent == Path(RESULTS_DIR)
+    assert re.fullmatch(r"qualify-\d{8}T\d{6}Z", path.name), path.name
+
+
+def test_the_results_folder_is_ignored_by_git_and_named_by_the_commands():
+    assert f"{RESULTS_DIR}/" in (ROOT / ".gitignore").read_text().splitlines()
+    for command in ("qualify", "ops"):
+        source = (ROOT / "accel" / "commands" / f"{command}.py").read_text()
+        assert "default_output(" in source, command
