@@ -68,25 +68,37 @@ def _project(tmp_path: Path) -> tuple[Path, Path]:
     return root, alt
 
 
-def _qualify(tmp_path: Path, *args: str, pythonpath: str = "") -> subprocess.CompletedProcess:
+def _host_project(tmp_path: Path) -> Path:
     # the output folder sits in a project whose pytest config is strict about markers: the upstream
     # suite must run under its own configuration, not that one
     project = tmp_path / "host_project"
     project.mkdir(exist_ok=True)
     (project / "pytest.ini").write_text("[pytest]\naddopts = --strict-markers\n")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath}
-    env.pop("ACCEL_DEVICE", None)
-    return subprocess.run([sys.executable, "-m", "accel.commands.cli", "qualify", *args], cwd=project, env=env,
-                          capture_output=True, text=True, timeout=SAFETY_NET_S)
+    return project
 
 
-def test_qualify_upstream_against_itself_and_a_rewrite(tmp_path):
+def _qualify_here(tmp_path: Path, monkeypatch, capsys, *args: str, pythonpath: str = "") -> tuple[int, str, str]:
+    """``accel qualify`` through ``main()`` in this process, from the host project (its children are processes
+    of their own either way; test_ctrl_c_stops_the_suite... runs the command as one): the exit status, stdout, stderr."""
+    from accel.commands.cli import main
+
+    monkeypatch.chdir(_host_project(tmp_path))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("PYTHONPATH", pythonpath)
+    monkeypatch.delenv("ACCEL_DEVICE", raising=False)
+    code = main(["qualify", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_qualify_upstream_against_itself_and_a_rewrite(tmp_path, monkeypatch, capsys):
     root, alt = _project(tmp_path)
     out = tmp_path / "host_project" / "q"
-    proc = _qualify(tmp_path, "--upstream", str(root), "--against", "fakeproj,altproj", "--no-install", "--no-bench",
-                    "-o", str(out), "--json", pythonpath=f"{root / 'src'}{os.pathsep}{alt}")
-    text = proc.stdout + proc.stderr
-    assert proc.returncode == 1, text  # the rewritten side has failures
+    code, stdout, stderr = _qualify_here(tmp_path, monkeypatch, capsys, "--upstream", str(root), "--against",
+                                         "fakeproj,altproj", "--no-install", "--no-bench", "-o", str(out), "--json",
+                                         pythonpath=f"{root / 'src'}{os.pathsep}{alt}")
+    text = stdout + stderr
+    assert code == 1, text  # the rewritten side has failures
     assert "fakeproj 2.0 against fakeproj on cpu: completed — 4 passed, 2 skipped" in text
     assert "fakeproj 2.0 against altproj on cpu: completed — 2 passed, 1 failed, 1 error, 2 skipped (1 modules failed to import)" in text
     assert "2 of the 4 tests that pass against fakeproj also pass against altproj (50.0%)" in text
@@ -110,14 +122,14 @@ def test_qualify_upstream_against_itself_and_a_rewrite(tmp_path):
     assert summary["requirements"] == ["pytest"] and summary["install"]["skipped"]
 
 
-def test_qualify_upstream_suite_that_fails_at_collection(tmp_path):
+def test_qualify_upstream_suite_that_fails_at_collection(tmp_path, monkeypatch, capsys):
     root, _ = _project(tmp_path)
     (root / "tests" / "conftest.py").write_text("import torch\ntorch.xpu.no_such_memory_op()\n")
     out = tmp_path / "host_project" / "q"
-    proc = _qualify(tmp_path, "--upstream", str(root), "--no-install", "--no-bench", "-o", str(out),
-                    pythonpath=str(root / "src"))
-    text = proc.stdout + proc.stderr
-    assert proc.returncode == 1, text
+    code, stdout, stderr = _qualify_here(tmp_path, monkeypatch, capsys, "--upstream", str(root), "--no-install",
+                                         "--no-bench", "-o", str(out), pythonpath=str(root / "src"))
+    text = stdout + stderr
+    assert code == 1, text
     assert "against fakeproj on cpu: collection-failed" in text
     header, records, _ = read_records(out / "results" / "fakeproj-2.0-against-fakeproj-cpu.jsonl")
     assert header["extra"]["upstream"]["status"] == "collection-failed"
@@ -130,14 +142,14 @@ def test_qualify_upstream_suite_that_fails_at_collection(tmp_path):
 
 
 @pytest.mark.parametrize("spec, needle", [("fakeproj", "NAME==VERSION"), ("./missing-folder", "no such folder")])
-def test_qualify_upstream_usage_errors(tmp_path, spec, needle):
-    proc = _qualify(tmp_path, "--upstream", spec, "--no-bench", "-o", str(tmp_path / "q"))
-    assert proc.returncode == 2 and needle in proc.stderr
+def test_qualify_upstream_usage_errors(tmp_path, monkeypatch, capsys, spec, needle):
+    code, _, err = _qualify_here(tmp_path, monkeypatch, capsys, "--upstream", spec, "--no-bench", "-o", str(tmp_path / "q"))
+    assert code == 2 and needle in err, err
 
 
-def test_against_without_upstream_is_a_usage_error(tmp_path):
-    proc = _qualify(tmp_path, "--against", "accel", "--no-bench", "-o", str(tmp_path / "q"))
-    assert proc.returncode == 2 and "--against only goes with --upstream" in proc.stderr
+def test_against_without_upstream_is_a_usage_error(tmp_path, monkeypatch, capsys):
+    code, _, err = _qualify_here(tmp_path, monkeypatch, capsys, "--against", "accel", "--no-bench", "-o", str(tmp_path / "q"))
+    assert code == 2 and "--against only goes with --upstream" in err, err
 
 
 def _started_marker_test(marker: Path) -> str:
