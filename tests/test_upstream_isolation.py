@@ -75,7 +75,7 @@ def _freeze() -> list[str]:
     return sorted(proc.stdout.splitlines())
 
 
-def test_upstream_dependencies_go_to_their_own_environment_and_failures_are_reported(tmp_path):
+def test_upstream_dependencies_go_to_their_own_environment_and_failures_are_reported(tmp_path, monkeypatch, capsys):
     wheels = tmp_path / "wheels"
     _wheel(wheels, "isodep", "1.0", "ANSWER = 42\n")
     _wheel(wheels, "isobroken", "1.0", "raise ImportError('built for another torch')\n")
@@ -110,11 +110,20 @@ def test_upstream_dependencies_go_to_their_own_environment_and_failures_are_repo
     envs = list((user_cache / "accel" / "upstream-envs").glob("isoproj-1.0-*/accel-upstream-env.json"))
     assert len(envs) == 1  # the suite's venv lives in accel's cache, and is kept for the next run
 
-    # a second run reuses that environment
-    again = subprocess.run([sys.executable, "-m", "accel.commands.cli", "qualify", "--upstream", str(root), "--no-bench",
-                            "--pip-args", f"--no-index --find-links {wheels}", "-o", str(tmp_path / "q2")],
-                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert "(reused)" in again.stdout, again.stdout + again.stderr
+    # a second run (through main() in this process, one test of the suite) reuses that environment
+    from accel.commands.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    for name in set(os.environ) - set(env):
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    code = main(["qualify", "--upstream", str(root), "--no-bench", "--pip-args", f"--no-index --find-links {wheels}",
+                 "-k", "test_no_caller_configuration", "-o", str(tmp_path / "q2")])
+    again = capsys.readouterr()
+    assert code == 0 and "(reused)" in again.out, again.out + again.err
+    _, records, _ = read_records(tmp_path / "q2" / "results" / "isoproj-1.0-against-isoproj-cpu.jsonl")
+    assert [(r["nodeid"].split("::")[-1], r["outcome"]) for r in records] == [("test_no_caller_configuration", "passed")]
     assert _freeze() == before
 
 
