@@ -368,12 +368,12 @@ def _records(results: Path):
     return lines[0], tests, lines[-1]
 
 
-@pytest.mark.parametrize("option", ["--profile", "--accel-profile"])
-def test_pytest_profile_end_to_end(pytester, tmp_path, option):
+def test_pytest_profile_end_to_end(pytester, tmp_path):
+    """The short form ``--profile``; test_run_fingerprint_in_header_and_run_end gives it as ``--accel-profile``."""
     pytester.makepyfile(test_suite=SUITE)
     profile = write(tmp_path, "mycpu.yaml", E2E_PROFILE)
     results = tmp_path / "results"
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rs", option, str(profile),
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rs", "--profile", str(profile),
                                            "--results-dir", str(results), timeout=600)
     out = result.stdout.str()
     assert "gone-stale" in out and "expired" in out  # the console warning
@@ -449,7 +449,7 @@ def test_example_profiles_load():
     assert loaded["cpu_spec.py"].format == "spec"
 
 
-def test_accel_qualify_passes_the_profile_to_the_suites(tmp_path):
+def test_accel_qualify_passes_the_profile_to_the_suites(tmp_path, capsys):
     import subprocess
     import sys
 
@@ -464,21 +464,29 @@ def test_accel_qualify_passes_the_profile_to_the_suites(tmp_path):
     header, tests, end = _records(out / "results")
     assert header["extra"]["profile"]["name"] == "mycpu" and header["backends"] == ["mycpu"]
     assert {t["outcome"] for t in tests.values()} == {"passed"} and len(tests) == 2
+    from accel.backends import reset_registry
+    from accel.commands.cli import main
+
     bad = write(tmp_path, "bad.yaml", "device: {name: mycpu}\n")
-    run = subprocess.run([sys.executable, "-m", "accel.commands.cli", "qualify", "--profile", str(bad), "--no-bench", "--ops", "none",
-                          "-o", str(tmp_path / "q2")], capture_output=True, text=True, timeout=900, cwd=tmp_path)
-    assert run.returncode == 2 and "missing required key 'device_type'" in run.stdout + run.stderr
+    try:  # in this process: the profile reaches the registry, which starts afresh after
+        assert main(["qualify", "--profile", str(bad), "--no-bench", "--ops", "none", "-o", str(tmp_path / "q2")]) == 2
+    finally:
+        reset_registry()
+    assert "missing required key 'device_type'" in capsys.readouterr().err
 
 
 def test_run_fingerprint_in_header_and_run_end(pytester, tmp_path):
+    """Also the profile given by the option's prefixed name, ``--accel-profile``."""
     from accel_harness.fingerprint import environment_fingerprint, tests_fingerprint
 
     pytester.makepyfile(test_suite="def test_a(backend):\n    pass\n\ndef test_b(backend):\n    pass\n")
     profile = write(tmp_path, "mycpu.yaml", E2E_PROFILE)
     results = tmp_path / "results"
-    pytester.runpytest_subprocess("-p", "no:cacheprovider", "--profile", str(profile), "--results-dir", str(results),
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", "--accel-profile", str(profile), "--results-dir", str(results),
                                   "-k", "test_a", timeout=600)
     header, tests, end = _records(results)
+    assert header["backends"] == ["mycpu"] and header["extra"]["profile"]["name"] == "mycpu"
+    assert tests["test_a"]["outcome"] == "passed" and set(tests) == {"test_a"}
     fp = header["extra"]["fingerprint"]
     assert fp["torch"] == torch.__version__ and fp["accel"] and fp["profile"]["sha256"] == header["extra"]["profile"]["sha256"]
     assert fp == environment_fingerprint(load_profile(profile))  # same inputs, same hash
@@ -551,76 +559,3 @@ def test_expired_entries_of_a_known_issues_file_are_listed_without_a_profile(pyt
     assert [e["id"] for e in lines[0]["extra"]["expired_known_issues"]] == ["lapsed"]
     broken = [r for r in lines if r["type"] == "test" and r["backend"] == "cpu"]
     assert broken[0]["outcome"] == "failed" and broken[0]["known_issue"] is None  # an untracked failure again
-
-
-# ---------------------------------------------------------------------------- streams and events without a built-in backend
-FAKEDEV_PROFILE = "device: {name: fakedev, device_type: fakedev}\n"
-
-
-def _fakedev_backend(tmp_path, monkeypatch, module):
-    """A profile backend for a device type no built-in backend covers, with ``module`` as ``torch.fakedev``."""
-    if module is None:
-        monkeypatch.delattr(torch, "fakedev", raising=False)
-    else:
-        monkeypatch.setattr(torch, "fakedev", module, raising=False)
-    backend = ProfileBackend(load_profile(write(tmp_path, "fakedev.yaml", FAKEDEV_PROFILE)))
-    assert backend.base is None
-    return backend
-
-
-def test_streams_events_and_properties_come_from_the_device_module(tmp_path, monkeypatch):
-    from _backend_fakes import GiB, FakeDeviceModule, FakeEvent, FakeStream
-
-    fake = FakeDeviceModule(count=2, elapsed_ms=250.0)
-    backend = _fakedev_backend(tmp_path, monkeypatch, fake)
-    stream = backend.stream()
-    assert isinstance(stream, FakeStream) and stream.label == "new"
-    assert backend.current_stream().label == "current"
-    with backend.stream_context(stream):
-        assert fake.streams_entered == [stream]
-    event = backend.event(enable_timing=True)
-    assert isinstance(event, FakeEvent) and event.enable_timing
-    assert backend.use_host_timers is False  # the module has events, so the timer uses them
-    with backend.timer() as timer:
-        pass
-    assert timer.elapsed == pytest.approx(0.25) and fake.called("Event.elapsed_time")
-    props = backend.device_properties(1)
-    assert (props.index, props.name, props.total_memory) == (1, "Fake Accelerator 1", 16 * GiB)
-    assert props.extra["major"] == 8 and props.extra["profile"] == "fakedev"
-    assert fake.called("get_device_properties") == [(1,)]
-
-
-def test_without_device_events_the_timer_reads_the_host_clock(tmp_path, monkeypatch):
-    from types import SimpleNamespace
-
-    from accel.backends import UnsupportedFeatureError
-
-    synced = []
-    backend = _fakedev_backend(tmp_path, monkeypatch, SimpleNamespace(synchronize=lambda *a: synced.append(a)))
-    assert backend.use_host_timers is True
-    for call, missing in ((backend.stream, "Stream"), (backend.current_stream, "current_stream"),
-                          (lambda: backend.stream_context(None), "stream"), (backend.event, "Event")):
-        with pytest.raises(UnsupportedFeatureError, match=f"no built-in backend for 'fakedev' and torch.fakedev has no {missing}"):
-            call()
-    with backend.timer() as timer:
-        pass
-    assert isinstance(timer.elapsed, float) and timer.elapsed >= 0 and len(synced) == 2
-    props = backend.device_properties(0)
-    assert props.name == "fakedev" and props.total_memory is None
-    backend.use_host_timers = False  # an explicit setting wins over the module's answer
-    assert backend.use_host_timers is False
-
-
-def test_a_device_module_registered_late_is_found(tmp_path, monkeypatch):
-    from _backend_fakes import FakeDeviceModule
-
-    from accel.backends import UnsupportedFeatureError
-
-    backend = _fakedev_backend(tmp_path, monkeypatch, None)
-    assert backend.module is None and backend.use_host_timers is True
-    with pytest.raises(UnsupportedFeatureError, match="torch has no fakedev module"):
-        backend.stream()
-    fake = FakeDeviceModule()
-    monkeypatch.setattr(torch, "fakedev", fake, raising=False)  # as a plug-in's is_available hook would
-    assert backend.module is fake and backend.use_host_timers is False
-    assert backend.stream().module is fake
