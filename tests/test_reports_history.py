@@ -263,7 +263,26 @@ def _report(*args):
                           timeout=300, env={**__import__("os").environ, "CI": ""})
 
 
-def test_accel_report_appends_to_the_history_and_renders_from_it(tmp_path, target):
+@pytest.fixture
+def report(monkeypatch, capsys):
+    """``accel report ARGS`` through main() in this process, in ``_report``'s environment: a result with
+    ``returncode``, ``stdout`` and ``stderr`` as ``_report`` gives (no new process importing pandas each time)."""
+    from types import SimpleNamespace
+
+    from accel.commands.cli import main
+
+    monkeypatch.setenv("CI", "")
+
+    def run(*args):
+        capsys.readouterr()
+        code = main(["report", *args])
+        out, err = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+
+    return run
+
+
+def test_accel_report_appends_to_the_history_and_renders_from_it(tmp_path, target, report):
     db = target
     days = [{"test_flaky": "passed", "test_broke": "passed", "test_ok": "passed"},
             {"test_flaky": "failed", "test_broke": "passed", "test_ok": "passed"},
@@ -272,32 +291,32 @@ def test_accel_report_appends_to_the_history_and_renders_from_it(tmp_path, targe
     for day, outcomes in enumerate(days, start=1):
         folder = tmp_path / f"night{day}"
         _run(folder, day, outcomes)
-        proc = _report(str(folder), "--history", str(db), "-o", str(tmp_path / f"out{day}"), "--fail-on", "none")
+        proc = report(str(folder), "--history", str(db), "-o", str(tmp_path / f"out{day}"), "--fail-on", "none")
         assert proc.returncode == 0, proc.stderr
         assert "1 run(s) added, 0 already stored" in proc.stderr
-    again = _report(str(tmp_path / "night4"), "--history", str(db), "-o", str(tmp_path / "again"), "--fail-on", "none")
+    again = report(str(tmp_path / "night4"), "--history", str(db), "-o", str(tmp_path / "again"), "--fail-on", "none")
     assert again.returncode == 0 and "0 run(s) added, 1 already stored" in again.stderr
     with History(db) as history:
         assert len(history.run_ids()) == 4  # the second import of night 4 stored nothing
-    proc = _report("--history", str(db), "-o", str(tmp_path / "all"), "--fail-on", "none")
+    proc = report("--history", str(db), "-o", str(tmp_path / "all"), "--fail-on", "none")
     assert proc.returncode == 0, proc.stderr
     html = (tmp_path / "all" / "report.html").read_text()
     md = (tmp_path / "all" / "report.md").read_text()
     assert "Run history" in html and "test_flaky" in html.split('id="history"')[1].split("</section>")[0]
     assert "first failed in run run-2.8.0-03" in html and "last passed in run run-2.8.0-02" in html
     assert "## Run history" in md and "1 flaky test" in md
-    last = _report("--history", str(db), "--last", "1", "-o", str(tmp_path / "last"), "--fail-on", "none")
+    last = report("--history", str(db), "--last", "1", "-o", str(tmp_path / "last"), "--fail-on", "none")
     assert last.returncode == 0 and "1 run," in last.stdout
 
 
-def test_accel_report_history_usage_errors(tmp_path):
-    proc = _report("-o", str(tmp_path / "o"))
+def test_accel_report_history_usage_errors(tmp_path, report):
+    proc = report("-o", str(tmp_path / "o"))
     assert proc.returncode == 2 and "--history DB" in proc.stderr
     (tmp_path / "bad.db").write_bytes(b"not a database" * 50)
-    proc = _report("--history", str(tmp_path / "bad.db"), "-o", str(tmp_path / "o"))
+    proc = report("--history", str(tmp_path / "bad.db"), "-o", str(tmp_path / "o"))
     assert proc.returncode == 2 and "not an accel history" in proc.stderr
     _run(tmp_path / "r", 1, {"test_a": "passed"})
-    proc = _report(str(tmp_path / "r"), "--last", "2", "-o", str(tmp_path / "o"))
+    proc = report(str(tmp_path / "r"), "--last", "2", "-o", str(tmp_path / "o"))
     assert proc.returncode == 2 and "--last" in proc.stderr
 
 
@@ -335,14 +354,14 @@ def _tamper(db, kind: str, source: str, *, strip_devices: bool = False) -> None:
 
 
 @pytest.mark.parametrize("where", ["/dev/zero", "fifo", "outside"])
-def test_files_a_history_row_names_are_never_read(tmp_path, where):
+def test_files_a_history_row_names_are_never_read(tmp_path, where, report):
     import json
     import os
 
     _run(tmp_path / "r", 1, {"test_a": "passed", "test_b": "failed"})
     bench_file(tmp_path / "r", "bench-1", "cpu", {"test_step": _times(0.5, 1)})
     db = tmp_path / "hist" / "history.db"
-    proc = _report(str(tmp_path / "r"), "--history", str(db), "-o", str(tmp_path / "first"), "--fail-on", "none")
+    proc = report(str(tmp_path / "r"), "--history", str(db), "-o", str(tmp_path / "first"), "--fail-on", "none")
     assert proc.returncode == 0, proc.stderr
     if where == "fifo":
         source = str(tmp_path / "hist" / "run.jsonl")
@@ -409,7 +428,7 @@ def test_a_write_lock_not_obtained_in_time_is_a_history_error(tmp_path, monkeypa
         holder.close()
 
 
-def test_stored_values_of_a_wrong_type_are_left_empty_with_a_note(tmp_path):
+def test_stored_values_of_a_wrong_type_are_left_empty_with_a_note(tmp_path, report):
     _run(tmp_path / "r", 1, {"test_a": "passed", "test_b": "failed", "test_c": "passed"})
     bench_file(tmp_path / "r", "bench-1", "cpu", {"test_step": _times(0.5, 1), "test_other": _times(0.2, 2)})
     db = tmp_path / "history.db"
@@ -434,6 +453,6 @@ def test_stored_values_of_a_wrong_type_are_left_empty_with_a_note(tmp_path):
     row_b = loaded.tests[loaded.tests["test_id"].str.contains("test_b")].iloc[0]
     assert row_b["message"] is None and row_b["duration"] == 0.0 and row_b["outcome"] == "failed"
     assert loaded.runs.iloc[0]["host"] is None and list(loaded.benchmarks["bench_id"].str.contains("test_step")) == [True]
-    proc = _report("--history", str(db), "-o", str(tmp_path / "out"), "--fail-on", "none")
+    proc = report("--history", str(db), "-o", str(tmp_path / "out"), "--fail-on", "none")
     assert proc.returncode == 0, proc.stderr
     assert "wrong type" in proc.stderr
