@@ -3,12 +3,28 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
+
+import pytest
 
 from _ci_data import REPO  # noqa: F401  (puts the checkout on sys.path for `ci`)
 from _report_data import bench_file, longrepr, rec, run_file
 
 from ci import collect
+
+
+@pytest.fixture
+def report_here(monkeypatch):
+    """collect's ``accel report`` command run through main() in this process (no new process importing pandas
+    for each report); test_one_report_over_two_torch_versions_with_a_baseline runs it as its own process."""
+    from accel.commands.cli import main
+
+    def call(command):
+        assert command[:4] == [sys.executable, "-m", "accel.commands.cli", "report"], command
+        return main(command[3:])
+
+    monkeypatch.setattr(collect.subprocess, "call", call)
 
 
 def cell(root: Path, cid: str, torch: str, records: list | None, status: str = "ok", **extra) -> Path:
@@ -58,6 +74,7 @@ def test_baseline_inputs_expand_cell_folders_and_skip_absent_ones(tmp_path):
     assert found == [str((base / "cell-cpu-torch2.13.0-py3.11" / "results").resolve())]  # not cell.json itself
 
 
+@pytest.mark.usefixtures("report_here")
 def test_no_results_exits_2_and_still_writes_the_summary(tmp_path, capsys):
     cell(tmp_path / "cells", "cpu-torch2.13.0-py3.11", "2.13.0", None, status="environment-failed", error="no python")
     code = collect.main([str(tmp_path / "cells"), "-o", str(tmp_path / "report")])
@@ -92,6 +109,7 @@ def bench_cell(root: Path, cid: str, mode: str, seconds: float, when: str) -> No
     bench_file(folder / "bench", "bench-1", "cpu", {"test_matmul[cpu-fp32]": times}, torch="2.13.0+cpu", when=when)
 
 
+@pytest.mark.usefixtures("report_here")
 def test_only_full_mode_benchmarks_gate_on_regressions(tmp_path, capsys):
     for mode, expected in (("full", 3), ("quick", 0)):
         root = tmp_path / mode
@@ -108,6 +126,7 @@ def test_only_full_mode_benchmarks_gate_on_regressions(tmp_path, capsys):
     assert code == 0  # regressions not asked for
 
 
+@pytest.mark.usefixtures("report_here")
 def test_history_appends_every_cell_once_and_refuses_a_conflicting_run(tmp_path, capsys):
     from accel_reports.history import History
 
@@ -210,6 +229,7 @@ def test_cells_table_shows_the_operator_sweep(tmp_path):
     assert rows["xpu-torch2.13.0-py3.11"][header.index("environment")] == "missing"
 
 
+@pytest.mark.usefixtures("report_here")
 def test_an_operator_row_that_passed_in_the_baseline_and_fails_now_fails_the_gate(tmp_path, capsys):
     cells_root, base_root = tmp_path / "cells", tmp_path / "baseline"
     ops_cell(base_root, "cpu-torch2.13.0-py3.11", "2.13.0", ops_rows())
