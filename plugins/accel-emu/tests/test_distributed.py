@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
-from conftest import SUBPROCESS_TIMEOUT
+from conftest import run_pythons
 
 _RANK = """
 import json, os, sys
@@ -68,28 +64,13 @@ print("RESULT " + json.dumps(out), flush=True)
 
 
 def _run_two_ranks(tmp_path):
-    script = tmp_path / "rank.py"
-    script.write_text(textwrap.dedent(_RANK))
     store = tmp_path / "store"
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
-    procs = [
-        subprocess.Popen([sys.executable, str(script), str(r), str(store)], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for r in range(2)
-    ]
     results = []
-    try:
-        for p in procs:
-            stdout, stderr = p.communicate(timeout=SUBPROCESS_TIMEOUT)
-            assert p.returncode == 0, stderr[-3000:]
-            line = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
-            assert line, stdout + stderr[-3000:]
-            results.append(json.loads(line[0][len("RESULT "):]))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    for rank, run in enumerate(run_pythons(_RANK, [["0", str(store)], ["1", str(store)]], env={"GLOO_SOCKET_IFNAME": "lo"})):
+        assert run.returncode == 0, (rank, run.stderr[-3000:])
+        line = [ln for ln in run.stdout.splitlines() if ln.startswith("RESULT ")]
+        assert line, run.stdout + run.stderr[-3000:]
+        results.append(json.loads(line[0][len("RESULT "):]))
     return results
 
 

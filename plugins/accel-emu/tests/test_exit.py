@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import torch
 
-from conftest import SUBPROCESS_TIMEOUT
+from conftest import run_pythons
 
 BACKWARD_THEN_EXIT = (
     "import torch, accel_emu; accel_emu.load(); "
@@ -27,13 +23,5 @@ def test_the_autograd_workers_of_this_process_are_found_by_device_index():
 
 def test_processes_that_end_right_after_a_backward_exit_with_zero():
     # without the at-exit settle about half of these aborted (exit code 134) on a 2-core machine
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_EMU_", "EMU_VISIBLE"))}
-    if "ACCEL_EMU_BUILD_DIR" in os.environ:
-        env["ACCEL_EMU_BUILD_DIR"] = os.environ["ACCEL_EMU_BUILD_DIR"]
-    runs = [subprocess.Popen([sys.executable, "-c", BACKWARD_THEN_EXIT], env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True) for _ in range(8)]
-    outcomes = []
-    for run in runs:
-        _, err = run.communicate(timeout=SUBPROCESS_TIMEOUT)
-        outcomes.append((run.returncode, err.strip()[-200:]))
+    outcomes = [(run.returncode, run.stderr.strip()[-200:]) for run in run_pythons(BACKWARD_THEN_EXIT, [[]] * 8)]
     assert outcomes == [(0, "")] * 8
