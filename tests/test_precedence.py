@@ -28,6 +28,35 @@ def _run(tmp_path: Path, *args: str, device: str | None, timeout: float = 300) -
                           capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
+@pytest.fixture
+def run_here(tmp_path, monkeypatch, capsys, clean_environment):
+    """``accel ARGS`` through main() in this process with ``_run``'s config file, folder and ``ACCEL_DEVICE``
+    (none of these commands gets as far as starting anything): a result shaped as ``_run``'s."""
+    from types import SimpleNamespace
+
+    from accel.backends import reset_registry
+    from accel.commands.cli import main
+
+    config = tmp_path / "config.yaml"
+    config.write_text(CONFIG)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ACCEL_CONFIG_FILE", str(config))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+    def run(*args: str, device: str | None):
+        if device is None:
+            monkeypatch.delenv("ACCEL_DEVICE", raising=False)
+        else:
+            monkeypatch.setenv("ACCEL_DEVICE", device)
+        reset_registry()  # the backend is chosen afresh, as in a new process
+        capsys.readouterr()
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+
+    return run
+
+
 def test_choose_follows_flag_environment_config_detection():
     assert ORDER == ("flag", "environment", "config file", "detection")
     assert choose("backend", detected="cpu") == choose("backend", flag="", environment=("ACCEL_DEVICE", ""), detected="cpu")
@@ -47,8 +76,8 @@ def _script(tmp_path: Path) -> Path:
     return script
 
 
-def test_accel_launch_environment_beats_the_config_file(tmp_path):
-    proc = _run(tmp_path, "launch", str(_script(tmp_path)), device="xpu")
+def test_accel_launch_environment_beats_the_config_file(tmp_path, run_here):
+    proc = run_here("launch", str(_script(tmp_path)), device="xpu")
     assert proc.returncode == 2, proc.stdout + proc.stderr  # xpu is not here: refused, not silently cpu
     assert "xpu" in proc.stderr and "the backend came from ACCEL_DEVICE" in proc.stderr and "ran" not in proc.stdout
 
@@ -60,24 +89,24 @@ def test_accel_launch_flag_beats_the_environment_and_says_so(tmp_path):
     assert "the command line (cpu) is used over what ACCEL_DEVICE says xpu" in proc.stderr
 
 
-def test_accel_test_environment_beats_the_config_file(tmp_path):
-    proc = _run(tmp_path, "test", device="xpu")
+def test_accel_test_environment_beats_the_config_file(run_here):
+    proc = run_here("test", device="xpu")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "the backend came from ACCEL_DEVICE" in proc.stderr and "not available" in proc.stderr
 
 
-def test_accel_env_says_where_the_backend_came_from(tmp_path):
-    proc = _run(tmp_path, "env", "--json", device="xpu", timeout=300)
+def test_accel_env_says_where_the_backend_came_from(run_here):
+    proc = run_here("env", "--json", device="xpu")
     assert proc.returncode == 0, proc.stderr
     selected = json.loads(proc.stdout)["selected_backend"]
     assert selected["source"] == "ACCEL_DEVICE" and "not available" in selected["error"]
     assert "is used over what the config file" in selected["note"] and "says cpu" in selected["note"]
-    text = _run(tmp_path, "env", device=None)
+    text = run_here("env", device=None)
     assert "cpu (from config file" in text.stdout  # no environment variable: the config file decides
 
 
-def test_accel_qualify_environment_beats_detection(tmp_path):
-    proc = _run(tmp_path, "qualify", "-o", str(tmp_path / "q"), "--no-bench", "--ops", "none", device="xpu")
+def test_accel_qualify_environment_beats_detection(tmp_path, run_here):
+    proc = run_here("qualify", "-o", str(tmp_path / "q"), "--no-bench", "--ops", "none", device="xpu")
     assert proc.returncode == 2 and "xpu" in proc.stderr, proc.stdout + proc.stderr
 
 
