@@ -3,10 +3,8 @@ run, and the console says when the two runs' fingerprints make the comparison no
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -29,17 +27,27 @@ def _baseline(folder: Path) -> Path:
                      header_extra={"fingerprint": fingerprint}, end_extra={"fingerprint_tests": {"count": 4, "sha256": "d" * 64}})
 
 
-def _qualify(tmp_path: Path, name: str, *extra: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "ACCEL_DEVICE", "CI")}
-    return subprocess.run([sys.executable, "-m", "accel.commands.cli", "qualify", "--backend", "cpu", "--no-bench", "--ops", "none",
-                           "-k", "test_identity_and_availability and backend_contract", "-o", str(tmp_path / name),
-                           "--baseline", str(tmp_path / "base"), *extra],
-                          env=env, capture_output=True, text=True, timeout=900)
+@pytest.fixture
+def qualify(tmp_path, monkeypatch, capsys):
+    """``accel qualify`` of one contract test against the baseline, through main() in this process (its
+    children are processes of their own either way): a result with ``returncode``, ``stdout`` and ``stderr``."""
+    for name in ("PYTEST_ADDOPTS", "ACCEL_DEVICE", "CI"):
+        monkeypatch.delenv(name, raising=False)
+
+    def run(name: str, *extra: str) -> SimpleNamespace:
+        capsys.readouterr()
+        code = main(["qualify", "--backend", "cpu", "--no-bench", "--ops", "none",
+                     "-k", "test_identity_and_availability and backend_contract", "-o", str(tmp_path / name),
+                     "--baseline", str(tmp_path / "base"), *extra])
+        out, err = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+
+    return run
 
 
-def test_a_collection_drop_fails_qualify_unless_within_the_threshold(tmp_path):
+def test_a_collection_drop_fails_qualify_unless_within_the_threshold(tmp_path, qualify):
     _baseline(tmp_path / "base")
-    dropped = _qualify(tmp_path, "dropped")
+    dropped = qualify("dropped")
     assert dropped.returncode == 1, dropped.stdout[-3000:] + dropped.stderr[-2000:]
     assert "FAILED: fewer tests were collected than in the baseline" in dropped.stdout
     assert "1 tests collected, 4 in the baseline (75.0% fewer)" in dropped.stdout
@@ -48,7 +56,7 @@ def test_a_collection_drop_fails_qualify_unless_within_the_threshold(tmp_path):
     assert "baseline: not like for like: cpu: different test selections" in dropped.stdout
     md = (tmp_path / "dropped" / "report" / "report.md").read_text()
     assert "Fewer tests collected" in md and "Baseline not like for like" in md
-    allowed = _qualify(tmp_path, "allowed", "--collection-threshold", "80%")
+    allowed = qualify("allowed", "--collection-threshold", "80%")
     assert allowed.returncode == 0, allowed.stdout[-3000:]
     assert "fewer tests were collected" not in allowed.stdout
 
