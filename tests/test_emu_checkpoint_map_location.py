@@ -27,62 +27,80 @@ SCRIPT = textwrap.dedent(
     import torch
     from torch.utils.data import DataLoader, TensorDataset
     from accel import Accelerator
+    from accel.state import AcceleratorState, GradientState
     from accel.utils import ProjectConfiguration
 
-    safe = sys.argv[2] == "safetensors"
-    torch.manual_seed(0)
-    model = torch.nn.Linear(1, 1)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    x = torch.randn(16, 1)
-    loader = DataLoader(TensorDataset(x, 3 * x + 1), batch_size=4)
-    accelerator = Accelerator(project_dir=sys.argv[1], project_config=ProjectConfiguration(automatic_checkpoint_naming=True))
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    for xb, yb in loader:
-        optimizer.zero_grad()
-        accelerator.backward(torch.nn.functional.mse_loss(model(xb), yb))
-        optimizer.step()
 
-    def devices():
-        param = optimizer.param_groups[0]["params"][0]
-        state = optimizer.state[param]
-        return param.device.type, state["exp_avg"].device.type
+    def scenario(project, safe):
+        AcceleratorState._reset_state()  # each scenario with an Accelerator of its own
+        GradientState._reset_state()
+        torch.manual_seed(0)
+        model = torch.nn.Linear(1, 1)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        x = torch.randn(16, 1)
+        loader = DataLoader(TensorDataset(x, 3 * x + 1), batch_size=4)
+        accelerator = Accelerator(project_dir=project, project_config=ProjectConfiguration(automatic_checkpoint_naming=True))
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        for xb, yb in loader:
+            optimizer.zero_grad()
+            accelerator.backward(torch.nn.functional.mse_loss(model(xb), yb))
+            optimizer.step()
 
-    print("trained", *devices())
-    model = model.cpu()
-    print("after model.cpu()", *devices())
-    accelerator.save_state(safe_serialization=safe)
-    folder = f"{sys.argv[1]}/checkpoints/checkpoint_0"
-    accelerator.load_state(folder, map_location="cpu")
-    print("loaded cpu", *devices())
-    model.to(accelerator.device)
-    accelerator.load_state(folder, map_location="on_device")
-    print("loaded on_device", *devices())
-    try:
-        accelerator.load_state(folder, map_location="invalid")
-    except TypeError as exc:
-        print("invalid refused")
-        print("wording", "Unsupported optimizer map location passed" in str(exc))
+        def devices():
+            param = optimizer.param_groups[0]["params"][0]
+            state = optimizer.state[param]
+            return param.device.type, state["exp_avg"].device.type
+
+        print("trained", *devices())
+        model = model.cpu()
+        print("after model.cpu()", *devices())
+        accelerator.save_state(safe_serialization=safe)
+        folder = f"{project}/checkpoints/checkpoint_0"
+        accelerator.load_state(folder, map_location="cpu")
+        print("loaded cpu", *devices())
+        model.to(accelerator.device)
+        accelerator.load_state(folder, map_location="on_device")
+        print("loaded on_device", *devices())
+        try:
+            accelerator.load_state(folder, map_location="invalid")
+        except TypeError as exc:
+            print("invalid refused")
+            print("wording", "Unsupported optimizer map location passed" in str(exc))
+
+
+    for serialization in sys.argv[2:]:
+        print("==", serialization)
+        scenario(f"{sys.argv[1]}/{serialization}", serialization == "safetensors")
     """
 )
-_RUNS: dict[str, subprocess.CompletedProcess] = {}
+SERIALIZATIONS = ("safetensors", "pickle")
 
 
-def _run(serialization: str, tmp_path) -> subprocess.CompletedProcess:
-    if serialization not in _RUNS:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "ACCELERATE_", "PYTEST_"))}
-        if "ACCEL_EMU_BUILD_DIR" in os.environ:
-            env["ACCEL_EMU_BUILD_DIR"] = os.environ["ACCEL_EMU_BUILD_DIR"]
-        env.update(ACCEL_DEVICE="emu", OMP_NUM_THREADS="1")
-        _RUNS[serialization] = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "project"), serialization],
-                                              capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
-    return _RUNS[serialization]
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict[str, list[str]]]:
+    """One child process runs the scenario for each serialization (torch and emu load once): the process and
+    the non-empty lines it printed per serialization."""
+    tmp_path = tmp_path_factory.mktemp("map_location")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "ACCELERATE_", "PYTEST_"))}
+    if "ACCEL_EMU_BUILD_DIR" in os.environ:
+        env["ACCEL_EMU_BUILD_DIR"] = os.environ["ACCEL_EMU_BUILD_DIR"]
+    env.update(ACCEL_DEVICE="emu", OMP_NUM_THREADS="1")
+    result = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "project"), *SERIALIZATIONS],
+                            capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    lines: dict[str, list[str]] = {}
+    for line in result.stdout.splitlines():
+        if line.startswith("== "):
+            lines[line[3:]] = []
+        elif line.strip() and lines:
+            lines[next(reversed(lines))].append(line)
+    return result, lines
 
 
-@pytest.mark.parametrize("serialization", ["safetensors", "pickle"])
-def test_map_location_follows_the_parameters_on_emu(serialization, tmp_path):
-    result = _run(serialization, tmp_path)
+@pytest.mark.parametrize("serialization", SERIALIZATIONS)
+def test_map_location_follows_the_parameters_on_emu(serialization, outputs):
+    result, printed = outputs
     assert result.returncode == 0, result.stderr[-4000:]
-    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    lines = printed.get(serialization, [])
     assert lines[:5] == [
         "trained emu emu",
         "after model.cpu() cpu emu",  # the optimizer holds the moved Parameter objects
@@ -92,7 +110,7 @@ def test_map_location_follows_the_parameters_on_emu(serialization, tmp_path):
     ], result.stdout
 
 
-def test_an_unknown_map_location_is_refused_in_accelerates_words(tmp_path):
-    result = _run("pickle", tmp_path)
+def test_an_unknown_map_location_is_refused_in_accelerates_words(outputs):
+    result, printed = outputs
     assert result.returncode == 0, result.stderr[-4000:]
-    assert "wording True" in result.stdout, result.stdout
+    assert printed["pickle"][5:] == ["wording True"], result.stdout
