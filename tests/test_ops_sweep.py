@@ -47,6 +47,18 @@ def test_a_crash_and_a_hang_each_cost_one_case_and_every_row_gets_its_reason(mis
     assert misbehaving_sweep.restarts == 4
 
 
+def test_a_known_issue_naming_the_operator_turns_its_failure_known(misbehaving_sweep):
+    from accel_harness.known_issues import KnownIssues
+    from accel_harness.ops.output import apply_known_issues
+
+    rows = [dataclasses.replace(row) for row in misbehaving_sweep.rows]
+    known = KnownIssues.from_data([{"id": "demo-wrong", "ops": ["accel_test.wr*"], "reason": "known-limitation"}])
+    assert apply_known_issues(rows, known, "cpu", "2.13.0") == 1
+    by_op = {row.op: row for row in rows}
+    assert (by_op["accel_test.wrong"].outcome, by_op["accel_test.wrong"].known_issue) == ("known", "demo-wrong")
+    assert by_op["accel_test.crash"].outcome == "failed"
+
+
 def test_the_command_writes_the_tables_the_records_and_exits_1_on_a_failure(tmp_path):
     out = tmp_path / "ops"
     done = subprocess.run([sys.executable, "-m", "accel.commands.cli", "ops", "--backend", "cpu", "--quick",
@@ -70,18 +82,6 @@ def test_the_command_writes_the_tables_the_records_and_exits_1_on_a_failure(tmp_
     summary = json.loads((out / "summary.json").read_text())
     assert summary["headline"]["operators_passed"]["float32"]["compared"] >= 3
     assert "accel_test.wrong" in (out / "ops.md").read_text()
-
-
-def test_a_known_issue_naming_the_operator_turns_its_failure_known(misbehaving_sweep):
-    from accel_harness.known_issues import KnownIssues
-    from accel_harness.ops.output import apply_known_issues
-
-    rows = [dataclasses.replace(row) for row in misbehaving_sweep.rows]
-    known = KnownIssues.from_data([{"id": "demo-wrong", "ops": ["accel_test.wr*"], "reason": "known-limitation"}])
-    assert apply_known_issues(rows, known, "cpu", "2.13.0") == 1
-    by_op = {row.op: row for row in rows}
-    assert (by_op["accel_test.wrong"].outcome, by_op["accel_test.wrong"].known_issue) == ("known", "demo-wrong")
-    assert by_op["accel_test.crash"].outcome == "failed"
 
 
 @pytest.mark.parametrize("argv, message", [
