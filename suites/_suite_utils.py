@@ -51,3 +51,37 @@ def to_host_list(tensor: torch.Tensor) -> list:
     if tensor.dtype in (torch.bfloat16, torch.float16):
         tensor = tensor.float()
     return tensor.tolist()
+
+
+def run_in_ranks(config: Any, backend: Any, world_size: int, fn: Callable[..., None], **kwargs: Any) -> None:
+    """Run the module-level function ``fn`` in the harness's ``world_size`` ranks of ``backend``, as a
+    multi-process test's body runs (its ``device``, ``rank`` and ``world_size`` parameters are the
+    rank's own; ``kwargs`` must pickle). For a fixture that makes what a test at another world size
+    needs; skips as a test of that world size would, and fails with the failing rank's traceback."""
+    import inspect
+    import pickle
+
+    import pytest
+
+    from accel_harness import markers
+    from accel_harness.distributed import RANK_LOCAL_ARGS, Task
+    from accel_harness.plugin import _context, _visible_devices_env
+
+    reason = markers.evaluate([], backend, world_size=world_size)
+    if reason is not None:
+        pytest.skip(markers.format_skip(reason))
+    local = {name: None for name in RANK_LOCAL_ARGS if name in inspect.signature(fn).parameters}
+    task = Task(fn.__module__, inspect.getfile(fn), fn.__qualname__, pickle.dumps({**local, **kwargs}))
+    pool = _context(config).pool_manager().get(backend.name, world_size, backend.start_method,
+                                               env=_visible_devices_env(backend, world_size))
+    result = pool.run(task)
+    if result.status == "skipped":
+        pytest.skip(result.message)
+    if result.status == "xfailed":
+        pytest.xfail(result.message)
+    if result.status != "passed":
+        failing = next((o for o in result.outcomes if o.rank == result.rank), None)
+        detail = failing.traceback if failing is not None and failing.traceback else \
+            "\n".join(f"--- rank {r} ---\n{text}" for r, text in sorted(result.stacks.items()))
+        pytest.fail(f"{fn.__name__} in {world_size} {backend.name} ranks: {result.status}: {result.message}\n{detail}",
+                    pytrace=False)

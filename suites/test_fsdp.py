@@ -8,8 +8,8 @@ sums by a few ULPs per step, while a missed reduction, a wrong shard or an optim
 stepping the unsharded parameters moves the loss by 1e-2 or more and fails.
 
 Also checked: each rank really holds only its shard; the sharded (DCP) checkpoint round trip gives
-the same continued trajectory; a checkpoint written by 2 ranks resumes on 4 (launched with
-``accel launch``); ``accel merge-weights`` output loads into a plain module with the same outputs;
+the same continued trajectory; a checkpoint written by 2 ranks resumes on 4 (the harness's 2- and
+4-rank pools); ``accel merge-weights`` output loads into a plain module with the same outputs;
 HSDP (2 replicas x 2 shards) on 4 ranks.
 """
 
@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -27,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
+from _suite_utils import run_in_ranks
 from _training_utils import FP32_TOLERANCE, GLOBAL_BATCH, LR, assert_weights_close, fresh_state, make_dataset, make_model
 from accel import Accelerator
 
@@ -35,7 +33,6 @@ pytestmark = pytest.mark.require_fsdp2
 STEPS = 6  # one epoch of make_dataset() at GLOBAL_BATCH samples per step
 #: the first Linear (40 parameters) becomes its own FSDP unit, the rest joins the root unit
 MIN_NUM_PARAMS = 10
-LAUNCH_TIMEOUT_S = 240
 
 
 def _plugin(version: int, **kwargs):
@@ -160,114 +157,75 @@ def _continue(accelerator, model, optimizer, world_size, start: int = 3, steps: 
 
 
 # ---------------------------------------------------------------------------------------------- 2 -> 4 ranks
-RESHARD_SCRIPT = textwrap.dedent(
-    """
-    import json, os, sys
-    import torch, torch.nn.functional as F
-    sys.path.insert(0, sys.argv[3])
-    from _training_utils import GLOBAL_BATCH, LR, make_dataset, make_model
-    from accel import Accelerator
-    from accel.utils import FullyShardedDataParallelPlugin
+_CACHE: dict[str, Path] = {}
+PROBE = torch.linspace(-1, 1, 20).reshape(5, 4)
 
-    phase, folder = sys.argv[1], sys.argv[2]
-    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, state_dict_type="SHARDED_STATE_DICT",
-                                            auto_wrap_policy="size_based_wrap", min_num_params=10)
-    accelerator = Accelerator(fsdp_plugin=plugin)
-    world, rank = accelerator.num_processes, accelerator.process_index
-    model = make_model(seed=0 if phase == "save" else 1)
+
+def _reshard_run(seed: int):
+    """An FSDP2 run with a sharded state dict, as the 2 -> 4 rank tests train it (no data loader)."""
+    fresh_state()
+    accelerator = Accelerator(fsdp_plugin=_plugin(2, state_dict_type="SHARDED_STATE_DICT"))
+    model = make_model(seed=seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     model, optimizer = accelerator.prepare(model, optimizer)
-    x_all, y_all = make_dataset().tensors
-    per_rank = GLOBAL_BATCH // world
+    return accelerator, model, optimizer
 
-    def step(k):
-        lo = k * GLOBAL_BATCH + rank * per_rank
-        x, y = x_all[lo:lo + per_rank].to(accelerator.device), y_all[lo:lo + per_rank].to(accelerator.device)
-        loss = F.mse_loss(model(x), y)
-        accelerator.backward(loss)
-        optimizer.step()
-        optimizer.zero_grad()
-        return float(accelerator.reduce(loss.detach(), reduction="mean"))
 
-    if phase == "save":
-        for k in range(3):
-            step(k)
-        accelerator.save_state(os.path.join(folder, "state"))
-        accelerator.save_model(model, os.path.join(folder, "model"), max_shard_size="100B")
-        with torch.no_grad():
-            probe = torch.linspace(-1, 1, 20).reshape(5, 4).to(accelerator.device)
-            out = model(probe).cpu().tolist()
-    else:
-        accelerator.load_state(os.path.join(folder, "state"))  # shards reshard from 2 ranks to this run's
-        out = None
-    losses = [step(k) for k in range(3, 6)]
+def _save_on_two_ranks(device, world_size, rank, folder: str) -> None:
+    """In 2 ranks: 3 steps, then ``save_state`` (sharded), ``save_model`` (100-byte shards) and, on
+    rank 0, ``save.json`` with the probe's outputs and the losses of steps 3-5."""
+    accelerator, model, optimizer = _reshard_run(seed=0)
+    _continue(accelerator, model, optimizer, world_size, start=0, steps=3)
+    accelerator.save_state(os.path.join(folder, "state"))
+    accelerator.save_model(model, os.path.join(folder, "model"), max_shard_size="100B")
+    with torch.no_grad():
+        probe = model(PROBE.to(accelerator.device)).cpu().tolist()
+    losses = _continue(accelerator, model, optimizer, world_size)
     if rank == 0:
-        with open(os.path.join(folder, phase + ".json"), "w") as fh:
-            json.dump({"world": world, "losses": losses, "probe": out}, fh)
-    """
-)
-
-_ENV_TO_CLEAR = (
-    "ACCEL_DEVICE", "ACCEL_CONFIG_FILE", "ACCEL_USE_CPU", "ACCEL_MIXED_PRECISION", "ACCELERATE_USE_CPU",
-    "ACCELERATE_MIXED_PRECISION", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-    "ACCELERATE_USE_FSDP", "ACCEL_USE_FSDP",
-)
-_CACHE: dict[str, Path] = {}
-
-
-def _env(folder: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _ENV_TO_CLEAR and not k.startswith("FSDP_")}
-    env.update(OMP_NUM_THREADS="1", XDG_CACHE_HOME=str(folder / "cache"))  # no user config file is read
-    return env
-
-
-def _launch(backend, folder: Path, processes: int, *args: str) -> None:
-    from accel_harness.markers import evaluate, format_skip
-
-    reason = evaluate([pytest.mark.world_size(processes).mark], backend)
-    if reason is not None:
-        pytest.skip(format_skip(reason))
-    script = folder / "reshard.py"
-    script.write_text(RESHARD_SCRIPT)
-    command = [sys.executable, "-m", "accel.commands.cli", "launch", "--backend", backend.name,
-               "--num_processes", str(processes)]
-    if backend.device_type == "cpu":
-        command.append("--cpu")
-    command += [str(script), *args, str(folder), str(Path(__file__).parent)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, env=_env(folder), cwd=folder)
-    assert result.returncode == 0, f"accel launch ({processes} ranks, {args}) failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+        with open(os.path.join(folder, "save.json"), "w") as fh:
+            json.dump({"world": world_size, "losses": losses, "probe": probe}, fh)
 
 
 @pytest.fixture
-def two_rank_checkpoint(backend, tmp_path_factory) -> Path:
-    """A sharded checkpoint, a save_model folder and the continued losses of a 2-rank FSDP2 run (once per backend)."""
+def two_rank_checkpoint(backend, request, tmp_path_factory) -> Path:
+    """A sharded checkpoint, a save_model folder and the continued losses of a 2-rank FSDP2 run, made
+    once per backend in the harness's 2-rank pool."""
     if backend.name not in _CACHE:
         folder = tmp_path_factory.mktemp(f"fsdp_{backend.name}")
-        _launch(backend, folder, 2, "save")
+        run_in_ranks(request.config, backend, 2, _save_on_two_ranks, folder=str(folder))
         _CACHE[backend.name] = folder
     return _CACHE[backend.name]
 
 
-def test_checkpoint_saved_on_two_ranks_resumes_on_four(backend, two_rank_checkpoint):
+@pytest.mark.world_size(4)
+def test_checkpoint_saved_on_two_ranks_resumes_on_four(device, world_size, rank, two_rank_checkpoint):
     folder = two_rank_checkpoint
     shards = sorted(p.name for p in (folder / "state" / "pytorch_model_fsdp_0").glob("*.distcp"))
     assert len(shards) == 2, f"2 ranks should each write a shard file, found {shards}"
-    _launch(backend, folder, 4, "resume")
+    accelerator, model, optimizer = _reshard_run(seed=1)  # other weights, no momentum: the checkpoint brings both
+    accelerator.load_state(folder / "state")  # shards reshard from 2 ranks to 4
+    losses = _continue(accelerator, model, optimizer, world_size)
     saved = json.loads((folder / "save.json").read_text())
-    resumed = json.loads((folder / "resume.json").read_text())
-    assert (saved["world"], resumed["world"]) == (2, 4)
+    assert (saved["world"], accelerator.num_processes) == (2, 4)
     # the same global batches (4 ranks x 4 samples = 2 ranks x 8), so the same trajectory within fp32 reordering
-    torch.testing.assert_close(torch.tensor(resumed["losses"]), torch.tensor(saved["losses"]), **FP32_TOLERANCE)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(saved["losses"]), **FP32_TOLERANCE)
 
 
-def test_merge_weights_output_loads_into_a_plain_module(backend, two_rank_checkpoint, tmp_path):
+@pytest.mark.world_size(1)
+def test_merge_weights_output_loads_into_a_plain_module(device, world_size, two_rank_checkpoint, tmp_path):
+    """``accel merge-weights`` (its command-line entry point, run in a rank) and ``save_model``'s shards."""
+    import contextlib
+    import io
+
     from safetensors.torch import load_file
 
+    from accel.commands.cli import main
+
     folder = two_rank_checkpoint
-    result = subprocess.run([sys.executable, "-m", "accel.commands.cli", "merge-weights",
-                             str(folder / "state" / "pytorch_model_fsdp_0"), str(tmp_path / "merged")],
-                            capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, env=_env(tmp_path))
-    assert result.returncode == 0, result.stderr[-4000:]
+    errors = io.StringIO()
+    with contextlib.redirect_stderr(errors), contextlib.redirect_stdout(io.StringIO()):
+        code = main(["merge-weights", str(folder / "state" / "pytorch_model_fsdp_0"), str(tmp_path / "merged")])
+    assert code == 0, errors.getvalue()[-4000:]
     merged = make_model(seed=1)
     merged.load_state_dict(load_file(str(tmp_path / "merged" / "model.safetensors")))
 
@@ -279,8 +237,7 @@ def test_merge_weights_output_loads_into_a_plain_module(backend, two_rank_checkp
         state.update(load_file(str(folder / "model" / name)))
     saved.load_state_dict(state)
 
-    probe = torch.linspace(-1, 1, 20).reshape(5, 4)
     expected = torch.tensor(json.loads((folder / "save.json").read_text())["probe"])
     with torch.no_grad():
-        torch.testing.assert_close(merged(probe), expected, **FP32_TOLERANCE)
-        torch.testing.assert_close(saved(probe), expected, **FP32_TOLERANCE)
+        torch.testing.assert_close(merged(PROBE), expected, **FP32_TOLERANCE)
+        torch.testing.assert_close(saved(PROBE), expected, **FP32_TOLERANCE)
