@@ -16,7 +16,8 @@ casts with high-precision matmuls), which runs on any backend and is labelled "f
 leaves the choice to accel, which uses real fp8 GEMMs where ``torch._scaled_mm`` runs on the device.
 
 Tolerance. Each run trains :func:`_mlp` for ``STEPS`` AdamW steps on a fixed regression task, once in fp32 and
-once in fp8, at the same world size and strategy, from the same weights and data. float8 e4m3 keeps 3
+once in fp8, at the same world size and strategy, from the same weights and data (the fp32 run once per rank
+process, world size and strategy: the tests that compare with it share it). float8 e4m3 keeps 3
 mantissa bits (relative rounding up to 2**-4 per element, with per-tensor scales), and the layers left in
 high precision run under bf16 autocast (8 bits), so the fp8 loss curve is a noisy copy of the fp32 one.
 On the host (torch 2.13, torchao 0.18; ``pytest suites/test_fp8_training.py -m cpu``) the mean of the last
@@ -126,6 +127,19 @@ def _train(mixed_precision: str, fsdp: bool | int = False, emulated: bool = Fals
     return accelerator, model, _fit(accelerator, model, optimizer, loader)
 
 
+#: fp32 reference losses per (world size, FSDP version, ZeRO stage), kept for the rank's life: tests that compare
+#: with the same reference share one run of it (a deterministic function of the key)
+_REFERENCES: dict[tuple[int, int, int | None], list[float]] = {}
+
+
+def _reference(world_size: int, fsdp: bool | int = False, zero_stage: int | None = None) -> list[float]:
+    """The fp32 run's per-step global losses for this world size and strategy (see ``_train``)."""
+    key = (world_size, 2 if fsdp is True else int(fsdp), zero_stage)
+    if key not in _REFERENCES:
+        _REFERENCES[key] = _train("no", fsdp=fsdp, zero_stage=zero_stage)[2]
+    return list(_REFERENCES[key])
+
+
 def _assert_tracks(losses: list[float], reference: list[float], what: str) -> None:
     assert len(losses) == len(reference) == STEPS, (len(losses), len(reference))
     assert losses != reference, f"{what}: the fp8 losses equal fp32's exactly; nothing ran in fp8"
@@ -163,7 +177,7 @@ def _label(accelerator: Accelerator, emulated: bool) -> None:
 @pytest.mark.world_size(1, 2)
 @pytest.mark.parametrize("emulated", MODES)
 def test_fp8_ddp_tracks_fp32(device, world_size, rank, emulated):
-    _, _, reference = _train("no", fsdp=False)
+    reference = _reference(world_size)
     accelerator, model, losses = _train("fp8", fsdp=False, emulated=emulated)
     _label(accelerator, emulated)
     _assert_layer_choice(accelerator.unwrap_model(model))
@@ -191,7 +205,7 @@ def test_fp8_fsdp2_tracks_fp32_with_float8_all_gather(device, world_size, rank, 
         gathered_dtypes.append(result[0][0].dtype)
         return result
 
-    _, _, reference = _train("no", fsdp=True)
+    reference = _reference(world_size, fsdp=True)
     WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather = spy
     try:
         accelerator, model, losses = _train("fp8", fsdp=True, emulated=emulated)
@@ -226,7 +240,7 @@ def test_fp8_fsdp2_without_float8_all_gather(device, world_size, rank):
 
     from accel.utils import AORecipeKwargs
 
-    _, _, reference = _train("no", fsdp=True)
+    reference = _reference(world_size, fsdp=True)
     fresh_state()
     recipe = AORecipeKwargs(config=Float8LinearConfig(emulate=True, pad_inner_dim=True, enable_fsdp_float8_all_gather=False))
     accelerator = Accelerator(mixed_precision="fp8", fsdp_plugin=_fsdp2(), kwargs_handlers=[recipe])
@@ -248,7 +262,7 @@ def test_fp8_fsdp2_without_float8_all_gather(device, world_size, rank):
 def test_fp8_fsdp1_tracks_fp32(device, world_size, rank):
     """FSDP1 wraps the converted model too; torchao's float8 all-gather is FSDP2's, so it is off here (its weight
     wrapper cannot be moved by FSDP1's ``module.to``)."""
-    _, _, reference = _train("no", fsdp=1)
+    reference = _reference(world_size, fsdp=1)
     accelerator, model, losses = _train("fp8", fsdp=1, emulated=True)
     assert accelerator.distributed_type == "FSDP" and not accelerator.is_fsdp2
     _label(accelerator, emulated=True)
@@ -266,7 +280,7 @@ def test_fp8_deepspeed_tracks_fp32(device, world_size, rank, zero_stage):
     The FSDP2-only float8 all-gather is turned off under DeepSpeed (its weight wrapper cannot be moved by
     DeepSpeed's ``module.to``), so the default recipe trains here.
     """
-    _, _, reference = _train("no", zero_stage=zero_stage)
+    reference = _reference(world_size, zero_stage=zero_stage)
     accelerator, model, losses = _train("fp8", emulated=True, zero_stage=zero_stage)
     assert accelerator.distributed_type == "DEEPSPEED" and model.zero_optimization_stage() == zero_stage
     _label(accelerator, emulated=True)
@@ -284,7 +298,7 @@ def test_fp8_deepspeed_tracks_fp32(device, world_size, rank, zero_stage):
 def test_a_torchao_recipe_beside_bf16_converts_the_model_under_fsdp2(device, world_size, rank):
     """Under FSDP Accelerate converts the model whenever a torchao recipe is passed, whatever ``mixed_precision``
     is; the other layers keep bf16."""
-    _, _, reference = _train("no", fsdp=True)
+    reference = _reference(world_size, fsdp=True)
     accelerator, model, losses = _train("bf16", fsdp=True, emulated=True, recipe=True)
     assert accelerator.mixed_precision == "bf16" and accelerator.is_fsdp2
     assert accelerator.precision.label == "bf16 + fp8 (emulated) layers"
@@ -298,7 +312,7 @@ def test_a_torchao_recipe_beside_bf16_converts_the_model_under_fsdp2(device, wor
 def test_a_torchao_recipe_beside_full_precision_converts_the_model_under_deepspeed(device, world_size, rank):
     """The same under DeepSpeed: the engine keeps fp32 and the model gets its Float8Linear layers before it is
     built (the FSDP2-only float8 all-gather off)."""
-    _, _, reference = _train("no", zero_stage=2)
+    reference = _reference(world_size, zero_stage=2)
     accelerator, model, losses = _train("no", zero_stage=2, emulated=True, recipe=True)
     assert accelerator.distributed_type == "DEEPSPEED" and accelerator.mixed_precision == "no"
     assert accelerator.precision.label == "no + fp8 (emulated) layers"
