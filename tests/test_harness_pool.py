@@ -1,4 +1,7 @@
-"""Rank-pool hygiene: leftover processes, state reset between pooled tests, stale folders, crash stacks."""
+"""Rank-pool hygiene: leftover processes, state reset between pooled tests, stale folders, crash stacks.
+
+The pooled scenarios run as one inner session: one check for each reads its part of the output.
+"""
 
 import os
 import signal
@@ -6,24 +9,18 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 
+import _inner_session as inner
+from _waits import SAFETY_NET_S
 from accel_harness.pool_hygiene import POOL_DIR_PREFIX, remove_stale_pool_dirs, write_owner
 
-pytest_plugins = ["pytester"]
-
-
-def _run(pytester, *args, timeout=600):
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rs", "--backend", "cpu", "-m", "cpu", *args,
-                                         timeout=timeout)
-
-
-def test_a_process_left_running_is_killed_and_warned_about(pytester):
-    pytester.makepyfile(test_leak=textwrap.dedent(
-        """
+POOLED = {
+    # a test that starts a child and leaves it running
+    "test_leak": """
         import subprocess, sys, time
         import pytest
 
@@ -43,21 +40,10 @@ def test_a_process_left_running_is_killed_and_warned_about(pytester):
         @pytest.mark.world_size(2)
         def test_next_one_runs(backend, rank):
             pass
-        """))
-    result = _run(pytester)
-    result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["*LeftoverProcessWarning: rank 0 of 2: the test left 1 process(es) running; killed: pid *sleep(120)*"])
-    assert "rank 1 of 2" in result.stdout.str()
-    for rank in (0, 1):
-        pid = int((pytester.path / f"child-{rank}.pid").read_text())
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-
-
-def test_a_grandchild_left_running_is_killed_and_warned_about(pytester):
+        """,
     # the shell exits at once: its background sleep is orphaned, which without a subreaper rank
     # would escape to init, out of the rank's subtree
-    pytester.makepyfile(test_orphan=textwrap.dedent(
-        """
+    "test_orphan": """
         import subprocess
         import pytest
 
@@ -71,14 +57,170 @@ def test_a_grandchild_left_running_is_killed_and_warned_about(pytester):
         @pytest.mark.world_size(2)
         def test_next_one_runs(backend, rank):
             pass
-        """))
-    result = _run(pytester)
-    result.assert_outcomes(passed=2)
+        """,
+    "test_state": """
+        import os, random
+        import numpy
+        import pytest
+        import torch
+
+        def _fingerprint():
+            return (str(torch.get_default_dtype()), os.environ.get("ACCEL_LEAK"), os.environ.get("OMP_NUM_THREADS"),
+                    os.getcwd(), torch.rand(3).tolist(), random.random(), numpy.random.rand(2).tolist(),
+                    torch.is_grad_enabled(), torch.are_deterministic_algorithms_enabled())
+
+        @pytest.mark.world_size(2)
+        def test_a_changes_everything(backend, rank):
+            with open(f"a-{rank}.txt", "w") as fh:
+                fh.write(repr(_fingerprint()))
+            torch.set_default_dtype(torch.float64)
+            os.environ["ACCEL_LEAK"] = "1"
+            del os.environ["OMP_NUM_THREADS"]
+            os.chdir("/")
+            torch.manual_seed(1234)
+            random.seed(99)
+            numpy.random.seed(5)
+            numpy.random.standard_normal(3)  # leaves a cached normal in the legacy generator
+            torch.set_grad_enabled(False)
+            torch.use_deterministic_algorithms(True)
+
+        @pytest.mark.world_size(2)
+        def test_b_sees_a_fresh_rank(backend, rank):
+            seen = _fingerprint()
+            first = open(os.path.join(os.environ["PYTEST_STATE_DIR"], f"a-{rank}.txt")).read()
+            assert repr(seen) == first
+        """,
+    "test_restore": """
+        import pytest
+        import torch
+
+        def _refuse(dtype):
+            raise RuntimeError("set_default_dtype refused by the test")
+
+        @pytest.mark.world_size(2)
+        def test_a_breaks_the_way_back(backend, rank):
+            torch.set_default_dtype(torch.float64)
+            torch.set_default_dtype = _refuse
+
+        @pytest.mark.world_size(2)
+        def test_b_gets_the_reason(backend, rank):
+            pass
+
+        @pytest.mark.world_size(2)
+        def test_c_runs_on_fresh_ranks(backend, rank):
+            assert torch.get_default_dtype() == torch.float32
+        """,
+    "test_segfault": """
+        import ctypes
+        import pytest
+
+        def _crash_here():
+            ctypes.string_at(0)
+
+        @pytest.mark.world_size(2)
+        def test_rank_1_segfaults(backend, rank):
+            if rank == 1:
+                _crash_here()
+        """,
+}
+
+
+def _kill_a_session_in_its_test(folder: Path, env: dict[str, str]) -> list[Path]:
+    """Start a session whose two ranks sleep in a test, SIGKILL it once both are in; what it left in TMPDIR."""
+    started = folder / "started"
+    started.mkdir(parents=True)
+    inner.write(folder, test_slow=f"""
+        import time
+        import pytest
+
+        @pytest.mark.world_size(2)
+        def test_sleeps(backend, rank):
+            open({str(started)!r} + f"/rank-{{rank}}", "w").close()
+            time.sleep(600)
+        """)
+    session = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--backend", "cpu",
+                                "-m", "cpu"], cwd=folder, env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        # both ranks inside the test: the pool folder and its owner record exist (generous: a busy host starts slowly)
+        deadline = time.monotonic() + SAFETY_NET_S
+        while time.monotonic() < deadline and len(list(started.iterdir())) < 2 and session.poll() is None:
+            time.sleep(0.1)
+        assert len(list(started.iterdir())) == 2, "the session never got its ranks into the test"
+        left = [p for p in Path(env["TMPDIR"]).iterdir() if p.name.startswith(POOL_DIR_PREFIX)]
+        assert left and all((p / "owner").exists() for p in left)
+    finally:
+        session.send_signal(signal.SIGKILL)
+        session.wait()
+    assert all(p.exists() for p in left)  # SIGKILL: nobody could clean up
+    return left
+
+
+def test_pooled_scenarios_in_one_session_after_a_killed_one(tmp_path):
+    """Every scenario of POOLED in one session, whose ranks serve them one after another as in a real run,
+    started after a session that was SIGKILLed while its ranks were in a test (both with one TMPDIR).
+
+    One session instead of one per scenario: each check below reads its part of the output and files.
+    """
+    tmp, folder = tmp_path / "tmp", tmp_path / "next"
+    tmp.mkdir()
+    folder.mkdir()
+    left = _kill_a_session_in_its_test(tmp_path / "killed", {"TMPDIR": str(tmp)})
+    inner.write(folder, **POOLED)
+    result = inner.run(folder, "--backend", "cpu", "-m", "cpu", env={"TMPDIR": str(tmp), "PYTEST_STATE_DIR": str(folder)})
+    inner.check_all({
+        "a process left running is killed and warned about": lambda: _leftover_child(result, folder),
+        "a grandchild left running is killed and warned about": lambda: _leftover_grandchild(result, folder),
+        "state set by one pooled test does not reach the next": lambda: _state_reset(result),
+        "a rank whose state cannot be put back fails its next test and is replaced": lambda: _restore_refused(result),
+        "a segfaulting rank is reported with its stack": lambda: _segfault(result),
+        "the killed session's pool folders are removed by the next": lambda: _folders_removed(left, tmp),
+    }, result)
+
+
+def _ended(pid: int) -> bool:
+    return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def _leftover_child(result: pytest.RunResult, folder: Path) -> None:
+    assert inner.outcomes(result, "test_leak.py") == {"passed": 2}
+    for rank in (0, 1):
+        result.stdout.fnmatch_lines([f"*LeftoverProcessWarning: rank {rank} of 2: the test left 1 process(es) running; "
+                                     f"killed: pid *sleep(120)*"])
+        assert _ended(int((folder / f"child-{rank}.pid").read_text()))
+
+
+def _leftover_grandchild(result: pytest.RunResult, folder: Path) -> None:
+    assert inner.outcomes(result, "test_orphan.py") == {"passed": 2}
     for rank in (0, 1):
         result.stdout.fnmatch_lines([f"*LeftoverProcessWarning: rank {rank} of 2: the test left 1 process(es) running; "
                                      f"killed: pid *sleep 121*"])
-        pid = int((pytester.path / f"grandchild-{rank}.pid").read_text())
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        assert _ended(int((folder / f"grandchild-{rank}.pid").read_text()))
+
+
+def _state_reset(result: pytest.RunResult) -> None:
+    assert inner.outcomes(result, "test_state.py") == {"passed": 2}
+
+
+def _restore_refused(result: pytest.RunResult) -> None:
+    assert inner.outcomes(result, "test_restore.py") == {"passed": 2, "failed": 1}
+    assert inner.outcome_of(result, "test_restore.py::test_b_gets_the_reason[cpu-ws2]") == "failed"
+    failure = inner.section(result, "test_b_gets_the_reason")
+    assert "the rank's state could not be put back after the previous test" in failure
+    assert "set_default_dtype refused by the test" in failure
+
+
+def _segfault(result: pytest.RunResult) -> None:
+    assert inner.outcomes(result, "test_segfault.py") == {"failed": 1}
+    failure = inner.section(result, "test_rank_1_segfaults")
+    assert "rank 1 died with exit code -11 (SIGSEGV)" in failure
+    assert "Fatal Python error: Segmentation fault" in failure
+    assert "_crash_here" in failure
+
+
+def _folders_removed(left: list[Path], tmp: Path) -> None:
+    assert not any(p.exists() for p in left)  # the next session removed them
+    assert not [p for p in tmp.iterdir() if p.name.startswith(POOL_DIR_PREFIX)]  # and its own folders went too
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="child subreapers and /proc are Linux's")
@@ -182,78 +324,6 @@ def test_leftovers_are_ended_where_the_kernel_has_no_pidfds(monkeypatch):
     sleeper.wait(timeout=60)
 
 
-def test_state_set_by_one_pooled_test_does_not_reach_the_next(pytester):
-    pytester.makepyfile(test_state=textwrap.dedent(
-        """
-        import os, random
-        import numpy
-        import pytest
-        import torch
-
-        def _fingerprint():
-            return (str(torch.get_default_dtype()), os.environ.get("ACCEL_LEAK"), os.environ.get("OMP_NUM_THREADS"),
-                    os.getcwd(), torch.rand(3).tolist(), random.random(), numpy.random.rand(2).tolist(),
-                    torch.is_grad_enabled(), torch.are_deterministic_algorithms_enabled())
-
-        @pytest.mark.world_size(2)
-        def test_a_changes_everything(backend, rank):
-            with open(f"a-{rank}.txt", "w") as fh:
-                fh.write(repr(_fingerprint()))
-            torch.set_default_dtype(torch.float64)
-            os.environ["ACCEL_LEAK"] = "1"
-            del os.environ["OMP_NUM_THREADS"]
-            os.chdir("/")
-            torch.manual_seed(1234)
-            random.seed(99)
-            numpy.random.seed(5)
-            numpy.random.standard_normal(3)  # leaves a cached normal in the legacy generator
-            torch.set_grad_enabled(False)
-            torch.use_deterministic_algorithms(True)
-
-        @pytest.mark.world_size(2)
-        def test_b_sees_a_fresh_rank(backend, rank):
-            seen = _fingerprint()
-            first = open(os.path.join(os.environ["PYTEST_STATE_DIR"], f"a-{rank}.txt")).read()
-            assert repr(seen) == first
-        """))
-    os.environ["PYTEST_STATE_DIR"] = str(pytester.path)
-    try:
-        result = _run(pytester)
-    finally:
-        del os.environ["PYTEST_STATE_DIR"]
-    result.assert_outcomes(passed=2)
-
-
-def test_a_rank_whose_state_cannot_be_put_back_fails_its_next_test_and_is_replaced(pytester):
-    pytester.makepyfile(test_restore=textwrap.dedent(
-        """
-        import pytest
-        import torch
-
-        def _refuse(dtype):
-            raise RuntimeError("set_default_dtype refused by the test")
-
-        @pytest.mark.world_size(2)
-        def test_a_breaks_the_way_back(backend, rank):
-            torch.set_default_dtype(torch.float64)
-            torch.set_default_dtype = _refuse
-
-        @pytest.mark.world_size(2)
-        def test_b_gets_the_reason(backend, rank):
-            pass
-
-        @pytest.mark.world_size(2)
-        def test_c_runs_on_fresh_ranks(backend, rank):
-            assert torch.get_default_dtype() == torch.float32
-        """))
-    result = _run(pytester)
-    result.assert_outcomes(passed=2, failed=1)
-    out = result.stdout.str()
-    assert "test_b_gets_the_reason" in out.split("FAILED", 1)[-1]
-    assert "the rank's state could not be put back after the previous test" in out
-    assert "set_default_dtype refused by the test" in out
-
-
 def test_numpy_global_generator_is_compared_cheaply_and_put_back():
     import numpy
 
@@ -319,28 +389,6 @@ def test_environment_snapshot_sees_set_changed_and_removed_variables(monkeypatch
         assert "ACCEL_SNAPSHOT_NEW" not in os.environ
 
 
-def test_a_segfaulting_rank_is_reported_with_its_stack(pytester):
-    pytester.makepyfile(test_crash=textwrap.dedent(
-        """
-        import ctypes
-        import pytest
-
-        def _crash_here():
-            ctypes.string_at(0)
-
-        @pytest.mark.world_size(2)
-        def test_rank_1_segfaults(backend, rank):
-            if rank == 1:
-                _crash_here()
-        """))
-    result = _run(pytester)
-    result.assert_outcomes(failed=1)
-    out = result.stdout.str()
-    assert "rank 1 died with exit code -11 (SIGSEGV)" in out
-    assert "Fatal Python error: Segmentation fault" in out
-    assert "_crash_here" in out and "test_rank_1_segfaults" in out
-
-
 def test_stale_pool_folders_are_removed_and_live_ones_kept(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -367,49 +415,3 @@ def test_stale_pool_folders_are_removed_and_live_ones_kept(tmp_path):
     removed = remove_stale_pool_dirs(str(tmp_path))
     assert sorted(os.path.basename(p) for p in removed) == sorted([stale.name, reused.name, legacy.name])
     assert live.exists() and fresh_legacy.exists() and half_written.exists() and other.exists()
-
-
-def test_pool_folders_of_a_killed_session_are_removed_by_the_next(pytester, tmp_path):
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    started = tmp_path / "started"
-    started.mkdir()
-    pytester.makepyfile(test_slow=textwrap.dedent(
-        f"""
-        import time
-        import pytest
-
-        @pytest.mark.world_size(2)
-        def test_sleeps(backend, rank):
-            open({str(started)!r} + f"/rank-{{rank}}", "w").close()
-            time.sleep(600)
-        """))
-    env = {**os.environ, "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1"}
-    session = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--backend", "cpu",
-                                "-m", "cpu"], cwd=pytester.path, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        # both ranks inside the test: the pool folder and its owner record exist (generous: a busy host starts slowly)
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and len(list(started.iterdir())) < 2 and session.poll() is None:
-            time.sleep(0.1)
-        assert len(list(started.iterdir())) == 2, "the session never got its ranks into the test"
-        left = [p for p in tmp.iterdir() if p.name.startswith(POOL_DIR_PREFIX)]
-        assert left and all((p / "owner").exists() for p in left)
-    finally:
-        session.send_signal(signal.SIGKILL)
-        session.wait()
-    assert all(p.exists() for p in left)  # SIGKILL: nobody could clean up
-    pytester.makepyfile(test_slow=textwrap.dedent(
-        """
-        import pytest
-
-        @pytest.mark.world_size(2)
-        def test_quick(backend, rank):
-            pass
-        """))
-    rerun = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--backend", "cpu", "-m", "cpu"],
-                           cwd=pytester.path, env=env, capture_output=True, text=True, timeout=600)
-    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
-    assert not any(p.exists() for p in left)
-    assert not [p for p in tmp.iterdir() if p.name.startswith(POOL_DIR_PREFIX)]  # and its own folder went too
