@@ -7,6 +7,7 @@ import time
 import psutil
 import pytest
 
+import _inner_session as inner
 from _harness_counts import other_backends
 from _waits import SAFETY_NET_S
 
@@ -52,21 +53,17 @@ def _run(pytester, *args, timeout=600):
     return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rs", *args, timeout=timeout)
 
 
-def test_backend_parametrization_markers_and_skip_reasons(pytester):
-    pytester.makepyfile(test_suite=SUITE)
-    result = _run(pytester, "-v")
+def test_backend_parametrization_markers_and_skip_reasons_with_a_rendezvous_per_xdist_worker(tmp_path):
+    """Every backend's instances (unavailable ones skipped with their reason) under two xdist workers,
+    each with its own rendezvous for the multi-rank instances."""
+    inner.write(tmp_path, test_suite=SUITE)
+    result = inner.run(tmp_path, "-n", "2")
     out = result.stdout.str()
     result.assert_outcomes(passed=3, skipped=other_backends() * 6 + 3)  # unavailable backends x 6 instances + 3 cpu skips
-    assert "test_on_backend[cpu-ws1] PASSED" in out
-    assert "test_all_reduce[cpu-ws2] PASSED" in out and "test_all_reduce[cpu-ws4] PASSED" in out
+    for test_id in ("test_on_backend[cpu-ws1]", "test_all_reduce[cpu-ws2]", "test_all_reduce[cpu-ws4]"):
+        assert inner.outcome_of(result, f"test_suite.py::{test_id}") == "passed", out[-4000:]
     assert "[backend-unavailable] xpu:" in out and "built without XPU" in out
     assert "[needs-devices]" in out and "[not-on-backend]" in out and "[needs-package]" in out
-
-
-def test_dash_m_selects_exactly_one_backend(pytester):
-    pytester.makepyfile(test_suite=SUITE)
-    result = _run(pytester, "-m", "cpu", "--strict-markers")
-    result.assert_outcomes(passed=3, skipped=3, deselected=other_backends() * 6)
 
 
 def test_dash_m_on_a_missing_backend_stops_with_the_reason(pytester):
@@ -140,33 +137,6 @@ MULTI = textwrap.dedent(
 )
 
 
-def test_multi_process_fail_skip_crash_hang_and_recovery(pytester, tmp_path):
-    pytester.makepyfile(test_multi=MULTI)
-    pid_file = tmp_path / "pids.txt"
-    os.environ["PID_FILE"] = str(pid_file)
-    try:
-        result = _run(pytester, "--backend", "cpu", "--dist-timeout", "8", "-m", "cpu")
-    finally:
-        del os.environ["PID_FILE"]
-    out = result.stdout.str()
-    result.assert_outcomes(passed=2, failed=3, skipped=1)
-    assert "rank 1 of 2 failed: ValueError: boom from rank one" in out
-    crash_section = out.split("test_d_crash", 1)[-1].split("_ test_e_hang", 1)[0]
-    assert "rank 1 died with exit code" in crash_section, crash_section[-3000:]
-    assert "timeout: ranks [0, 1] did not finish within 8s" in out  # the hang cost its timeout, not a watchdog's 30 min
-    assert "--- rank 0 ---" in out and "in test_e_hang" in out  # every rank's stack
-    assert "skipped inside the rank" in out
-    pids = {int(p) for p in pid_file.read_text().split()}
-    assert pids
-    def alive() -> list[int]:
-        return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-
-    deadline = time.monotonic() + SAFETY_NET_S  # the ranks are being reaped as the session ends: wait for it, bounded
-    while alive() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert alive() == []  # no rank outlives the session
-
-
 def test_world_size_marker_misuse_is_reported(pytester):
     pytester.makepyfile(test_bad="""
         import pytest
@@ -177,21 +147,6 @@ def test_world_size_marker_misuse_is_reported(pytester):
     result = _run(pytester)
     assert result.ret != 0
     assert "world_size takes positive integers" in result.stdout.str() + result.stderr.str()
-
-
-def test_xdist_workers_each_get_their_own_rendezvous(pytester):
-    pytester.makepyfile(test_suite=SUITE)
-    result = _run(pytester, "-n", "2", "-m", "cpu")
-    result.assert_outcomes(passed=3, skipped=3)
-
-
-def test_plain_tests_are_untouched(pytester):
-    pytester.makepyfile(test_plain="""
-        def test_plain():
-            assert True
-    """)
-    result = _run(pytester)
-    result.assert_outcomes(passed=1)
 
 
 KNOWN = textwrap.dedent(
@@ -228,17 +183,40 @@ KNOWN_SUITE = textwrap.dedent(
 )
 
 
-def test_records_and_known_issues(pytester):
+def test_dash_m_cpu_session_with_records_known_issues_and_multi_process_faults(tmp_path):
+    """Three suites in one ``-m cpu`` session (one check each): -m selects exactly one backend; the
+    session's records and known issues; a multi-process suite's failure, skip, crash and hang, and the
+    tests after them. Then the known issues again, as expected failures."""
+    inner.write(tmp_path, test_suite=SUITE, test_multi=MULTI, test_known=KNOWN_SUITE)
+    (tmp_path / "known.yaml").write_text(KNOWN)
+    pid_file = tmp_path / "pids.txt"
+    result = inner.run(tmp_path, "-m", "cpu", "--strict-markers", "--dist-timeout", "8", "--results-dir", "results",
+                       "--known-issues", "known.yaml", env={"PID_FILE": str(pid_file)})
+    inner.check_all({
+        "-m selects exactly one backend": lambda: _one_backend(result),
+        "records and known issues": lambda: _records_and_known_issues(result, tmp_path),
+        "multi-process fail, skip, crash, hang and recovery": lambda: _multi_process(result, pid_file),
+    }, result)
+    # with --known-issues-xfail the tracked failure becomes an xfail; the untracked one still fails
+    again = inner.run(tmp_path, "-m", "cpu", "--known-issues", "known.yaml", "--known-issues-xfail", "test_known.py")
+    again.assert_outcomes(passed=1, failed=1, skipped=1, xfailed=1, deselected=4 * other_backends())
+
+
+def _one_backend(result: pytest.RunResult) -> None:
+    assert inner.outcomes(result, "test_suite.py") == {"passed": 3, "skipped": 3}
+    # every other backend's instances of the three suites were deselected (6 + 4 + 6 tests each)
+    assert result.parseoutcomes()["deselected"] == 16 * other_backends()
+
+
+def _records_and_known_issues(result: pytest.RunResult, folder) -> None:
     from accel_harness.records import read_records
 
-    pytester.makepyfile(test_known=KNOWN_SUITE)
-    (pytester.path / "known.yaml").write_text(KNOWN)
-    result = _run(pytester, "-m", "cpu", "--results-dir", "results", "--known-issues", "known.yaml")
-    result.assert_outcomes(passed=1, failed=2, skipped=1, deselected=4 * other_backends())
-    files = list((pytester.path / "results").glob("*.jsonl"))
+    assert inner.outcomes(result, "test_known.py") == {"passed": 1, "failed": 2, "skipped": 1}
+    files = list((folder / "results").glob("*.jsonl"))
     assert len(files) == 1
     header, records, problems = read_records(files[0])
     assert not problems and not header["interrupted"] and header["schema"] == "accel.results"
+    records = [r for r in records if r["test_id"].startswith("test_known.py::")]
     by_test = {r["test_id"]: r for r in records}
     # device-neutral ids: the backend's part of the id is gone, the world size stays
     assert set(by_test) == {f"test_known.py::{n}[ws1]" for n in
@@ -252,14 +230,33 @@ def test_records_and_known_issues(pytester):
     assert by_test["test_known.py::test_skipped[ws1]"]["reason_code"] == "needs-package"
     assert by_test["test_known.py::test_now_passing[ws1]"]["extra"]["tracked_pass"] == ["fixed-upstream-7"]
 
-    # with --known-issues-xfail the tracked failure becomes an xfail; the untracked one still fails
-    again = _run(pytester, "-m", "cpu", "--known-issues", "known.yaml", "--known-issues-xfail")
-    again.assert_outcomes(passed=1, failed=1, skipped=1, xfailed=1, deselected=4 * other_backends())
+
+def _multi_process(result: pytest.RunResult, pid_file) -> None:
+    assert inner.outcomes(result, "test_multi.py") == {"passed": 2, "failed": 3}  # and the skip (located in the rank):
+    assert [line for line in result.outlines if line.startswith("SKIPPED") and "skipped inside the rank" in line]
+    assert result.parseoutcomes()["skipped"] == 5  # 3 of test_suite.py, 1 of test_known.py, that one
+    assert "rank 1 of 2 failed: ValueError: boom from rank one" in inner.section(result, "test_a_fail_on_rank_1")
+    assert "rank 1 died with exit code" in inner.section(result, "test_d_crash")
+    hang = inner.section(result, "test_e_hang")
+    assert "timeout: ranks [0, 1] did not finish within 8s" in hang  # the hang cost its timeout, not a watchdog's 30 min
+    assert "--- rank 0 ---" in hang and "in test_e_hang" in hang  # every rank's stack
+    assert inner.outcome_of(result, "test_multi.py::test_b_recovers_after_failure[cpu-ws2]") == "passed"
+    assert inner.outcome_of(result, "test_multi.py::test_f_after_hang[cpu-ws2]") == "passed"
+    pids = {int(p) for p in pid_file.read_text().split()}
+    assert pids
+
+    def alive() -> list[int]:
+        return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+    deadline = time.monotonic() + SAFETY_NET_S  # the ranks are being reaped as the session ends: wait for it, bounded
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert alive() == []  # no rank outlives the session
 
 
-def test_a_suites_own_device_fixture_is_left_alone(pytester):
-    """The plugin is installed for every pytest run: a project with its own `device` fixture must not
-    find its tests multiplied over backends."""
+def test_plain_tests_and_a_suites_own_device_fixture_are_left_alone(pytester):
+    """The plugin is installed for every pytest run: a plain test runs as it is, and a project with its
+    own `device` fixture must not find its tests multiplied over backends."""
     pytester.makeconftest("""
         import pytest
 
@@ -270,10 +267,13 @@ def test_a_suites_own_device_fixture_is_left_alone(pytester):
     pytester.makepyfile(test_mine="""
         def test_uses_own_device(device):
             assert device == "my-device"
+    """, test_plain="""
+        def test_plain():
+            assert True
     """)
     result = _run(pytester, "-v")
-    result.assert_outcomes(passed=1)
-    assert "test_uses_own_device PASSED" in result.stdout.str()
+    result.assert_outcomes(passed=2)
+    assert "test_uses_own_device PASSED" in result.stdout.str() and "test_plain PASSED" in result.stdout.str()
 
 
 TORCH_PROBE = textwrap.dedent(
