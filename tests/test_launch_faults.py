@@ -116,7 +116,9 @@ def test_hung_rank_is_named_when_the_peer_waits_in_a_plain_barrier(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- a killed launcher
-@pytest.mark.parametrize("how", [signal.SIGKILL, pytest.param(signal.SIGTERM, marks=SLOW),
+# slow (nightly), every signal: test_the_folder_of_a_killed_launcher_is_removed_by_the_next_start SIGKILLs the
+# launcher of the same sleeping ranks (running, both of them) and asserts they are gone
+@pytest.mark.parametrize("how", [pytest.param(signal.SIGKILL, marks=SLOW), pytest.param(signal.SIGTERM, marks=SLOW),
                                  pytest.param(signal.SIGINT, marks=SLOW)])
 def test_ranks_die_with_the_launcher(tmp_path, how):
     out = tmp_path / "out"
@@ -342,7 +344,8 @@ def test_a_stopped_rank_is_named_hung_and_its_peers_wait_in_a_collective(tmp_pat
 
 
 def test_the_folder_of_a_killed_launcher_is_removed_by_the_next_start(tmp_path):
-    """A SIGKILLed launcher cannot clean up; its folder carries an owner file, and the next launch removes it."""
+    """A SIGKILLed launcher cannot clean up, but its ranks die with it; its folder carries an owner file,
+    and the next launch removes it."""
     temp = tmp_path / "tmp"
     temp.mkdir()
     out = tmp_path / "out"
@@ -355,12 +358,16 @@ def test_the_folder_of_a_killed_launcher_is_removed_by_the_next_start(tmp_path):
         while len(_pids(out)) < 2:
             assert time.monotonic() < deadline and launcher.poll() is None, "the ranks did not start"
             time.sleep(0.1)
+        assert all(_running(p) for p in _pids(out))
         launcher.kill()
         launcher.wait(timeout=SAFETY_NET_S)
     finally:
         if launcher.poll() is None:
             launcher.kill()
-    assert _wait_gone(_pids(out), SAFETY_NET_S) == []
+    running = _wait_gone(_pids(out), SAFETY_NET_S)
+    for pid in running:
+        os.kill(pid, signal.SIGKILL)
+    assert running == [], "ranks still running after the launcher was SIGKILLed"
     left = list(temp.glob(D.RUN_DIR_PREFIX + "*"))
     assert len(left) == 1 and (left[0] / D.OWNER_FILE).is_file()
     live = Path(D.make_run_dir())  # a folder of a launcher that is still running (this process) stays
@@ -528,6 +535,16 @@ KILLED_ON_NODE_1 = [_ev(3, node=1, pid=4242, local_rank=1, exitcode=-9, signal="
                     _ev(2, node=1, pid=4241, local_rank=0, exitcode=-15, signal="SIGTERM", last_alive=101.0)]
 
 
+#: a rank as the watchdog sees one: it writes its stack to the file named in argv[1] on signal argv[2] (as
+#: heartbeat.start registers it), so the watchdog's stack request is answered at once
+_STACK_ON_SIGNAL = """
+import faulthandler, sys, time
+faulthandler.register(int(sys.argv[2]), file=open(sys.argv[1], "w"), all_threads=True, chain=False)
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
 @pytest.mark.parametrize("declared, theirs, code, sent", [
     ("failure", KILLED_ON_NODE_1, 128 + 9, []),  # node 1 failed while this node's ranks noticed nothing
     (None, KILLED_ON_NODE_1, 128 + 9, ["hang"]),  # this node timed out first; node 1's failure is in the store
@@ -537,8 +554,10 @@ def test_the_watchdog_names_another_nodes_failed_rank_over_a_hang(tmp_path, monk
     import accel.commands.launch.watchdog as W
 
     monkeypatch.setattr(W, "PEER_END_IDLE", 0.2)
-    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # this node's rank 0
+    rank = subprocess.Popen([sys.executable, "-c", _STACK_ON_SIGNAL, str(tmp_path / "stack-0.txt"), str(heartbeat.STACK_SIGNAL)],
+                            stdout=subprocess.PIPE, text=True)  # this node's rank 0
     try:
+        assert rank.stdout.readline() == "ready\n"  # it answers the watchdog's stack request from now on
         record = heartbeat._RECORD
         (tmp_path / "rank-0.hb").write_bytes(record.pack(rank.pid, 5, 0, 0))
         exchange = _FakeExchange(declared, theirs)
@@ -552,6 +571,8 @@ def test_the_watchdog_names_another_nodes_failed_rank_over_a_hang(tmp_path, monk
     finally:
         if rank.poll() is None:
             rank.kill()
+        rank.wait()
+        rank.stdout.close()
     assert watchdog.exit_code == code and exchange.sent == sent
     headline = watchdog.report.splitlines()[0]
     if theirs:
@@ -560,3 +581,4 @@ def test_the_watchdog_names_another_nodes_failed_rank_over_a_hang(tmp_path, monk
         assert "this node's ranks (0) had made no progress" in watchdog.report
     else:
         assert headline.startswith("accel launch: rank 0 (node 0, pid ") and " hung: " in headline, watchdog.report
+        assert "in <module>" in watchdog.report  # the rank's own stack, as it answered the request
