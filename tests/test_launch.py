@@ -94,36 +94,28 @@ def test_cpu_two_processes_start_two_ranks_that_form_a_group(tmp_path):
         assert (tmp_path / "out" / f"rank{rank}.exit").read_text() == "closed"
 
 
-def test_config_file_is_honoured_and_a_flag_overrides_it(tmp_path):
+def test_config_file_is_honoured_and_a_flag_overrides_it_and_module_mode_runs_a_module_as_main(tmp_path):
+    """A config file found through the environment decides the run; here it runs a module (``-m``), which
+    each rank runs as ``__main__`` with its own flags. A flag then overrides the file (the plan the launcher
+    hands the ranks: test_flags_override_the_config_file_which_overrides_defaults for every setting)."""
     config = tmp_path / "two.yaml"
     config.write_text("num_processes: 2\nuse_cpu: true\nmixed_precision: fp16\ndebug: true\n")
-    result = launch([str(REPORT)], tmp_path, env={"ACCEL_CONFIG_FILE": str(config)})  # found through the env variable
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "entry.py").write_text(REPORT.read_text())
+    result = launch(["-m", "mypkg.entry", "--x", "1"], tmp_path, env={"ACCEL_CONFIG_FILE": str(config)}, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     ranks = rank_records(tmp_path)
     assert sorted(ranks) == [0, 1]
     assert {r["env"]["ACCEL_MIXED_PRECISION"] for r in ranks.values()} == {"fp16"}
     assert {r["env"]["ACCEL_DEBUG_MODE"] for r in ranks.values()} == {"true"}
-
-    for p in (tmp_path / "out").glob("*"):
-        p.unlink()
-    result = launch(["--config_file", str(config), "--num-processes", "1", "--mixed_precision", "no", str(REPORT)], tmp_path)
-    assert result.returncode == 0, result.stderr
-    ranks = rank_records(tmp_path)
-    assert sorted(ranks) == [0] and ranks[0]["world_size"] == 1
-    assert ranks[0]["env"]["ACCEL_MIXED_PRECISION"] == "no"
-    assert ranks[0]["env"]["ACCEL_USE_CPU"] == "true"  # still from the file
-
-
-def test_module_mode_runs_a_module_as_main(tmp_path):
-    pkg = tmp_path / "mypkg"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "entry.py").write_text(REPORT.read_text())
-    result = launch(["--cpu", "--num_processes", "2", "-m", "mypkg.entry", "--x", "1"], tmp_path, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    ranks = rank_records(tmp_path)
-    assert sorted(ranks) == [0, 1]
     assert all(r["name"] == "__main__" and r["argv"] == ["--x", "1"] for r in ranks.values())
+
+    plan = plan_for(["--config_file", str(config), "--num-processes", "1", "--mixed_precision", "no", str(REPORT)])
+    assert plan.nproc_per_node == 1
+    assert plan.env["ACCEL_MIXED_PRECISION"] == "no"
+    assert plan.env["ACCEL_USE_CPU"] == "true"  # still from the file
 
 
 def test_a_rank_that_raises_fails_the_launch_with_its_traceback(tmp_path):
