@@ -11,6 +11,13 @@ from accel.test_utils.scripts.external_deps import test_metrics
 from dist_utils import free_port
 
 
+@pytest.fixture(scope="module", autouse=True)
+def dynamo_imported_once():
+    """The ranks debug_launcher forks build optimizers, and an optimizer's first construction imports
+    torch._dynamo (seconds): imported here once, each forked rank inherits it instead of importing it again."""
+    import torch._dynamo  # noqa: F401
+
+
 @pytest.mark.parametrize("script", [test_ops, test_sync, test_script, test_distributed_data_loop, test_metrics],
                          ids=lambda m: m.__name__.rsplit(".", 1)[-1])
 def test_scripts_pass_on_two_cpu_processes(script):
@@ -55,7 +62,8 @@ def _run(command, **env):
     return subprocess.run([sys.executable, *command], capture_output=True, text=True, timeout=300, env=full_env)
 
 
-def test_cli_script_under_accel_launch_checks_the_world_size():
+def test_cli_script_under_accel_launch_checks_the_world_size(monkeypatch, capsys):
+    from accel.test_utils.scripts import test_cli
     from accel.test_utils.testing import path_in_accelerate_package
 
     script = str(path_in_accelerate_package("test_utils", "scripts", "test_cli.py"))
@@ -63,10 +71,14 @@ def test_cli_script_under_accel_launch_checks_the_world_size():
     ok = _run(launch, ACCEL_TEST_EXPECTED_WORLD_SIZE="2")
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert "process 0 of 2" in ok.stdout and "process 1 of 2" in ok.stdout
-    # the script's own check, in one process (a launch exits with its rank's code: test_launch.py's
-    # test_a_rank_exit_code_becomes_the_launch_exit_code)
-    wrong = _run([script], ACCEL_TEST_EXPECTED_WORLD_SIZE="3")
-    assert wrong.returncode == 1 and "expected 3 processes, the launcher started 1" in wrong.stderr
+    # the script's own check, in this process as one unlaunched process (a launch exits with its rank's
+    # code: test_launch.py's test_a_rank_exit_code_becomes_the_launch_exit_code)
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ACCEL_TEST_EXPECTED_WORLD_SIZE", "3")
+    with pytest.raises(SystemExit) as wrong:
+        test_cli.main()
+    assert wrong.value.code == 1 and "expected 3 processes, the launcher started 1" in capsys.readouterr().err
 
 
 def test_notebook_script_on_two_processes():
