@@ -23,10 +23,10 @@ from accel.checkpointing import CheckpointError
 from accel.state import AcceleratorState, GradientState
 from accel.utils import GradScalerKwargs, ProjectConfiguration
 from tests.dist_utils import run_distributed
+from tests.scripts import ckpt_train
 from _waits import SAFETY_NET_S
 
 REPO = Path(__file__).resolve().parents[1]
-TRAIN_SCRIPT = REPO / "tests" / "scripts" / "ckpt_train.py"
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -136,13 +136,13 @@ def test_load_state_runs_in_place_with_strict_matching(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- crashes
-def _run_script(project: Path, losses: Path, *extra: str) -> subprocess.Popen:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    env.pop("ACCEL_DEVICE", None)
-    return subprocess.Popen(
-        [sys.executable, str(TRAIN_SCRIPT), str(project), str(losses), "--steps", "32", "--save-every", "5", *extra],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
+def _train(project: Path, losses: Path, kill_at: int | None = None, resume: bool = False) -> int:
+    """ckpt_train.py's run (32 steps, a checkpoint every 5) in a fresh forked process; the child's pid."""
+    return ckpt_train.start_in_fork(str(project), str(losses), steps=32, save_every=5, kill_at=kill_at, resume=resume)
+
+
+def _exit_status(pid: int) -> int:
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
 def _losses(path: Path) -> dict[int, str]:
@@ -150,18 +150,12 @@ def _losses(path: Path) -> dict[int, str]:
 
 
 def test_sigkilled_run_resumes_identically(tmp_path):
-    reference = _run_script(tmp_path / "ref", tmp_path / "ref.txt")
-    crashed = _run_script(tmp_path / "run", tmp_path / "run.txt", "--kill-at", "23")
-    out_ref, _ = reference.communicate(timeout=SAFETY_NET_S)
-    out_run, _ = crashed.communicate(timeout=SAFETY_NET_S)
-    assert reference.returncode == 0, out_ref
-    assert crashed.returncode == -signal.SIGKILL, out_run
+    children = [_train(tmp_path / "ref", tmp_path / "ref.txt"), _train(tmp_path / "run", tmp_path / "run.txt", kill_at=23)]
+    assert [_exit_status(pid) for pid in children] == [0, -signal.SIGKILL]  # the reference ran through; the run was killed
     checkpoints = tmp_path / "run" / "checkpoints"
     assert sorted(os.listdir(checkpoints)) == ["checkpoint_1", "checkpoint_2", "checkpoint_3"]  # total_limit=3
 
-    resumed = _run_script(tmp_path / "run", tmp_path / "resumed.txt", "--resume")
-    out_res, _ = resumed.communicate(timeout=SAFETY_NET_S)
-    assert resumed.returncode == 0, out_res
+    assert _exit_status(_train(tmp_path / "run", tmp_path / "resumed.txt", resume=True)) == 0
     ref, run, res = _losses(tmp_path / "ref.txt"), _losses(tmp_path / "run.txt"), _losses(tmp_path / "resumed.txt")
     assert sorted(run) == list(range(1, 24)) and all(run[k] == ref[k] for k in run)
     # resumed from checkpoint_3 (step 20, mid-epoch: 4 of 8 batches seen) and continued bitwise
@@ -694,19 +688,24 @@ def test_reads_a_checkpoint_written_by_accelerate(tmp_path):
 ROTATION_SCRIPT = REPO / "tests" / "scripts" / "rotation_fresh.py"
 
 
-def _rotation_in_fresh_process(lib: str, base: Path) -> dict[str, dict]:
+def _rotation_in_fresh_process(base: Path, *libs: str) -> dict[str, dict[str, dict]]:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     env.pop("ACCEL_DEVICE", None)
-    done = subprocess.run([sys.executable, str(ROTATION_SCRIPT), lib, str(base)], env=env, capture_output=True,
+    done = subprocess.run([sys.executable, str(ROTATION_SCRIPT), str(base), *libs], env=env, capture_output=True,
                           text=True, timeout=SAFETY_NET_S)
     assert done.returncode == 0, done.stderr[-3000:]
-    return {row["scenario"]: row for row in map(json.loads, done.stdout.splitlines())}
+    rows: dict[str, dict[str, dict]] = {lib: {} for lib in libs}
+    for row in map(json.loads, done.stdout.splitlines()):
+        rows[row.pop("lib")][row["scenario"]] = row
+    return rows
 
 
 def test_total_limit_in_a_fresh_process_keeps_the_checkpoint_it_wrote(tmp_path):
     """A new process (no load_state) saving into a project that already holds checkpoints: each save
     returns a folder that exists, and rotation retires the folders Accelerate retires, in its order."""
-    ours = _rotation_in_fresh_process("accel", tmp_path / "accel")
+    with_reference = __import__("importlib").util.find_spec("accelerate") is not None
+    rows = _rotation_in_fresh_process(tmp_path, "accel", *(["accelerate"] if with_reference else []))
+    ours = rows["accel"]
     for row in ours.values():
         for path, exists in row["saves"]:
             assert path == "error" or exists, row
@@ -718,8 +717,8 @@ def test_total_limit_in_a_fresh_process_keeps_the_checkpoint_it_wrote(tmp_path):
     # checkpoint_1 in its way and raises before deleting anything (Accelerate deletes the new checkpoint_0 first)
     assert ours["full"]["saves"] == [["checkpoints/checkpoint_0", True], ["error", True]]
     assert ours["full"]["left"] == {"checkpoint_0": "new", "checkpoint_1": "old", "checkpoint_2": "old"}
-    if __import__("importlib").util.find_spec("accelerate") is not None:
-        reference = _rotation_in_fresh_process("accelerate", tmp_path / "accelerate")
+    if with_reference:
+        reference = rows["accelerate"]
         for name in ("gap", "over"):
             assert ours[name] == reference[name]
         assert ours["full"]["saves"] == reference["full"]["saves"]

@@ -3,6 +3,7 @@
     python ckpt_train.py PROJECT_DIR LOSSES_FILE --steps N --save-every K [--kill-at S] [--resume]
 
 Writes one line per optimizer step to LOSSES_FILE ("<step> <loss as float.hex()>", flushed at once).
+The test runs it in forked children (:func:`start_in_fork`), the way this command line runs it.
 ``--kill-at S`` SIGKILLs the process right after step S; ``--resume`` starts from the newest checkpoint
 (``accelerator.load_state()``), skipping the batches of the current epoch already seen, the way an
 Accelerate script resumes (``skip_first_batches`` with the script's own step counter, which is kept in a
@@ -88,6 +89,30 @@ def train(project_dir: str, losses_file: str, steps: int, save_every: int, kill_
                 if progress.step >= steps:
                     break
             epoch += 1
+
+
+def start_in_fork(project_dir: str, losses_file: str, steps: int, save_every: int, kill_at: int | None = None,
+                  resume: bool = False) -> int:
+    """:func:`train` in a forked child of a process that has imported torch and accel but holds no accel
+    state, as a fresh ``python ckpt_train.py`` would run it without paying for the imports again;
+    returns the child's pid (its exit status: 0, or -SIGKILL for ``kill_at``; 1 and a traceback on error)."""
+    import torch._dynamo  # noqa: F401 - what the optimizer imports on first use (seconds): once, not in each child
+
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        code = 1
+        try:
+            os.environ.pop("ACCEL_DEVICE", None)
+            torch.set_num_threads(1)
+            train(project_dir, losses_file, steps, save_every, kill_at, resume)
+            code = 0
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    return pid
 
 
 def main() -> None:
