@@ -43,9 +43,10 @@ def _table_rows(markdown: str, heading: str) -> list[list[str]]:
     return rows[1:]  # without the header row
 
 
-@pytest.fixture(scope="module")
-def qualified(tmp_path_factory) -> tuple[Path, dict]:
-    out = tmp_path_factory.mktemp("qualify") / "run"
+def test_qualify_cpu_and_emu_side_by_side(tmp_path):
+    """One qualify run, three views of it: the report, summary.json and the operator stage's tables (one test,
+    so the run is never repeated by a second xdist worker)."""
+    out = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_DEVICE", "PYTEST_"))}
     env.update(OMP_NUM_THREADS="1", ACCEL_EMU_MEMORY="256MiB")  # a small device fills up quickly
     command = [sys.executable, "-m", "accel.commands.cli", "qualify", "--backend", "cpu", "--backend", "emu",
@@ -53,11 +54,12 @@ def qualified(tmp_path_factory) -> tuple[Path, dict]:
     result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=REPO, env=env)
     assert result.returncode == 0, f"accel qualify failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
     summary = json.loads((out / "summary.json").read_text())
-    return out, summary
+    _check_the_report_shows_cpu_and_emu_side_by_side(out)
+    _check_the_summary_names_both_backends(summary)
+    _check_the_operator_stage_ran_on_both_backends_and_compared_every_selected_operator(out, summary)
 
 
-def test_the_report_shows_cpu_and_emu_side_by_side(qualified):
-    out, _ = qualified
+def _check_the_report_shows_cpu_and_emu_side_by_side(out: Path) -> None:
     report = (out / "report" / "report.md").read_text()
     matrix = {row[0]: row for row in _table_rows(report, "## Summary matrix")}
     assert set(matrix) == {"cpu", "emu"}, f"summary matrix rows: {sorted(matrix)}"
@@ -77,15 +79,13 @@ def test_the_report_shows_cpu_and_emu_side_by_side(qualified):
     assert "cpu" in skip_rows[0][-1], skip_rows
 
 
-def test_the_summary_names_both_backends(qualified):
-    _, summary = qualified
+def _check_the_summary_names_both_backends(summary: dict) -> None:
     assert summary["backends"] == ["cpu", "emu"], summary
     suites = next(stage for stage in summary["stages"] if stage["stage"] == "conformance suites")
     assert suites["exit_code"] == 0 and suites["tests_done"] == 4 and not suites["failing_tests"], suites
 
 
-def test_the_operator_stage_ran_on_both_backends_and_compared_every_selected_operator(qualified):
-    out, summary = qualified
+def _check_the_operator_stage_ran_on_both_backends_and_compared_every_selected_operator(out: Path, summary: dict) -> None:
     stages = {stage["stage"]: stage for stage in summary["stages"]}
     for name in ("cpu", "emu"):
         assert stages[f"operators ({name})"]["exit_code"] == 0, stages[f"operators ({name})"]
