@@ -328,6 +328,9 @@ SUITE = textwrap.dedent(
         t = torch.ones(1, device=backend.device())
         dist.all_reduce(t)
         assert backend.name == "mycpu" and t.item() == 2
+
+    def test_not_selected(backend):
+        pass
     """
 )
 
@@ -369,12 +372,13 @@ def _records(results: Path):
 
 
 def test_pytest_profile_end_to_end(pytester, tmp_path):
-    """The short form ``--profile``; test_run_fingerprint_in_header_and_run_end gives it as ``--accel-profile``."""
+    """The option's prefixed name, ``--accel-profile`` (the short ``--profile`` is the one accel qualify passes,
+    and the spec and bad-profile tests give); with a test deselected, for the run's fingerprints."""
     pytester.makepyfile(test_suite=SUITE)
     profile = write(tmp_path, "mycpu.yaml", E2E_PROFILE)
     results = tmp_path / "results"
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rs", "--profile", str(profile),
-                                           "--results-dir", str(results), timeout=600)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rs", "--accel-profile", str(profile),
+                                           "--results-dir", str(results), "-k", "not test_not_selected", timeout=600)
     out = result.stdout.str()
     assert "gone-stale" in out and "expired" in out  # the console warning
     header, tests, end = _records(results)
@@ -408,6 +412,7 @@ def test_pytest_profile_end_to_end(pytester, tmp_path):
     assert coverage["collectives"]["passed"] == 1
     assert end["profile_coverage"]["not_claimed"] == {"fp16_autocast": 1}
     assert "applicable coverage per area" in out
+    _check_the_run_fingerprints(profile, results, header, end)
 
 
 def test_pytest_profile_with_a_transformers_spec(pytester, tmp_path):
@@ -475,24 +480,16 @@ def test_accel_qualify_passes_the_profile_to_the_suites(tmp_path, capsys):
     assert "missing required key 'device_type'" in capsys.readouterr().err
 
 
-def test_run_fingerprint_in_header_and_run_end(pytester, tmp_path):
-    """Also the profile given by the option's prefixed name, ``--accel-profile``."""
+def _check_the_run_fingerprints(profile: Path, results: Path, header: dict, end: dict) -> None:
+    """The environment's fingerprint in the header, the selected tests' in the run's end (of the end-to-end run)."""
     from accel_harness.fingerprint import environment_fingerprint, tests_fingerprint
 
-    pytester.makepyfile(test_suite="def test_a(backend):\n    pass\n\ndef test_b(backend):\n    pass\n")
-    profile = write(tmp_path, "mycpu.yaml", E2E_PROFILE)
-    results = tmp_path / "results"
-    pytester.runpytest_subprocess("-p", "no:cacheprovider", "--accel-profile", str(profile), "--results-dir", str(results),
-                                  "-k", "test_a", timeout=600)
-    header, tests, end = _records(results)
-    assert header["backends"] == ["mycpu"] and header["extra"]["profile"]["name"] == "mycpu"
-    assert tests["test_a"]["outcome"] == "passed" and set(tests) == {"test_a"}
     fp = header["extra"]["fingerprint"]
     assert fp["torch"] == torch.__version__ and fp["accel"] and fp["profile"]["sha256"] == header["extra"]["profile"]["sha256"]
     assert fp == environment_fingerprint(load_profile(profile))  # same inputs, same hash
     every = [json.loads(line) for line in next(results.glob("*.jsonl")).read_text().splitlines()]
     recorded = [r["nodeid"] for r in every if r["type"] == "test"]
-    assert recorded and all("test_a" in n for n in recorded)  # test_b was not selected
+    assert recorded and not any("test_not_selected" in n for n in recorded)  # deselected by -k
     assert end["fingerprint_tests"] == tests_fingerprint(recorded)
     assert tests_fingerprint(["b", "a"]) == tests_fingerprint(["a", "b"]) != tests_fingerprint(["a"])
 
@@ -525,13 +522,21 @@ FLAKY = textwrap.dedent(
 )
 
 
-def test_flake_runs_record_a_rate_and_keep_the_outcome(pytester, tmp_path):
-    pytester.makepyfile(test_suite=FLAKY)
+def test_flake_runs_and_a_lapsed_known_issue_in_one_session(pytester, tmp_path):
+    """Failing tests re-run (``--flake-runs``) with their flake rate recorded, and an expired entry of a
+    known-issues file listed without a profile: one pytest session for both."""
+    pytester.makepyfile(test_suite=FLAKY + "\n\ndef test_broken(backend):\n    assert False, 'broken'\n")
+    known = write(tmp_path, "known.yaml", """\
+        - id: lapsed
+          tests: ["*::test_broken*"]
+          expires: 2021-05-01
+        """)
     results = tmp_path / "results"
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--backend", "cpu", "--flake-runs", "2",
-                                           "--results-dir", str(results), timeout=600)
+                                           "--known-issues", str(known), "--results-dir", str(results), "-W", "always",
+                                           timeout=600)
     outcomes = result.parseoutcomes()
-    assert outcomes.get("failed") == 2 and outcomes.get("passed") == 1, outcomes  # reruns are not reported again
+    assert outcomes.get("failed") == 3 and outcomes.get("passed") == 1, outcomes  # reruns are not reported again
     lines = [json.loads(line) for line in next(results.glob("*.jsonl")).read_text().splitlines()]
     tests = {r["test_id"].split("::")[-1].removesuffix("[ws1]"): r for r in lines if r["type"] == "test" and r["backend"] == "cpu"}
     assert tests["test_flaky"]["outcome"] == "failed"
@@ -540,22 +545,9 @@ def test_flake_runs_record_a_rate_and_keep_the_outcome(pytester, tmp_path):
     assert (pytester.path / "setups.txt").read_text() == "xxx"  # a fresh fixture for every run
     assert tests["test_always"]["extra"]["flake"]["flake_rate"] == 1.0
     assert "flake" not in tests["test_fine"]["extra"]
+    # the expired entry: a console warning, listed in the header, and its test an untracked failure again
+    assert "known issue 'lapsed' expired on 2021-05-01" in result.stdout.str() + result.stderr.str()
+    assert [e["id"] for e in lines[0]["extra"]["expired_known_issues"]] == ["lapsed"]
+    assert tests["test_broken"]["outcome"] == "failed" and tests["test_broken"]["known_issue"] is None
     bad = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--flake-runs", "-1", timeout=600)
     assert bad.ret == pytest.ExitCode.USAGE_ERROR and "--flake-runs takes a number of re-runs" in bad.stderr.str()
-
-
-def test_expired_entries_of_a_known_issues_file_are_listed_without_a_profile(pytester, tmp_path):
-    pytester.makepyfile(test_suite="def test_broken(backend):\n    assert False, 'broken'\n")
-    known = write(tmp_path, "known.yaml", """\
-        - id: lapsed
-          tests: ["*::test_broken*"]
-          expires: 2021-05-01
-        """)
-    results = tmp_path / "results"
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--backend", "cpu", "--known-issues", str(known),
-                                           "--results-dir", str(results), "-W", "always", timeout=600)
-    assert "known issue 'lapsed' expired on 2021-05-01" in result.stdout.str() + result.stderr.str()
-    lines = [json.loads(line) for line in next(results.glob("*.jsonl")).read_text().splitlines()]
-    assert [e["id"] for e in lines[0]["extra"]["expired_known_issues"]] == ["lapsed"]
-    broken = [r for r in lines if r["type"] == "test" and r["backend"] == "cpu"]
-    assert broken[0]["outcome"] == "failed" and broken[0]["known_issue"] is None  # an untracked failure again
