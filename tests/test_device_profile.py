@@ -454,26 +454,27 @@ def test_example_profiles_load():
     assert loaded["cpu_spec.py"].format == "spec"
 
 
-def test_accel_qualify_passes_the_profile_to_the_suites(tmp_path, capsys):
-    import subprocess
-    import sys
-
-    out = tmp_path / "q"
-    run = subprocess.run(
-        [sys.executable, "-m", "accel.commands.cli", "qualify", "--profile", str(EXAMPLE / "mycpu.yaml"),
-         "-k", "test_forward_really_runs", "--no-bench", "--ops", "none", "-o", str(out)],
-        capture_output=True, text=True, timeout=900, cwd=tmp_path,
-    )
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert "backends mycpu" in run.stdout
-    header, tests, end = _records(out / "results")
-    assert header["extra"]["profile"]["name"] == "mycpu" and header["backends"] == ["mycpu"]
-    assert {t["outcome"] for t in tests.values()} == {"passed"} and len(tests) == 2
+def test_accel_qualify_passes_the_profile_to_the_suites(tmp_path, monkeypatch, capsys):
+    """Through main() in this process (the suites run as qualify's child either way); the profile reaches this
+    process's registry, which starts afresh after each run."""
     from accel.backends import reset_registry
     from accel.commands.cli import main
 
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "q"
+    try:
+        code = main(["qualify", "--profile", str(EXAMPLE / "mycpu.yaml"), "-k", "test_forward_really_runs", "--no-bench",
+                     "--ops", "none", "-o", str(out)])
+    finally:
+        reset_registry()
+    stdout, stderr = capsys.readouterr()
+    assert code == 0, stdout + stderr
+    assert "backends mycpu" in stdout
+    header, tests, end = _records(out / "results")
+    assert header["extra"]["profile"]["name"] == "mycpu" and header["backends"] == ["mycpu"]
+    assert {t["outcome"] for t in tests.values()} == {"passed"} and len(tests) == 2
     bad = write(tmp_path, "bad.yaml", "device: {name: mycpu}\n")
-    try:  # in this process: the profile reaches the registry, which starts afresh after
+    try:
         assert main(["qualify", "--profile", str(bad), "--no-bench", "--ops", "none", "-o", str(tmp_path / "q2")]) == 2
     finally:
         reset_registry()

@@ -78,11 +78,17 @@ def test_merge_names_the_failing_rank():
 CONTRACT_SELECTION = "backend_contract and (identity_and_availability or devices_and_synchronize or memory_statistics)"
 
 
-def test_accel_qualify_end_to_end(tmp_path):
+def test_accel_qualify_end_to_end(tmp_path, monkeypatch, capsys):
+    """Through main() in this process (its stages run as processes of their own either way;
+    test_ctrl_c_renders_a_partial_report starts the command as one)."""
+    from accel.commands.cli import main
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     out = tmp_path / "qualify"
-    proc = _accel("qualify", "--backend", "cpu", "-o", str(out), "-k", CONTRACT_SELECTION, "--no-bench", "--ops", "none",
-                  "--json", timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    code = main(["qualify", "--backend", "cpu", "-o", str(out), "-k", CONTRACT_SELECTION, "--no-bench", "--ops", "none",
+                 "--json"])
+    stdout, stderr = capsys.readouterr()
+    assert code == 0, stdout + stderr
     results = list((out / "results").glob("*.jsonl"))
     assert len(results) == 1 and not (out / "results" / "junit.xml").exists()  # one results file, no copy of it
     from accel_harness.records import read_records
@@ -91,7 +97,7 @@ def test_accel_qualify_end_to_end(tmp_path):
     assert not problems and header["run_id"]
     assert len(records) == 3 and all(r["backend"] == "cpu" for r in records)
     assert any(r["outcome"] == "passed" for r in records)
-    assert str(out) in proc.stdout
+    assert str(out) in stdout
     # the report reads what qualify wrote without a single input problem of qualify's own making
     assert "warning" not in (out / "logs" / "report.log").read_text()
     summary = json.loads((out / "summary.json").read_text())
