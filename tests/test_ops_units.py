@@ -214,3 +214,11 @@ def test_optimizers_run_the_implementation_the_device_would_pick_on_both_sides()
     for kept in ({"foreach": False}, {"fused": True}, {"differentiable": True}):
         assert same_implementation(torch.optim.Adam, kept, torch.device("cuda")) == kept
     assert same_implementation(torch.optim.LBFGS, {}, torch.device("cuda")) == {}  # no foreach implementation
+
+
+def test_a_floating_output_of_an_integer_sample_gets_its_own_dtypes_tolerance():
+    """fft of integers gives floats: the exact tolerance of the integer input does not apply to them."""
+    expected = torch.tensor([1.0, 2.0, 3.0])
+    assert compare(expected + 1e-7, expected, Tolerance(atol=0.0, rtol=0.0)).ok
+    assert not compare(expected + 1e-2, expected, Tolerance(atol=0.0, rtol=0.0)).ok
+    assert not compare(torch.tensor([1, 2]), torch.tensor([1, 3]), Tolerance(atol=0.0, rtol=0.0)).ok
