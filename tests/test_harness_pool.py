@@ -63,6 +63,7 @@ POOLED = {
         import numpy
         import pytest
         import torch
+        import torch._dynamo  # what use_deterministic_algorithms imports (seconds): once here, not in each rank
 
         def _fingerprint():
             return (str(torch.get_default_dtype()), os.environ.get("ACCEL_LEAK"), os.environ.get("OMP_NUM_THREADS"),
