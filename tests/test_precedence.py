@@ -29,9 +29,10 @@ def _run(tmp_path: Path, *args: str, device: str | None, timeout: float = 300) -
 
 
 @pytest.fixture
-def run_here(tmp_path, monkeypatch, capsys, clean_environment):
+def run_here(tmp_path, monkeypatch, capsys):
     """``accel ARGS`` through main() in this process with ``_run``'s config file, folder and ``ACCEL_DEVICE``
-    (none of these commands gets as far as starting anything): a result shaped as ``_run``'s."""
+    (none of these commands gets as far as starting anything): a result shaped as ``_run``'s. The backend
+    registry starts afresh for each command and after the test."""
     from types import SimpleNamespace
 
     from accel.backends import reset_registry
@@ -54,7 +55,8 @@ def run_here(tmp_path, monkeypatch, capsys, clean_environment):
         out, err = capsys.readouterr()
         return SimpleNamespace(returncode=code, stdout=out, stderr=err)
 
-    return run
+    yield run
+    reset_registry()
 
 
 def test_choose_follows_flag_environment_config_detection():
