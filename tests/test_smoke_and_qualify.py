@@ -32,13 +32,27 @@ def test_accel_test_two_cpu_processes_all_checks_pass(tmp_path):
     assert {r["check"] for r in payload["ranks"][1]} >= {"launch: world size", "training equivalence", "checkpoint round trip"}
 
 
-def test_smoke_detects_a_launcher_that_started_fewer_processes(tmp_path):
-    """The pitfall `accelerate test` misses: asked for 2, got 1 — must fail, not pass."""
+def test_smoke_detects_a_launcher_that_started_fewer_processes(tmp_path, monkeypatch):
+    """The pitfall `accelerate test` misses: asked for 2, got 1 — must fail, not pass. The checks run as the
+    one process a launcher started, here in the test process (its random generators restored after)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    from accel.test_utils.scripts import smoke
+
     out = tmp_path / "smoke.json"
-    env = {**ENV, "ACCEL_TEST_EXPECTED_WORLD_SIZE": "2", "ACCEL_DEVICE": "cpu"}
-    proc = subprocess.run([sys.executable, "-m", "accel.test_utils.scripts.smoke", "--out", str(out)],
-                          capture_output=True, text=True, env=env, timeout=SAFETY_NET_S)
-    assert proc.returncode == 1
+    monkeypatch.setenv("ACCEL_TEST_EXPECTED_WORLD_SIZE", "2")
+    monkeypatch.setenv("ACCEL_DEVICE", "cpu")
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            code = smoke.main(["--out", str(out)])
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
+    assert code == 1
     rows = {r["check"]: r for r in json.loads(out.read_text())["ranks"][0]}
     assert rows["launch: world size"]["status"] == "fail"
     assert "asked for 2 processes, the launcher started 1" in rows["launch: world size"]["detail"]
