@@ -16,15 +16,22 @@ import copy
 import os
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import Any, Optional, Protocol, Union
 
 from .utils.dataclasses import DistributedType
 from .utils.fsdp_plugin import DeepSpeedSequenceParallelConfig, TorchContextParallelConfig, TorchTensorParallelConfig
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .accelerator import Accelerator
-
 __all__ = ["ParallelismConfig"]
+
+
+class _RunView(Protocol):
+    """What the validation reads of the Accelerator: its state and process layout (a Protocol, not an import,
+    so this module stays below the Accelerator in the import graph)."""
+
+    state: Any
+    num_processes: int
+    is_main_process: bool
+
 
 _ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
 
@@ -234,7 +241,7 @@ class ParallelismConfig:
         self._sizes[parallelism] = size
         setattr(self, f"{parallelism}_size", size)
 
-    def _validate_accelerator(self, accelerator: "Accelerator") -> None:
+    def _validate_accelerator(self, accelerator: _RunView) -> None:
         """Check the configuration against the run: sizes multiply to the process count, FSDP has a shard dimension."""
         state = accelerator.state
         distributed_type = state.distributed_type

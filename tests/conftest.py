@@ -2,6 +2,7 @@
 
 import os
 import signal
+import sys
 
 import pytest
 
@@ -38,11 +39,13 @@ def fresh_state():
     leaves the environment and the signal handlers as it found them: a variable one test sets
     (``MASTER_PORT`` from a process group, a cloud SDK's credentials) would otherwise reach every later
     test of the same worker and the subprocesses they start, and a handler torch's elastic agent
-    installs (``notebook_launcher``) would turn a later test's Ctrl-C into its exception."""
+    installs (``notebook_launcher``) would turn a later test's Ctrl-C into its exception. A test that
+    leaves a default process group behind fails here: every rank a later test forks would inherit it."""
     from accel.state import AcceleratorState, GradientState
 
     saved = dict(os.environ)
     handlers = {sig: signal.getsignal(sig) for sig in HANDLED_SIGNALS}
+    group_before = default_group_initialized()
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
     yield
@@ -50,6 +53,18 @@ def fresh_state():
     GradientState._reset_state()
     restore_environment(saved)
     restore_signal_handlers(handlers)
+    if default_group_initialized() and not group_before:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+        pytest.fail("the test left torch.distributed's default process group initialized (destroyed now): the ranks "
+                    "later tests of this worker fork would inherit it ('initialize the default process group twice')")
+
+
+def default_group_initialized() -> bool:
+    """Whether this process has a default torch.distributed process group (without importing torch)."""
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized()
 
 
 def restore_environment(saved: dict[str, str]) -> None:

@@ -44,14 +44,21 @@ def test_merge_weights_script_checks_four_merges(backend, tmp_path):
 
 
 def test_merge_weights_script_refuses_a_single_process(tmp_path, monkeypatch):
-    """The script run as ``__main__`` in this process (one process, no launcher): it stops before any training."""
+    """The script run as ``__main__`` in this process (one process, no launcher): it stops before any training.
+    Its FSDP Accelerator made a one-process group (FSDP needs one, as Accelerate's does); it is taken down after."""
     import runpy
+
+    import torch.distributed as dist
 
     for name in os.environ:
         if name.startswith(("ACCEL_", "ACCELERATE_")):
             monkeypatch.delenv(name)
     monkeypatch.setenv("ACCEL_USE_CPU", "1")
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(SystemExit, match="needs two or more processes"):
-        runpy.run_path(str(SCRIPT), run_name="__main__")
+    try:
+        with pytest.raises(SystemExit, match="needs two or more processes"):
+            runpy.run_path(str(SCRIPT), run_name="__main__")
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
     assert not list(tmp_path.iterdir())

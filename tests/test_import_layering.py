@@ -1,7 +1,7 @@
 """The import graph of accel, accel_harness and accel_reports has no cycle, and its layers point one way.
 
-Every import counts, at module level or inside a function (a lazy import is still a dependency),
-except those under ``if TYPE_CHECKING:``. Layers, lowest first: ``accel.backends`` → the library
+Every import counts, at module level, inside a function (a lazy import is still a dependency) or under
+``if TYPE_CHECKING:`` (a reader must follow a type-only import too; a Protocol avoids one). Layers, lowest first: ``accel.backends`` → the library
 (``accel`` outside ``accel.commands``) → ``accel_harness`` → ``accel_reports`` → ``accel.commands``
 (the CLI, which may use everything). A lower layer never imports a higher one.
 """
@@ -26,14 +26,6 @@ def _modules() -> dict[str, Path]:
                 parts.pop()
             found[".".join(parts)] = path
     return found
-
-
-def _type_checking_nodes(tree: ast.AST) -> set[int]:
-    skipped = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skipped.update(id(child) for child in ast.walk(node))
-    return skipped
 
 
 def _targets(module: str, is_package: bool, node: ast.AST, known: dict[str, Path]) -> list[str]:
@@ -62,10 +54,9 @@ def import_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for module, path in known.items():
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        skipped = _type_checking_nodes(tree)
         edges = graph.setdefault(module, set())
         for node in ast.walk(tree):
-            if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in skipped:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
                 edges.update(_targets(module, path.name == "__init__.py", node, known))
     return graph
 
