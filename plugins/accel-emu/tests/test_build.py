@@ -1,4 +1,5 @@
-"""The first-use build: cache directory per torch version and sources, reuse, clear failure."""
+"""The first-use build: cache directory per torch version and sources, reuse, clear failure, and the
+leftovers of a killed or damaged build (a stale lock, a truncated library) met without hanging or crashing."""
 
 from __future__ import annotations
 
@@ -52,3 +53,75 @@ def test_a_failed_build_says_what_it_needs(tmp_path):
     assert result.returncode != 0
     assert "building the emu extension in" in result.stderr
     assert "It needs a C++17 compiler and ninja" in result.stderr
+
+
+def _leftover_of_a_killed_build(tmp_path):
+    """What a first build stopped by SIGKILL leaves: objects, torch's builder lock, no library and no record."""
+    target = _copy_of_current_build(tmp_path)
+    (target / "complete").unlink()
+    (target / "accel_emu_C.so").unlink()
+    (target / "lock").write_text("")
+    return target
+
+
+def test_a_lock_left_by_a_killed_build_is_cleared_not_waited_on(tmp_path):
+    target = _leftover_of_a_killed_build(tmp_path)
+    result = run_python(_LOAD, env={"ACCEL_EMU_BUILD_DIR": str(target)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "count 2" in result.stdout
+    assert "removed lock, left by a build that was stopped" in result.stderr
+    assert "an earlier build was interrupted" in result.stderr
+    assert not (target / "lock").exists()
+
+
+def test_a_truncated_library_is_rebuilt_with_the_reason(tmp_path):
+    target = _copy_of_current_build(tmp_path)
+    library = target / "accel_emu_C.so"
+    size = library.stat().st_size
+    with open(library, "r+b") as fh:
+        fh.truncate(size // 2)
+    result = run_python(_LOAD, env={"ACCEL_EMU_BUILD_DIR": str(target)})
+    assert result.returncode == 0, result.stderr[-3000:]  # it ended in SIGBUS when the record was trusted
+    assert "count 2" in result.stdout
+    assert f"accel_emu_C.so has {size // 2} bytes, the build recorded {size} (truncated or replaced)" in result.stderr
+    assert library.stat().st_size == size
+    assert _extension.build_problem(target) is None
+
+
+def test_a_library_changed_in_place_is_caught_by_its_checksum(tmp_path):
+    target = _copy_of_current_build(tmp_path)
+    library = target / "accel_emu_C.so"
+    with open(library, "r+b") as fh:
+        fh.seek(library.stat().st_size // 2)
+        byte = fh.read(1)
+        fh.seek(-1, 1)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    assert "does not match the checksum its build recorded" in _extension.build_problem(target)
+
+
+def test_a_finished_build_is_loaded_without_writing_to_its_folder(tmp_path):
+    """A shared, pre-built cache may be read-only: loading takes no lock and creates or changes no file."""
+    target = _copy_of_current_build(tmp_path)
+
+    def snapshot():
+        return {p.name: p.stat().st_mtime_ns for p in target.iterdir()}
+
+    before = snapshot()
+    target.chmod(0o555)  # read-only for a user (root writes regardless: the snapshot is the check)
+    try:
+        result = run_python(_LOAD, env={"ACCEL_EMU_BUILD_DIR": str(target), "PATH": str(tmp_path / "empty")})
+    finally:
+        target.chmod(0o755)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "count 2" in result.stdout
+    assert snapshot() == before
+
+
+def test_an_unbuilt_folder_that_cannot_be_written_is_named(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    folder = blocker / "emu-build"
+    result = run_python(_LOAD, env={"ACCEL_EMU_BUILD_DIR": str(folder)})
+    assert result.returncode != 0
+    assert f"the emu extension is not built in {folder} and that folder cannot be written" in result.stderr
+    assert "set ACCEL_EMU_BUILD_DIR to a writable folder" in result.stderr
