@@ -477,6 +477,10 @@ def _check_require_deepspeed(mark: _Mark) -> list[_Check]:
         if device_type and supported and device_type not in supported:
             return SkipReason(NOT_ON_BACKEND, f"DeepSpeed has no accelerator for {device_type} "
                                               f"(DS_ACCELERATOR accepts {', '.join(supported)})")
+        # the test runs and may build DeepSpeed's ops: never into a folder a killed build left locked
+        from .extension_cache import settle_extension_cache
+
+        settle_extension_cache()
         return None
 
     return [_Check(_RANK_PACKAGE, run)]
