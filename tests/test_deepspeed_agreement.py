@@ -75,3 +75,18 @@ def test_a_local_deepspeed_folder_does_not_shadow_the_installed_one(fake_deepspe
     (shadow / "__init__.py").write_text("raise ImportError('the working directory was searched')\n")
     monkeypatch.chdir(tmp_path / "cwd")
     assert agreement.probe_deepspeed()["device"] == "cuda"  # the stand-in on PYTHONPATH answered
+
+
+class FakeEmu:
+    name, device_type, comm_backend = "emu", "emu", "emu_ccl"
+
+
+def test_a_device_deepspeed_has_no_accelerator_for_gets_no_ds_accelerator_advice(monkeypatch):
+    """DS_ACCELERATOR=emu makes DeepSpeed raise: the advice names what DeepSpeed accepts instead."""
+    monkeypatch.setattr(agreement, "deepspeed_accelerator_types", lambda: ("cuda", "cpu", "xpu"))
+    result = agreement.compare(FakeEmu(), {"installed": True, "device": "cpu", "communication_backend": "gloo"})
+    (problem,) = result["problems"]
+    assert "DS_ACCELERATOR=emu" not in problem
+    assert "DeepSpeed has no accelerator for 'emu' (DS_ACCELERATOR accepts cuda, cpu, xpu)" in problem
+    listed = agreement.compare(FakeXPU(), {"installed": True, "device": "cpu", "communication_backend": "gloo"})
+    assert "set DS_ACCELERATOR=xpu" in listed["problems"][0]

@@ -81,10 +81,10 @@ class BrokenBackend(NoDevice, Backend):
         raise RuntimeError("driver exploded")
 
 
-def run_env(capsys, *extra: str) -> dict:
+def run_env(capsys, *extra: str, expect: int = 0) -> dict:
     code = cli.main(["env", "--json", *extra])
     out, err = capsys.readouterr()
-    assert code == 0, err
+    assert code == expect, err
     return json.loads(out)
 
 
@@ -189,7 +189,7 @@ def test_unavailable_backends_carry_a_reason(capsys):
 def test_unknown_accel_device_is_reported_not_raised(capsys, monkeypatch):
     monkeypatch.setenv("ACCEL_DEVICE", "bogus")
     reset_registry()
-    data = run_env(capsys)
+    data = run_env(capsys, expect=2)
     selected = data["selected_backend"]
     assert selected["name"] is None
     assert selected["source"] == "ACCEL_DEVICE"
@@ -198,19 +198,27 @@ def test_unknown_accel_device_is_reported_not_raised(capsys, monkeypatch):
     assert data["environment_variables"]["ACCEL_DEVICE"] == "bogus"
     assert backend_named(data, "cpu")["available"] is True  # everything else still reported
 
-    assert cli.main(["env"]) == 0
-    text = capsys.readouterr().out
+    assert cli.main(["env"]) == 2
+    text, err = capsys.readouterr()
     selected_line = next(line for line in text.splitlines() if line.strip().startswith("selected"))
     assert "error: unknown backend 'bogus'" in selected_line
+    assert err.splitlines()[0].startswith("accel env: error: unknown backend 'bogus'")
 
 
 def test_unavailable_accel_device_shows_why(capsys, monkeypatch):
     register_backend(AbsentBackend)
     monkeypatch.setenv("ACCEL_DEVICE", "absent")
-    selected = run_env(capsys)["selected_backend"]
+    selected = run_env(capsys, expect=2)["selected_backend"]
     assert selected["name"] is None
     assert "not available" in selected["error"]
     assert "no absent device on this machine" in selected["error"]
+    # the reason is the first line (on stderr) and the exit status says something is wrong
+    assert cli.main(["env"]) == 2
+    out, err = capsys.readouterr()
+    first = err.splitlines()[0]
+    assert first.startswith("accel env: error: backend 'absent'") and "no absent device on this machine" in first
+    assert first.endswith("(from ACCEL_DEVICE)")
+    assert "selected" in out  # the whole report still prints
 
 
 def test_accel_device_override_is_selected(capsys, monkeypatch):

@@ -115,8 +115,15 @@ def compare(backend: Any, deepspeed: Mapping[str, Any]) -> dict[str, Any]:
     accel_comm = out["accel_communication_backend"]
     if deepspeed.get("device") != backend.device_type:
         how = f"DS_ACCELERATOR={deepspeed['ds_accelerator']}" if deepspeed.get("ds_accelerator") else "its own detection"
+        known = deepspeed_accelerator_types()
+        if known and backend.device_type not in known:  # only advice that works: DS_ACCELERATOR={it} raises
+            advice = (f"DeepSpeed has no accelerator for {backend.device_type!r} (DS_ACCELERATOR accepts "
+                      f"{', '.join(known)}), so DeepSpeed cannot run on this backend; run DeepSpeed on another "
+                      "backend with ACCEL_DEVICE")
+        else:
+            advice = f"set DS_ACCELERATOR={backend.device_type} or ACCEL_DEVICE to match"
         problems.append(f"DeepSpeed uses {deepspeed.get('device')!r} ({how}) but accel uses {backend.device_type!r} "
-                        f"(backend {backend.name}): set DS_ACCELERATOR={backend.device_type} or ACCEL_DEVICE to match")
+                        f"(backend {backend.name}): {advice}")
     elif accel_comm is None and "accel_communication_error" not in out:
         # single-process backends (mps): accel runs no collectives there, so there is nothing to disagree on
         notes.append(f"accel's {backend.name} backend runs no collectives; DeepSpeed names "
