@@ -630,35 +630,40 @@ class AcceleratorState:
         if reset_partial_state:
             PartialState._reset_state()
 
-    # explicit so `AcceleratorState.is_main_process` etc. are discoverable, as in Accelerate
-    use_distributed = property(lambda self: self._partial.use_distributed)
-    is_main_process = property(lambda self: self._partial.is_main_process)
-    is_local_main_process = property(lambda self: self._partial.is_local_main_process)
-    is_last_process = property(lambda self: self._partial.is_last_process)
+    # explicit so `AcceleratorState.is_main_process` etc. are discoverable, as in Accelerate; like Accelerate's,
+    # they go through the process state, made afresh when ``_reset_state()`` cleared it (an AcceleratorState
+    # kept across a reset still destroys the process group or waits for everyone)
+    def _process_state(self) -> PartialState:
+        return self.__dict__.get("_partial") or PartialState()
+
+    use_distributed = property(lambda self: self._process_state().use_distributed)
+    is_main_process = property(lambda self: self._process_state().is_main_process)
+    is_local_main_process = property(lambda self: self._process_state().is_local_main_process)
+    is_last_process = property(lambda self: self._process_state().is_last_process)
 
     def wait_for_everyone(self) -> None:
         """Barrier: wait until every process reaches this point."""
-        self._partial.wait_for_everyone()
+        self._process_state().wait_for_everyone()
 
     def split_between_processes(self, inputs: Any, apply_padding: bool = False):
         """This process's share of ``inputs`` (see ``PartialState.split_between_processes``)."""
-        return self._partial.split_between_processes(inputs, apply_padding=apply_padding)
+        return self._process_state().split_between_processes(inputs, apply_padding=apply_padding)
 
     def main_process_first(self):
         """The main process runs the block first, then the others."""
-        return self._partial.main_process_first()
+        return self._process_state().main_process_first()
 
     def local_main_process_first(self):
         """The local main process runs the block first, then the others on its node."""
-        return self._partial.local_main_process_first()
+        return self._process_state().local_main_process_first()
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on the local main process only."""
-        self._partial.print(*args, **kwargs)
+        self._process_state().print(*args, **kwargs)
 
     def destroy_process_group(self, group: Any = None) -> None:
         """Destroy the process group (``group`` or the default one)."""
-        self._partial.destroy_process_group(group)
+        self._process_state().destroy_process_group(group)
 
 
 class _PartialField:

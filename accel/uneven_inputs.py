@@ -49,8 +49,9 @@ def join_uneven_inputs(joinables: list[Any], distributed_type: Any, use_distribu
     distributed_type = DistributedType(distributed_type)
     if not (use_distributed and distributed_type.is_multi_device_data_parallel):
         if distributed_type != DistributedType.NO:
-            warnings.warn(f"Joining uneven inputs is only supported for multi-device data-parallel training (DDP); "
-                          f"under {distributed_type} join_uneven_inputs has no effect", stacklevel=3)
+            # Accelerate's wording, word for word: scripts and tests match it
+            warnings.warn("Joining uneven inputs is only supported for multi-GPU training, as a result "
+                          "`join_uneven_inputs` will have no effect.", stacklevel=3)
         yield
         return
     from torch.distributed.algorithms.join import Join

@@ -51,7 +51,8 @@ def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, store: str, a
         try:
             result = fn(*args)
         finally:
-            dist.destroy_process_group()
+            if dist.is_initialized():  # ``fn`` may have taken it down itself
+                dist.destroy_process_group()
         queue.put((rank, "ok", pickle.dumps(result)))
     except BaseException:
         queue.put((rank, "error", traceback.format_exc()))

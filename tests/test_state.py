@@ -166,3 +166,22 @@ def test_accelerator_state_reads_ranks_and_device_from_the_partial_state_and_nam
         _ = state.device
     with pytest.raises(AttributeError, match="no attribute 'not_a_field'"):
         _ = AcceleratorState().not_a_field
+
+
+def _kept_across_a_reset():
+    import torch.distributed as dist
+
+    state = AcceleratorState(cpu=True)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    # as in Accelerate, the kept object's process methods go through a fresh process state
+    main = state.is_main_process
+    state.wait_for_everyone()
+    state.destroy_process_group()
+    return main, dist.is_initialized()
+
+
+def test_an_accelerator_state_kept_across_a_reset_still_ends_the_process_group():
+    """Accelerate's distributed test scripts reset the state and then call ``destroy_process_group`` on the
+    object they kept (it raised ``AttributeError: _partial``)."""
+    results = run_distributed(_kept_across_a_reset, 2)
+    assert results == [(True, False), (False, False)]
