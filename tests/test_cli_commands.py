@@ -364,3 +364,23 @@ def test_suggest_compares_dashes_and_underscores_alike():
     assert cli.suggest("--num_machins", known) == "--num_machines"
     assert cli.suggest("--gpu", ["--cpu", "--gpu_ids"]) in ("--cpu", "--gpu_ids")
     assert cli.suggest("--completely-different", known) is None and cli.suggest("-x", known) is None
+
+
+@pytest.mark.parametrize("command", sorted(cli.COMMANDS))
+def test_every_long_flag_takes_both_spellings(command):
+    """Accelerate's commands take ``--num_processes`` and ``--num-processes`` alike; so does every accel command."""
+    cli.build_parser(load=command)
+    parser = cli.COMMAND_PARSERS[command]
+    lookup = parser._option_string_actions
+    for action in parser._actions:
+        for flag in action.option_strings:
+            if flag.startswith("--") and len(flag) > 3:
+                for spelling in ("--" + flag[2:].replace("-", "_"), "--" + flag[2:].replace("_", "-")):
+                    assert spelling in lookup, f"accel {command}: {flag} has no {spelling}"
+
+
+def test_the_other_spelling_parses_and_abbreviates_as_one_option():
+    parser = cli.build_parser(load="ops")
+    assert parser.parse_args(["ops", "--no_census"]).no_census is True
+    assert parser.parse_args(["ops", "--no-cen"]).no_census is True  # one option under two names: not ambiguous
+    assert parser.parse_args(["ops", "--known_issues", "k.yaml"]).known_issues == ["k.yaml"]

@@ -73,6 +73,16 @@ class _Parser(argparse.ArgumentParser):
             parts.append(f"unrecognized argument {word}" + (f"; did you mean {close}?" if (close := suggest(flag, known)) else ""))
         self.error("; ".join(parts))
 
+    def _get_option_tuples(self, option_string: str) -> list:
+        """argparse's abbreviation matches, one per option: ``--flake`` matches ``--flake-runs`` and
+        ``--flake_runs`` (:func:`add_both_spellings`), which is one option, not an ambiguity."""
+        matches, seen = [], set()
+        for match in super()._get_option_tuples(option_string):
+            if id(match[0]) not in seen:
+                seen.add(id(match[0]))
+                matches.append(match)
+        return matches
+
     def unknown_flags(self, words: Sequence[str]) -> list[str]:
         """The long flags among ``words`` that this command does not take (nor abbreviates, where it allows
         abbreviations); none for a command that passes words on to a script (``accel launch``)."""
@@ -90,11 +100,31 @@ class _Parser(argparse.ArgumentParser):
         return unknown
 
 
+def add_both_spellings(parser: argparse.ArgumentParser) -> None:
+    """Make every long flag of ``parser`` (its subcommands' included) take both spellings, ``--flake-runs``
+    and ``--flake_runs``, as Accelerate's commands do; help lists the spelling the command declared."""
+    lookup = parser._option_string_actions
+    for action in parser._actions:
+        for flag in list(action.option_strings):
+            if not flag.startswith("--") or len(flag) < 4:
+                continue
+            body = flag[2:]
+            for other in ("--" + body.replace("-", "_"), "--" + body.replace("_", "-")):
+                lookup.setdefault(other, action)  # a flag declared apart under the other spelling keeps its own
+        choices = getattr(action, "choices", None)
+        if isinstance(choices, dict):
+            for sub in choices.values():
+                if isinstance(sub, argparse.ArgumentParser):
+                    add_both_spellings(sub)
+
+
 def option_strings(parser: argparse.ArgumentParser) -> list[str]:
     """Every long flag ``parser`` takes, its subcommands' included (``--num_processes``, ``--cpu``, ...)."""
     found: list[str] = []
     for action in parser._actions:
         found += [s for s in action.option_strings if s.startswith("--")]
+    found += [s for s in parser._option_string_actions if s.startswith("--")]  # the other spellings
+    for action in parser._actions:
         choices = getattr(action, "choices", None)
         if isinstance(choices, dict):
             for sub in choices.values():
@@ -144,6 +174,7 @@ def build_parser(load: str | None = None) -> argparse.ArgumentParser:
                 sub.set_defaults(accel_run=_missing(name, module_path))
                 continue
             module.add_arguments(sub)
+            add_both_spellings(sub)
             sub.set_defaults(accel_run=module.run)
     return parser
 
