@@ -166,12 +166,10 @@ class HarnessContext:
             backend.request()
             if not backend.is_available():
                 missing.append(f"{name}: {backend.availability.reason}")
-        if missing and not allow_missing:
-            pytest.exit(
+        if missing and not allow_missing:  # a usage error: pytest prints it as its own "ERROR:" line
+            raise pytest.UsageError(
                 "requested backend(s) not available on this machine:\n  " + "\n  ".join(missing)
-                + "\n(pass --allow-missing-backends to run anyway and record them as skipped)",
-                returncode=pytest.ExitCode.USAGE_ERROR,
-            )
+                + "\n(pass --allow-missing-backends to run anyway and record them as skipped)")
         return [n for n in dict.fromkeys(requested + requested_by_mark) if self.registry.get(n).is_available()]
 
     def judge_plain(self, marks: list[Any], where: str) -> Any:
