@@ -117,7 +117,15 @@ def test_usage_and_input_errors_exit_2(tmp_path, green, capsys, args, message):
     argv = ["report"] + [a.format(**values) for a in args]
     assert main(argv) == report_command.EXIT_USAGE
     assert message in capsys.readouterr().err
-    assert not (tmp_path / "out" / "report.html").exists()
+    assert not (tmp_path / "out").exists()  # not even an empty folder is left behind
+
+
+def test_a_failed_report_keeps_an_output_folder_that_was_there(tmp_path, capsys):
+    (tmp_path / "empty_dir").mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    assert main(["report", str(tmp_path / "empty_dir"), "-o", str(out)]) == report_command.EXIT_USAGE
+    assert out.is_dir()  # the user's folder: never removed
 
 
 def test_unreadable_inputs_are_warned_and_exit_2_only_under_strict(tmp_path, capsys):

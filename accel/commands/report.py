@@ -181,7 +181,10 @@ def _history_shown(target: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Load, analyse, write the report and return the gate's exit code (see the module doc)."""
+    """Load, analyse, write the report and return the gate's exit code (see the module doc). A run that
+    stops before writing anything leaves no empty output folder behind."""
+    output = Path(args.output)
+    made_here = not output.exists()
     try:
         return _run(args)
     except (UsageError, KeyboardInterrupt, BrokenPipeError):
@@ -193,6 +196,9 @@ def run(args: argparse.Namespace) -> int:
         print("accel report: internal error: the report could not be made (this is a bug in accel; please report it "
               f"with the traceback above); exit {EXIT_INTERNAL}", file=sys.stderr)
         return EXIT_INTERNAL
+    finally:
+        if made_here and output.is_dir() and not any(output.iterdir()):
+            output.rmdir()
 
 
 def _print_problems(problems: list) -> dict[str, int]:
