@@ -90,3 +90,29 @@ def test_collectives_and_ddp_on_two_devices(tmp_path):
     assert r1["reduce_scatter"] == [6.0, 9.0]
     # DDP keeps the replicas identical although each rank saw different data
     assert r0["ddp_weight"] == r1["ddp_weight"]
+
+
+_DDP_TIMES = """
+import json, sys
+import torch, torch.distributed as dist
+import accel_emu
+accel_emu.load()
+dist.init_process_group("emu_ccl", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2).to("emu"))
+for _ in range(3):
+    ddp(torch.randn(3, 4, device="emu")).sum().backward()
+data = ddp._get_ddp_logging_data()
+dist.destroy_process_group()
+print("RESULT " + json.dumps({k: v for k, v in data.items() if k.startswith("avg_")}), flush=True)
+"""
+
+
+def test_ddp_collects_time_stats_for_emu_parameters(tmp_path):
+    """The plug-in registers a DDP timer for its device: DDP reports forward, backward and communication
+    times instead of warning that only CPU and CUDA devices are timed."""
+    (run,) = run_pythons(_DDP_TIMES, [[str(tmp_path / "store")]])
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "Time stats are currently only collected" not in run.stderr
+    times = json.loads(next(ln for ln in run.stdout.splitlines() if ln.startswith("RESULT "))[len("RESULT "):])
+    for key in ("avg_forward_compute_time", "avg_backward_compute_time", "avg_backward_comm_time"):
+        assert times.get(key, 0) > 0, times
