@@ -302,19 +302,21 @@ def test_comm_backend_is_known_to_torch(backend):
 
 @pytest.mark.require_deepspeed
 def test_deepspeed_agrees_when_told_this_backend(backend):
-    """DS_ACCELERATOR=<this device type>: DeepSpeed must use the same device and collective library."""
+    """DS_ACCELERATOR=<this device type>, or the accelerator the backend brings (installed as accel does):
+    DeepSpeed must use the same device and collective library."""
     import os
 
     from accel.backends.deepspeed_agreement import compare, probe_deepspeed
 
-    answer = probe_deepspeed({**os.environ, "DS_ACCELERATOR": backend.device_type})
+    answer = probe_deepspeed({**os.environ, "DS_ACCELERATOR": backend.device_type}, backend=backend)
     result = compare(backend, answer)
     assert result["agree"], "; ".join(result["problems"])
 
 
 @pytest.mark.require_deepspeed
 def test_deepspeed_detects_the_backend_accel_selects(backend):
-    """Left to itself (no DS_ACCELERATOR), DeepSpeed must pick what accel's registry picks."""
+    """Left to itself (no DS_ACCELERATOR), DeepSpeed must pick what accel's registry picks (a backend that brings
+    its own DeepSpeed accelerator has it installed, as accel does wherever DeepSpeed runs on it)."""
     import os
 
     from accel.backends import get_registry
@@ -329,5 +331,5 @@ def test_deepspeed_detects_the_backend_accel_selects(backend):
         pytest.skip(markers.format_skip(markers.SkipReason(
             markers.BACKEND_NOT_SELECTED, f"accel selects {selected.name} on this machine, not {backend.name}")))
     environ = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
-    result = compare(backend, probe_deepspeed(environ))
+    result = compare(backend, probe_deepspeed(environ, backend=backend))
     assert result["agree"], "; ".join(result["problems"])

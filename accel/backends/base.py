@@ -136,7 +136,8 @@ class Backend(abc.ABC):
     ``set_rng_state``, ``grad_scaler_capability`` and ``device_properties`` (a class that leaves one out
     cannot be instantiated). The rest has a default that holds for any device: memory statistics,
     streams and events are unsupported (with the reason), ``amp_capability`` runs the autocast probe,
-    ``empty_cache`` and ``pin_memory`` do nothing.
+    ``empty_cache`` and ``pin_memory`` do nothing, and DeepSpeed chooses its own accelerator
+    (``deepspeed_accelerator`` is None).
 
     Instances are cheap; probing (``availability``) runs once and is cached. ``torch_version``
     can be passed to ask what the backend would support under another torch release, which is how
@@ -253,6 +254,31 @@ class Backend(abc.ABC):
 
     def supports_multiprocess(self) -> bool:
         return self.comm_backend is not None
+
+    # ------------------------------------------------------------------ DeepSpeed
+    @property
+    def deepspeed_accelerator(self) -> str | None:
+        """``"module:Class"`` of the DeepSpeed accelerator this backend brings, or None (the default).
+
+        DeepSpeed picks its accelerator from a fixed list (``DS_ACCELERATOR`` or its own probe); a device
+        outside that list brings its own ``deepspeed.accelerator.DeepSpeedAccelerator`` subclass (built with
+        no arguments), and accel installs it with DeepSpeed's ``set_accelerator`` in every process that runs
+        DeepSpeed on this backend. None leaves the choice to DeepSpeed, as for the devices it knows. Answering
+        must not import DeepSpeed (the harness and ``accel env`` ask without it).
+        """
+        return None
+
+    def create_deepspeed_accelerator(self) -> Any:
+        """A new instance of the class :attr:`deepspeed_accelerator` names (imports DeepSpeed through it)."""
+        spec = self.deepspeed_accelerator
+        if not spec:
+            raise self.unsupported("DeepSpeed accelerator", "this backend brings none; DeepSpeed chooses its own")
+        import importlib
+
+        module_name, _, class_name = spec.partition(":")
+        if not module_name or not class_name:
+            raise BackendError(f"{self.name}: deepspeed_accelerator must be 'module:Class', got {spec!r}")
+        return getattr(importlib.import_module(module_name), class_name)()
 
     # ------------------------------------------------------------------ RNG
     @abc.abstractmethod

@@ -358,10 +358,11 @@ def _deepspeed_info(registry: Any, ask: bool = True) -> dict[str, Any]:
 
     if not ask:
         return {"installed": deepspeed_installed(), "asked": False}
-    answer = probe_deepspeed()
+    selected = registry.select()
+    answer = probe_deepspeed(backend=selected)  # a backend's own DeepSpeed accelerator is installed, as in a run
     if not answer.get("installed"):
         return answer
-    return {**answer, "agreement": compare(registry.select(), answer)}
+    return {**answer, "agreement": compare(selected, answer)}
 
 
 def _distributed_info() -> dict[str, Any]:

@@ -11,8 +11,10 @@ returns goes to ``deepspeed.initialize``), counts each sequence-parallel group o
 ``train_batch_size``, and :meth:`DeepSpeedStrategy.adapt_dataloader` hands each rank its sequence
 shard of the data loaders prepared with the model.
 
-The active backend tells DeepSpeed which accelerator to use (``DS_ACCELERATOR``, unless the user set
-it); if DeepSpeed still picks another device or collective library the run stops and names both.
+The active backend tells DeepSpeed which accelerator to use: a backend that brings its own DeepSpeed
+accelerator (``Backend.deepspeed_accelerator``, a device outside DeepSpeed's list) has it installed with
+DeepSpeed's ``set_accelerator``; the others set ``DS_ACCELERATOR``, unless the user set it. If DeepSpeed
+still picks another device or collective library the run stops and names both.
 """
 
 from __future__ import annotations
@@ -91,21 +93,35 @@ def require_deepspeed() -> Any:
 
 
 def align_deepspeed_accelerator(backend: Any) -> None:
-    """Point DeepSpeed at ``backend``'s device (``DS_ACCELERATOR``, unless set) and stop if the two still disagree."""
-    if "deepspeed.accelerator" not in sys.modules:
+    """Point DeepSpeed at ``backend``'s device and stop if the two still disagree.
+
+    The backend's own accelerator when it brings one (installed with ``set_accelerator``), else
+    ``DS_ACCELERATOR`` (unless set), which DeepSpeed reads on its first ``get_accelerator()``.
+    """
+    from ..backends.deepspeed_agreement import (
+        clear_rejected_ds_accelerator,
+        compare,
+        install_deepspeed_accelerator,
+        provided_accelerator,
+    )
+
+    provided = provided_accelerator(backend)
+    if provided is not None:
+        clear_rejected_ds_accelerator()  # DS_ACCELERATOR naming this device would make DeepSpeed's import raise
+    elif "deepspeed.accelerator" not in sys.modules:
         os.environ.setdefault("DS_ACCELERATOR", backend.device_type)
     require_deepspeed()
     from deepspeed.accelerator import get_accelerator
 
-    from ..backends.deepspeed_agreement import compare
-
+    if provided is not None:
+        install_deepspeed_accelerator(backend)
     chosen = get_accelerator()
     try:
         comm = chosen.communication_backend_name()
     except Exception:  # pragma: no cover - accelerators without collectives
         comm = None
     verdict = compare(backend, {"installed": True, "device": chosen.device_name(), "communication_backend": comm,
-                                "ds_accelerator": os.environ.get("DS_ACCELERATOR")})
+                                "ds_accelerator": os.environ.get("DS_ACCELERATOR"), "provided": provided})
     if verdict["agree"] is False:
         raise RuntimeError("DeepSpeed and accel disagree about the accelerator: " + "; ".join(verdict["problems"]))
 

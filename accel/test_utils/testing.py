@@ -204,12 +204,11 @@ def _need_deepspeed(backend: Any) -> tuple[bool, str, str]:
     problem = _package_problem("deepspeed")
     if problem:
         return False, problem, NEEDS_PACKAGE
-    from ..backends.deepspeed_agreement import deepspeed_accelerator_types
+    from ..backends.deepspeed_agreement import deepspeed_accelerator_problem
 
-    supported = deepspeed_accelerator_types()
-    if supported and backend.device_type not in supported:
-        return False, f"DeepSpeed has no accelerator for {backend.device_type} (DS_ACCELERATOR accepts " \
-                      f"{', '.join(supported)})", NOT_ON_BACKEND
+    missing = deepspeed_accelerator_problem(backend)  # None too where the backend brings its own accelerator
+    if missing:
+        return False, missing, NOT_ON_BACKEND
     return True, "", NEEDS_PACKAGE
 
 
