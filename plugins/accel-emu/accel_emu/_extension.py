@@ -37,7 +37,7 @@ __all__ = ["BUILD_DIR_ENV", "build_dir", "build_problem", "load_extension", "sou
 #: environment variable naming the build folder; set by :func:`load_extension` for child processes
 BUILD_DIR_ENV = "ACCEL_EMU_BUILD_DIR"
 
-_SOURCES = ("emu_runtime.h", "emu_runtime.cpp", "emu_aten.cpp", "emu_module.cpp", "emu_timer.cpp")
+_SOURCES = ("emu_runtime.h", "emu_runtime.cpp", "emu_aten.cpp", "emu_module.cpp", "emu_timer.cpp", "emu_profiler.cpp")
 _NAME = "accel_emu_C"
 #: the build's record, written last: the library's size and checksum
 _RECORD = "complete"
