@@ -90,3 +90,22 @@ def test_invalid_memory_setting_is_a_clear_error():
         env={"ACCEL_EMU_MEMORY": "lots"},
     )
     assert "ACCEL_EMU_MEMORY must be a size such as 4GiB or 512MiB, got 'lots'" in result.stdout, (result.stdout, result.stderr)
+
+
+def test_a_data_loader_with_workers_pins_batches_for_emu():
+    """The training input path: worker processes load batches, the loader's pin-memory thread pins them
+    for the current accelerator (emu), and non-blocking copies take them to the device in order."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    assert torch.accelerator.current_accelerator().type == "emu"
+    data = TensorDataset(torch.arange(64.0).reshape(32, 2), torch.arange(32))
+    loader = DataLoader(data, batch_size=8, num_workers=2, pin_memory=True)
+    sums, labels = [], []
+    for x, y in loader:
+        assert x.is_pinned() and y.is_pinned()
+        on_device = x.to("emu", non_blocking=True)
+        sums.append(on_device.sum())
+        labels.append(y.to("emu", non_blocking=True))
+    torch.emu.synchronize()
+    assert [float(s) for s in sums] == [120.0, 376.0, 632.0, 888.0]
+    assert torch.cat([label.cpu() for label in labels]).tolist() == list(range(32))
