@@ -61,8 +61,8 @@ import pandas as pd
 from .groups import CELL, FAILING
 from .history_db import (BUSY_TIMEOUT, POSTGRES_EXTRA, SCHEMA_VERSION, _SCHEMA, _STORED_SINCE_2, HistoryConflict,
                          HistoryError, IngestResult, _connect, _is_operational, is_database_url, shown_location)
-from .history_rows import (_RUN_TYPES, _clean_benchmarks, _clean_rows, _clean_tests, _digest, _dumps, _failure_facts,
-                           _object, _plain, _records, _text)
+from .history_rows import (_RUN_TYPES, _clean_benchmarks, _clean_rows, _clean_tests, _clip_texts, _digest, _dumps,
+                           _failure_facts, _object, _plain, _records, _text, _truncated)
 from .loaders import RUN_COLUMNS, TEST_COLUMNS, Loaded, Problem, _benchmark_frame, _frame, tests_frame
 
 __all__ = ["BUSY_TIMEOUT", "POSTGRES_EXTRA", "SCHEMA_VERSION", "History", "HistoryConflict", "HistoryError", "IngestResult",
@@ -255,7 +255,7 @@ class History:
                 "torch_version": _text(first.get("torch_version")) or _text(run.get("torch_version")),
                 "accel_version": _text(first.get("accel_version")) or _text(run.get("accel_version")),
                 "start_time": _text(run.get("start_time")), "quick": None, "source": _text(run.get("source")),
-                "info": run, "rows": rows,
+                "info": run, "rows": [_truncated(r) for r in rows],  # after the digest: it stays what it was
             }
 
     @staticmethod
@@ -357,6 +357,10 @@ class History:
         columns["tracked_pass"] = [tuple(v) if isinstance(v, list) else v for v in columns["tracked_pass"]]
         run_rows = [info for _, info in test_runs]
         emptied, dropped = _clean_tests(columns)
+        clipped = _clip_texts(columns)
+        if clipped:
+            self._note(problems, f"{clipped} stored message(s), traceback(s) or signature(s) longer than the limits were "
+                                 "truncated (an edited or older history?)")
         emptied += _clean_rows(run_rows, _RUN_TYPES)
         bench_emptied, bench_dropped = _clean_benchmarks(bench_rows)
         if emptied or bench_emptied:

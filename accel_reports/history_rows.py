@@ -12,7 +12,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from accel_harness.records import MESSAGE_LIMIT, SIGNATURE_LIMIT, TRACEBACK_LIMIT, truncate
+
 from .loaders import BENCH_COLUMNS, RUN_COLUMNS, TEST_COLUMNS
+
+#: the longest text a test record keeps per field (characters), as the harness writes it: a longer
+#: one (a results file from elsewhere, an edited history) is stored and read back truncated, its head
+#: and tail kept around a marker saying how much was cut
+TEXT_LIMITS = {"message": MESSAGE_LIMIT, "traceback": TRACEBACK_LIMIT, "signature": SIGNATURE_LIMIT}
 
 # ---------------------------------------------------------------------------- JSON of frame rows
 def _plain(value: Any) -> Any:
@@ -55,6 +62,31 @@ def _failure_facts(text: str) -> tuple[str | None, float | None]:
     signature, rate = record.get("signature"), record.get("flake_rate")
     return (signature if isinstance(signature, str) else None,
             float(rate) if _is_rate(rate) and rate is not None else None)
+
+
+def _truncated(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` (a test record) with its message, traceback and signature cut to :data:`TEXT_LIMITS`
+    (a copy where one is cut): a history keeps what the harness keeps, whatever the results file held."""
+    long = [name for name, limit in TEXT_LIMITS.items() if isinstance(row.get(name), str) and len(row[name]) > limit]
+    if not long:
+        return row
+    row = dict(row)
+    for name in long:
+        row[name] = truncate(row[name], TEXT_LIMITS[name])
+    return row
+
+
+def _clip_texts(columns: dict[str, list[Any]]) -> int:
+    """The test columns' texts longer than :data:`TEXT_LIMITS` truncated in place (an edited or older
+    history is input); how many."""
+    clipped = 0
+    for name, limit in TEXT_LIMITS.items():
+        values = columns[name]
+        for i, value in enumerate(values):
+            if isinstance(value, str) and len(value) > limit:
+                values[i] = truncate(value, limit)
+                clipped += 1
+    return clipped
 
 
 # ---------------------------------------------------------------------------- stored rows are input
