@@ -100,6 +100,13 @@ class EmuBackend(DeviceModuleBackend):
             return f"backend unavailable: {self.availability.reason}"
         return f"the {COMM_BACKEND} collective backend is not registered"
 
+    # ------------------------------------------------------------------ DeepSpeed
+    @property
+    def deepspeed_accelerator(self) -> str | None:
+        """emu's own DeepSpeed accelerator (DeepSpeed's list has no emu); accel installs it with
+        ``deepspeed.accelerator.set_accelerator`` wherever DeepSpeed runs on emu."""
+        return "accel_emu.deepspeed_accelerator:EmuAccelerator"
+
     # ------------------------------------------------------------------ memory
     @property
     def memory_stats_capability(self) -> Capability:
