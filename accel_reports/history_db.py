@@ -4,6 +4,7 @@ the schema, the errors and the helpers that recognise and print a database URL."
 
 from __future__ import annotations
 
+import math
 import os
 import sqlite3
 from dataclasses import dataclass, field
@@ -13,6 +14,11 @@ from typing import Any, Sequence
 SCHEMA_VERSION = 2
 #: seconds a process waits for another one's write transaction (generous: a loaded 2-core CI machine)
 BUSY_TIMEOUT = 300.0
+#: seconds a PostgreSQL history's server may take to answer a new connection, per address tried
+#: (libpq's minimum is 2); a URL's own ``connect_timeout`` wins, then :data:`CONNECT_TIMEOUT_ENV`
+CONNECT_TIMEOUT = 10
+#: the environment variable that sets :data:`CONNECT_TIMEOUT` for every command that opens a history
+CONNECT_TIMEOUT_ENV = "ACCEL_HISTORY_CONNECT_TIMEOUT"
 #: the extra that installs the PostgreSQL driver
 POSTGRES_EXTRA = "accel[postgres]"
 _URL_SCHEMES = ("postgresql://", "postgres://")
@@ -200,13 +206,32 @@ class _Postgres(_Database):
             raise HistoryError(f"a PostgreSQL history needs the psycopg driver: pip install '{POSTGRES_EXTRA}'") from None
         self._psycopg = psycopg
         self.errors = (psycopg.Error,)
+        from psycopg.conninfo import conninfo_to_dict
+
+        try:
+            params = conninfo_to_dict(url)
+        except psycopg.Error:  # its text may quote the URL, password included
+            raise HistoryError(f"{self.shown}: not a PostgreSQL URL that libpq accepts") from None
+        extra: dict[str, Any] = {}
+        if params.get("connect_timeout") in (None, ""):  # the URL's own setting wins
+            extra["connect_timeout"] = math.ceil(connect_timeout())  # libpq takes whole seconds
+        seconds = _effective_timeout(params.get("connect_timeout", extra.get("connect_timeout")))
+        within = f"within {seconds} s" if seconds else "in time"
         try:
             # autocommit: psycopg opens no transaction of its own; BEGIN/COMMIT are sent here
-            self._db = psycopg.connect(url, autocommit=True, connect_timeout=int(BUSY_TIMEOUT))
-            self.execute(f"SET lock_timeout = {int(BUSY_TIMEOUT * 1000)}")
+            self._db = psycopg.connect(url, autocommit=True, **extra)
+        except getattr(psycopg.errors, "ConnectionTimeout", ()):  # psycopg 3.2 and later
+            raise HistoryError(
+                f"{self.shown}: cannot connect: PostgreSQL at {_server(params)} did not answer {within} (set "
+                f"connect_timeout in the URL or {CONNECT_TIMEOUT_ENV} for a slower server)") from None
         except psycopg.Error as exc:
             text = " ".join(str(exc).split()) or type(exc).__name__
-            raise HistoryError(f"{self.shown}: cannot connect: {text}") from None
+            raise HistoryError(f"{self.shown}: cannot connect to PostgreSQL at {_server(params)}: {text}") from None
+        try:
+            self.execute(f"SET lock_timeout = {int(BUSY_TIMEOUT * 1000)}")
+        except psycopg.Error as exc:
+            self._db.close()
+            raise HistoryError(f"{self.shown}: the PostgreSQL database failed: {' '.join(str(exc).split())}") from None
 
     def sql(self, statement: str) -> str:
         return statement.replace("?", "%s")
@@ -251,6 +276,39 @@ def _connect(target: str | os.PathLike[str]) -> _Database:
         raise HistoryError(f"{scheme}:// is not a history this accel can use: give an SQLite file path or a "
                            "postgresql:// URL")
     return _SQLite(Path(target))
+
+
+def connect_timeout() -> float:
+    """The PostgreSQL connection timeout in seconds: :data:`CONNECT_TIMEOUT_ENV` when set, else
+    :data:`CONNECT_TIMEOUT`, so a server that never answers costs seconds, not minutes. Raises
+    :class:`HistoryError` for a value that is not a positive number."""
+    text = os.environ.get(CONNECT_TIMEOUT_ENV, "").strip()
+    if not text:
+        return CONNECT_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise HistoryError(f"{CONNECT_TIMEOUT_ENV}={text!r}: expected a number of seconds above 0")
+    return value
+
+
+def _effective_timeout(value: Any) -> int | None:
+    """The seconds libpq (and psycopg) wait for a given ``connect_timeout`` (whole seconds, at least
+    2); None where that is the driver's own default (0, or a value it does not read as a number)."""
+    try:
+        seconds = int(float(value))
+    except (TypeError, ValueError):
+        return None
+    return max(seconds, 2) if seconds > 0 else None
+
+
+def _server(params: dict[str, Any]) -> str:
+    """Where a connection goes, for messages: ``host:port`` (a socket folder for a path host)."""
+    host = params.get("host") or params.get("hostaddr") or "localhost"
+    port = params.get("port") or "5432"
+    return f"{host}:{port}"
 
 
 def _is_operational(exc: BaseException) -> bool:

@@ -1,15 +1,21 @@
-"""The run history against hostile inputs: stored messages and tracebacks are truncated to the
+"""The run history against slow or hostile stores: a PostgreSQL host that never answers fails after
+the connection timeout in one line, and stored messages and tracebacks are truncated to the
 harness's limits."""
 
 from __future__ import annotations
 
+import socket
 import sqlite3
 
+import pytest
+
 from accel_harness.records import MESSAGE_LIMIT, TRACEBACK_LIMIT
-from accel_reports.history import History, open_history
+from accel_reports.history import History, HistoryError, open_history
+from accel_reports.history_db import CONNECT_TIMEOUT, CONNECT_TIMEOUT_ENV
 from accel_reports.loaders import load_results
 
 from _report_data import longrepr, rec, run_file
+from _waits import SAFETY_NET_S
 
 
 def _results(folder, *, traceback: str | None = None, message: str | None = None):
@@ -21,6 +27,92 @@ def _results(folder, *, traceback: str | None = None, message: str | None = None
         failing.message = message
     run_file(folder, "night", "cpu", [failing, rec("run-1", "test_ok", "cpu", "passed")])
     return folder
+
+
+@pytest.fixture
+def report(monkeypatch, capsys):
+    """``accel report ARGS`` through main() in this process: ``(exit code, stderr)``."""
+    from accel.commands.cli import main
+
+    monkeypatch.setenv("CI", "")
+
+    def run(*args):
+        capsys.readouterr()
+        code = main(["report", *map(str, args)])
+        return code, capsys.readouterr().err
+
+    return run
+
+
+# ---------------------------------------------------------------------------- a PostgreSQL host that never answers
+@pytest.fixture(params=["accept queue full", "accepted, never answered"])
+def unanswered(request):
+    """``host:port`` on this machine where a connection is never answered, and never refused:
+    a listening socket nobody accepts on, its accept queue full (the handshake itself hangs) or
+    not (the handshake completes; the server never says a word)."""
+    pytest.importorskip("psycopg", reason="the PostgreSQL driver (accel[postgres]) is not installed")
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    held = [server]
+    full = request.param == "accept queue full"
+    server.listen(0 if full else 8)
+    port = server.getsockname()[1]
+    if full:
+        filler = socket.create_connection(("127.0.0.1", port), timeout=SAFETY_NET_S)  # the one place in the queue
+        held.append(filler)
+        for _ in range(4):  # more handshakes in flight, in case this kernel queues one more
+            extra = socket.socket()
+            extra.setblocking(False)
+            extra.connect_ex(("127.0.0.1", port))
+            held.append(extra)
+    yield f"127.0.0.1:{port}"
+    for sock in held:
+        sock.close()
+
+
+@pytest.mark.timeout(SAFETY_NET_S)
+def test_a_host_that_never_answers_fails_after_the_timeout_in_one_line(unanswered, monkeypatch):
+    monkeypatch.setenv(CONNECT_TIMEOUT_ENV, "2")
+    with pytest.raises(HistoryError) as caught:
+        History(f"postgresql://someone:hunter2@{unanswered}/accel")
+    message = str(caught.value)
+    assert f"PostgreSQL at {unanswered} did not answer within 2 s" in message, message
+    assert CONNECT_TIMEOUT_ENV in message and "\n" not in message and "hunter2" not in message
+
+
+@pytest.mark.timeout(SAFETY_NET_S)
+def test_the_urls_own_connect_timeout_wins_and_the_command_exits_2(unanswered, monkeypatch, report, tmp_path):
+    monkeypatch.setenv(CONNECT_TIMEOUT_ENV, "600")  # would outlast the safety net: the URL's 2 s must be the one used
+    code, err = report("--history", f"postgresql://someone@{unanswered}/accel?connect_timeout=2", "-o", tmp_path / "out")
+    assert code == 2, err
+    assert f"did not answer within 2 s" in err and unanswered in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_default_timeout_is_10_s_and_the_setting_is_checked(monkeypatch, tmp_path):
+    psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL driver (accel[postgres]) is not installed")
+    seen = []
+
+    def refuse(conninfo, **kwargs):
+        seen.append(kwargs.get("connect_timeout"))
+        raise psycopg.OperationalError("connection refused")
+
+    monkeypatch.setattr(psycopg, "connect", refuse)
+    monkeypatch.delenv(CONNECT_TIMEOUT_ENV, raising=False)
+    url = f"postgresql://u@/accel?host={tmp_path}"
+    with pytest.raises(HistoryError, match=f"cannot connect to PostgreSQL at {tmp_path}:5432"):
+        History(url)
+    monkeypatch.setenv(CONNECT_TIMEOUT_ENV, "2.5")
+    with pytest.raises(HistoryError):
+        History(url)
+    with pytest.raises(HistoryError):
+        History(url + "&connect_timeout=7")  # the URL's own: passed as it is, not overridden
+    assert CONNECT_TIMEOUT == 10 and seen == [10, 3, None]
+    for bad in ("soon", "0", "-1", "inf"):
+        monkeypatch.setenv(CONNECT_TIMEOUT_ENV, bad)
+        with pytest.raises(HistoryError, match=f"{CONNECT_TIMEOUT_ENV}=.*expected a number of seconds"):
+            History(url)
+    assert seen == [10, 3, None]  # a bad setting is refused before any connection is tried
 
 
 # ---------------------------------------------------------------------------- stored texts are truncated
