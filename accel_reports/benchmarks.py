@@ -141,7 +141,7 @@ import pandas as pd
 
 from accel_harness.records import device_neutral_id
 
-from .noise import NOISY_SPREAD, relative_iqr  # the one noise measure, shared with the console
+from .noise import NOISY_SPREAD, relative_iqr, row_spread  # the one noise measure, shared with the console
 
 __all__ = [
     "BAND_K",
@@ -589,7 +589,7 @@ def judge_series(series: Sequence[Mapping[str, Any]], *, threshold: float = DEFA
         use_host = _log_scatter(relative[:-1]) < _log_scatter(values[:-1])
         if use_host:
             values = relative
-    spreads = [relative_iqr(r["samples"]) if isinstance(r.get("samples"), (tuple, list)) else None for r in rows]
+    spreads = [row_spread(r) for r in rows]
     counts = [int(n) for n in (_number(r.get("n_samples")) for r in rows[:-1]) if n]
     result = judge_against_history(values[-1], values[:-1], up, spreads=spreads[:-1], spread=spreads[-1],
                                    threshold=threshold, window=window,
@@ -678,7 +678,7 @@ def compare_benchmarks(
             "change": None, "speedup": None, "p_value": None, "status": "no reference", "evidence": "",
             "host_change": None, "adjusted_change": None,
             "quick": quick, "band_low": None, "band_high": None, "history_runs": 0,
-            "spread": relative_iqr(latest["samples"]) if isinstance(latest["samples"], (tuple, list)) else None,
+            "spread": row_spread(latest),
         }
         earlier = _history_pool(pool, latest, backend, torch_version, bench_id) if pool is not None else None
         if earlier is not None and not earlier.empty:

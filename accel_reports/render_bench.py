@@ -14,7 +14,8 @@ import pandas as pd
 from . import charts
 from . import render_text as _text
 from .analysis import Report
-from .noise import is_too_noisy, relative_iqr  # the one noise measure (console, gate and report)
+from .claims import claimed_ratio, slow_kernel_note
+from .noise import is_too_noisy, row_spread, spread_text  # the one noise measure (console, gate and report)
 from .render_text import _fmt_number, _pct, _present, _quantity, _records, _slug
 
 
@@ -55,17 +56,38 @@ def _problem_size(name: Any, backend: Any, dtype: Any, extra: dict[str, Any], wo
     if isinstance(sizes, dict) and sizes:
         parts.append(", ".join(f"{k}={_size_value(k, v)}" for k, v in sizes.items()))
         return "; ".join(parts)  # the sizes say it; the work per round would repeat them
-    else:
-        match = re.search(r"\[(.*)\]\s*\Z", str(name or ""))
-        if match:
-            drop = {str(backend).lower(), str(dtype).lower()}
-            params = [p for p in match.group(1).split("-") if p and p.lower() not in drop and not re.fullmatch(r"(?:ws|ranks)\d+", p)]
-            if params:
-                parts.append("-".join(params))
+    params = _id_params(name, backend, dtype)
+    if params:
+        parts.append("-".join(params))
     work_unit = extra.get("work_unit") or (str(unit).split("/")[0] if unit and "/" in str(unit) else None)
     if isinstance(work, (int, float)) and math.isfinite(work) and work > 0 and work_unit:
         parts.append(f"{_quantity(work, work_unit)}/round" if work_unit in ("B",) else f"{_fmt_number(work)} {work_unit}/round")
     return "; ".join(parts)
+
+
+def _id_params(name: Any, backend: Any, dtype: Any) -> list[str]:
+    """The parameters in a benchmark's id (``[cpu-mlp-torch]``) without the backend, the dtype and the
+    rank count, which have their own columns: ``["mlp", "torch"]``."""
+    match = re.search(r"\[(.*)\]\s*\Z", str(name or ""))
+    if not match:
+        return []
+    drop = {str(backend).lower(), str(dtype).lower()}
+    return [p for p in match.group(1).split("-") if p and p.lower() not in drop and not re.fullmatch(r"(?:ws|ranks)\d+", p)]
+
+
+def _hardware_notes(rows: list[dict[str, Any]]) -> None:
+    """Check each note that claims a dtype has no fast kernels (:func:`accel_reports.claims.claimed_ratio`)
+    against the figures the table shows: the row's own spread and that of the float32 row of the same
+    benchmark; a claim they do not support becomes "too noisy to conclude" with both spreads."""
+    # the float32 figure of each benchmark in this table (the same run and cell)
+    float32 = {r["short_name"]: r["spread"] for r in rows if r.get("dtype") == "float32"}
+    for row in rows:
+        ratio = claimed_ratio(row.get("note"))
+        if ratio is None:
+            continue
+        checked = slow_kernel_note(str(row.get("dtype") or ""), ratio, row["spread"], float32.get(row["short_name"]))
+        if claimed_ratio(checked) is None:  # the figures do not support it: say so (a supported claim stays as written)
+            row["note"] = checked or ""
 
 
 def _bench_history(benchmarks: pd.DataFrame) -> tuple[dict[tuple, list[tuple[str, float]]], dict[tuple, dict[str, Any]]]:
@@ -76,7 +98,7 @@ def _bench_history(benchmarks: pd.DataFrame) -> tuple[dict[tuple, list[tuple[str
     series: dict[tuple, list[tuple[str, float]]] = {}
     latest: dict[tuple, dict[str, Any]] = {}
     columns = ["backend", "torch_version", "bench_id", "datetime", "value", "samples", "source", "fullname", "name",
-               "time_median", "throughput"] + [c for c in ("quick", "sizes", "work_unit", "work_size", "note") if c in ordered.columns]
+               "time_median", "throughput"] + [c for c in ("quick", "sizes", "work_unit", "work_size", "note", "higher_is_better") if c in ordered.columns]
     for row in ordered[columns].to_dict("records"):
         key = (row["backend"], row["torch_version"], row["bench_id"])
         value = row["value"]
@@ -116,7 +138,7 @@ def _benchmark_view(report: Report) -> dict[str, Any]:
             ref_n = row.get("ref_n")
             spread = _number_or_none(row.get("spread")) if "spread" in has else None
             if spread is None:
-                spread = relative_iqr(last.get("samples") or ())
+                spread = row_spread(last)
             quick = row.get("quick") if "quick" in has else None
             if quick is None:
                 quick = last.get("quick")
@@ -139,13 +161,15 @@ def _benchmark_view(report: Report) -> dict[str, Any]:
                          "short_name": re.sub(r"\[[^\[\]]*\]\s*\Z", "", str(row["name"])) or str(row["name"]),
                          "size": _problem_size(row["name"], row["backend"], row["dtype"], extra, work, unit),
                          "dtype": row.get("dtype") or "", "world_size": row.get("world_size"),
-                         "spread": spread, "spread_text": _pct(spread), "noisy": is_too_noisy(spread),
+                         "spread": spread, "spread_text": spread_text(spread), "noisy": is_too_noisy(spread),
+                         "variant": " · ".join(_id_params(row["name"], row["backend"], row["dtype"])),
                          "note": last.get("note") if isinstance(last.get("note"), str) else "",
                          "quick": quick, "band_text": f"{fmt(band[0])} – {fmt(band[1])}" if band[0] is not None and band[1] is not None else "",
                          "history_runs": row.get("history_runs") if "history_runs" in has else len(points),
                          "status_css": _slug(status),
                          "bar": charts.value_bar(value, ref, peak, status=status, band=band, fmt=fmt),
                          "trend": charts.trend(points, band=band, ref=ref, status=status, fmt=fmt, width=120) if len(points) > 1 else ""})
+        _hardware_notes(rows)
         tables.append({"backend": backend, "torch_version": torch_version, "rows": rows,
                        "has_host": any(r["host_text"] != "–" for r in rows), "has_p": any(r["p_text"] != "–" for r in rows),
                        "quick": any(r["quick"] for r in rows), "cols": _bench_columns(rows)})

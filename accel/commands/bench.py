@@ -161,27 +161,23 @@ def _is_quick(benches: list[dict[str, Any]]) -> bool:
 
 
 def too_noisy(benches: list[dict[str, Any]]) -> list[tuple[str, float]]:
-    """``(name, relative IQR)`` of the benchmarks of one run whose rounds spread too wide to judge."""
-    from accel_reports.noise import is_too_noisy
+    """``(name, spread)`` of the benchmarks of one run whose rounds spread too wide to judge, noisiest
+    first (:func:`accel_reports.noise.noisy_benchmarks`, the count the report gives too)."""
+    from accel_reports.noise import noisy_benchmarks
 
-    out = []
-    for bench in benches:
-        spread = _relative_iqr(bench)
-        if is_too_noisy(spread):
-            out.append((str(bench.get("name") or bench.get("fullname")), spread))
-    return out
+    return noisy_benchmarks(benches)
 
 
 def noise_warning(runs: list[list[dict[str, Any]]], loadavg: str | None = None) -> str | None:
     """The warning printed when benchmarks of the last run spread too wide to judge (None when none did)."""
-    from accel_reports.noise import NOISY_SPREAD
+    from accel_reports.noise import NOISY_SPREAD, spread_text
 
     if not runs:
         return None
     noisy = too_noisy(runs[-1])
     if not noisy:
         return None
-    names = ", ".join(f"{name} ({spread:.0%})" for name, spread in sorted(noisy, key=lambda item: -item[1]))
+    names = ", ".join(f"{name} ({spread_text(spread)})" for name, spread in noisy)
     return (f"accel bench: WARNING: {len(noisy)} of {len(runs[-1])} benchmarks spread too wide to judge "
             f"(IQR of the rounds > {NOISY_SPREAD:.0%} of the median): {names}. Their medians are not reliable "
             f"figures: the machine was busy{f' (load average {loadavg})' if loadavg else ''}. "
@@ -197,7 +193,7 @@ def summary_table(runs: list[list[dict[str, Any]]]) -> str:
     the probe (``vs host``): a large raw spread with a small ``vs host`` one is the machine drifting.
     """
     from accel_reports.benchmarks import host_reference_value
-    from accel_reports.noise import NOISY_SPREAD as noisy_limit
+    from accel_reports.noise import NOISY_SPREAD as noisy_limit, is_too_noisy, spread_text
 
     names: dict[str, None] = {}
     by_run: list[dict[str, dict[str, Any]]] = []
@@ -230,7 +226,7 @@ def summary_table(runs: list[list[dict[str, Any]]]) -> str:
                 stats = bench.get("stats") or {}
                 rounds = str(stats.get("rounds", ""))
                 spread = _relative_iqr(bench)
-                iqr = "" if spread is None else f"{spread:.0%}" + ("!" if spread > noisy_limit else "")
+                iqr = "" if spread is None else spread_text(spread) + ("!" if is_too_noisy(spread) else "")
         row = f"{name:<{width}}  " + "  ".join(f"{_fmt(v):>12}" for v in values) + f"  {unit:<10} {rounds:>6} {iqr:>6}"
         if several:
             relative = [v / h if v is not None and h else None for v, h in zip(values, hosts)]

@@ -5,14 +5,18 @@ so allocation is not timed): ``2 n^3`` floating-point operations. ``n`` is chose
 large enough to keep the device's units busy, small enough for a 2-core CPU runner.
 
 A dtype other than float32 whose matmul runs far slower than a float32 matmul of the same size on
-the same device (:data:`SLOW_FACTOR`) has no fast kernels there (half precision on a CPU without
-half-precision units falls back to a slow path): the device is asked by timing a few float32 calls
-beside the benchmark, and the record says so in ``extra_info["note"]``, which the report shows beside
-the figure. The ratio itself is ``extra_info["float32_ratio"]``.
+the same device (:data:`accel_reports.claims.SLOW_FACTOR`) has no fast kernels there (half precision
+on a CPU without half-precision units falls back to a slow path): the device is asked by timing a few
+rounds of float32 calls beside the benchmark. That is a claim about the hardware, so the record makes
+it (``extra_info["note"]``, shown beside the figure) only when both figures are steady; otherwise the
+note says the figure is too noisy to conclude (:func:`accel_reports.claims.slow_kernel_note`). The
+ratio is ``extra_info["float32_ratio"]`` and the reference's spread ``extra_info["float32_spread"]``,
+from which the report draws the claim again.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import pytest
@@ -20,14 +24,17 @@ import torch
 
 import timing
 from accel_harness import markers
+from accel_reports.claims import SLOW_FACTOR, slow_kernel_note
+from accel_reports.noise import relative_iqr
+
+__all__ = ["SLOW_FACTOR", "float32_seconds_per_call", "matrix_side", "slow_dtype_note"]
 
 DTYPES = ["float32", "bfloat16", "float16"]
 #: matrix side: (full, quick) on the host CPU and on accelerators
 SIDES = {"cpu": (512, 256), "device": (8192, 2048)}
-#: a dtype's matmul this many times slower per call than float32's has no fast kernels on the device
-SLOW_FACTOR = 8.0
-#: float32 calls timed to compare a dtype with
-REFERENCE_CALLS = 5
+#: float32 rounds timed to compare a dtype with (enough for a spread), and calls per round
+REFERENCE_ROUNDS = 6
+REFERENCE_CALLS = 2
 
 
 def matrix_side(backend, settings: timing.Settings) -> int:
@@ -35,30 +42,32 @@ def matrix_side(backend, settings: timing.Settings) -> int:
     return quick if settings.quick or settings.smoke else full
 
 
-def float32_seconds_per_call(backend, n: int) -> float:
-    """Seconds one float32 ``n x n`` matmul takes on the backend's device (a short timing, warm-up first)."""
+def float32_seconds_per_call(backend, n: int) -> tuple[float, float | None]:
+    """Seconds one float32 ``n x n`` matmul takes on the backend's device (the median of a few short
+    rounds, warm-up first) and the rounds' spread (:func:`accel_reports.noise.relative_iqr`)."""
     device = backend.device(0)
     a = torch.randn(n, n, generator=torch.Generator().manual_seed(1)).to(device=device)
     out = torch.empty_like(a)
     torch.matmul(a, a, out=out)
     backend.synchronize()
-    start = time.perf_counter()
-    for _ in range(REFERENCE_CALLS):
-        torch.matmul(a, a, out=out)
-    backend.synchronize()
-    return (time.perf_counter() - start) / REFERENCE_CALLS
+    rounds = []
+    for _ in range(REFERENCE_ROUNDS):
+        start = time.perf_counter()
+        for _ in range(REFERENCE_CALLS):
+            torch.matmul(a, a, out=out)
+        backend.synchronize()
+        rounds.append((time.perf_counter() - start) / REFERENCE_CALLS)
+    return statistics.median(rounds), relative_iqr(rounds)
 
 
-def slow_dtype_note(dtype_name: str, seconds_per_call: float, float32_seconds: float) -> str | None:
-    """The note a dtype's record carries when its matmul is past :data:`SLOW_FACTOR` times slower
-    than float32's on the same device (None otherwise, and for float32 itself)."""
-    if dtype_name == "float32" or not (seconds_per_call > 0 and float32_seconds > 0):
+def slow_dtype_note(dtype_name: str, seconds_per_call: float, float32_seconds: float,
+                    spread: float | None = None, float32_spread: float | None = None) -> str | None:
+    """The note a dtype's record carries when its matmul is at least ``SLOW_FACTOR`` times slower than
+    float32's on the same device: the claim when both spreads allow it, else "too noisy to conclude"
+    (None when it is not that slow, and for float32 itself)."""
+    if not (seconds_per_call > 0 and float32_seconds > 0):
         return None
-    ratio = seconds_per_call / float32_seconds
-    if ratio < SLOW_FACTOR:
-        return None
-    return (f"{dtype_name} matmul is {ratio:.0f}× slower than float32 here: the device has no fast "
-            f"{dtype_name} matmul kernels, so this figure measures a fallback path")
+    return slow_kernel_note(dtype_name, seconds_per_call / float32_seconds, spread, float32_spread)
 
 
 @pytest.mark.parametrize("dtype_name", DTYPES)
@@ -81,10 +90,12 @@ def test_matmul(benchmark, backend, bench_settings, dtype_name):
     flop = 2.0 * n ** 3
     notes = {}
     if dtype_name != "float32":
-        float32_seconds = float32_seconds_per_call(backend, n)
+        float32_seconds, float32_spread = float32_seconds_per_call(backend, n)
         per_call = m.median / m.iterations
         notes["float32_ratio"] = per_call / float32_seconds if float32_seconds > 0 else None
-        note = slow_dtype_note(dtype_name, per_call, float32_seconds)
+        notes["float32_spread"] = float32_spread
+        own_spread = relative_iqr(m.samples)  # the figure's spread, as timing.record stores it
+        note = slow_dtype_note(dtype_name, per_call, float32_seconds, own_spread, float32_spread)
         if note:
             notes["note"] = note
     info = timing.extra_info(
