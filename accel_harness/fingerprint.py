@@ -5,18 +5,29 @@ installed backend plug-in, the device profile's version and file hash) and one h
 ``run_end`` line's ``fingerprint_tests`` holds the number and a hash of the selected test ids,
 known only once collection is done (the results file is append-only). Versions are read from
 installed distributions' metadata, so nothing here imports torch.
+
+The header's ``extra["command_line"]`` is the command that started the run (:func:`command_line`):
+the ``accel`` command a person typed when ``accel qualify`` started the harness (handed down in
+:data:`COMMAND_LINE_ENV`), else the pytest command itself. It identifies the run for a reader; it is
+not part of the hash (two runs started with different options can still be compared).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shlex
+import sys
 from importlib import metadata
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping, Sequence
 
 import pytest
 
-__all__ = ["TestSelection", "environment_fingerprint", "tests_fingerprint"]
+__all__ = ["COMMAND_LINE_ENV", "TestSelection", "command_line", "environment_fingerprint", "tests_fingerprint"]
+
+#: the command line an accel command hands down to the pytest runs it starts, for their headers
+COMMAND_LINE_ENV = "ACCEL_COMMAND_LINE"
 
 _PLUGIN_GROUP = "accel.backends"
 
@@ -51,6 +62,23 @@ def environment_fingerprint(profile: Any = None) -> dict[str, Any]:
     }
     data["sha256"] = _digest(data)
     return data
+
+
+def command_line(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """The command that started this process, as a shell would take it back (``shlex.join``): the one
+    in :data:`COMMAND_LINE_ENV` when an accel command set it, else ``argv`` (default ``sys.argv``) with
+    the program named as typed (``accel``, ``pytest``; ``python -m pytest`` for a package's
+    ``__main__.py``) instead of its installed path."""
+    environ = os.environ if environ is None else environ
+    handed_down = environ.get(COMMAND_LINE_ENV)
+    if handed_down:
+        return handed_down
+    args = list(sys.argv if argv is None else argv)
+    if not args:
+        return ""
+    program = os.path.basename(args[0]) or args[0]
+    head = ["python", "-m", os.path.basename(os.path.dirname(args[0]))] if program == "__main__.py" else [program]
+    return shlex.join(head + args[1:])
 
 
 def tests_fingerprint(nodeids: Iterable[str]) -> dict[str, Any]:

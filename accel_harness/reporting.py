@@ -74,7 +74,10 @@ class ResultReporter:
             return
         os.makedirs(self.results_dir, exist_ok=True)
         backends = [self.ctx.backend(name) for name in self.ctx.selected]
-        header = RunHeader.collect(backends, run_id=self.ctx.run_id, extra=getattr(self.ctx, "header_extra", None))
+        from .fingerprint import command_line
+
+        extra = {**(getattr(self.ctx, "header_extra", None) or {}), "command_line": command_line()}
+        header = RunHeader.collect(backends, run_id=self.ctx.run_id, extra=extra)
         self.path = os.path.join(self.results_dir, f"{self.ctx.run_id}.jsonl")
         self.writer = RecordWriter(self.path, header)
 

@@ -44,7 +44,8 @@ Frames (columns in :data:`TEST_COLUMNS`, :data:`RUN_COLUMNS`, :data:`BENCH_COLUM
   ``extra["profile"]`` without its local path), profile_coverage (the ``run_end`` line's) and
   expired_known_issues (id, expires, issue of each entry the run found expired), ops (an operator
   sweep's headline figures, the header's ``extra["ops"]``, checked by
-  :func:`accel_reports.operators.header_figures`; a wrong one is an ``"invalid"`` problem);
+  :func:`accel_reports.operators.header_figures`; a wrong one is an ``"invalid"`` problem),
+  command_line (the header's ``extra["command_line"]``, None in files written before it was kept);
 * ``benchmarks``: see :data:`BENCH_COLUMNS`.
 """
 
@@ -101,7 +102,7 @@ RUN_COLUMNS = [
     "run_id", "source", "format", "backends", "torch_version", "torch_build", "accel_version", "host",
     "start_time", "end_time", "interrupted", "records", "device_models", "git_commit", "upstream",
     "os", "kernel", "python", "driver_versions", "runtime_versions", "device_count", "devices",
-    "fingerprint", "selection", "profile", "profile_coverage", "expired_known_issues", "ops",
+    "fingerprint", "selection", "profile", "profile_coverage", "expired_known_issues", "ops", "command_line",
 ]
 BENCH_COLUMNS = [
     "run_id", "source", "datetime", "name", "fullname", "group", "bench_id", "backend", "device", "dtype",
@@ -308,8 +309,8 @@ def _mapping(value: Any) -> dict[str, Any] | None:
 
 def _evidence(header: dict[str, Any]) -> dict[str, Any]:
     """What makes runs comparable and what a device profile found, from the header's ``extra`` and the
-    ``run_end`` line: fingerprint, test selection, profile summary (no local path), coverage per area
-    and the expired known issues (each field None when the run did not record it)."""
+    ``run_end`` line: fingerprint, test selection, profile summary (no local path), coverage per area,
+    the expired known issues and the command line (each field None when the run did not record it)."""
     extra = header.get("extra") if isinstance(header.get("extra"), dict) else {}
     end = header.get("run_end") if isinstance(header.get("run_end"), dict) else {}
     profile = _mapping(extra.get("profile"))
@@ -322,6 +323,7 @@ def _evidence(header: dict[str, Any]) -> dict[str, Any]:
                for e in expired or [] if isinstance(e, dict) and e.get("id") is not None] if isinstance(expired, list) else []
     return {
         "fingerprint": _mapping(extra.get("fingerprint")),
+        "command_line": _text(extra["command_line"]) if isinstance(extra.get("command_line"), str) else None,
         "selection": _mapping(end.get("fingerprint_tests")),
         "profile": profile,
         "profile_coverage": _mapping(end.get("profile_coverage")),

@@ -103,8 +103,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def child_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of qualify's child processes: this one's, unbuffered, with ``PYTHONSAFEPATH=1``
     so that ``python -m pytest`` / ``python -m accel.commands.cli`` import the installed packages even
-    when the caller's working folder holds a folder named ``accel`` or ``pytest``."""
-    return {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONSAFEPATH": "1", **(extra or {})}
+    when the caller's working folder holds a folder named ``accel`` or ``pytest``; and the command line
+    this process was started with (``ACCEL_COMMAND_LINE``), which the runs' headers record."""
+    from accel_harness.fingerprint import COMMAND_LINE_ENV, command_line
+
+    # the command a person typed, for the headers of the runs the children write
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONSAFEPATH": "1", COMMAND_LINE_ENV: command_line(), **(extra or {})}
 
 
 def _selected_backends(requested: list[str] | None) -> list[str]:
@@ -531,15 +535,17 @@ def _tally(results: Path, bench: Path | None, ops: list[Path] | None = None) -> 
             shown = ", ".join(f"{per[o]} {o}" for o in ("passed", "failed", "error", "skipped", "xfailed", "xpassed") if per.get(o))
             parts.append(f"{backend}: {sum(per.values())} {label} ({shown})")
     if bench is not None and bench.is_dir():
+        from accel_reports.noise import noisy_benchmarks  # the count the report gives
+
         measured = noisy = 0
         for path in bench.rglob("*.json"):
             try:
                 data = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 continue
-            for item in data.get("benchmarks", []) if isinstance(data, dict) else []:
-                measured += 1
-                noisy += bool((item.get("extra_info") or {}).get("too_noisy"))
+            items = [b for b in data.get("benchmarks", []) if isinstance(b, dict)] if isinstance(data, dict) else []
+            measured += len(items)
+            noisy += len(noisy_benchmarks(items))
         parts.append(f"{measured} benchmarks measured" + (f", {noisy} too noisy to judge" if noisy else ""))
     return "; ".join(parts) if parts else "no results were recorded"
 
