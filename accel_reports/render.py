@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import re
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -40,7 +41,7 @@ from .render_tests import (_area_view, _cell_counts, _diff_view, _failure_detail
                            _matrix_rows, _pass_rate_series, _pass_rate_view, _report_title, _skip_codes,
                            _upstream_view, _verdict)
 
-__all__ = ["GLYPHS", "MD_ROWS", "SKIP_LETTERS", "TREND_POINTS", "md_escape", "render_html", "render_markdown", "safe_url",
+__all__ = ["GLYPHS", "MD_ROWS", "SKIP_LETTERS", "TREND_POINTS", "md_code", "md_escape", "render_html", "render_markdown", "safe_url",
            "write_report"]
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -101,6 +102,8 @@ def _context(report: Report, out_dir: str | Path | None = None) -> dict[str, Any
     if diff_view is not None:
         diff_view["files"] = [_shown_path(f, base) for f in diff_view["files"]]
     evidence = evidence_context(report)
+    for fact in evidence["run_facts"]["rows"]:  # a command line may name local folders
+        fact["command_line"] = scrub(fact["command_line"])
     flaky = flaky_keys(report)
     for detail in details:  # a failure shown with its flake rate, or the expired issue that used to cover it
         rates = [flaky[(c[0], c[1], c[2], detail["test_id"])] for c in report.cells
@@ -154,6 +157,15 @@ def _context(report: Report, out_dir: str | Path | None = None) -> dict[str, Any
     }
 
 
+def md_code(text: Any) -> str:
+    """``text`` as one Markdown code span, exactly as written (a command line): fenced with one more
+    backtick than its longest run of them, newlines as spaces."""
+    value = " ".join(str(text).splitlines())
+    fence = "`" * (max((len(run) for run in re.findall("`+", value)), default=0) + 1)
+    pad = " " if value.startswith("`") or value.endswith("`") else ""
+    return f"{fence}{pad}{value}{pad}{fence}"
+
+
 # ---------------------------------------------------------------------------- rendering
 _SCRIPT = (TEMPLATES / "report.js").read_text(encoding="utf-8") if (TEMPLATES / "report.js").exists() else ""
 
@@ -173,6 +185,7 @@ def _environment(html: bool):
     env.filters["md"] = md_escape
     env.filters["mdlink"] = _md_link
     env.filters["pct"] = _pct
+    env.filters["mdcode"] = md_code
     env.globals["MD_ROWS"] = MD_ROWS
     env.globals["MD_BENCH_ROWS"] = MD_BENCH_ROWS
     return env

@@ -1,7 +1,8 @@
 """The report's evidence views (part of :mod:`accel_reports.render`): each run's fingerprint and what
 it says about comparing with the baseline, the device profile's applicable coverage per area,
 expired known issues (their failures count as untracked) and flaky failures, shown as "flaky (rate)"
-and never as new failures (see :mod:`accel_reports.evidence`)."""
+and never as new failures (see :mod:`accel_reports.evidence`); and the facts shown under the verdict at
+the top: each run's exact command line, versions and fingerprint."""
 
 from __future__ import annotations
 
@@ -67,7 +68,39 @@ def flaky_keys(report: Report) -> dict[tuple, Any]:
             for r in report.flaky.to_dict("records")}
 
 
+#: runs whose command line, versions and fingerprint are shown at the top (the rest: the Runs section)
+RUN_FACTS_SHOWN = 3
+
+
+def _text_or(value: Any, default: str) -> str:
+    return value if isinstance(value, str) and value else default
+
+
+def run_facts(report: Report) -> dict[str, Any]:
+    """What the top of the report says each run was: the exact command line ("not recorded" for a file
+    written before it was kept), the versions (torch, accel, Python, plug-ins) and the fingerprint
+    (environment hash, selected tests and their hash); test runs only, the first few."""
+    runs = report.loaded.runs
+    rows = []
+    for run in ([] if runs.empty else runs.to_dict("records")):
+        print_ = run.get("fingerprint") if isinstance(run.get("fingerprint"), dict) else {}
+        selection = run.get("selection") if isinstance(run.get("selection"), dict) else {}
+        plugins = print_.get("plugins") if isinstance(print_.get("plugins"), dict) else {}
+        versions = [f"torch {_text_or(run.get('torch_version'), '–')}", f"accel {_text_or(run.get('accel_version'), '–')}"]
+        if isinstance(run.get("python"), str) and run["python"]:
+            versions.append(f"Python {run['python']}")
+        versions += [f"{name} {version or ''}".strip() for name, version in sorted(plugins.items())]
+        digest = print_.get("sha256")
+        fingerprint = (f"environment {digest[:12]}" if isinstance(digest, str) and digest else "not recorded")
+        if isinstance(selection.get("count"), int) and isinstance(selection.get("sha256"), str):
+            fingerprint += f"; {selection['count']} tests selected ({selection['sha256'][:12]})"
+        rows.append({"run_id": run["run_id"], "backends": run.get("backends") or "",
+                     "command_line": _text_or(run.get("command_line"), ""), "versions": ", ".join(versions),
+                     "fingerprint": fingerprint})
+    return {"rows": rows[:RUN_FACTS_SHOWN], "more": max(0, len(rows) - RUN_FACTS_SHOWN)}
+
+
 def evidence_context(report: Report) -> dict[str, Any]:
     """The template values of this module's sections."""
     return {"fingerprints": _fingerprint_view(report), "coverage": _coverage_view(report),
-            "expired": _expired_view(report), "flaky": _flaky_view(report)}
+            "expired": _expired_view(report), "flaky": _flaky_view(report), "run_facts": run_facts(report)}

@@ -315,9 +315,13 @@ _NOT_COMPARED = ("no reference", "quick: not compared")
 
 
 def _verdict(report: Report, bench_rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The one line at the top: per backend how many tests passed, failed and were skipped (the latest
-    result of each test), then the benchmarks: how many, how many too noisy to judge, and what the
-    comparison found, with "no baseline" when nothing was there to compare with (never "no regressions")."""
+    """The one line at the top, verdict first: "qualified on B" (green) when no test failed and nothing
+    stopped the run from being judged, "not qualified on B" (red) with failures or regressions, "not
+    concluded on B" (orange) with flaky failures, expired known issues, an unfair baseline, input
+    problems, runs cut short or no test results. Then per backend how many tests passed, failed and
+    were skipped (the latest result of each test), the failures not covered by a known issue, and the
+    benchmarks: how many, how many too noisy to judge, and what the comparison found, with "no
+    baseline" when nothing was there to compare with (never "no regressions"; not a failure)."""
     per_backend: dict[str, dict[str, int]] = {}
     for cell in _cell_counts(report):
         counts = per_backend.setdefault(str(cell["backend"]), dict.fromkeys(("tests", "passed", "failed", "error", "skipped", "xfailed", "xpassed"), 0))
@@ -333,7 +337,8 @@ def _verdict(report: Report, bench_rows: list[dict[str, Any]]) -> dict[str, Any]
         bad = bad or failing > 0
     untracked = len(report.untracked_failures)
     if untracked:
-        parts.append(f"{untracked} {'new ' if report.diff is not None else ''}untracked failure{'' if untracked == 1 else 's'}")
+        parts.append(f"{untracked} {'new ' if report.diff is not None else ''}failure{'' if untracked == 1 else 's'} "
+                     "not covered by a known issue")
     elif report.diff is not None and per_backend:
         parts.append("no new failures against the baseline")
     if not report.flaky.empty:
@@ -342,7 +347,7 @@ def _verdict(report: Report, bench_rows: list[dict[str, Any]]) -> dict[str, Any]
     expired = report.expired
     if not expired.empty:
         parts.append(f"{_plural(len(expired), 'expired known issue')} ({'its' if len(expired) == 1 else 'their'} "
-                     "failures count as untracked)")
+                     "failures count as not covered)")
         unjudged = True
     unfair = [n for n in report.comparison if not n["fair"]]
     if unfair:
@@ -356,17 +361,30 @@ def _verdict(report: Report, bench_rows: list[dict[str, Any]]) -> dict[str, Any]
         regressions = sum(1 for r in bench_rows if r["status"] == "regression")
         if not compared:
             text += "; no baseline"
-            unjudged = True
         elif regressions:
             text += "; " + _plural(regressions, "regression")
             bad = True
         else:
             text += "; no regressions" + (f" ({len(compared)} of {len(bench_rows)} compared)" if len(compared) < len(bench_rows) else "")
         parts.append(text)
-    if not parts:
-        parts.append("no results")
+    problems = [p for p in report.problems if getattr(p, "kind", "invalid") != "note"]
+    if problems:
+        parts.append(_plural(len(problems), "input problem"))
         unjudged = True
-    return {"text": "; ".join(parts), "css": "bad" if bad else ("warn" if unjudged else "ok"),
+    runs = report.loaded.runs
+    cut = int(runs["interrupted"].fillna(False).astype(bool).sum()) if "interrupted" in runs and not runs.empty else 0
+    if cut:
+        parts.append(f"{_plural(cut, 'run')} cut short")
+        unjudged = True
+    if not per_backend:
+        parts.append("no test results")
+        unjudged = True
+    # the verdict first, in words: nothing failed -> qualified (a first run without a benchmark baseline,
+    # or benchmarks too noisy to judge, are said in the line but fail nothing)
+    on = ", ".join(per_backend) or "no backend"
+    verdict = f"not qualified on {on}" if bad else (f"not concluded on {on}" if unjudged else f"qualified on {on}")
+    return {"text": f"{verdict} — " + "; ".join(parts), "css": "bad" if bad else ("warn" if unjudged else "ok"),
+            "qualified": not bad and not unjudged, "verdict": verdict,
             "bench_baseline": any(r["status"] not in _NOT_COMPARED for r in bench_rows)}
 
 
