@@ -8,6 +8,7 @@ Set ``ACCEL_REPORT_SCREENSHOT=/some/file.png`` to keep the screenshot for a pers
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from html.parser import HTMLParser
@@ -142,3 +143,101 @@ def test_vendor_report_renders_tables_and_charts(nightly_html, tmp_path):
     keep = os.environ.get("ACCEL_REPORT_SCREENSHOT")
     if keep:
         shutil.copyfile(shot, Path(keep).with_name(Path(keep).stem + "-nightly.png"))
+
+
+# ---------------------------------------------------------------------------- the verdict at the top
+def _png_rows(data: bytes) -> tuple[int, int, list[bytes], int]:
+    """Decode a PNG screenshot (8-bit RGB or RGBA, not interlaced): width, height, the unfiltered rows
+    and the bytes per pixel."""
+    import struct
+    import zlib
+
+    pos, chunks, header = 8, [], None
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            chunks.append(body)
+        pos += 12 + length
+    width, height, depth, colour, _, _, interlace = header
+    assert depth == 8 and colour in (2, 6) and interlace == 0, header
+    bpp = 3 if colour == 2 else 4
+    raw, stride, rows, previous = zlib.decompress(b"".join(chunks)), width * bpp, [], bytes(width * bpp)
+    for y in range(height):
+        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for x in range(stride):
+            left = line[x - bpp] if x >= bpp else 0
+            up, corner = previous[x], previous[x - bpp] if x >= bpp else 0
+            if kind == 1:
+                line[x] = (line[x] + left) & 0xFF
+            elif kind == 2:
+                line[x] = (line[x] + up) & 0xFF
+            elif kind == 3:
+                line[x] = (line[x] + (left + up) // 2) & 0xFF
+            elif kind == 4:
+                p = left + up - corner
+                pa, pb, pc = abs(p - left), abs(p - up), abs(p - corner)
+                line[x] = (line[x] + (left if pa <= pb and pa <= pc else up if pb <= pc else corner)) & 0xFF
+        rows.append(bytes(line))
+        previous = rows[-1]
+    return width, height, rows, bpp
+
+
+#: the green verdict's background (``.verdict.ok`` in the report's CSS)
+VERDICT_GREEN = bytes((0xDA, 0xFB, 0xE1))
+
+
+@pytest.fixture(scope="module")
+def clean_reports(tmp_path_factory) -> dict[str, Path]:
+    """The report of a clean cpu run the harness wrote (with its command line) and of a clean emu run."""
+    import sys
+
+    from accel_harness.fingerprint import COMMAND_LINE_ENV
+    from _synthetic_results import bench_entry, write_benchmarks
+
+    tmp_path = tmp_path_factory.mktemp("chromium-clean")
+    (tmp_path / "test_tiny.py").write_text("def test_one():\n    assert True\n\ndef test_two():\n    assert True\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONSAFEPATH": "1", COMMAND_LINE_ENV: "accel qualify --backend cpu"}
+    env.pop("PYTEST_ADDOPTS", None)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_tiny.py",
+                           "--accel-backend", "cpu", "--accel-results-dir", "cpu"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=SAFETY_NET_S)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    quiet = [0.100, 0.101, 0.099, 0.100, 0.100, 0.101, 0.099, 0.100]
+    write_benchmarks(tmp_path / "cpu" / "bench.json", [bench_entry("test_step", "cpu", quiet, work_size=64.0, dtype="float32")])
+    run_file(tmp_path / "emu", "emu-run", "emu", [rec("emu-run", f"test_ok_{i}", "emu", "passed") for i in range(6)]
+             + [rec("emu-run", "test_four", "emu", "skipped", "Skipped: [needs-devices] needs 4 emu devices, found 2")])
+    out = {}
+    for name in ("cpu", "emu"):
+        report = build_report(load_results([tmp_path / name]), title="accel qualify")
+        out[name] = write_report(report, tmp_path / f"out-{name}", ["html"])["html"]
+    return out
+
+
+@pytest.mark.parametrize("backend", ["cpu", "emu"])
+def test_a_clean_run_shows_a_green_qualified_verdict_at_the_top(clean_reports, tmp_path, backend):
+    page = clean_reports[backend].as_uri()
+    result = _chromium(tmp_path, "--dump-dom", page)
+    assert result.returncode == 0, result.stderr[-2000:]
+    dom = Dom(result.stdout)
+    assert dom.all("body")[0].get("data-report-ready") == "1"
+    order = [(tag, attrs.get("id")) for tag, attrs in dom.elements if tag in ("h1", "p", "table", "section")]
+    assert order[:2] == [("h1", None), ("p", "verdict")]  # the verdict is the first thing under the title
+    assert dom.by_id("verdict")[1]["class"] == "verdict ok"
+    verdict = re.search(r'id="verdict">([^<]*)<', result.stdout).group(1)
+    assert verdict.startswith(f"qualified on {backend} — ") and "⚠" not in result.stdout
+    facts = result.stdout[result.stdout.index('id="run-facts"'):result.stdout.index("</header>")]
+    assert ('<code class="cmd">accel qualify --backend cpu</code>' if backend == "cpu" else "<i>not recorded</i>") in facts
+    shot = tmp_path / f"{backend}.png"
+    result = _chromium(tmp_path, f"--screenshot={shot}", "--window-size=1200,800", page)
+    assert result.returncode == 0, result.stderr[-2000:]
+    width, height, rows, bpp = _png_rows(shot.read_bytes())
+    assert (width, height) == (1200, 800)
+    green = [y for y, row in enumerate(rows)
+             if sum(row[x:x + 3] == VERDICT_GREEN for x in range(0, len(row), bpp)) > width // 3]
+    assert green and max(green) < 250, "the green verdict is not across the top of the screenshot"
+    keep = os.environ.get("ACCEL_REPORT_SCREENSHOT")
+    if keep:
+        shutil.copyfile(shot, Path(keep).with_name(Path(keep).stem + f"-clean-{backend}.png"))

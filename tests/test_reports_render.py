@@ -140,7 +140,7 @@ def test_markdown_summary_content(tmp_path):
     assert "> 16 of the 19 failures are known issue pytorch-135550" in md
     assert "| xpu | 2.7.1 | 0.2.0 | 1 | 10 | 10 | 0 | 4 | 1 | 0 | 50.0% |" in md
     assert "| needs-package | a library that is not installed | 4 | 2 |" in md
-    assert ":x: **3 untracked failures**" in md
+    assert ":x: **3 failures not covered by a known issue**" in md
 
 
 def test_write_report_writes_both_files(tmp_path):
