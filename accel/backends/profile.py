@@ -37,6 +37,7 @@ from accel.facts.yaml_safe import preview
 
 from .base import Availability, Backend, BackendError, Capability, DeviceProperties
 from .device_module import properties_from_module
+from .hook_check import HookCheckError, check_hooks
 
 __all__ = [
     "CAPABILITY_AREAS",
@@ -334,12 +335,17 @@ def _validate(data: Any, lines: Mapping[tuple, int], path: Path | None, fmt: str
         if key == "comm_backend":
             comm_backend = text(where, value)
             continue
-        spec = text(where, value)
+        hooks[key] = text(where, value)
+    if path is not None:  # a profile is code: its hooks run in a child first (see hook_check)
+        try:
+            check_hooks(path, hooks)
+        except HookCheckError as exc:
+            raise fail(("hooks", exc.hook) if exc.hook else ("hooks",), str(exc)) from None
+    for key, spec in hooks.items():
         try:
             resolve_callable(spec, f"hooks.{key}")
         except ValueError as exc:
-            raise fail(where, str(exc).split(": ", 1)[1]) from None
-        hooks[key] = spec
+            raise fail(("hooks", key), str(exc).split(": ", 1)[1]) from None
 
     capabilities: dict[str, Any] = {}
     for key, value in mapping(("capabilities",), top.get("capabilities") or {}, _CAPABILITY_KEYS).items():
@@ -411,6 +417,10 @@ def _tolerance_value(value: Any, fail: Callable[[str], ProfileError]) -> dict[st
 
 def _from_spec(path: Path) -> DeviceProfile:
     """A transformers-style device spec (``DEVICE_NAME`` and optional ``*_FN`` callables) as a profile."""
+    try:
+        check_hooks(path, spec_file=True)  # executed and its functions called in a child first
+    except HookCheckError as exc:
+        raise ProfileError(str(exc), path, key=_spec_key(exc.hook)) from None
     spec = importlib.util.spec_from_file_location(f"_accel_device_spec_{abs(hash(str(path.resolve())))}", path)
     if spec is None or spec.loader is None:
         raise ProfileError("cannot be imported as a Python device spec", path)
@@ -444,6 +454,11 @@ def _from_spec(path: Path) -> DeviceProfile:
     extra = {"supports_training": training} if training is not None else {}
     return DeviceProfile(name=device_type, device_type=device_type, hooks=hooks, capabilities=capabilities,
                          device_extra=extra, format="spec")
+
+
+def _spec_key(hook: str | None) -> str | None:
+    """The device spec's name (``MANUAL_SEED_FN``) for a profile hook name (``seed``)."""
+    return next((k for k, v in _SPEC_NAMES.items() if v == hook), None) if hook else None
 
 
 # ---------------------------------------------------------------------------- the backend

@@ -102,6 +102,10 @@ _ROWS: tuple[EnvVar, ...] = (
     _one("ACCEL_DEVICE", "the backend to use instead of detection", USER,
          "accel.backends.registry", "accel.commands.env", "accel.commands.launch", "accel_harness.plugin"),
     _one("ACCEL_PROFILE", "a device profile file to load as a backend", USER, "accel.backends.registry"),
+    _one("ACCEL_PROFILE_HOOK_TIMEOUT", "seconds a device profile's hook may run without progress in the hook check "
+         "before it counts as hung", USER, "accel.backends.hook_check"),
+    _one("ACCEL_PROFILE_HOOKS_CHECKED", "device profiles (path and content hash) whose hooks this run checked already",
+         "accel.backends.hook_check", "accel.backends.hook_check"),
     _one("ACCELERATE_BYPASS_DEVICE_MAP", "let prepare() take a model spread over devices by a device map in a "
          "distributed run", USER, "accel.model_wrappers"),
     _one("ACCEL_CPU_COMM_BACKEND", "collective backend on the host: gloo, ccl or mpi", USER, "accel.backends.cpu"),
