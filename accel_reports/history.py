@@ -30,6 +30,13 @@ Layout (schema version :data:`SCHEMA_VERSION`, recorded in ``meta`` and, in SQLi
 * ``benchmarks``: one row per benchmark per run (its loader row as JSON, raw samples, problem
   sizes and the machine it ran on included), indexed by (backend, torch version, bench id).
 
+A command that only reads (``accel report --history DB`` without results) opens the history
+``read_only``: an SQLite file ``mode=ro`` (no write permission needed, nothing written), a history
+that does not exist is an error and is not created. A PostgreSQL server that does not answer fails
+after :data:`~accel_reports.history_db.CONNECT_TIMEOUT` seconds (``ACCEL_HISTORY_CONNECT_TIMEOUT``,
+or the URL's ``connect_timeout``). A test record's message, traceback and signature are stored (and
+read back) truncated to the harness's limits (:data:`~accel_reports.history_rows.TEXT_LIMITS`).
+
 The history holds everything a report shows: rendering from it reads no other file. It is input,
 not trusted state (a CI cache restores it): nothing a row names is opened, and every stored value
 is checked for its type when read (a wrong one is left empty, a record without a valid outcome left
@@ -72,13 +79,18 @@ __all__ = ["BUSY_TIMEOUT", "POSTGRES_EXTRA", "SCHEMA_VERSION", "History", "Histo
 # ---------------------------------------------------------------------------- the store
 class History:
     """A run history in an SQLite file or a PostgreSQL database (created with its schema when
-    absent; see the module doc). Use as a context manager, or call :meth:`close`."""
+    absent; see the module doc). Use as a context manager, or call :meth:`close`.
 
-    def __init__(self, path: str | os.PathLike[str]):
+    ``read_only``: for a command that only reads (``accel report --history DB`` without results):
+    nothing is created or written (an SQLite file is opened ``mode=ro``, so no write permission is
+    needed; a PostgreSQL session is read-only), and a history that is not there is an error."""
+
+    def __init__(self, path: str | os.PathLike[str], *, read_only: bool = False):
         self.url = str(path) if is_database_url(path) else None
         self.path = None if self.url else Path(path)
+        self.read_only = read_only
         self._grouped: tuple[dict[tuple, list[tuple]], dict[tuple, str]] | None = None  # _per_test, until an import
-        self._db = _connect(path)
+        self._db = _connect(path, read_only)
         self.location = self._db.shown
         try:
             self._ensure_schema()
@@ -117,7 +129,9 @@ class History:
         try:
             with self._transaction(write=False):
                 ready = self._check_schema()
-            if ready:
+                if not ready and self.read_only:
+                    self._check_readable()
+            if ready or self.read_only:
                 return
             with self._transaction(write=True):
                 if not self._check_schema():
@@ -140,6 +154,13 @@ class History:
             return False
         raise HistoryError(f"{self.location} has history schema version {version}; this accel reads version "
                            f"{SCHEMA_VERSION} (use the accel that wrote it, or start a new history)")
+
+    def _check_readable(self) -> None:
+        """Read-only, where an import would create or upgrade the schema: an empty database is an
+        error (nothing to render); a version-1 history is read as it is (its tables are the same)."""
+        if not self._db.tables():
+            raise HistoryError(f"{self.location} holds no accel history yet (a history is created by an import: give "
+                               "RESULTS, or accel qualify --history; a read never creates one)")
 
     def _create_schema(self) -> None:
         """Create every table and index (under the write lock); a version-1 history gets its import
@@ -177,6 +198,8 @@ class History:
         them a moment ago); a run id stored with other content raises :class:`HistoryConflict` and
         nothing is written. The check and the inserts hold the history's write lock together.
         """
+        if self.read_only:
+            raise HistoryError(f"{self.location} was opened read-only: nothing can be imported into it")
         entries = list(self._test_runs(loaded)) + list(self._bench_runs(loaded))
         result = IngestResult()
         if not entries:
@@ -518,10 +541,11 @@ class History:
         return pd.DataFrame(out, columns=columns)
 
 
-def open_history(path: str | os.PathLike[str]) -> History:
+def open_history(path: str | os.PathLike[str], *, read_only: bool = False) -> History:
     """Open (or create) the history at ``path``: an SQLite file, or a ``postgresql://`` URL. Raises
-    :class:`HistoryError` with the reason when it is not one this accel can use."""
-    return History(path)
+    :class:`HistoryError` with the reason when it is not one this accel can use. ``read_only``: a
+    command that only renders; the history must exist and nothing is written (see :class:`History`)."""
+    return History(path, read_only=read_only)
 
 
 def append_results(db: str | os.PathLike[str], paths: Iterable[str | os.PathLike[str]]) -> IngestResult:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import sqlite3
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -150,10 +151,14 @@ class _SQLite(_Database):
     rowkey = "rowid"
     errors = (sqlite3.Error,)
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, read_only: bool = False):
         super().__init__(str(path))
+        self._path, self._tidy = path, False
         if path.is_dir():
             raise HistoryError(f"{path} is a folder, not a history database file")
+        if read_only:
+            self._db = self._open_read_only(path)
+            return
         if not path.exists():
             from .outputs import OutputPathError, writable_folder
 
@@ -169,6 +174,47 @@ class _SQLite(_Database):
             raise HistoryError(f"{path} cannot be opened: {exc}") from None
         except sqlite3.DatabaseError as exc:
             raise HistoryError(f"{path} is not an accel history database ({exc})") from None
+
+    def _open_read_only(self, path: Path) -> sqlite3.Connection:
+        """A connection that cannot write (``mode=ro``): a read needs no write permission and never
+        changes the file. Where SQLite cannot make its WAL index beside the file (a read-only
+        folder) and no write-ahead log is there (so no writer is active), the file is read as
+        immutable. WAL index files this read had to make are removed again on close."""
+        if not path.exists():
+            raise HistoryError(f"{path}: no such history (a history is created by an import: give RESULTS, or "
+                               "accel qualify --history; a read never creates one)")
+        wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
+        fresh = not wal.exists() and not shm.exists()
+        uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
+        try:
+            db = self._probe(sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT, isolation_level=None))
+        except sqlite3.OperationalError as exc:
+            if not _cannot_make_files(exc):
+                raise HistoryError(f"{path} cannot be read: {exc}") from None
+            if wal.is_file() and wal.stat().st_size:
+                raise HistoryError(f"{path} cannot be read: {exc} (its write-ahead log holds changes that cannot be "
+                                   "read without write access to its folder)") from None
+            try:
+                db = self._probe(sqlite3.connect(uri + "&immutable=1", uri=True, isolation_level=None))
+            except sqlite3.OperationalError as again:
+                raise HistoryError(f"{path} cannot be read: {again}") from None
+            fresh = False
+        except sqlite3.DatabaseError as exc:
+            raise HistoryError(f"{path} is not an accel history database ({exc})") from None
+        # SQLite leaves the WAL index of a read-only connection behind; tidied on close where this read made it
+        self._tidy = fresh and (wal.exists() or shm.exists()) and os.access(path, os.W_OK) and \
+            os.access(path.parent, os.W_OK)
+        return db
+
+    @staticmethod
+    def _probe(db: sqlite3.Connection) -> sqlite3.Connection:
+        """``db`` after a first read (SQLite opens the file lazily: a failure shows here, not at connect)."""
+        try:
+            db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+        except BaseException:
+            db.close()
+            raise
+        return db
 
     def execute(self, statement: str, params: Sequence[Any] = ()) -> Any:
         return self._db.execute(statement, params)
@@ -191,6 +237,16 @@ class _SQLite(_Database):
 
     def close(self) -> None:
         self._db.close()
+        if self._tidy:  # a plain connection that closes last removes the WAL index, under SQLite's own locks
+            self._tidy = False
+            try:
+                tidy = sqlite3.connect(str(self._path), timeout=0, isolation_level=None)
+                try:
+                    tidy.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+                finally:
+                    tidy.close()
+            except sqlite3.Error:
+                pass  # another process has the history open: it removes them when it closes
 
 
 class _Postgres(_Database):
@@ -198,7 +254,7 @@ class _Postgres(_Database):
     rowkey = "id"
     real = "DOUBLE PRECISION"
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, read_only: bool = False):
         super().__init__(shown_location(url))
         try:
             import psycopg
@@ -229,6 +285,8 @@ class _Postgres(_Database):
             raise HistoryError(f"{self.shown}: cannot connect to PostgreSQL at {_server(params)}: {text}") from None
         try:
             self.execute(f"SET lock_timeout = {int(BUSY_TIMEOUT * 1000)}")
+            if read_only:
+                self.execute("SET default_transaction_read_only = on")
         except psycopg.Error as exc:
             self._db.close()
             raise HistoryError(f"{self.shown}: the PostgreSQL database failed: {' '.join(str(exc).split())}") from None
@@ -268,14 +326,14 @@ class _Postgres(_Database):
         self._db.close()
 
 
-def _connect(target: str | os.PathLike[str]) -> _Database:
+def _connect(target: str | os.PathLike[str], read_only: bool = False) -> _Database:
     if is_database_url(target):
-        return _Postgres(str(target))
+        return _Postgres(str(target), read_only)
     if isinstance(target, str) and "://" in target:
         scheme = target.split("://", 1)[0]
         raise HistoryError(f"{scheme}:// is not a history this accel can use: give an SQLite file path or a "
                            "postgresql:// URL")
-    return _SQLite(Path(target))
+    return _SQLite(Path(target), read_only)
 
 
 def connect_timeout() -> float:
@@ -309,6 +367,15 @@ def _server(params: dict[str, Any]) -> str:
     host = params.get("host") or params.get("hostaddr") or "localhost"
     port = params.get("port") or "5432"
     return f"{host}:{port}"
+
+
+def _cannot_make_files(exc: sqlite3.Error) -> bool:
+    """An SQLite failure to open or write a file (a read-only folder refusing the WAL index), not a
+    lock or a damaged file."""
+    name = getattr(exc, "sqlite_errorname", "")
+    if name:
+        return name.startswith(("SQLITE_CANTOPEN", "SQLITE_READONLY"))
+    return any(text in str(exc) for text in ("unable to open", "readonly"))
 
 
 def _is_operational(exc: BaseException) -> bool:

@@ -1,9 +1,10 @@
 """The run history against slow or hostile stores: a PostgreSQL host that never answers fails after
-the connection timeout in one line, and stored messages and tracebacks are truncated to the
-harness's limits."""
+the connection timeout in one line, a read never creates or writes a history (an SQLite file is read
+``mode=ro``), and stored messages and tracebacks are truncated to the harness's limits."""
 
 from __future__ import annotations
 
+import os
 import socket
 import sqlite3
 
@@ -15,6 +16,7 @@ from accel_reports.history_db import CONNECT_TIMEOUT, CONNECT_TIMEOUT_ENV
 from accel_reports.loaders import load_results
 
 from _report_data import longrepr, rec, run_file
+from _report_postgres import postgres_server  # noqa: F401  (fixture)
 from _waits import SAFETY_NET_S
 
 
@@ -115,6 +117,83 @@ def test_the_default_timeout_is_10_s_and_the_setting_is_checked(monkeypatch, tmp
     assert seen == [10, 3, None]  # a bad setting is refused before any connection is tried
 
 
+# ---------------------------------------------------------------------------- a read creates and writes nothing
+def test_reading_a_history_that_does_not_exist_names_it_and_creates_nothing(tmp_path, report):
+    missing = tmp_path / "typo" / "history.db"
+    code, err = report("--history", missing, "-o", tmp_path / "out")
+    assert code == 2 and "no such history" in err and "history.db" in err, err
+    assert not missing.exists() and not missing.parent.exists()
+    with pytest.raises(HistoryError, match="no such history"):
+        open_history(missing, read_only=True)
+    assert not missing.parent.exists()
+    code, err = report(_results(tmp_path / "r"), "--history", missing, "-o", tmp_path / "out", "--fail-on", "none")
+    assert code == 0 and missing.is_file(), err  # an import creates it
+
+
+def _state(path):
+    """What a read must leave as it was: the folder's names, the file's bytes and modification time."""
+    return sorted(os.listdir(path.parent)), path.read_bytes(), path.stat().st_mtime_ns
+
+
+def test_a_read_opens_read_only_and_leaves_the_file_and_its_folder_as_they_were(tmp_path, report):
+    db = tmp_path / "h" / "history.db"
+    with open_history(db) as history:
+        history.ingest(load_results([_results(tmp_path / "r")]))
+    db.chmod(0o444)  # stops a write only where the tests do not run as root; the checks below hold as root too
+    before = _state(db)
+    with History(db, read_only=True) as history:
+        assert history.run_ids() == ["run-1"]
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):  # opened mode=ro: SQLite refuses any write
+            history._db.execute("CREATE TABLE intruder (x)")
+        with pytest.raises(HistoryError, match="read-only"):
+            history.ingest(load_results([tmp_path / "r"]))
+    assert _state(db) == before  # no -wal, -shm or -journal left, the file untouched
+    code, err = report("--history", db, "-o", tmp_path / "out", "--fail-on", "none")
+    assert code == 0, err
+    assert _state(db) == before
+
+
+def test_a_history_whose_folder_refuses_the_wal_index_is_still_read(tmp_path, report):
+    db = tmp_path / "h" / "history.db"
+    with open_history(db) as history:
+        history.ingest(load_results([_results(tmp_path / "r")]))
+    # SQLite cannot make its write-ahead log here (as in a read-only folder, which root could still write)
+    (db.parent / "history.db-wal").mkdir()
+    before = _state(db)
+    code, err = report("--history", db, "-o", tmp_path / "out", "--fail-on", "none")
+    assert code == 0, err
+    assert "first failed in run run-1" in (tmp_path / "out" / "report.md").read_text()  # rendered from the history
+    assert _state(db)[1:] == before[1:] and not (db.parent / "history.db-journal").exists()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder anyway")
+def test_a_history_in_a_read_only_folder_renders(tmp_path, report):
+    folder = tmp_path / "cache"
+    db = folder / "history.db"
+    with open_history(db) as history:
+        history.ingest(load_results([_results(tmp_path / "r")]))
+    db.chmod(0o444)
+    folder.chmod(0o555)
+    try:
+        before = _state(db)
+        code, err = report("--history", db, "-o", tmp_path / "out", "--fail-on", "none")
+        assert code == 0, err
+        assert _state(db) == before
+    finally:
+        folder.chmod(0o755)
+
+
+def test_a_read_of_an_empty_postgres_database_creates_no_tables(postgres_server, report, tmp_path):
+    import psycopg
+
+    url = postgres_server.new_database()
+    code, err = report("--history", url, "-o", tmp_path / "out")
+    assert code == 2 and "holds no accel history yet" in err, err
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = current_schema()"
+                            ).fetchone()[0] == 0
+
+
 # ---------------------------------------------------------------------------- stored texts are truncated
 def _stored(db, field: str) -> str:
     conn = sqlite3.connect(db)
@@ -149,7 +228,7 @@ def test_a_stored_text_over_the_limit_is_truncated_when_read(tmp_path):
                  ("head\n" + "y" * 100_000 + "\ntail",))
     conn.commit()
     conn.close()
-    with History(db) as history:
+    with History(db, read_only=True) as history:
         loaded = history.load()
     traceback = loaded.tests.set_index("outcome").loc["failed", "traceback"]
     assert len(traceback) <= TRACEBACK_LIMIT and traceback.startswith("head") and traceback.endswith("tail")

@@ -250,7 +250,7 @@ def _run(args: argparse.Namespace) -> int:
         from accel_reports.history import HistoryError, open_history
 
         try:
-            history = open_history(args.history)
+            history = open_history(args.history, read_only=loaded is None)  # a render alone writes nothing
             if loaded is not None:
                 print(f"accel report: history {history.location}: {history.ingest(loaded).summary()}", file=sys.stderr)
             else:
