@@ -306,8 +306,9 @@ def dispatch_model(
         retie_parameters(model, tied_params)
         from accel.backends import get_backend
 
-        device_type = get_backend().device_type
-        _guard_moves(model, ["to"] + ([device_type] if device_type != "cpu" and hasattr(model, device_type) else []))
+        backend = get_backend()
+        device_type = backend.device_type
+        _guard_moves(model, ["to"] + ([device_type] if not backend.is_host and hasattr(model, device_type) else []))
     else:
         model.to(_as_torch_device(values[0]))
     model.hf_device_map = dict(device_map)

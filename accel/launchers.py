@@ -118,7 +118,7 @@ def notebook_launcher(
     backend = get_backend()
     env = {"ACCEL_MIXED_PRECISION": precision}
     if num_processes == 1 and num_nodes == 1:
-        print(f"Launching training on one {backend.name.upper()}." if backend.name != "cpu" else "Launching training on CPU.")
+        print(f"Launching training on one {backend.name.upper()}." if not backend.is_host else "Launching training on CPU.")
         with patched_environ(env):
             function(*args)
         return None
@@ -131,7 +131,7 @@ def notebook_launcher(
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    if backend.name == "cpu":
+    if backend.is_host:
         env["ACCEL_USE_CPU"] = "true"
         if num_nodes == 1 and "GLOO_SOCKET_IFNAME" not in os.environ and str(master_addr).startswith("127."):
             iface = loopback_interface()

@@ -231,7 +231,7 @@ class PartialState:
         forced = env_text("ACCEL_TORCH_DEVICE", "ACCELERATE_TORCH_DEVICE")
         if forced is not None:  # Accelerate's override of the device this process uses
             self.device = torch.device(forced)
-        if backend.device_type != "cpu":
+        if not backend.is_host:
             backend.set_device(self.device.index or 0)
 
         unknown = set(kwargs) - {"timeout", "init_method"}

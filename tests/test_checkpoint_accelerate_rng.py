@@ -209,7 +209,7 @@ def test_device_rng_states_go_under_accelerates_key_for_the_device_type(tmp_path
     from types import SimpleNamespace
 
     class TwoDevices:
-        name, device_type = "fake", "xpu"
+        name, device_type, is_host = "fake", "xpu", False
 
         def device_count(self) -> int:
             return 2
@@ -236,7 +236,7 @@ def test_device_rng_states_go_under_accelerates_key_for_the_device_type(tmp_path
 def test_a_backend_names_its_accelerate_key(tmp_path, device_type, declared, state, expected):
     from types import SimpleNamespace
 
-    backend = SimpleNamespace(name=device_type, device_type=device_type, accelerate_rng_key=declared,
+    backend = SimpleNamespace(name=device_type, device_type=device_type, is_host=False, accelerate_rng_key=declared,
                               device_count=lambda: 1, get_rng_state=lambda index=None: state.clone())
     stub = SimpleNamespace(step=0, backend=backend, device=SimpleNamespace(index=0), _dataloaders=[], process_index=0)
     pkl = C.rng.rng_for_accelerate(stub, C.rng.rng_snapshot(stub))

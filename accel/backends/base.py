@@ -166,6 +166,13 @@ class Backend(abc.ABC):
     #: so tests that allocate until the device refuses do not run there
     memory_is_host: bool = False
 
+    @property
+    def is_host(self) -> bool:
+        """True for the host itself (torch's ``cpu`` device): there is no separate device to select, seed,
+        snapshot or offload to. The one place the rest of accel learns it; nothing outside
+        ``accel/backends`` compares device types with ``"cpu"`` to find out."""
+        return self.device_type == "cpu"
+
     def __init__(self, torch_version: Version | str | None = None):
         self._torch_version = Version(Version(str(torch_version)).base_version) if torch_version else None
 

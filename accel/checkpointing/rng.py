@@ -30,7 +30,7 @@ def rng_snapshot(accelerator: Any, dataloaders: Sequence[Any] = ()) -> dict[str,
     except ImportError:
         pass
     backend = accelerator.backend
-    if backend.device_type != "cpu":
+    if not backend.is_host:
         # the process's own device for accel; every visible device for Accelerate (its get_rng_state_all)
         snapshot["device"] = {"index": accelerator.device.index,
                               "current": backend.get_rng_state(accelerator.device.index),
@@ -184,7 +184,7 @@ def restore_rng(accelerator: Any, state: dict[str, Any], folder: Path, dataloade
     device = state.get("device")
     backend = accelerator.backend
     if device is not None:
-        if device.get("backend") == backend.name and backend.device_type != "cpu":
+        if device.get("backend") == backend.name and not backend.is_host:
             backend.set_rng_state(device["tensor"], accelerator.device.index)
         else:
             logger.warning("%s: device RNG state of backend %r not restored on backend %r",

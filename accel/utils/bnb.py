@@ -61,7 +61,7 @@ def _backend() -> Any:
 def quantization_device() -> torch.device:
     """The device weights are quantized on and run on: the active backend's current device (the host on cpu)."""
     backend = _backend()
-    if backend.device_type == "cpu":
+    if backend.is_host:
         return torch.device("cpu")
     return backend.device(backend.current_device())
 
@@ -73,7 +73,7 @@ def _device_value(device: torch.device) -> Union[int, str]:
 
 def _offload_targets() -> tuple[str, ...]:
     """Device-map values whose modules are offloaded (moved in by hooks at each forward)."""
-    return ("disk",) if _backend().device_type == "cpu" else ("cpu", "disk")
+    return ("disk",) if _backend().is_host else ("cpu", "disk")
 
 
 def get_parameter_device(parameter: nn.Module) -> torch.device:

@@ -292,7 +292,7 @@ def get_current_device_type() -> tuple[str, str]:
     from ..backends import get_registry
 
     for backend in get_registry().probe_order():
-        if backend.device_type != "cpu" and backend.is_available():
+        if not backend.is_host and backend.is_available():
             return backend.device_type, backend.distributed_type
     return "cuda", "MULTI_GPU"
 

@@ -48,7 +48,7 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
         pass
     torch.manual_seed(seed)
     backend = _active_backend()
-    if backend.device_type != "cpu":
+    if not backend.is_host:
         backend.manual_seed(seed)
     if deterministic:
         torch.use_deterministic_algorithms(True)

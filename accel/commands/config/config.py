@@ -228,7 +228,7 @@ def changed_config(current: LaunchConfig, values: dict[str, Any]) -> LaunchConfi
         setattr(config, key, value)
     if "backend" in values:
         backend = _resolve_backend(values["backend"], bool(values.get("use_cpu")))
-        config.backend, config.use_cpu = backend.name, backend.name == "cpu"
+        config.backend, config.use_cpu = backend.name, backend.is_host
     if config.distributed_type in _DERIVED_TYPES and ({"num_processes", "backend", "use_cpu"} & set(values)):
         backend = _resolve_backend(config.backend, config.use_cpu)
         _check_multiprocess(backend, config.num_processes)
@@ -299,7 +299,7 @@ def _comm_backend(backend: Any) -> str | None:
 
 
 def _devices_per_machine(backend: Any) -> int:
-    if backend.device_type == "cpu" or not backend.is_available():
+    if backend.is_host or not backend.is_available():
         return 1
     try:
         return max(int(backend.device_count()), 1)
@@ -327,7 +327,7 @@ def default_config(**values: Any) -> LaunchConfig:
     cpu); ``distributed_type`` follows from the backend and the process count.
     """
     backend = _resolve_backend(values.get("backend"), bool(values.get("use_cpu")))
-    config = LaunchConfig(backend=backend.name, use_cpu=backend.name == "cpu")
+    config = LaunchConfig(backend=backend.name, use_cpu=backend.is_host)
     for key, value in values.items():
         if key not in ("backend", "use_cpu"):
             setattr(config, key, value)
@@ -471,7 +471,7 @@ def ask_questions(current: LaunchConfig | None = None) -> LaunchConfig:
 
     available = ", ".join(b.name for b in registry.available())
     backend = _ask(f"Which hardware backend should the processes use? (available here: {available})", backend_answer, detected.name)
-    config = LaunchConfig(backend=backend.name, use_cpu=backend.name == "cpu", extra=dict(old.extra))
+    config = LaunchConfig(backend=backend.name, use_cpu=backend.is_host, extra=dict(old.extra))
     config.main_training_function = old.main_training_function
 
     config.num_machines = _ask("How many machines (nodes) will run the training?", _field("num_machines"), was("num_machines", 1))

@@ -38,7 +38,7 @@ def _backend():
 def _accelerator():
     """The active backend when it drives an accelerator (not the host), else None."""
     backend = _backend()
-    return None if backend.device_type == "cpu" else backend
+    return None if backend.is_host else backend
 
 
 def get_max_memory(max_memory: Optional[dict[Union[int, str], Union[int, str]]] = None) -> dict[Union[int, str], int]:
