@@ -381,8 +381,9 @@ def _verdict(report: Report, bench_rows: list[dict[str, Any]]) -> dict[str, Any]
         unjudged = True
     # the verdict first, in words: nothing failed -> qualified (a first run without a benchmark baseline,
     # or benchmarks too noisy to judge, are said in the line but fail nothing)
-    on = ", ".join(per_backend) or "no backend"
-    verdict = f"not qualified on {on}" if bad else (f"not concluded on {on}" if unjudged else f"qualified on {on}")
+    named = list(per_backend) or list(dict.fromkeys(str(r["backend"]) for r in bench_rows))
+    on = f" on {', '.join(named)}" if named else ""
+    verdict = f"not qualified{on}" if bad else (f"not concluded{on}" if unjudged else f"qualified{on}")
     return {"text": f"{verdict} — " + "; ".join(parts), "css": "bad" if bad else ("warn" if unjudged else "ok"),
             "qualified": not bad and not unjudged, "verdict": verdict,
             "bench_baseline": any(r["status"] not in _NOT_COMPARED for r in bench_rows)}

@@ -142,6 +142,14 @@ def test_a_failure_is_not_qualified_and_named_in_plain_words(tmp_path):
     assert "1 failure not covered by a known issue" in verdict.group(2)
 
 
+def test_benchmarks_alone_are_not_a_qualification(tmp_path):
+    write_benchmarks(tmp_path / "bench.json", [_matmul("float32", QUIET)])
+    html = render_html(build_report(load_results([tmp_path])))
+    verdict = re.search(r'<p class="verdict (\w+)" id="verdict">(.*?)</p>', html)
+    assert verdict.group(1) == "warn" and verdict.group(2).startswith("not concluded on cpu — ")
+    assert "no test results" in verdict.group(2)
+
+
 # ---------------------------------------------------------------------------- the command line
 def test_command_line_is_argv_as_a_shell_takes_it_back():
     assert command_line(["/venv/bin/accel", "qualify", "--backend", "cpu", "-o", "my out"], {}) == \
