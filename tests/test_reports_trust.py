@@ -158,6 +158,14 @@ def test_command_line_is_argv_as_a_shell_takes_it_back():
     assert command_line(["pytest"], {COMMAND_LINE_ENV: "accel qualify --backend emu"}) == "accel qualify --backend emu"
 
 
+def test_accel_qualify_hands_its_command_line_to_the_runs_it_starts(monkeypatch):
+    from accel.commands.qualify import child_environment
+
+    monkeypatch.delenv(COMMAND_LINE_ENV, raising=False)
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/accel", "qualify", "--backend", "emu", "--quick"])
+    assert child_environment()[COMMAND_LINE_ENV] == "accel qualify --backend emu --quick"
+
+
 def test_the_harness_records_the_command_line_and_the_report_shows_it_at_the_top(tmp_path):
     (tmp_path / "test_tiny.py").write_text("def test_one():\n    assert True\n", encoding="utf-8")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONSAFEPATH": "1", COMMAND_LINE_ENV: ""}
