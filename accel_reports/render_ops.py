@@ -127,7 +127,7 @@ def headline_with_operators(headline: str | None, ops: dict[str, Any] | None) ->
     """The report's headline (from the tests outside the sweep) with the operator failures named beside it."""
     if not ops or not ops["failing"]:
         return headline
-    note = (f"{_plural(ops['failing'], 'operator row')} failed ({ops['untracked']} untracked), in "
+    note = (f"{_plural(ops['failing'], 'operator row')} failed ({ops['untracked']} not covered by a known issue), in "
             f"{_plural(ops['groups'], 'group')} by reason and message: see Operators")
     return f"{headline} (tests outside the operator sweep); {note}" if headline else note
 

@@ -73,7 +73,7 @@ exit codes (the first that applies):
      unknown schema version, bad known-issues file, a history that cannot be used; an invalid
      input (a wrong type, a missing field, garbage) always;
      an unreadable input (cannot be parsed, cut short) only under --strict
-  1  new untracked failures (vs --baseline; without one, any untracked failure)
+  1  new failures not covered by a known issue (vs --baseline; without one, any such failure)
   3  benchmark regressions
   4  more than --collection-threshold (default 5%) of the baseline's tests no longer collected
      (only with --fail-on collection-drop)
@@ -290,7 +290,7 @@ def _run(args: argparse.Namespace) -> int:
         return f"{count} {noun}{'' if count == 1 else 's'}"
 
     print(f"{n(len(loaded.runs), 'run')}, {n(len(report.tests), 'test record')}, {n(report.failures, 'failure')} "
-          f"({untracked} {'new ' if report.diff is not None else ''}untracked), {n(regressions, 'benchmark regression')}"
+          f"({untracked} {'new ' if report.diff is not None else ''}not covered by a known issue), {n(regressions, 'benchmark regression')}"
           + (f", {n(drops, 'cell')} collected fewer tests than the baseline" if drops else ""))
     for note in report.comparison:
         print(f"accel report: baseline: {'' if note['fair'] else 'not like for like: '}{note['text']}", file=sys.stderr)
