@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from accel.backends.profile import HOOKS, ProfileBackend, ProfileError, canonical_dtype, load_profile, resolve_callable
+from accel.backends.profile import (HOOKS, ProfileBackend, ProfileError, canonical_dtype, load_profile, resolve_callable,
+                                    spec_no_op)
 from accel_harness import markers
 from accel_harness.known_issues import KnownIssues, KnownIssuesError
 from accel_harness.profile import CLAIM_CONTRADICTED, ProfileSession, item_areas, lacks_area
@@ -210,13 +211,32 @@ def test_transformers_spec_file_is_a_profile(tmp_path):
         """)
     profile = load_profile(spec)
     assert (profile.name, profile.device_type, profile.format) == ("cpu", "cpu", "spec")
-    assert profile.hooks["seed"] is torch.manual_seed and profile.hooks["empty_cache"] is None
+    assert profile.hooks["seed"] is torch.manual_seed and profile.hooks["empty_cache"] is spec_no_op
     backend = ProfileBackend(profile)
     assert backend.is_available() and backend.device_count() == 1
     backend.empty_cache()  # None in a spec: nothing to do
     backend.manual_seed(7)
     assert torch.equal(backend.get_rng_state(), torch.get_rng_state())  # missing hook filled in
     assert backend.hook_source("synchronize") == "torch.cpu"
+
+
+def test_a_specs_none_means_what_it_means_in_transformers(tmp_path):
+    """transformers' dispatch returns None instead of calling a None function: no count from the spec (torch's
+    is used: the backend stays available), and nothing to do for a None action."""
+    spec = write(tmp_path, "spec.py", """\
+        DEVICE_NAME = "cpu"
+        DEVICE_COUNT_FN = None
+        MANUAL_SEED_FN = None
+        SYNCHRONIZE_FN = None
+        RESET_PEAK_MEMORY_STATS_FN = None
+        """)
+    profile = load_profile(spec)
+    assert "device_count" not in profile.hooks
+    backend = ProfileBackend(profile)
+    assert backend.is_available() and backend.device_count() == 1  # it was unavailable: "device_count() is none"
+    backend.manual_seed(3)  # no device generator to seed: nothing happens, nothing raises
+    backend.synchronize()
+    assert backend.hook_source("seed") == "profile"
 
 
 def test_spec_file_errors(tmp_path):

@@ -48,6 +48,7 @@ __all__ = [
     "canonical_dtype",
     "load_profile",
     "resolve_callable",
+    "spec_no_op",
 ]
 
 #: the hooks a profile may name (``comm_backend`` is a collective backend's name, the rest callables)
@@ -75,6 +76,16 @@ _SPEC_NAMES = {
     "MAX_MEMORY_ALLOCATED_FN": "max_memory_allocated", "RESET_PEAK_MEMORY_STATS_FN": "reset_peak_memory_stats",
     "RESET_MAX_MEMORY_ALLOCATED_FN": "reset_peak_memory_stats",
 }
+
+#: a device spec's ``None`` means what it means in transformers (its dispatch returns None instead of
+#: calling): these actions do nothing; a count or a statistic is left to torch (the hook is omitted)
+_SPEC_NONE_IS_NO_OP = ("seed", "empty_cache", "synchronize", "reset_peak_memory_stats")
+
+
+def spec_no_op(*args: Any, **kwargs: Any) -> None:
+    """A device spec's ``None`` action (``EMPTY_CACHE_FN = None``): nothing to do on this device."""
+    return None
+
 
 # module attribute names that stand in for a hook the profile leaves out
 _MODULE_NAMES = {"seed": ("manual_seed_all", "manual_seed")}
@@ -446,7 +457,12 @@ def _from_spec(path: Path) -> DeviceProfile:
         if key in _SPEC_NAMES:
             if value is not None and not callable(value):
                 raise ProfileError(f"expected a function or None, got {value!r}", path, key=key)
-            hooks[_SPEC_NAMES[key]] = value
+            hook = _SPEC_NAMES[key]
+            if value is None:
+                if hook in _SPEC_NONE_IS_NO_OP:
+                    hooks[hook] = spec_no_op
+                continue  # DEVICE_COUNT_FN = None (valid for transformers): torch's own count is used
+            hooks[hook] = value
     capabilities: dict[str, Any] = {}
     training = names.get("SUPPORTS_TRAINING")
     if training is not None and not isinstance(training, bool):
