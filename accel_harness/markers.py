@@ -472,8 +472,11 @@ def _check_require_deepspeed(mark: _Mark) -> list[_Check]:
         problem = probe()
         if problem:
             return SkipReason(NEEDS_PACKAGE, problem)
+        from accel.backends.deepspeed_agreement import provided_accelerator
+
         device_type = getattr(ctx.backend, "device_type", None)
-        supported = () if _brings_deepspeed_accelerator(ctx.backend) else _deepspeed_accelerators()
+        # a backend that brings its own DeepSpeed accelerator (installed with set_accelerator) needs no list
+        supported = () if provided_accelerator(ctx.backend) else _deepspeed_accelerators()
         if device_type and supported and device_type not in supported:
             return SkipReason(NOT_ON_BACKEND, f"DeepSpeed has no accelerator for {device_type} "
                                               f"(DS_ACCELERATOR accepts {', '.join(supported)})")
@@ -491,14 +494,6 @@ def _deepspeed_accelerators() -> tuple[str, ...]:
     from accel.backends.deepspeed_agreement import deepspeed_accelerator_types
 
     return deepspeed_accelerator_types()
-
-
-def _brings_deepspeed_accelerator(backend: Any) -> bool:
-    """True when ``backend`` brings its own DeepSpeed accelerator class (accel installs it with DeepSpeed's
-    ``set_accelerator``), so DeepSpeed's own list need not name its device."""
-    from accel.backends.deepspeed_agreement import provided_accelerator
-
-    return provided_accelerator(backend) is not None
 
 
 def _comm_backend(backend: Any) -> tuple[str | None, str]:
