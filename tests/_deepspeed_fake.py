@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import textwrap
 from pathlib import Path
@@ -37,6 +38,12 @@ def install_fake_deepspeed(folder: Path, monkeypatch) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     monkeypatch.syspath_prepend(str(folder))
+    # what DeepSpeed supports is read once per process: the stand-in gets its own cache, and the real
+    # one's (filled or not) comes back after the test
+    from accel.backends import deepspeed_agreement
+
+    monkeypatch.setattr(deepspeed_agreement, "deepspeed_accelerator_types",
+                        functools.lru_cache(maxsize=None)(deepspeed_agreement.deepspeed_accelerator_types.__wrapped__))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")])))
     monkeypatch.delenv("DS_ACCELERATOR", raising=False)
     return folder
