@@ -118,7 +118,14 @@ def _run_child(payload: dict[str, Any], timeout: float) -> tuple[list[dict[str, 
             if left <= 0:
                 timed_out = True
                 break
-            for key, _ in selector.select(timeout=left):
+            report_done = (report.fileno() not in {k.fd for k in selector.get_map().values()}
+                           or any(step.get("end") for step in steps))
+            if report_done and child.poll() is not None:
+                left = 0  # the child is gone: take what output is there, not what a leftover grandchild may hold
+            events = selector.select(timeout=min(left, 0.25) if report_done else left)
+            if not events and report_done and child.poll() is not None:
+                break
+            for key, _ in events:
                 chunk = os.read(key.fileobj.fileno(), 65536)
                 if not chunk:
                     selector.unregister(key.fileobj)
@@ -136,6 +143,7 @@ def _run_child(payload: dict[str, Any], timeout: float) -> tuple[list[dict[str, 
         if timed_out:
             _kill(child)
         status = child.wait()
+        _kill_group(child.pid)  # whatever a hook started in the check goes with it
     except BaseException:
         _kill(child)
         raise
@@ -149,11 +157,18 @@ def _run_child(payload: dict[str, Any], timeout: float) -> tuple[list[dict[str, 
 
 
 def _kill(child: subprocess.Popen) -> None:
-    try:
-        os.killpg(child.pid, signal.SIGKILL)  # the child leads its own session and group: its own children go too
-    except OSError:
+    if not _kill_group(child.pid):
         child.kill()
     child.wait()
+
+
+def _kill_group(pid: int) -> bool:
+    """Kill the check's process group (the child leads its own session, so its own children go too)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        return False
+    return True
 
 
 def _judge(steps: list[dict[str, Any]], tail: str, status: int | None, timed_out: bool, timeout: float,
