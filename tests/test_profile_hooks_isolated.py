@@ -182,3 +182,23 @@ def test_accel_qualify_stops_with_usage_status_naming_the_hook(tmp_path):
                           env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr[-2000:]  # before: 134 and no output
     assert "hooks.is_available" in done.stderr and "os:abort" in done.stderr and "SIGABRT" in done.stderr
+
+
+def test_a_process_a_hook_leaves_behind_does_not_hold_the_check(tmp_path):
+    # the forked leftover holds the check's pipes forever; the check ends with the child and kills it
+    (tmp_path / "hooks_leftover.py").write_text(textwrap.dedent(
+        """\
+        import os, pathlib, threading
+
+        def is_available():
+            marker = pathlib.Path(__file__).with_name("forked")
+            if not marker.exists():  # the first call, in the check: leave a process behind
+                marker.write_text("")
+                if os.fork() == 0:
+                    threading.Event().wait()
+            return True
+        """))
+    path = tmp_path / "p.yaml"
+    path.write_text("device: {name: mycpu, device_type: cpu}\nhooks:\n  is_available: \"hooks_leftover:is_available\"\n")
+    status, out = load_in_child(tmp_path, path, timeout="0.5")
+    assert status == 0 and out["available"] is True, out
