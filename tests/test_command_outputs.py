@@ -21,3 +21,10 @@ def test_the_results_folder_is_ignored_by_git_and_named_by_the_commands():
     for command in ("qualify", "ops"):
         source = (ROOT / "accel" / "commands" / f"{command}.py").read_text()
         assert "default_output(" in source, command
+
+
+def test_bench_writes_into_the_results_folder_by_default():
+    from accel.commands import cli
+
+    parser = cli.build_parser(load="bench")
+    assert parser.parse_args(["bench"]).results_dir == RESULTS_DIR

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from accel.commands import UsageError
+from accel.commands import RESULTS_DIR, UsageError
 
 QUICK_ENV = "ACCEL_BENCH_QUICK"
 THREADS_ENV = "ACCEL_BENCH_THREADS"
@@ -44,8 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--backend", metavar="NAME", help="backend to benchmark (default: the detected one)")
     parser.add_argument("--quick", action="store_true", help="smoke run: smaller problems, fewer rounds")
-    parser.add_argument("--results-dir", metavar="DIR", default="results",
-                        help="folder for bench-<timestamp>.json (default ./results)")
+    parser.add_argument("--results-dir", metavar="DIR", default=RESULTS_DIR,
+                        help=f"folder for bench-<timestamp>.json (default ./{RESULTS_DIR}, where every accel command "
+                             "writes when not told otherwise)")
     parser.add_argument("-k", dest="keyword", metavar="EXPR", help="only benchmarks matching this pytest -k expression")
     parser.add_argument("--repeat", type=int, default=1, metavar="N",
                         help="run the suites N times (one JSON each) and show the spread between runs")
