@@ -50,9 +50,10 @@ def test_without_benchmarks_and_with_a_conflicting_run(tmp_path, monkeypatch, ca
     _fake_steps(monkeypatch, "q-1")
     assert main(["qualify", "--backend", "cpu", "-o", str(tmp_path / "q1"), "--no-bench", "--ops", "none", "--history", str(db)]) == 0
     assert "1 run(s) added" in capsys.readouterr().out
-    # the same run id with other results (a copied folder re-run by hand): refused, named, exit 1
+    # the same run id with other results (a copied folder re-run by hand): refused, named, exit 2 (bad input,
+    # as accel report --history exits)
     _fake_steps(monkeypatch, "q-1", outcome="failed")
-    assert main(["qualify", "--backend", "cpu", "-o", str(tmp_path / "q2"), "--no-bench", "--ops", "none", "--history", str(db)]) == 1
+    assert main(["qualify", "--backend", "cpu", "-o", str(tmp_path / "q2"), "--no-bench", "--ops", "none", "--history", str(db)]) == 2
     err = capsys.readouterr().err
     assert "'q-1'" in err and "other content" in err
     with History(db) as history:

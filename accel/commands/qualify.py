@@ -53,8 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="backend(s) to qualify (repeatable; default: the detected backend; 'auto': every available one)")
     parser.add_argument("-o", "--output", metavar="DIR",
                         help="fresh folder for everything (default: ./accel-results/qualify-<UTC time>)")
-    parser.add_argument("-n", "--workers", type=int, default=0, metavar="N",
-                        help="pytest-xdist workers for the suites (default 0: one process)")
+    parser.add_argument("-n", "--workers", type=int, default=None, metavar="N",
+                        help="pytest-xdist workers for the suites (default: 2 where the machine has two usable cores or "
+                             "more, else 0: one process)")
+    parser.add_argument("--flake-runs", type=int, default=0, metavar="N",
+                        help="re-run each failing suite test N more times and record its flake rate (the outcome stays "
+                             "failed; the report shows it as flaky when a re-run passes)")
     parser.add_argument("-k", metavar="EXPR", help="only run suite tests matching this pytest -k expression")
     parser.add_argument("--known-issues", metavar="YAML", help="known-issues file for the suites and the report")
     parser.add_argument("--profile", metavar="FILE",
@@ -192,8 +196,6 @@ def _fresh_output(args: argparse.Namespace) -> Path:
         writable_folder(out, label="--output", purpose="qualify writes its results and report into it")
     except OutputPathError as exc:
         raise UsageError(str(exc)) from None
-    if args.workers < 0:
-        raise UsageError(f"--workers must be >= 0, got {args.workers}")
     return out
 
 
@@ -306,6 +308,8 @@ def _print_vendor_lines(results: Path, known_issues: str | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if (getattr(args, "flake_runs", 0) or 0) < 0 or (args.workers is not None and args.workers < 0):
+        raise UsageError("--flake-runs and -n take a number of 0 or more")
     if getattr(args, "upstream", None):  # a bad spec is reported before torch is imported
         from accel_harness.upstream import UpstreamError, parse_spec
 
@@ -356,8 +360,11 @@ def run(args: argparse.Namespace) -> int:
     ]
     for name in backends:
         pytest_cmd += ["--backend", name]
-    if args.workers:
-        pytest_cmd += ["-n", str(args.workers)]
+    workers = default_workers() if args.workers is None else args.workers
+    if workers:
+        pytest_cmd += ["-n", str(workers)]
+    if getattr(args, "flake_runs", 0):
+        pytest_cmd += ["--flake-runs", str(args.flake_runs)]
     if args.k:
         pytest_cmd += ["-k", args.k]
     if args.known_issues:
@@ -550,14 +557,23 @@ def _tally(results: Path, bench: Path | None, ops: list[Path] | None = None) -> 
     return "; ".join(parts) if parts else "no results were recorded"
 
 
+def default_workers() -> int:
+    """The suites' xdist workers when ``-n`` is not given: 2 on a machine with two usable cores or more (the
+    suites' multi-rank tests start their own processes, so more workers mostly add contention), else 0."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    cores = len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
+    return 2 if cores >= 2 else 0
+
+
 def _append_history(db: str, paths: list[Path]) -> int:
-    """``--history DB``: append the run's suite results and benchmarks to the run history; 1 when it cannot."""
+    """``--history DB``: append the run's suite results and benchmarks to the run history; 2 (bad input, as
+    ``accel report --history`` exits) when it cannot."""
     from accel_reports.history import HistoryError, append_results
 
     try:
         result = append_results(db, paths)
     except HistoryError as exc:
         print(f"accel qualify: history {db}: {exc}", file=sys.stderr)
-        return 1
+        return 2
     print(f"accel qualify: history {db}: {result.summary()}", flush=True)
     return 0
