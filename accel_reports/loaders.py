@@ -5,11 +5,7 @@ Three inputs are understood:
 * harness JSON Lines (``*.jsonl``, :mod:`accel_harness.records`): read with
   :func:`accel_harness.records.read_records`; an unknown schema (major) version raises
   :class:`accel_harness.records.SchemaVersionError` (the file is refused, never half-understood);
-* pytest ``--junitxml`` files (``*.xml``), parsed with :mod:`xml.etree.ElementTree`, which never
-  fetches external entities or DTDs; the harness' ``accel_backend``/``accel_world_size``/
-  ``accel_known_issue`` test properties and ``run_id``/``torch_version``/``accel_version``/
-  ``backend`` suite properties are used when present. A file cut short keeps the test cases read
-  before the break;
+* pytest ``--junitxml`` files (``*.xml``), read by :mod:`accel_reports.load_junit`;
 * pytest-benchmark JSON (``*.json`` with a ``benchmarks`` list), see :mod:`accel_reports.benchmarks` for
   the ``extra_info`` keys read. The empty file pytest-benchmark leaves under pytest-xdist is noted
   and skipped.
@@ -21,9 +17,7 @@ whole). Every field is checked against the format's types: a record whose requir
 out, an optional field of a wrong type is left empty and the record kept; both are ``"invalid"``
 problems naming file, line and field. A file that cannot be opened or parsed (or is cut short) is
 ``"unreadable"``; harmless findings are ``"note"``. ``accel report`` turns the kinds into exit
-codes. File names that are not valid UTF-8 (bytes ``os.listdir`` hands back as surrogate
-escapes) and text holding lone surrogates (``"\\ud800"`` in JSON) are shown with U+FFFD, so
-nothing downstream meets a string that cannot be encoded.
+codes. Text that UTF-8 cannot encode is shown with U+FFFD (:mod:`accel_reports.display`).
 
 Frames (columns in :data:`TEST_COLUMNS`, :data:`RUN_COLUMNS`, :data:`BENCH_COLUMNS`):
 
@@ -54,8 +48,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -68,13 +60,13 @@ from accel_harness.records import (
     Problem,
     SchemaVersionError,
     device_neutral_id,
-    failure_signature,
-    first_error_line,
     json_type,
     read_records,
 )
 
+from .display import display_deep, display_path, display_text, line_of, short
 from .headers import subject_label, upstream_block
+from .load_junit import ROW_TEXT, load_junit
 from .operators import header_figures, is_operator_id, operator_detail
 
 __all__ = [
@@ -111,8 +103,6 @@ BENCH_COLUMNS = [
     "quick", "sizes", "work_unit", "work_size", "note", "environment",
 ]
 
-#: backend names recognised in a JUnit nodeid when the file carries no ``accel_backend`` property
-_KNOWN_BACKENDS = ("cpu", "cuda", "xpu", "hpu", "mps")
 _RESULT_SUFFIXES = {".jsonl": "jsonl", ".xml": "junit", ".json": "benchmark"}
 _OUTCOME_SET = frozenset(OUTCOMES)
 #: columns taken from each test row; the others come from the run
@@ -134,43 +124,6 @@ class Loaded:
     @property
     def empty(self) -> bool:
         return self.tests.empty and self.benchmarks.empty
-
-
-# ---------------------------------------------------------------------------- display-safe text
-_SURROGATES = re.compile("[\ud800-\udfff]")
-
-
-def display_text(text: Any) -> Any:
-    """``text`` with what UTF-8 cannot encode (lone surrogates) replaced by U+FFFD; other values as given.
-
-    Surrogate escapes of undecodable bytes (``os.fsdecode``) become one U+FFFD per byte, a lone
-    surrogate from a JSON escape (``"\\ud800"``) one U+FFFD.
-    """
-    if not isinstance(text, str) or text.isascii():
-        return text
-    return _SURROGATES.sub("\ufffd", text)
-
-
-def display_path(path: str | os.PathLike[str] | bytes) -> str:
-    """A file name that can be printed and written into a UTF-8 report (see :func:`display_text`)."""
-    return display_text(os.fsdecode(path))
-
-
-def _display_deep(value: Any, depth: int = 0) -> Any:
-    if isinstance(value, str):
-        return display_text(value)
-    if depth > 32:
-        return value
-    if isinstance(value, dict):
-        return {display_text(k): _display_deep(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_display_deep(v, depth + 1) for v in value]
-    return value
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # ---------------------------------------------------------------------------- file discovery
@@ -221,7 +174,6 @@ def _text(value: Any) -> str | None:
 
 
 #: text columns of a test row (made display-safe when they hold non-ASCII text)
-_ROW_TEXT = ("nodeid", "test_id", "backend", "when", "reason_code", "message", "signature", "traceback", "known_issue")
 
 
 def load_jsonl(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[Problem]]:
@@ -265,23 +217,23 @@ def load_jsonl(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, lis
         "os": _text(header.get("os")),
         "kernel": _text(header.get("kernel")),
         "python": _text(header.get("python")),
-        "driver_versions": _display_deep(dict(header.get("driver_versions") or {})),
-        "runtime_versions": _display_deep(dict(header.get("runtime_versions") or {})),
-        "device_count": _display_deep(dict(header.get("device_count") or {})),
+        "driver_versions": display_deep(dict(header.get("driver_versions") or {})),
+        "runtime_versions": display_deep(dict(header.get("runtime_versions") or {})),
+        "device_count": display_deep(dict(header.get("device_count") or {})),
         "devices": _devices(header),
         **_evidence(header),
-        "ops": _display_deep(figures),
+        "ops": display_deep(figures),
     }
     block = upstream_block(header)
     if block is not None:  # an upstream suite (accel qualify --upstream): the cell's version is its subject
-        run["upstream"] = block = _display_deep(block)
+        run["upstream"] = block = display_deep(block)
         run["accel_version"] = display_text(subject_label(block))
     default_backend = _text((header.get("backends") or [None])[0])
     rows = []
     for number, rec in enumerate(records, start=1):  # the record dicts are completed in place
         if rec["outcome"] not in _OUTCOME_SET or not isinstance(rec["nodeid"], str):  # read_records checked both
             continue
-        for name in _ROW_TEXT:
+        for name in ROW_TEXT:
             value = rec.get(name)
             if isinstance(value, str) and not value.isascii():
                 rec[name] = display_text(value)
@@ -298,13 +250,13 @@ def load_jsonl(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, lis
         rec["flake_rate"] = float(rate) if _is_number(rate) and 0 <= rate <= 1 else None
         expired = extra.get("expired_known_issue") if type(extra) is dict else None
         rec["expired_issue"] = display_text(expired) if isinstance(expired, str) and expired else None
-        rec["operator"] = _display_deep(operator_detail(extra)) if is_operator_id(rec["test_id"]) else None
+        rec["operator"] = display_deep(operator_detail(extra)) if is_operator_id(rec["test_id"]) else None
         rows.append(rec)
     return run, rows, list(problems)
 
 
 def _mapping(value: Any) -> dict[str, Any] | None:
-    return _display_deep(dict(value)) if isinstance(value, dict) and value else None
+    return display_deep(dict(value)) if isinstance(value, dict) and value else None
 
 
 def _evidence(header: dict[str, Any]) -> dict[str, Any]:
@@ -366,202 +318,7 @@ def _benchmark_environment(machine: dict[str, Any], commit: Any) -> dict[str, st
     }
 
 
-# ---------------------------------------------------------------------------- JUnit XML
-def _junit_nodeid(case: ET.Element) -> str:
-    classname = case.get("classname") or ""
-    name = case.get("name") or "?"
-    file_attr = case.get("file")
-    parts = classname.split(".") if classname else []
-    if file_attr:
-        module = file_attr.replace("\\", "/")
-        module_parts = module[:-3].split("/") if module.endswith(".py") else module.split("/")
-        classes = parts[len(module_parts):]
-        return "::".join([module, *classes, name])
-    # pytest writes "pkg.module.Class": the module ends before the first capitalised part
-    split = next((i for i, p in enumerate(parts) if p[:1].isupper()), len(parts))
-    module = "/".join(parts[:split]) + ".py" if split else ""
-    return "::".join([p for p in [module, *parts[split:], name] if p])
-
-
-def _junit_backend(nodeid: str) -> str | None:
-    match = re.search(r"\[(.*)\]\Z", nodeid)
-    if not match:
-        return None
-    tokens = match.group(1).split("-")
-    return next((b for b in _KNOWN_BACKENDS if b in tokens), None)
-
-
-def _properties(element: ET.Element) -> dict[str, str]:
-    props = {}
-    container = element.find("properties")
-    if container is not None:
-        for prop in container.findall("property"):
-            if prop.get("name"):
-                props[prop.get("name")] = prop.get("value") or ""
-    return props
-
-
-def _junit_case(case: ET.Element, suite_props: dict[str, str], bad: list[tuple[str, str, str]] | None = None) -> dict[str, Any]:
-    """One ``<testcase>`` as a test row; attributes of a wrong type go to ``bad`` as
-    ``(nodeid, field, message)`` and are left empty."""
-    props = _properties(case)
-    nodeid = _junit_nodeid(case)
-    backend = props.get("accel_backend") or suite_props.get("backend") or _junit_backend(nodeid)
-    world = props.get("accel_world_size")
-    outcome, when, reason_code, message, text = "passed", "call", None, None, None
-    for child in case:
-        tag = child.tag
-        if tag in ("failure", "error"):
-            text = (child.text or "").strip() or child.get("message") or ""
-            message = child.get("message") or first_error_line(text)
-            if tag == "failure":
-                outcome = "failed"
-            else:  # pytest: "failed on setup/teardown with ..."
-                outcome = "error"
-                lowered = (child.get("message") or "").lower()
-                when = "teardown" if "teardown" in lowered else "setup"
-            break
-        if tag == "skipped":
-            if (child.get("type") or "") == "pytest.xfail":
-                outcome, message = "xfailed", child.get("message")
-            else:
-                from accel_harness.markers import parse_skip
-
-                outcome = "skipped"
-                reason = parse_skip(child.get("message") or (child.text or ""))
-                reason_code, message = reason.code, reason.message
-            break
-    try:
-        world_size = int(world) if world not in (None, "", "None") else None
-    except ValueError:
-        world_size = None
-        if bad is not None:
-            bad.append((nodeid, "accel_world_size", f"property 'accel_world_size': expected an integer, got {_short(world)}"))
-    try:
-        duration = float(case.get("time") or 0.0)
-        if not math.isfinite(duration):
-            raise ValueError
-    except ValueError:
-        duration = 0.0
-        if bad is not None:
-            bad.append((nodeid, "time", f"attribute 'time': expected a number of seconds, got {_short(case.get('time'))}"))
-    return {
-        "nodeid": nodeid,
-        "test_id": device_neutral_id(nodeid, backend),
-        "backend": backend,
-        "world_size": world_size,
-        "outcome": outcome,
-        "duration": duration,
-        "when": when,
-        "reason_code": reason_code,
-        "message": message,
-        "signature": failure_signature(text) if text else None,
-        "traceback": text,
-        "known_issue": props.get("accel_known_issue") or None,
-        "tracked_pass": None,
-    }
-
-
-def load_junit(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[Problem]]:
-    """One pytest ``--junitxml`` file: ``(run row, test rows, problems)``.
-
-    Parsed incrementally: a file cut short (or broken further down) keeps the test cases completed
-    before the error, and a case whose ``<failure>``/``<error>`` had begun at the break (it failed,
-    whatever the rest said); the ``"unreadable"`` problem names the line. A ``time`` attribute or
-    ``accel_world_size`` property that is no number is an ``"invalid"`` problem (the field is left
-    empty). External entities are never fetched.
-    """
-    path = Path(path)
-    where = display_path(path)
-    problems: list[Problem] = []
-    raw = path.read_bytes()
-    if not raw.strip():
-        return None, [], [Problem(where, 1, "empty file: no JUnit XML", "unreadable")]
-    rows: list[dict[str, Any]] = []
-    bad: list[tuple[str, str, str]] = []
-    suite_attrs: dict[str, str] = {}
-    suite_props: dict[str, str] = {}
-    pending_cases: list[ET.Element] = []
-    current: ET.Element | None = None
-    try:
-        with open(path, "rb") as fh:
-            for event, element in ET.iterparse(fh, events=("start", "end")):
-                tag = element.tag
-                if event == "start":
-                    if tag == "testsuite" and not suite_attrs:
-                        suite_attrs = dict(element.attrib)
-                    elif tag == "testcase":
-                        current = element
-                    continue
-                if tag == "properties" and current is None and not suite_props:
-                    suite_props = {p.get("name"): p.get("value") or "" for p in element.findall("property") if p.get("name")}
-                elif tag == "testcase":
-                    current = None
-                    pending_cases.append(element)
-                    if len(pending_cases) >= 256:  # convert and free them as we go
-                        rows.extend(_junit_case(c, suite_props, bad) for c in pending_cases)
-                        for c in pending_cases:
-                            c.clear()
-                        pending_cases = []
-    except (ET.ParseError, RecursionError, ValueError) as exc:
-        position = getattr(exc, "position", None)
-        line = position[0] if position else 0
-        kept = ""
-        # a test case cut at the break whose <failure>/<error> had begun still failed: keep it
-        if current is not None and any(child.tag in ("failure", "error") for child in current):
-            partial = _junit_case(current, suite_props)
-            partial["message"] = (partial["message"] or "") + " [cut short: the JUnit file breaks inside this test case]"
-            rows.extend(_junit_case(c, suite_props, bad) for c in pending_cases)
-            pending_cases = []
-            rows.append(partial)
-            kept = f"; the test case cut at the break ({partial['nodeid']}) is kept as {partial['outcome']}"
-        problems.append(Problem(where, line, f"not well-formed XML ({exc}); test cases before it are kept{kept}", "unreadable"))
-    rows.extend(_junit_case(c, suite_props, bad) for c in pending_cases)
-    text = None
-    for nodeid, fld, message in bad:
-        text = text if text is not None else raw.decode("utf-8", errors="replace")
-        name = nodeid.rsplit("::", 1)[-1]
-        problems.append(Problem(where, _line_of(text, f'name="{name}"'), f"test case {nodeid!r}: {message}; the field is left empty",
-                                "invalid"))
-    if not suite_attrs and not rows:
-        if not problems:
-            problems.append(Problem(where, 1, "no <testsuite> element: not a pytest --junitxml file", "unreadable"))
-        return None, [], problems
-    for row in rows:
-        for name in _ROW_TEXT:
-            value = row.get(name)
-            if isinstance(value, str) and not value.isascii():
-                row[name] = display_text(value)
-    suite_attrs = {k: display_text(v) for k, v in suite_attrs.items()}
-    suite_props = {k: display_text(v) for k, v in suite_props.items()}
-    timestamp = suite_attrs.get("timestamp")
-    run_id = suite_props.get("run_id") or f"junit:{display_path(path.stem)}" + (f"@{timestamp}" if timestamp else "")
-    backends = sorted({r["backend"] for r in rows if r["backend"]})
-    run = {
-        "run_id": run_id,
-        "source": where,
-        "format": "junit",
-        "backends": ", ".join(backends),
-        "torch_version": suite_props.get("torch_version"),
-        "torch_build": suite_props.get("torch_build"),
-        "accel_version": suite_props.get("accel_version"),
-        "host": suite_attrs.get("hostname"),
-        "start_time": timestamp,
-        "end_time": None,
-        "interrupted": any(p.kind == "unreadable" for p in problems),
-        "records": len(rows),
-        "device_models": "",
-        "git_commit": suite_props.get("git_commit"),
-    }
-    return run, rows, problems
-
-
 # ---------------------------------------------------------------------------- pytest-benchmark JSON
-def _line_of(text: str, needle: str) -> int:
-    index = text.find(needle)
-    return text.count("\n", 0, index) + 1 if index >= 0 else 0
-
-
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -596,7 +353,7 @@ def _checked_bench(bench: dict[str, Any], label: str) -> tuple[dict[str, Any], l
     for part in ("stats", "extra_info"):
         value = bench.get(part)
         if value is not None and not isinstance(value, dict):
-            messages.append(f"field {part!r}: expected an object, got {json_type(value)} {_short(value)}")
+            messages.append(f"field {part!r}: expected an object, got {json_type(value)} {short(value)}")
             bench[part] = None
         elif value is not None:
             bench[part] = dict(value)
@@ -608,7 +365,7 @@ def _checked_bench(bench: dict[str, Any], label: str) -> tuple[dict[str, Any], l
             value = target.get(name)
             if value is not None and not check(value):
                 where = name if part is None else f"{part}.{name}"
-                messages.append(f"field {where!r}: expected {expected}, got {json_type(value)} {_short(value)}")
+                messages.append(f"field {where!r}: expected {expected}, got {json_type(value)} {short(value)}")
                 target[name] = None
     return bench, [f"benchmark {label}: {m}; the field is left empty" for m in messages]
 
@@ -642,19 +399,19 @@ def load_benchmark_json(path: str | os.PathLike[str], *, named: bool = True) -> 
     problems: list[Problem] = []
     machine = doc.get("machine_info")
     if machine is not None and not isinstance(machine, dict):
-        problems.append(Problem(where, _line_of(text, '"machine_info"'), f"field 'machine_info': expected an object, got "
-                                f"{json_type(machine)} {_short(machine)}; the field is left empty", "invalid"))
+        problems.append(Problem(where, line_of(text, '"machine_info"'), f"field 'machine_info': expected an object, got "
+                                f"{json_type(machine)} {short(machine)}; the field is left empty", "invalid"))
     machine = dict(machine) if isinstance(machine, dict) else {}
     for name, (check, expected) in _MACHINE_FIELDS.items():
         value = machine.get(name)
         if value is not None and not check(value):
-            problems.append(Problem(where, _line_of(text, f'"{name}"'), f"field 'machine_info.{name}': expected {expected}, got "
-                                    f"{json_type(value)} {_short(value)}; the field is left empty", "invalid"))
+            problems.append(Problem(where, line_of(text, f'"{name}"'), f"field 'machine_info.{name}': expected {expected}, got "
+                                    f"{json_type(value)} {short(value)}; the field is left empty", "invalid"))
             machine[name] = None
     when = doc.get("datetime")
     if when is not None and not isinstance(when, str):
-        problems.append(Problem(where, _line_of(text, '"datetime"'), f"field 'datetime': expected a string, got {json_type(when)} "
-                                f"{_short(when)}; the field is left empty", "invalid"))
+        problems.append(Problem(where, line_of(text, '"datetime"'), f"field 'datetime': expected a string, got {json_type(when)} "
+                                f"{short(when)}; the field is left empty", "invalid"))
         when = None
     when = display_text(when)
     environment = _benchmark_environment(machine, doc.get("commit_info"))
@@ -663,7 +420,7 @@ def load_benchmark_json(path: str | os.PathLike[str], *, named: bool = True) -> 
     for index, bench in enumerate(doc["benchmarks"]):
         label = (bench.get("fullname") or bench.get("name")) if isinstance(bench, dict) else None
         label = label if isinstance(label, str) else None
-        line = _line_of(text, json.dumps(label, ensure_ascii=False)) or _line_of(text, json.dumps(label)) if label else 0
+        line = line_of(text, json.dumps(label, ensure_ascii=False)) or line_of(text, json.dumps(label)) if label else 0
         shown = f"#{index + 1} ({display_text(label) if label else 'unnamed'})"
         if not isinstance(bench, dict):
             problems.append(Problem(where, line, f"benchmark {shown} ignored: expected an object, got {json_type(bench)}", "invalid"))
