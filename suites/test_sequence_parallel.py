@@ -113,8 +113,9 @@ def test_ulysses_loss_and_gradient_match_whole_sequences(device, world_size, ran
     logits = model(input_ids=ids[:, half].to(device), position_ids=torch.arange(SEQ)[None, half].to(device)).logits
     loss = _group_loss(logits, shift_labels, mpu.get_sequence_parallel_group())
     loss.backward()
-    grad = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).to("cpu")
-    dist.all_reduce(grad, group=mpu.get_sequence_parallel_group())
+    grad = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    dist.all_reduce(grad, group=mpu.get_sequence_parallel_group())  # on the device: the group's backend may know no other
+    grad = grad.to("cpu")
     release_deepspeed_ulysses()
     torch.testing.assert_close(loss.detach().cpu(), want_loss.detach(), **TOLERANCE)
     torch.testing.assert_close(grad, want_grad, **TOLERANCE,

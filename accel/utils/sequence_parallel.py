@@ -66,7 +66,12 @@ def _check_deepspeed_ulysses(parallelism_config: Any) -> None:
 
 
 def _ensure_deepspeed_comm() -> None:
-    """DeepSpeed's communication layer over the existing process group (its groups are made through it)."""
+    """DeepSpeed's communication layer over the existing process group (its groups are made through it), with
+    the accelerator of a device DeepSpeed does not know installed first (its groups and engine use it)."""
+    from ..backends import get_backend
+    from ..backends.deepspeed_agreement import install_deepspeed_accelerator
+
+    install_deepspeed_accelerator(get_backend())
     import deepspeed
     import deepspeed.comm as ds_comm
     import torch.distributed as dist
