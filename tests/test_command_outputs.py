@@ -28,3 +28,23 @@ def test_bench_writes_into_the_results_folder_by_default():
 
     parser = cli.build_parser(load="bench")
     assert parser.parse_args(["bench"]).results_dir == RESULTS_DIR
+
+
+def test_bench_leaves_no_benchmark_storage_folder_behind(tmp_path, monkeypatch):
+    """pytest-benchmark makes its storage folder when it starts; accel bench gives it a temporary one."""
+    from accel.commands import bench
+    from accel.commands.cli import main
+
+    seen = []
+
+    def fake_call(command, **kwargs):
+        storage = command[command.index("--benchmark-storage") + 1].removeprefix("file://")
+        seen.append((Path(storage), Path(storage).is_dir()))
+        return 5  # no benchmark matched
+
+    monkeypatch.setattr(bench.subprocess, "call", fake_call)
+    monkeypatch.chdir(tmp_path)
+    main(["bench", "--backend", "cpu", "-k", "nothing", "--results-dir", str(tmp_path / "out")])
+    ((storage, existed),) = seen
+    assert existed and not storage.exists()
+    assert not (tmp_path / ".benchmarks").exists()

@@ -26,6 +26,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -301,7 +302,11 @@ def run(args: argparse.Namespace) -> int:
         path = _output_path(results_dir, stamp, i, args.repeat)
         if args.repeat > 1:
             print(f"\naccel bench: run {i} of {args.repeat}", flush=True)
-        code = subprocess.call(pytest_command(suites, backend, path, args.keyword), cwd=repo, env=env)
+        # pytest-benchmark makes its storage folder (./.benchmarks) at start even though the figures go to
+        # --benchmark-json: a temporary one, so nothing is left in the working or the suites' folder
+        with tempfile.TemporaryDirectory(prefix="accel-bench-storage-") as storage:
+            command = pytest_command(suites, backend, path, args.keyword) + ["--benchmark-storage", f"file://{storage}"]
+            code = subprocess.call(command, cwd=repo, env=env)
         if code == 5:
             print(f"accel bench: no benchmark matched{' -k ' + repr(args.keyword) if args.keyword else ''}", file=sys.stderr)
         elif code not in (0,):
