@@ -97,6 +97,7 @@ MARKERS: dict[str, str] = {
     "require_fsdp2": f"skip unless torch >= {versions.TORCH_FSDP2} (fully_shard) and the backend has a collective backend [torch-version, needs-multiprocess]",
     "require_opt_in": "require_opt_in(VARIABLE): skip unless the yes/no environment variable is true, e.g. require_opt_in('RUN_SLOW') [opt-in]",
     "slow": "takes more than a few seconds",
+    "models": "the validated-models suite: real architectures trained to a target, judged against the host fp32 run (a label: no condition)",
     "world_size": "world_size(n) or world_size([1, 2, 4]): run the body in n processes, one test instance per size [needs-multiprocess, needs-devices]",
     "known_limitation": "known_limitation('mps', ..., reason='...', torch='<2.8'): skip on the named backends (optionally only in a torch range) [known-limitation]",
 }
@@ -642,6 +643,7 @@ _PARSERS: dict[str, Callable[[_Mark], list[_Check]]] = {
     "require_bf16": _dtype_check("bf16", "supports_bf16", "supports_bf16_amp"),
     "require_fp8": _dtype_check("fp8", "supports_fp8", None),
     "slow": _check_slow,
+    "models": _check_slow,  # a selection label, like slow: no condition
 }
 
 
