@@ -183,6 +183,11 @@ KNOWN_SUITE = textwrap.dedent(
 )
 
 
+#: the multi-process suite's per-test limit: its hanging test costs all of it; every other test of that suite runs on
+#: ranks that have already formed their process group (their start has a limit of its own) and ends far below it
+HANG_TIMEOUT_S = 4
+
+
 def test_dash_m_cpu_session_with_records_known_issues_and_multi_process_faults(tmp_path):
     """Three suites in one ``-m cpu`` session (one check each): -m selects exactly one backend; the
     session's records and known issues; a multi-process suite's failure, skip, crash and hang, and the
@@ -190,7 +195,7 @@ def test_dash_m_cpu_session_with_records_known_issues_and_multi_process_faults(t
     inner.write(tmp_path, test_suite=SUITE, test_multi=MULTI, test_known=KNOWN_SUITE)
     (tmp_path / "known.yaml").write_text(KNOWN)
     pid_file = tmp_path / "pids.txt"
-    result = inner.run(tmp_path, "-m", "cpu", "--strict-markers", "--dist-timeout", "8", "--results-dir", "results",
+    result = inner.run(tmp_path, "-m", "cpu", "--strict-markers", "--dist-timeout", str(HANG_TIMEOUT_S), "--results-dir", "results",
                        "--known-issues", "known.yaml", env={"PID_FILE": str(pid_file)})
     inner.check_all({
         "-m selects exactly one backend": lambda: _one_backend(result),
@@ -241,7 +246,7 @@ def _multi_process(result: pytest.RunResult, pid_file) -> None:
     assert "rank 1 of 2 failed: ValueError: boom from rank one" in inner.section(result, "test_a_fail_on_rank_1")
     assert "rank 1 died with exit code" in inner.section(result, "test_d_crash")
     hang = inner.section(result, "test_e_hang")
-    assert "timeout: ranks [0, 1] did not finish within 8s" in hang  # the hang cost its timeout, not a watchdog's 30 min
+    assert f"timeout: ranks [0, 1] did not finish within {HANG_TIMEOUT_S}s" in hang  # the hang cost its timeout, not a watchdog's 30 min
     assert "--- rank 0 ---" in hang and "in test_e_hang" in hang  # every rank's stack
     assert inner.outcome_of(result, "test_multi.py::test_b_recovers_after_failure[cpu-ws2]") == "passed"
     assert inner.outcome_of(result, "test_multi.py::test_f_after_hang[cpu-ws2]") == "passed"
