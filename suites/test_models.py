@@ -29,6 +29,11 @@ MODEL_PARAMS = [
     for name, spec in MODELS.items()
 ]
 
+#: the gated runs train without dropout: dropout masks drawn by a device's generator (or split over
+#: ranks) differ from the host's, and on models this small that alone moves steps-to-target by more
+#: than the 1.05x gate (docs/models.md has the measurements); the layers stay, at probability 0
+GATED_DROPOUT = 0.0
+
 _REFERENCES: dict[str, RunRecord] = {}
 
 
@@ -40,7 +45,7 @@ def reference(model_name: str) -> RunRecord:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            _REFERENCES[model_name] = train(model_name)
+            _REFERENCES[model_name] = train(model_name, dropout=GATED_DROPOUT)
         finally:
             torch.set_num_threads(threads)
     return _REFERENCES[model_name]
@@ -53,7 +58,7 @@ def test_model_trains_to_target_like_the_host_reference(device, world_size, mode
 
     accelerator = Accelerator()
     assert accelerator.num_processes == world_size and accelerator.device == device
-    run = train(model_name, accelerator)
+    run = train(model_name, accelerator, dropout=GATED_DROPOUT)
 
     assert run.steps == reference.steps == len(run.losses), "the run and the reference took different step counts"
     assert run.losses[-1] < run.losses[0], f"{model_name}: the loss did not fall ({run.losses[0]} -> {run.losses[-1]})"

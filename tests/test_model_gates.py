@@ -97,11 +97,11 @@ def _record(steps_to_target: int | None = 40, accuracy: float = 1.0, losses=(2.0
 def test_a_run_like_the_reference_passes_and_says_what_it_compared():
     verdict = judge(_record(42), _record(40))
     assert verdict.passed and not verdict.reasons
-    assert "42 steps vs 1.05 x reference 40" in verdict.checks["steps-to-target"]
+    assert "42.0 steps vs 1.05 x reference 40.0" in verdict.checks["steps-to-target"]
 
 
 @pytest.mark.parametrize("run, gate, words", [
-    (_record(43), "steps-to-target", "43 steps vs 1.05 x reference 40 = 42"),
+    (_record(43), "steps-to-target", "43.0 steps vs 1.05 x reference 40.0 = 42.0"),
     (_record(None), "steps-to-target", "never reached accuracy 0.9 in 80 steps"),
     (_record(40, accuracy=0.98), "quality", "final accuracy 0.9800 vs 0.99 x reference 1.0000"),
     (_record(40, losses=(2.0, float("nan"))), "loss", "not finite (nan) at step 2"),

@@ -76,8 +76,8 @@ def judge(run: RunRecord, reference: RunRecord, quality_factor: float = QUALITY_
                                          f"did at step {reference.steps_to_target}")
             reasons.append(f"steps-to-target: {checks['steps-to-target']}")
         else:
-            checks["steps-to-target"] = (f"{run.steps_to_target} steps vs {steps_factor:g} x reference "
-                                         f"{reference.steps_to_target} = {limit:g}")
+            checks["steps-to-target"] = (f"{run.steps_to_target:.1f} steps vs {steps_factor:g} x reference "
+                                         f"{reference.steps_to_target:.1f} = {limit:.1f}")
             if run.steps_to_target > limit:
                 reasons.append(f"steps-to-target: {checks['steps-to-target']}")
     return Verdict(not reasons, tuple(reasons), checks)

@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .tasks import TaskData, correct_and_count, make_task
-from .zoo import MODELS, build_model
+from .zoo import DROPOUT, MODELS, build_model
 
 __all__ = ["RunRecord", "train"]
 
@@ -51,7 +51,7 @@ class RunRecord:
     losses: list[float] = field(default_factory=list)
     #: (step, eval loss, eval accuracy), in step order
     evals: list[tuple[int, float, float]] = field(default_factory=list)
-    steps_to_target: int | None = None
+    steps_to_target: float | None = None
     seconds_to_target: float | None = None
     final_accuracy: float = 0.0
     final_loss: float = math.inf
@@ -108,18 +108,35 @@ def _peak_memory(backend: Any, reset: bool) -> int | None:
         return None
 
 
+def _crossing(evals: list[tuple[int, float, float]], target: float) -> float:
+    """The step at which accuracy reached ``target``: linear between the last two evaluations.
+
+    Evaluating every step would cost a forward pass of the evaluation split per step; reading the
+    crossing off the evaluation grid instead would round it up to a multiple of ``eval_every``, a
+    rounding as large as the steps-to-target gate's margin. The interpolation removes it."""
+    step, _, accuracy = evals[-1]
+    if len(evals) == 1:
+        return float(step)
+    before, _, previous = evals[-2]
+    if previous >= accuracy:
+        return float(step)
+    return before + (step - before) * (target - previous) / (accuracy - previous)
+
+
 def train(name: str, accelerator: Any = None, *, steps: int | None = None, seed: int = 0, eval_every: int = 4,
+          dropout: float = DROPOUT,
           optimizer_factory: Callable[[Any, float], torch.optim.Optimizer] | None = None) -> RunRecord:
     """Train zoo model ``name`` for ``steps`` (default: its budget) optimizer steps.
 
     Without ``accelerator``: the host fp32 reference (plain torch, one process, on the CPU). With
     one: the run under test, on ``accelerator.device`` over ``accelerator.num_processes`` ranks.
-    ``optimizer_factory(parameters, lr)`` replaces AdamW (a test double may pass a faulty one).
+    ``optimizer_factory(parameters, lr)`` replaces AdamW (a test double may pass a faulty one);
+    ``dropout`` sets every dropout probability of the model.
     """
     spec = MODELS[name]
     steps = spec.steps if steps is None else steps
     data = make_task(spec.task, steps * spec.batch, EVAL_SIZE, seed=seed)
-    model = build_model(name, seed=seed)
+    model = build_model(name, seed=seed, dropout=dropout)
     make_optimizer = optimizer_factory or (lambda params, lr: torch.optim.AdamW(params, lr=lr))
     optimizer = make_optimizer(model.parameters(), spec.lr)
     world = 1 if accelerator is None else accelerator.num_processes
@@ -132,7 +149,7 @@ def train(name: str, accelerator: Any = None, *, steps: int | None = None, seed:
     else:
         from accel.utils import set_seed
 
-        set_seed(seed)
+        set_seed(seed)  # every rank the same seed, as Accelerate scripts do (see docs/models.md on dropout noise)
         model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
         device, backend = accelerator.device, accelerator.backend
         backend_name, mode = backend.name, ("single" if world == 1 else f"ddp{world}")
@@ -159,7 +176,8 @@ def train(name: str, accelerator: Any = None, *, steps: int | None = None, seed:
             eval_loss, accuracy = _evaluate(inner, data, device)
             record.evals.append((step, eval_loss, accuracy))
             if record.steps_to_target is None and accuracy >= spec.target:
-                record.steps_to_target, record.seconds_to_target = step, elapsed
+                record.steps_to_target = _crossing(record.evals, spec.target)
+                record.seconds_to_target = elapsed * record.steps_to_target / step
     record.steps = len(record.losses)
     record.seconds = elapsed
     record.samples_per_second = record.steps * spec.batch / elapsed if elapsed else 0.0

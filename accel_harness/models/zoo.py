@@ -10,8 +10,8 @@ dropout and the loss all take part.
 :data:`MODELS` is the one table: name -> :class:`ModelSpec` (family, task, builder, the global
 batch and step budget, the learning rate, the accuracy target, and whether it is in the quick set
 that ``pytest suites -m models`` runs by default; the rest run with ``RUN_SLOW=1``). A builder
-takes the task's sizes and returns a module whose ``forward(**batch)`` returns an object with
-``loss`` and ``logits`` (transformers' output classes; :class:`SmallCNN` mimics them).
+takes the task's sizes and the dropout probability and returns a module whose
+``forward(**batch)`` returns an object with ``loss`` and ``logits`` (transformers' output classes; :class:`SmallCNN` mimics them).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class ModelSpec:
     name: str
     family: str
     task: str
-    build: Callable[[dict[str, int]], nn.Module]
+    build: Callable[[dict[str, int], float], nn.Module]
     #: optimizer steps the run may take, the global batch per step, the AdamW learning rate
     steps: int
     batch: int
@@ -52,61 +52,61 @@ class ModelSpec:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _llama(sizes: dict[str, int]) -> nn.Module:
+def _llama(sizes: dict[str, int], dropout: float) -> nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(vocab_size=sizes["vocab"], hidden_size=HIDDEN, intermediate_size=FFN,
                          num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=HEADS // 2,
-                         max_position_embeddings=MAX_POSITIONS, attention_dropout=DROPOUT,
+                         max_position_embeddings=MAX_POSITIONS, attention_dropout=dropout,
                          pad_token_id=0, bos_token_id=1, eos_token_id=1)
     return LlamaForCausalLM(config)
 
 
-def _gpt2(sizes: dict[str, int]) -> nn.Module:
+def _gpt2(sizes: dict[str, int], dropout: float) -> nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(vocab_size=sizes["vocab"], n_positions=MAX_POSITIONS, n_embd=HIDDEN, n_layer=LAYERS,
-                        n_head=HEADS, n_inner=FFN, resid_pdrop=DROPOUT, embd_pdrop=DROPOUT, attn_pdrop=DROPOUT,
+                        n_head=HEADS, n_inner=FFN, resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
                         bos_token_id=1, eos_token_id=1)
     return GPT2LMHeadModel(config)
 
 
-def _bert(sizes: dict[str, int]) -> nn.Module:
+def _bert(sizes: dict[str, int], dropout: float) -> nn.Module:
     from transformers import BertConfig, BertForSequenceClassification
 
     config = BertConfig(vocab_size=sizes["vocab"], hidden_size=HIDDEN, num_hidden_layers=LAYERS,
                         num_attention_heads=HEADS, intermediate_size=FFN, max_position_embeddings=MAX_POSITIONS,
-                        hidden_dropout_prob=DROPOUT, attention_probs_dropout_prob=DROPOUT,
+                        hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
                         num_labels=sizes["classes"], pad_token_id=0)
     return BertForSequenceClassification(config)
 
 
-def _vit(sizes: dict[str, int]) -> nn.Module:
+def _vit(sizes: dict[str, int], dropout: float) -> nn.Module:
     from transformers import ViTConfig, ViTForImageClassification
 
     config = ViTConfig(image_size=sizes["image_size"], patch_size=4, num_channels=sizes["channels"],
                        hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                       intermediate_size=FFN, hidden_dropout_prob=DROPOUT, attention_probs_dropout_prob=0.0,
+                       intermediate_size=FFN, hidden_dropout_prob=dropout, attention_probs_dropout_prob=0.0,
                        num_labels=sizes["classes"])
     return ViTForImageClassification(config)
 
 
-def _t5(sizes: dict[str, int]) -> nn.Module:
+def _t5(sizes: dict[str, int], dropout: float) -> nn.Module:
     from transformers import T5Config, T5ForConditionalGeneration
 
     config = T5Config(vocab_size=sizes["vocab"], d_model=HIDDEN, d_kv=HIDDEN // HEADS, d_ff=FFN,
-                      num_layers=LAYERS, num_decoder_layers=LAYERS, num_heads=HEADS, dropout_rate=DROPOUT,
+                      num_layers=LAYERS, num_decoder_layers=LAYERS, num_heads=HEADS, dropout_rate=dropout,
                       relative_attention_num_buckets=16, relative_attention_max_distance=16, pad_token_id=0, decoder_start_token_id=0, eos_token_id=1)
     return T5ForConditionalGeneration(config)
 
 
-def _mixtral(sizes: dict[str, int]) -> nn.Module:
+def _mixtral(sizes: dict[str, int], dropout: float) -> nn.Module:
     from transformers import MixtralConfig, MixtralForCausalLM
 
     config = MixtralConfig(vocab_size=sizes["vocab"], hidden_size=HIDDEN, intermediate_size=FFN,
                            num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=HEADS // 2,
                            max_position_embeddings=MAX_POSITIONS, num_local_experts=4, num_experts_per_tok=2,
-                           output_router_logits=True, router_aux_loss_coef=0.01, attention_dropout=DROPOUT,
+                           output_router_logits=True, router_aux_loss_coef=0.01, attention_dropout=dropout,
                            pad_token_id=0, bos_token_id=1, eos_token_id=1)
     return MixtralForCausalLM(config)
 
@@ -118,14 +118,14 @@ class SmallCNN(nn.Module):
     classifiers do, so one training loop serves the whole zoo. Batch norm keeps running statistics
     (buffers DDP broadcasts), a part of training the transformers here do not exercise."""
 
-    def __init__(self, channels: int, classes: int, width: int = 16):
+    def __init__(self, channels: int, classes: int, width: int = 16, dropout: float = 0.1):
         super().__init__()
         self.features = nn.Sequential(
             nn.Conv2d(channels, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(), nn.MaxPool2d(2),
             nn.Conv2d(width, 2 * width, 3, padding=1), nn.BatchNorm2d(2 * width), nn.ReLU(),
             nn.AdaptiveAvgPool2d(2),
         )
-        self.head = nn.Sequential(nn.Flatten(), nn.Dropout(DROPOUT), nn.Linear(8 * width, classes))
+        self.head = nn.Sequential(nn.Flatten(), nn.Dropout(dropout), nn.Linear(8 * width, classes))
 
     def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None) -> SimpleNamespace:
         logits = self.head(self.features(pixel_values))
@@ -133,8 +133,8 @@ class SmallCNN(nn.Module):
         return SimpleNamespace(loss=loss, logits=logits)
 
 
-def _cnn(sizes: dict[str, int]) -> nn.Module:
-    return SmallCNN(sizes["channels"], sizes["classes"])
+def _cnn(sizes: dict[str, int], dropout: float) -> nn.Module:
+    return SmallCNN(sizes["channels"], sizes["classes"], dropout=dropout)
 
 
 def _has(name: str) -> bool:
@@ -175,8 +175,9 @@ def quick_models() -> list[str]:
     return [name for name, spec in MODELS.items() if spec.quick]
 
 
-def build_model(name: str, seed: int = 0) -> nn.Module:
-    """The zoo model ``name`` with random weights from ``seed`` (fp32, on the host, train mode).
+def build_model(name: str, seed: int = 0, dropout: float = DROPOUT) -> nn.Module:
+    """The zoo model ``name`` with random weights from ``seed`` (fp32, on the host, train mode),
+    every dropout probability set to ``dropout``.
 
     transformers initialises from the global RNG, so the global RNG is seeded here and restored
     afterwards: building a model leaves the caller's random stream as it was."""
@@ -184,7 +185,7 @@ def build_model(name: str, seed: int = 0) -> nn.Module:
     state = torch.random.get_rng_state()
     try:
         torch.manual_seed(seed)
-        model = spec.build(TASKS[spec.task].sizes)
+        model = spec.build(TASKS[spec.task].sizes, dropout)
     finally:
         torch.random.set_rng_state(state)
     return model.float().train()
