@@ -23,11 +23,15 @@ from accel_harness.models.zoo import MODELS
 
 pytestmark = pytest.mark.models
 
-MODEL_PARAMS = [
-    pytest.param(name, id=name) if spec.quick else
-    pytest.param(name, id=name, marks=[pytest.mark.slow, pytest.mark.require_opt_in("RUN_SLOW")])
-    for name, spec in MODELS.items()
-]
+
+def _marks(spec) -> list:
+    marks = [] if spec.quick else [pytest.mark.slow, pytest.mark.require_opt_in("RUN_SLOW")]
+    if "untuned" in spec.extra:  # strict: a row that starts to learn must lose this mark
+        marks.append(pytest.mark.xfail(strict=True, reason=f"{spec.name} is not tuned yet: {spec.extra['untuned']}"))
+    return marks
+
+
+MODEL_PARAMS = [pytest.param(name, id=name, marks=_marks(spec)) for name, spec in MODELS.items()]
 
 #: the gated runs train without dropout: dropout masks drawn by a device's generator (or split over
 #: ranks) differ from the host's, and on models this small that alone moves steps-to-target by more
