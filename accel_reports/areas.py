@@ -30,6 +30,7 @@ SUITE_AREAS = {
     "test_quantization": "quantization",
     "test_peft": "PEFT",
     "test_sequence_parallel": "sequence parallel",
+    "test_models": "models",
     "test_bench_checkpoint": "benchmarks",
     "test_bench_collectives": "benchmarks",
     "test_bench_data_loader": "benchmarks",
