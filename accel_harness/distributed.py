@@ -444,7 +444,7 @@ def _rank_main(rank: int, world_size: int, backend_name: str, store: str, conn: 
         reset_registry()
         backend = get_backend(backend_name)
         count = backend.device_count()
-        if backend.device_type != "cpu" and count:
+        if not backend.is_host and count:
             backend.set_device(rank % count)
         if backend.comm_backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
             from accel.state import _loopback_interface

@@ -185,7 +185,7 @@ def test_op_samples_are_the_samples_torch_gives_outside_a_test():
 
     entries = {op.name: op for op in op_db if op.name in ("add", "sum", "nn.functional.conv2d", "index_put", "randn_like")}
     assert len(entries) >= 4
-    for entry, backend in itertools.product(entries.values(), (None, SimpleNamespace(device_type="cpu"))):
+    for entry, backend in itertools.product(entries.values(), (None, SimpleNamespace(device_type="cpu", is_host=True))):
         use_backend(backend)  # None: torch.manual_seed; the cpu backend: the host generator alone
         try:
             mine = op_samples(entry, torch.device("cpu"), torch.float32, False, 3)

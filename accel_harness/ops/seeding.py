@@ -24,7 +24,7 @@ def use_backend(backend: Any | None) -> None:
     if backend is None:
         _device_seed = None
     else:
-        _device_seed = _host_only if backend.device_type == "cpu" else backend.manual_seed
+        _device_seed = _host_only if backend.is_host else backend.manual_seed
 
 
 def _host_only(value: int) -> None:

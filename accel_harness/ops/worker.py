@@ -95,7 +95,7 @@ def _plan(backend: Any, device: Any, selection: Selection) -> dict[str, Any]:
     claims = claimed_dtypes(backend, device)
     claimed = [name for name, why in claims.items() if not why]
     # the host swept as a device runs its side with twice the threads: the two must agree across thread counts
-    device_threads = 2 * torch.get_num_threads() if backend.device_type == "cpu" else 0
+    device_threads = 2 * torch.get_num_threads() if backend.is_host else 0
     tasks, rows = make_plan(selection, backend.device_type, claimed, device_threads)
     apply_tolerances(tasks, selection.tolerance_rules)
     return {"device": str(device), "device_type": backend.device_type, "claims": claims, "tasks": tasks, "rows": rows,

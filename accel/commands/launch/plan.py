@@ -89,7 +89,7 @@ def build_plan(args: argparse.Namespace) -> LaunchPlan:
     if num_processes is None:
         if specific_ids:
             per_machine = len(specific_ids)
-        elif comm is not None and backend.device_type != "cpu":
+        elif comm is not None and not backend.is_host:
             per_machine = max(backend.device_count(), 1)
         else:
             per_machine = 1
@@ -140,8 +140,8 @@ def build_plan(args: argparse.Namespace) -> LaunchPlan:
         env = launch_env(args)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    env["ACCEL_USE_CPU"] = "true" if backend.name == "cpu" else "false"
-    env["ACCELERATE_USE_CPU"] = str(backend.name == "cpu")
+    env["ACCEL_USE_CPU"] = "true" if backend.is_host else "false"
+    env["ACCELERATE_USE_CPU"] = str(backend.is_host)
     if _backend_was_chosen(args):
         env["ACCEL_DEVICE"] = backend.name
     if threads is None:
@@ -158,7 +158,7 @@ def build_plan(args: argparse.Namespace) -> LaunchPlan:
                 warnings.append(f"--gpu_ids {gpu_ids} lists {len(specific_ids)} device(s) for {nproc_per_node} processes per machine: ranks will share devices")
         else:
             warnings.append(f"--gpu_ids {gpu_ids} is ignored: backend {backend.name!r} has no visible-devices variable")
-    if backend.name == "cpu":  # Intel OpenMP pinning, as Accelerate's CPU launch sets it; a user's own setting wins
+    if backend.is_host:  # Intel OpenMP pinning, as Accelerate's CPU launch sets it; a user's own setting wins
         for name, value in (("KMP_AFFINITY", "granularity=fine,compact,1,0"), ("KMP_BLOCKTIME", "1")):
             if name not in os.environ:
                 env[name] = value
@@ -320,7 +320,7 @@ def _resolve_backend(args: argparse.Namespace, where: str, notes: list[str] | No
         backend = get_backend(choice.value)
     except (UnknownBackendError, BackendUnavailableError) as exc:
         raise UsageError(f"{exc} (the backend came from {choice.origin})" if choice.source != "detection" else str(exc)) from None
-    if args.multi_gpu and backend.device_type == "cpu" and "multi_gpu" in given:
+    if args.multi_gpu and backend.is_host and "multi_gpu" in given:
         raise UsageError("--multi_gpu asks for a device backend, but the selected backend is cpu (see `accel env`)")
     return backend
 
@@ -375,7 +375,7 @@ def _precision_warnings(backend: Any, mixed_precision: str) -> list[str]:
     which would leave a device context (memory, and a runtime that cannot fork) in this launcher
     for the whole run; the ranks check on their own devices.
     """
-    if mixed_precision == "no" or backend.device_type != "cpu":
+    if mixed_precision == "no" or not backend.is_host:
         return []
     try:
         capability = {
