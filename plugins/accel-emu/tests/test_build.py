@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import sys
 
+import pytest
 import torch
 
 from accel_emu import _extension
@@ -31,23 +32,41 @@ def test_build_dir_names_torch_python_and_sources(monkeypatch, tmp_path):
     assert _extension.build_dir() == (tmp_path / "mine").resolve()
 
 
-def _copy_of_current_build(tmp_path):
+@pytest.fixture(scope="module")
+def current_build(tmp_path_factory):
+    """The plug-in's build, in a folder whose objects are newer than the sources, so that a copy whose
+    library is gone relinks in seconds. The shared cache is keyed by the sources' content, so its objects
+    can be older than a later checkout's files (same content, newer times): ninja would then compile
+    every object again in each copy; one build here pays that once."""
     source = _extension.build_dir()
-    target = tmp_path / "build"
-    shutil.copytree(source, target, ignore=shutil.ignore_patterns("*.lock", "lock"))
+    objects = list(source.glob("*.o"))
+    if objects and min(p.stat().st_mtime for p in objects) >= max(p.stat().st_mtime for p in _extension.source_files()):
+        return source
+    target = tmp_path_factory.mktemp("fresh") / "build"
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("*.lock", "lock", "complete", "*.so"))
+    result = run_python(_LOAD, env={"ACCEL_EMU_BUILD_DIR": str(target)})
+    assert result.returncode == 0, result.stderr[-3000:]
     return target
 
 
-def test_a_complete_build_is_reused_without_a_compiler(tmp_path):
-    target = _copy_of_current_build(tmp_path)
+@pytest.fixture
+def copy_of_current_build(current_build, tmp_path):
+    """A private copy of the current build (the tests damage it)."""
+    target = tmp_path / "build"
+    shutil.copytree(current_build, target, ignore=shutil.ignore_patterns("*.lock", "lock"))
+    return target
+
+
+def test_a_complete_build_is_reused_without_a_compiler(copy_of_current_build, tmp_path):
+    target = copy_of_current_build
     # no compiler and no ninja on PATH: loading must not try to build
     result = run_python(_LOAD, env={"ACCEL_EMU_BUILD_DIR": str(target), "PATH": str(tmp_path / "empty")})
     assert result.returncode == 0, result.stderr[-3000:]
     assert "count 2" in result.stdout
 
 
-def test_a_failed_build_says_what_it_needs(tmp_path):
-    target = _copy_of_current_build(tmp_path)
+def test_a_failed_build_says_what_it_needs(copy_of_current_build, tmp_path):
+    target = copy_of_current_build
     (target / "complete").unlink()  # an interrupted build: it must be built again
     result = run_python(_LOAD, env={"ACCEL_EMU_BUILD_DIR": str(target), "PATH": str(tmp_path / "empty")})
     assert result.returncode != 0
@@ -55,17 +74,16 @@ def test_a_failed_build_says_what_it_needs(tmp_path):
     assert "It needs a C++17 compiler and ninja" in result.stderr
 
 
-def _leftover_of_a_killed_build(tmp_path):
+def _leftover_of_a_killed_build(target):
     """What a first build stopped by SIGKILL leaves: objects, torch's builder lock, no library and no record."""
-    target = _copy_of_current_build(tmp_path)
     (target / "complete").unlink()
     (target / "accel_emu_C.so").unlink()
     (target / "lock").write_text("")
     return target
 
 
-def test_a_lock_left_by_a_killed_build_is_cleared_not_waited_on(tmp_path):
-    target = _leftover_of_a_killed_build(tmp_path)
+def test_a_lock_left_by_a_killed_build_is_cleared_not_waited_on(copy_of_current_build, tmp_path):
+    target = _leftover_of_a_killed_build(copy_of_current_build)
     result = run_python(_LOAD, env={"ACCEL_EMU_BUILD_DIR": str(target)})
     assert result.returncode == 0, result.stderr[-3000:]
     assert "count 2" in result.stdout
@@ -74,8 +92,8 @@ def test_a_lock_left_by_a_killed_build_is_cleared_not_waited_on(tmp_path):
     assert not (target / "lock").exists()
 
 
-def test_a_truncated_library_is_rebuilt_with_the_reason(tmp_path):
-    target = _copy_of_current_build(tmp_path)
+def test_a_truncated_library_is_rebuilt_with_the_reason(copy_of_current_build, tmp_path):
+    target = copy_of_current_build
     library = target / "accel_emu_C.so"
     size = library.stat().st_size
     with open(library, "r+b") as fh:
@@ -88,8 +106,8 @@ def test_a_truncated_library_is_rebuilt_with_the_reason(tmp_path):
     assert _extension.build_problem(target) is None
 
 
-def test_a_library_changed_in_place_is_caught_by_its_checksum(tmp_path):
-    target = _copy_of_current_build(tmp_path)
+def test_a_library_changed_in_place_is_caught_by_its_checksum(copy_of_current_build, tmp_path):
+    target = copy_of_current_build
     library = target / "accel_emu_C.so"
     with open(library, "r+b") as fh:
         fh.seek(library.stat().st_size // 2)
@@ -99,9 +117,9 @@ def test_a_library_changed_in_place_is_caught_by_its_checksum(tmp_path):
     assert "does not match the checksum its build recorded" in _extension.build_problem(target)
 
 
-def test_a_finished_build_is_loaded_without_writing_to_its_folder(tmp_path):
+def test_a_finished_build_is_loaded_without_writing_to_its_folder(copy_of_current_build, tmp_path):
     """A shared, pre-built cache may be read-only: loading takes no lock and creates or changes no file."""
-    target = _copy_of_current_build(tmp_path)
+    target = copy_of_current_build
 
     def snapshot():
         return {p.name: p.stat().st_mtime_ns for p in target.iterdir()}
