@@ -57,7 +57,9 @@ stage() {
     fi
 }
 
-common=(-q --timeout 900)   # --timeout: a hung test fails with every thread's stack instead of stalling the run
+# --timeout: a hung test fails with every thread's stack instead of stalling the run; --durations: each
+# stage ends with its slowest tests, the list to cut from when the command grows
+common=(-q --timeout 900 --durations 15 --durations-min 2)
 if "$PYTHON" -c "import accel_emu" 2>/dev/null; then
     emu=1
 else
