@@ -1,7 +1,8 @@
-"""The single-node rendezvous on this host: a free port, whether a port is taken, the loopback interface."""
+"""The rendezvous on this host: a free port, whether a port is taken, the loopback interface."""
 
 from __future__ import annotations
 
+import errno
 import socket
 
 
@@ -21,6 +22,18 @@ def _port_in_use(host: str, port: int) -> bool:
             sock.bind((host, port))
         except OSError:
             return True
+    return False
+
+
+def _port_taken_on_any_address(port: int) -> bool:
+    """Whether a socket of this host already holds ``port`` on any address: the store that node 0 serves
+    listens on all of them. Only "address in use" counts; a bind refused for another reason is no verdict."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
     return False
 
 

@@ -14,7 +14,7 @@ from accel.commands import UsageError
 from accel.facts.environment import env_flag
 from accel.facts.network import DEFAULT_PORT
 
-from .network import _free_port, _is_loopback, _port_in_use, loopback_interface
+from .network import _free_port, _is_loopback, _port_in_use, _port_taken_on_any_address, loopback_interface
 from .options import DEFAULT_HANG_TIMEOUT, HANG_TIMEOUT_ENV, _given
 from .settings import _refusals, _validate_launch_command
 
@@ -212,6 +212,10 @@ def build_plan(args: argparse.Namespace) -> LaunchPlan:
     targs += list(args.training_script_args)
 
     command = _other_launcher(args, env, host, port)
+    if num_machines > 1 and machine_rank == 0 and args.rdzv_backend == "static" and command is None \
+            and _port_taken_on_any_address(port):  # node 0's launcher serves the rendezvous store on it
+        raise UsageError(f"port {port} is in use on this host (node 0 serves the rendezvous store on it); "
+                         "choose another --main_process_port on every node")
     return LaunchPlan(
         backend=backend.name,
         comm_backend=comm,
