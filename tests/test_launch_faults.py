@@ -24,6 +24,7 @@ import pytest
 from accel.commands import UsageError
 from accel.commands import launch as L
 from accel.commands.launch import diagnosis as D
+from accel.commands.launch import nodes as N
 from accel.utils import heartbeat
 from _waits import SAFETY_NET_S
 from dist_utils import free_port
@@ -456,9 +457,9 @@ def test_blame_hang_names_a_silent_live_rank_then_the_one_behind():
 def test_node_exchange_swaps_evidence_and_a_silent_node_costs_a_bounded_wait():
     port = int(free_port())
     # 5 s: a loaded 2-core host can take seconds to answer a store request; node 2's silence still costs 5 s only
-    host = D.NodeExchange("127.0.0.1", port, node=0, nnodes=3, wait=5.0)
+    host = N.NodeExchange("127.0.0.1", port, node=0, nnodes=3, wait=5.0)
     host.open()
-    other = D.NodeExchange("127.0.0.1", port, node=1, nnodes=3, wait=5.0)
+    other = N.NodeExchange("127.0.0.1", port, node=1, nnodes=3, wait=5.0)
     try:
         assert other.end_declared() is None
         host.declare_end("failure")
@@ -502,7 +503,7 @@ def test_orphaned_run_dirs_are_removed_and_live_ones_kept(tmp_path, monkeypatch)
 
 def test_a_hang_that_cannot_be_declared_is_named_not_swallowed():
     # no store serves this port: the declaration is retried until the wait has passed, then kept as the error
-    exchange = D.NodeExchange("127.0.0.1", int(free_port()), node=1, nnodes=2, wait=1.5)
+    exchange = N.NodeExchange("127.0.0.1", int(free_port()), node=1, nnodes=2, wait=1.5)
     started = time.monotonic()
     exchange.declare_end("hang")
     assert time.monotonic() - started >= 1.5  # tried until the wait had passed
@@ -528,6 +529,9 @@ class _FakeExchange:
 
     def declare_end(self, kind: str) -> None:
         self.sent.append(kind)
+
+    def lost_nodes(self) -> dict:
+        return {}
 
     def swap(self, mine):
         return [*mine, *self.theirs], []

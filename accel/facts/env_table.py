@@ -116,6 +116,9 @@ _ROWS: tuple[EnvVar, ...] = (
     _one("ACCEL_CONFIG_FILE", "the launch config file", USER, "accel.commands.config_file", "accel.commands.env"),
     _one("ACCEL_HANG_TIMEOUT", "seconds without progress before a launch is called hung (0 never)", USER,
          "accel.commands.launch"),
+    _one("ACCEL_LAUNCH_NODE_TIMEOUT", "seconds another node's launcher may stay silent before a launch on several "
+         "nodes calls that node lost, and node 0's store is given to answer a joining node (default 10)", USER,
+         "accel.commands.launch.nodes"),
     _both("TORCH_DEVICE", "the torch device to use instead of the backend's default", USER, "accel.state"),
     _both("LOG_LEVEL", "level of accel's loggers", USER, "accel.logging"),
     _both("INIT_INCLUDE_BUFFERS", "init_empty_weights also puts buffers on the meta device", USER, "accel.big_modeling"),

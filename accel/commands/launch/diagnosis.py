@@ -1,8 +1,9 @@
 """Who is to blame when a job started by ``accel launch`` fails or hangs: evidence and the rules that judge it.
 
 The launcher gathers evidence about every rank of its node (:class:`RankEvidence`) and, on several
-nodes, swaps it with the other launchers through the rendezvous store (:class:`NodeExchange`), so
-every node judges the same evidence with the same rule and prints the same verdict.
+nodes, swaps it with the other launchers through the rendezvous store
+(:class:`accel.commands.launch.nodes.NodeExchange`), so every node judges the same evidence with the
+same rule and prints the same verdict.
 
 Evidence of a failure, per rank: its exit status (a signal included), the moment it recorded its own
 failure (ranks write it before they exit), and the last moment the launcher saw it running
@@ -26,8 +27,6 @@ killed by a signal is favoured by :data:`CLOCK_SKEW_MARGIN`.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import re
 import shutil
@@ -43,11 +42,9 @@ from accel.utils import heartbeat
 
 __all__ = [
     "CLOCK_SKEW_MARGIN",
-    "END_KINDS",
     "EVIDENCE_WAIT",
     "STACK_CHARS",
     "ChildWatch",
-    "NodeExchange",
     "RankEvidence",
     "blame_failure",
     "blame_hang",
@@ -71,9 +68,6 @@ STOP_SIGNAL = "SIGTERM"
 #: prefix of the launcher's private folders in the temporary directory, and the owner file inside
 RUN_DIR_PREFIX = "accel_run_"
 OWNER_FILE = "owner.pid"
-_STORE_PREFIX = "accel_launch/"
-#: how a node's launcher can tell the others that its job ended: its watchdog declared a hang, or a rank failed
-END_KINDS = ("hang", "failure")
 #: characters of a rank's stack kept in its evidence (faulthandler writes the most recent call first)
 STACK_CHARS = 20_000
 
@@ -329,119 +323,6 @@ def waiting_in_collective(stack: str | None) -> bool:
         if any(os.path.basename(path) == "distributed_c10d.py" for path, _ in frames):
             return True
     return False
-
-
-# ---------------------------------------------------------------------------------------------- several nodes
-class NodeExchange:
-    """Swaps the launchers' evidence through the rendezvous store (static rendezvous: a TCPStore at the
-    main process's address). Node 0's launcher hosts the store's server itself (torch elastic's agent
-    shares it), so the store outlives the agent until every node has read the evidence.
-
-    Keys: ``accel_launch/hang`` and ``accel_launch/failure`` (a launcher's job ended: the others end
-    theirs too and send evidence),
-    ``accel_launch/evidence/<node>`` and ``accel_launch/read/<node>``. Every wait is bounded.
-    """
-
-    def __init__(self, host: str, port: int, node: int, nnodes: int, wait: float = EVIDENCE_WAIT):
-        self.host, self.port, self.node, self.nnodes, self.wait = host, int(port), int(node), int(nnodes), float(wait)
-        self._store: Any = None
-        self._server: Any = None
-        self._published = False
-        self.error: str | None = None
-
-    def open(self) -> None:
-        """On node 0, start the store's server now (before the agent, which joins it)."""
-        if self.node == 0:
-            self._server = self._make(is_master=True, timeout=self.wait)
-            self._store = self._server
-
-    def _make(self, is_master: bool, timeout: float) -> Any:
-        from datetime import timedelta
-
-        from torch.distributed import TCPStore
-
-        return TCPStore(self.host, self.port, None, is_master, timedelta(seconds=timeout),
-                        wait_for_workers=False, multi_tenant=True)
-
-    def _client(self, timeout: float) -> Any:
-        if self._store is None:
-            self._store = self._make(is_master=False, timeout=timeout)
-        return self._store
-
-    def end_declared(self) -> str | None:
-        """The kind of end another launcher declared (one of :data:`END_KINDS`), or None (also when the store
-        cannot be reached now: the watchdog asks again at its next poll). A loaded host can take seconds to
-        answer: up to 10 s are allowed."""
-        try:
-            store = self._client(min(self.wait, 10.0))
-            return next((kind for kind in END_KINDS if store.check([_STORE_PREFIX + kind])), None)
-        except Exception:
-            self._store = self._server
-            return None
-
-    def declare_end(self, kind: str) -> None:
-        """Tell the other launchers that this node's job ended (``kind``: ``"hang"``, this launcher's
-        watchdog ended it; ``"failure"``, a rank of this node failed): they end theirs too and send their
-        evidence. Tried again until ``wait`` has passed; a store that never answers is kept in ``error``."""
-        if kind not in END_KINDS:
-            raise ValueError(f"unknown kind of end {kind!r}: expected one of {', '.join(END_KINDS)}")
-        deadline = time.monotonic() + self.wait
-        while True:
-            try:
-                self._client(max(deadline - time.monotonic(), 1.0)).set(_STORE_PREFIX + kind, str(self.node))
-                return
-            except Exception as exc:
-                self._store = self._server
-                if time.monotonic() >= deadline:
-                    self.error = f"{type(exc).__name__}: {exc}"
-                    return
-                time.sleep(0.2)
-
-    def swap(self, mine: list[RankEvidence]) -> tuple[list[RankEvidence], list[int]]:
-        """Publish this node's evidence, read every other node's (waiting at most ``wait`` seconds in
-        all); returns (all evidence, nodes that sent none). After a declaration that could not reach the
-        store (``error`` is set), nothing is tried again: the launcher has waited once already."""
-        from datetime import timedelta
-
-        merged = list(mine)
-        missing = [n for n in range(self.nnodes) if n != self.node]
-        if self.error is not None:
-            return merged, missing
-        deadline = time.monotonic() + self.wait
-        try:
-            store = self._client(self.wait)
-            if not self._published:
-                store.set(f"{_STORE_PREFIX}evidence/{self.node}", json.dumps([e.to_json() for e in mine]))
-                self._published = True
-            for n in list(missing):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                key = f"{_STORE_PREFIX}evidence/{n}"
-                try:
-                    store.wait([key], timedelta(seconds=left))
-                except Exception:
-                    break
-                merged += [RankEvidence.from_json(d) for d in json.loads(store.get(key))]
-                missing.remove(n)
-            store.set(f"{_STORE_PREFIX}read/{self.node}", "1")
-        except Exception as exc:
-            self.error = f"{type(exc).__name__}: {exc}"
-        return merged, missing
-
-    def close(self) -> None:
-        """On node 0: wait (bounded) until every node that sent evidence has read all of it, then stop serving."""
-        from datetime import timedelta
-
-        if self._server is not None and self._published:
-            deadline = time.monotonic() + self.wait
-            for n in range(1, self.nnodes):
-                left = deadline - time.monotonic()
-                if left <= 0 or not self._server.check([f"{_STORE_PREFIX}evidence/{n}"]):
-                    continue
-                with contextlib.suppress(Exception):
-                    self._server.wait([f"{_STORE_PREFIX}read/{n}"], timedelta(seconds=left))
-        self._store = self._server = None
 
 
 # ---------------------------------------------------------------------------------------------- private folders

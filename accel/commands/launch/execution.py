@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from . import diagnosis
 from .bootstrap import LAUNCHER_PID_ENV
+from .nodes import NodeExchange
 from .report import exit_code, failure_report
 from .watchdog import HangWatchdog
+from accel.commands import UsageError
 from accel.utils import heartbeat
 
 if TYPE_CHECKING:
@@ -45,11 +47,11 @@ class _DropElasticFailureLine:
 
 
 def _exchange_for(plan: LaunchPlan) -> Any:
-    """The evidence exchange between the nodes' launchers (several nodes, static rendezvous); else None."""
+    """The channel between the nodes' launchers (several nodes, static rendezvous); else None."""
     if plan.num_machines <= 1 or plan.command is not None or plan.rdzv_backend != "static":
         return None
     host, _, port = plan.endpoint.rpartition(":")
-    return diagnosis.NodeExchange(host, int(port), plan.machine_rank, plan.num_machines)
+    return NodeExchange(host, int(port), plan.machine_rank, plan.num_machines, nproc_per_node=plan.nproc_per_node)
 
 
 def execute(plan: LaunchPlan) -> int:
@@ -69,6 +71,7 @@ def execute(plan: LaunchPlan) -> int:
         )
     if plan.command is not None:
         return _run_command(plan)
+    exchange = _exchange_for(plan)
     api_logger = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
     quiet = _DropElasticFailureLine()
     if not plan.debug:
@@ -78,15 +81,16 @@ def execute(plan: LaunchPlan) -> int:
     diagnosis.remove_orphaned_run_dirs()
     run_dir = diagnosis.make_run_dir()
     log_dir = plan.log_dir or os.path.join(run_dir, "logs")
-    exchange = _exchange_for(plan)
     watch = diagnosis.ChildWatch(run_dir)
     watchdog = HangWatchdog(run_dir, plan.hang_timeout, exchange=exchange, node=plan.machine_rank, nnodes=plan.num_machines)
     try:
         with patched_environ({**plan.env, heartbeat.RUN_DIR_ENV: run_dir, LAUNCHER_PID_ENV: str(os.getpid())}):
             if exchange is not None:
                 try:
-                    exchange.open()
-                except Exception as exc:  # the port is taken or unreachable: torch elastic will say so itself
+                    exchange.open()  # node 0 serves the store; the others check that it is node 0's
+                except UsageError:
+                    raise
+                except Exception as exc:  # the store cannot be served or reached: torch elastic will say so itself
                     print(f"accel launch: warning: no evidence exchange between the nodes ({type(exc).__name__}: {exc})", file=sys.stderr)
                     exchange = watchdog.exchange = None
             watch.start()
@@ -124,6 +128,7 @@ def execute(plan: LaunchPlan) -> int:
                 return watchdog.exit_code
             return 0
     finally:
+        api_logger.removeFilter(quiet)
         if exchange is not None:
             exchange.close()
         shutil.rmtree(run_dir, ignore_errors=True)

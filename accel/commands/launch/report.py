@@ -10,7 +10,8 @@ from . import diagnosis
 from .bootstrap import BOOTSTRAP_FILE, RUNPY_FILE
 from accel.utils import heartbeat
 
-__all__ = ["TRACEBACK_LINES", "clean_traceback", "exit_code", "failure_evidence", "failure_report", "failure_verdict"]
+__all__ = ["TRACEBACK_LINES", "clean_traceback", "exit_code", "failure_evidence", "failure_report", "failure_verdict",
+           "lost_verdict"]
 
 #: traceback lines shown for the failing rank
 TRACEBACK_LINES = 15
@@ -97,19 +98,25 @@ def failure_report(err: Any, debug: bool = False, run_dir: str | None = None, wa
         evidence, missing = exchange.swap(evidence)
         # a node that ended as hung sends ranks without an exit status: they are not failures to weigh
         evidence = [e for e in evidence if e.exitcode is not None]
+    lost = {n: l for n, l in exchange.lost_nodes().items() if n in missing} if exchange is not None else {}
     text, code = failure_verdict(evidence, node=node, nnodes=nnodes, missing=missing,
-                                 unreachable=exchange.error if exchange is not None else None)
+                                 unreachable=exchange.error if exchange is not None else None, lost=lost)
     if debug:
         text += "\n" + (err.format_msg() if hasattr(err, "format_msg") else str(err))
     return text, code
 
 
 def failure_verdict(evidence: list[Any], node: int = 0, nnodes: int = 1, missing: list[int] | None = None,
-                    unreachable: str | None = None) -> tuple[str, int]:
+                    unreachable: str | None = None, lost: dict[int, Any] | None = None) -> tuple[str, int]:
     """The rank to blame among failed ranks' ``evidence`` (every node's, when swapped), how it ended, the
     end of its traceback and the other failed ranks; returns (text, exit code for `accel launch`).
-    ``missing``: nodes that sent no evidence; ``unreachable``: why the other launchers could not be reached."""
+    ``missing``: nodes that sent no evidence; ``unreachable``: why the other launchers could not be reached;
+    ``lost``: nodes whose launchers stopped answering (:class:`accel.commands.launch.nodes.LostNode`), blamed
+    unless a rank failed while they still answered."""
     root = diagnosis.blame_failure(evidence)
+    if lost and not _failed_before(root, lost):
+        return lost_verdict(lost, evidence, node)
+    missing = [n for n in missing or [] if n not in (lost or {})]
     exitcode = root.exitcode if root.exitcode is not None else 1
     how = f"exit code {exitcode}"
     cause = None
@@ -143,7 +150,39 @@ def failure_verdict(evidence: list[Any], node: int = 0, nnodes: int = 1, missing
     others = [f"rank {e.rank} ({_how_it_ended(e)})" for e in diagnosis.failure_order(evidence) if e is not root]
     if others:
         lines.append(f"accel launch: also stopped: {', '.join(others)}")
+    lines += [f"accel launch: then {l.headline()[len('accel launch: '):]}" for l in sorted((lost or {}).values(), key=lambda l: l.node)]
     return "\n".join(lines), exit_code(exitcode)
+
+
+def _failed_before(root: Any, lost: dict[int, Any]) -> bool:
+    """Whether rank ``root`` failed before every lost node was last heard from (that node was still there:
+    the rank's failure is the root cause); a rank that failed after a node went silent failed because of it."""
+    when = next((t for t in (root.failed_at, root.last_alive, root.agent_time) if t is not None), None)
+    heard = [l.last_seen for l in lost.values() if l.last_seen is not None]
+    return when is not None and bool(heard) and when < min(heard) - diagnosis.CLOCK_SKEW_MARGIN
+
+
+def lost_verdict(lost: dict[int, Any], evidence: list[Any], node: int, idle: float | None = None) -> tuple[str, int]:
+    """What `accel launch` prints when other nodes' launchers stopped answering: each lost node with its ranks
+    and why it counts as lost, then this node's ranks in one line (their own output holds the details);
+    returns (text, :data:`accel.commands.launch.nodes.LOST_EXIT_CODE`). ``idle``: seconds this node's ranks
+    had made no progress, when the watchdog ended them."""
+    from .nodes import LOST_EXIT_CODE
+
+    lines = []
+    for l in sorted(lost.values(), key=lambda l: l.node):
+        lines.append(l.headline())
+        lines.append(f"accel launch: node {l.node}: {l.why}; its launcher was killed, its host went down, or the "
+                     f"network between the nodes failed (its own output is on node {l.node})")
+    own = sorted((e for e in evidence if e.node == node), key=lambda e: e.rank)
+    failed = [e for e in own if e.exitcode is not None]
+    if failed:
+        lines.append(f"accel launch: this node's ranks failed after that: "
+                     f"{', '.join(f'rank {e.rank} ({_how_it_ended(e)})' for e in failed)}; their own output is above")
+    elif own and idle is not None:
+        lines.append(f"accel launch: this node's ranks ({', '.join(str(e.rank) for e in own)}) had made no progress for "
+                     f"{idle:.0f} s and were ended")
+    return "\n".join(lines), LOST_EXIT_CODE
 
 
 def _how_it_ended(e: Any) -> str:

@@ -10,7 +10,7 @@ import threading
 from typing import Any
 
 from . import diagnosis
-from .report import failure_verdict
+from .report import failure_verdict, lost_verdict
 from accel.utils import heartbeat
 
 __all__ = ["HANG_EXIT_CODE", "HangWatchdog", "hang_report"]
@@ -36,7 +36,8 @@ class HangWatchdog:
     Another node's launcher may end the job first: its watchdog declared a hang, or one of its ranks failed
     while this node's ranks wait in a collective without noticing (gloo can miss a peer's death). This node
     then ends too; when the swapped evidence holds failed ranks, the report names the one to blame and the
-    exit code is that rank's, as on the failing node.
+    exit code is that rank's, as on the failing node. A node whose launcher stopped answering (``exchange``
+    finds it lost) ends the job the same way, and the report names that node.
     """
 
     def __init__(self, run_dir: str, timeout: float, poll: float | None = None, exchange: Any = None,
@@ -94,7 +95,7 @@ class HangWatchdog:
         import signal
         import time
 
-        if self.exchange is not None and declared is None:
+        if self.exchange is not None and declared in (None, "lost"):
             self.exchange.declare_end("hang")
         alive = {rank: b for rank, b in beats.items() if _is_our_rank(b.pid)}
         for b in alive.values():
@@ -113,11 +114,15 @@ class HangWatchdog:
         if self.exchange is not None:
             evidence, missing = self.exchange.swap(evidence)
         unreachable = self.exchange.error if self.exchange is not None else None
-        # ranks that failed on another node (exit status known) outweigh a hang: they are why this node waited
+        lost = {n: l for n, l in self.exchange.lost_nodes().items() if n in missing} if self.exchange is not None else {}
+        # ranks that failed on another node (exit status known) outweigh a hang: they are why this node waited;
+        # a lost node outweighs both, unless a rank failed while it still answered
         failed = [e for e in evidence if e.exitcode is not None]
-        if failed:
+        if lost and not failed:
+            report, code = lost_verdict(lost, evidence, self.node, idle=idle)
+        elif failed:
             report, code = failure_verdict(failed, node=self.node, nnodes=self.nnodes, missing=missing,
-                                           unreachable=unreachable)
+                                           unreachable=unreachable, lost=lost)
             report += (f"\naccel launch: this node's ranks ({', '.join(str(r) for r in sorted(beats))}) had made no progress "
                        f"for {idle:.0f} s and were ended after that failure")
         else:
