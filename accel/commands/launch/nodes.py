@@ -296,6 +296,16 @@ class NodeExchange:
         """Whether the store went with node 0 (nothing can be sent or read through it any more)."""
         return self.node != 0 and 0 in self.lost_nodes()
 
+    def _serve_until(self, key: str, limit: float, nodes: list[int]) -> None:
+        """On node 0: wait at most ``limit`` seconds until each of ``nodes`` has set ``accel_launch/<key>/<n>``
+        or is lost."""
+        deadline = time.monotonic() + limit
+        while nodes and time.monotonic() < deadline:
+            lost = self.lost_nodes()
+            nodes = [n for n in nodes if n not in lost and not self._server.check([f"{_PREFIX}{key}/{n}"])]
+            if nodes:
+                time.sleep(0.1)
+
     # ------------------------------------------------------------------ the end of a job
     def end_declared(self) -> str | None:
         """The kind of end another launcher declared (one of :data:`END_KINDS`), ``"lost"`` when another node
@@ -369,20 +379,18 @@ class NodeExchange:
         return merged, missing
 
     def close(self) -> None:
-        """Say this node is done and stop pulsing; on node 0, first wait (bounded) until every node that sent
-        evidence has read all of it, unless it is lost, then stop serving."""
+        """Say this node is done and stop pulsing. On node 0, first wait (bounded) until every node that sent
+        evidence has read all of it, and every node that joined has said it is done (it then stops using the
+        store: a request on a closed connection would make torch log C++ frames there), unless it is lost;
+        then stop serving."""
         if self._server is not None and self._published:
-            deadline = time.monotonic() + self.wait
-            waiting = [n for n in range(1, self.nnodes) if self._server.check([f"{_PREFIX}evidence/{n}"])]
-            while waiting and time.monotonic() < deadline:
-                lost = self.lost_nodes()
-                waiting = [n for n in waiting if n not in lost and not self._server.check([f"{_PREFIX}read/{n}"])]
-                if waiting:
-                    time.sleep(0.2)
+            self._serve_until("read", self.wait, [n for n in range(1, self.nnodes) if self._server.check([f"{_PREFIX}evidence/{n}"])])
+        if self._server is not None and self._thread is not None:
+            self._serve_until("done", self.silence, [n for n in range(1, self.nnodes) if self._server.check([f"{_PREFIX}node/{n}"])])
         if self._thread is not None:
+            self._stop.set()  # the pulse stops before "done" is said: node 0 may stop serving right after it
+            self._thread.join(timeout=self.silence + 1.0)
             with contextlib.suppress(Exception):
                 if self._server is not None or (self._store is not None and not self._store_lost() and self._reachable()):
                     self._store.set(f"{_PREFIX}done/{self.node}", "1")
-            self._stop.set()
-            self._thread.join(timeout=self.silence + 1.0)
         self._store = self._server = None
