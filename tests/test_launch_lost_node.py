@@ -21,9 +21,10 @@ import pytest
 
 from accel.commands import UsageError
 from accel.commands.launch import nodes as N
+from accel.utils import heartbeat
 from _waits import SAFETY_NET_S
 from dist_utils import free_port
-from test_launch_faults import _env, _finish, _wait_ready
+from test_launch_faults import _STACK_ON_SIGNAL, _env, _FakeExchange, _finish, _wait_ready
 
 FAULT = Path(__file__).parent / "scripts" / "fault_rank.py"
 NODE_TIMEOUT = "3"
@@ -147,6 +148,48 @@ def test_node_0s_store_going_away_makes_node_0_lost_at_once():
         assert one.swap([]) == ([], [0])
     finally:
         one.close()
+
+
+class _LostPeer(_FakeExchange):
+    """Another node's launcher that stopped answering, as the watchdog's exchange reports it."""
+
+    def __init__(self):
+        super().__init__("lost", [])
+
+    def swap(self, mine):
+        return list(mine), [1]
+
+    def lost_nodes(self) -> dict:
+        return {1: N.LostNode(1, "10.0.0.2", [2, 3], "its launcher has not pulsed for 10 s", last_seen=100.0)}
+
+
+def test_the_watchdog_ends_ranks_that_wait_for_a_lost_node(tmp_path, monkeypatch):
+    """This node's rank waits without an error (gloo may never notice the other node's death); once it has
+    been idle a while and the exchange finds node 1 lost, the watchdog ends it and names the lost node."""
+    import accel.commands.launch.watchdog as W
+
+    monkeypatch.setattr(W, "PEER_END_IDLE", 0.2)
+    rank = subprocess.Popen([sys.executable, "-c", _STACK_ON_SIGNAL, str(tmp_path / "stack-0.txt"), str(heartbeat.STACK_SIGNAL)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert rank.stdout.readline() == "ready\n"
+        (tmp_path / "rank-0.hb").write_bytes(heartbeat._RECORD.pack(rank.pid, 5, 0, 0))
+        exchange = _LostPeer()
+        watchdog = W.HangWatchdog(str(tmp_path), timeout=3600, poll=0.05, exchange=exchange, node=0, nnodes=2)
+        monkeypatch.setattr(watchdog, "_stop_agent", lambda: None)  # the agent is this pytest process
+        watchdog.start()
+        watchdog._thread.join(timeout=SAFETY_NET_S)
+        assert watchdog.report is not None and not watchdog._thread.is_alive()
+        assert rank.wait(timeout=SAFETY_NET_S) != 0  # the local rank was ended
+    finally:
+        if rank.poll() is None:
+            rank.kill()
+        rank.wait()
+        rank.stdout.close()
+    lines = watchdog.report.splitlines()
+    assert lines[0] == "accel launch: node 1 (host 10.0.0.2) stopped answering; its ranks 2\u20133 are lost", watchdog.report
+    assert watchdog.exit_code == N.LOST_EXIT_CODE and exchange.sent == ["hang"]
+    assert lines[-1].startswith("accel launch: this node's ranks (0) had made no progress for "), watchdog.report
 
 
 def test_node_timeout_and_rank_spans(monkeypatch):
