@@ -483,7 +483,7 @@ def test_accel_qualify_passes_the_profile_to_the_suites(tmp_path, monkeypatch, c
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "q"
     try:
-        code = main(["qualify", "--profile", str(EXAMPLE / "mycpu.yaml"), "-k", "test_forward_really_runs", "--no-bench",
+        code = main(["qualify", "--profile", str(EXAMPLE / "mycpu.yaml"), "-n", "0", "-k", "test_forward_really_runs", "--no-bench",
                      "--ops", "none", "-o", str(out)])
     finally:
         reset_registry()

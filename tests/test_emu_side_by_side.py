@@ -50,7 +50,7 @@ def test_qualify_cpu_and_emu_side_by_side(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_DEVICE", "PYTEST_"))}
     env.update(OMP_NUM_THREADS="1", ACCEL_EMU_MEMORY="256MiB")  # a small device fills up quickly
     command = [sys.executable, "-m", "accel.commands.cli", "qualify", "--backend", "cpu", "--backend", "emu",
-               "-k", SELECTION, "--ops-k", OPS_SELECTION, "--no-bench", "--json", "-o", str(out)]
+               "-k", SELECTION, "--ops-k", OPS_SELECTION, "--no-bench", "--json", "-n", "0", "-o", str(out)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=REPO, env=env)
     assert result.returncode == 0, f"accel qualify failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
     summary = json.loads((out / "summary.json").read_text())

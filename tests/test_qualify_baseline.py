@@ -36,7 +36,7 @@ def qualify(tmp_path, monkeypatch, capsys):
 
     def run(name: str, *extra: str) -> SimpleNamespace:
         capsys.readouterr()
-        code = main(["qualify", "--backend", "cpu", "--no-bench", "--ops", "none",
+        code = main(["qualify", "--backend", "cpu", "--no-bench", "--ops", "none", "-n", "0",
                      "-k", "test_identity_and_availability and backend_contract", "-o", str(tmp_path / name),
                      "--baseline", str(tmp_path / "base"), *extra])
         out, err = capsys.readouterr()

@@ -50,7 +50,7 @@ def test_rerun_known_runs_only_covered_tests_and_names_those_that_pass(tmp_path)
     cwd = _bogus_folder(tmp_path / "work")
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONSAFEPATH", "PYTEST_ADDOPTS", "ACCEL_DEVICE")}
-    proc = subprocess.run([_accel_script(), "qualify", "--backend", "cpu", "--rerun-known", "--known-issues", str(known),
+    proc = subprocess.run([_accel_script(), "qualify", "--backend", "cpu", "-n", "0", "--rerun-known", "--known-issues", str(known),
                            "-o", str(out), "--json"], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "known issue fixed-long-ago now passes (1 of 1 test(s)): remove it" in proc.stdout

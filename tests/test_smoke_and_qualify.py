@@ -99,7 +99,7 @@ def test_accel_qualify_end_to_end(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     out = tmp_path / "qualify"
-    code = main(["qualify", "--backend", "cpu", "-o", str(out), "-k", CONTRACT_SELECTION, "--no-bench", "--ops", "none",
+    code = main(["qualify", "--backend", "cpu", "-n", "0", "-o", str(out), "-k", CONTRACT_SELECTION, "--no-bench", "--ops", "none",
                  "--json"])
     stdout, stderr = capsys.readouterr()
     assert code == 0, stdout + stderr
