@@ -118,6 +118,12 @@ def test_accel_qualify_end_to_end(tmp_path, monkeypatch, capsys):
     suites = summary["stages"][0]
     assert summary["partial"] is False and suites["stage"] == "conformance suites" and suites["exit_code"] == 0
     assert suites["tests_total"] == suites["tests_done"] == len(records) and suites["failing_tests"] == []
+    # where the time went: every stage that ran, with the seconds the summary recorded, and their sum
+    costs = next(line for line in stdout.splitlines() if line.startswith("accel qualify: stage costs: "))
+    assert [stage["stage"] for stage in summary["stages"]] == ["conformance suites", "report"]
+    for stage in summary["stages"]:
+        assert f"{stage['stage']} {stage['seconds']:.1f}s" in costs
+    assert costs.endswith(f"; {sum(stage['seconds'] for stage in summary['stages']):.1f}s in all")
 
 
 def test_accel_qualify_names_failing_tests(tmp_path, monkeypatch, capsys):

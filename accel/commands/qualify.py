@@ -437,6 +437,7 @@ def run(args: argparse.Namespace) -> int:
         status = _append_history(args.history, [results, *_ops_results(out), out / "bench"]) or status
     print(_closing_line(status, interrupted))
     print(f"accel qualify: {_tally(results, out / 'bench' if not args.no_bench else None, _ops_results(out))}")
+    print(f"accel qualify: {stage_costs(stages)}")
     for verdict in verdicts:
         print(f"accel qualify: {verdict.line()}")
     for label, path in artefacts:
@@ -494,6 +495,15 @@ def _print_comparison(log: Path) -> None:
     for line in lines:
         if line.startswith("accel report: baseline:"):
             print("accel qualify: " + line.removeprefix("accel report: "), flush=True)
+
+
+def stage_costs(stages: list[dict]) -> str:
+    """Where the run's time went, in one line: each stage's seconds in the order they ran, then the sum
+    (the first place to look when a qualification grows slow)."""
+    if not stages:
+        return "stage costs: no stage ran"
+    parts = [f"{stage['stage']} {stage['seconds']:.1f}s" for stage in stages]
+    return f"stage costs: {', '.join(parts)}; {sum(stage['seconds'] for stage in stages):.1f}s in all"
 
 
 def _closing_line(status: int, interrupted: str | None) -> str:
