@@ -98,14 +98,13 @@ class _Document:
         self.Error = error  # the kind of error this document raises (matrix or workflow file)
         self.lines: dict[KeyPath, int] = {}
         self.raw: dict[KeyPath, str] = {}
-        try:
-            root = yaml.compose(text, Loader=yaml.SafeLoader)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-            context = getattr(exc, "context", None)
-            detail = f"{problem} ({context})" if context else problem
-            raise self.Error(f"YAML syntax error: {detail}", path, mark.line + 1 if mark else None) from None
+        from accel.facts import yaml_safe
+
+        try:  # aliases are checked before anything is built: an anchor bomb is refused, never expanded
+            root = yaml_safe.compose(text, path)
+        except yaml_safe.YamlError as exc:
+            kind = "refused" if exc.refused else "YAML syntax error"
+            raise self.Error(f"{kind}: {exc.problem}", path, exc.line) from None
         if root is None:
             raise self.Error(f"the file is empty ({empty_hint})", path)
         self._constructor = yaml.SafeLoader("")
@@ -506,10 +505,15 @@ def load_matrix(path: str | os.PathLike[str] | None = None) -> Matrix:
     unknown backend/torch/python or matching nothing, and a cell without a way to install torch.
     """
     path = Path(path) if path is not None else DEFAULT_MATRIX
+    from accel.facts import yaml_safe
+
     try:
+        yaml_safe.check_size(path)
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise MatrixError("no such file", path) from None
+    except yaml_safe.YamlError as exc:
+        raise MatrixError(f"refused: {exc.problem}", path) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise MatrixError(f"cannot be read: {exc}", path) from None
     doc = _Document(path, text)

@@ -32,6 +32,7 @@ READERS = {
                       "update_config(argparse.Namespace(config_file=str(path)))", "ConfigError"),
     "to-fsdp2": ("from accel.commands.to_fsdp2 import load_config", "load_config(str(path))", "YamlError"),
     "skip-table": ("from accel_harness.upstream.skips import load_skip_table", "load_skip_table(path)", "UpstreamError"),
+    "matrix": ("from ci.matrix import load_matrix", "load_matrix(path)", "MatrixError"),
 }
 
 
@@ -48,6 +49,7 @@ PLACES = {
     "known-issues": ("issues:\n  - id: fine\n    error: boom\n  -\n", "    "),
     "config": ("compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nfsdp_config:\n", "  "),
     "skip-table": ("rules:\n  -\n", "    "),
+    "matrix": ("version: 1\ndefaults:\n  python: [\"3.11\"]\nbackends:\n  cpu:\n    world_sizes:\n", "      "),
 }
 PLACES["config-update"] = PLACES["to-fsdp2"] = PLACES["config"]
 
@@ -163,6 +165,15 @@ BENIGN = {
         rules:
           - &rule {match: "needs a GPU", code: needs-devices}
           - {<<: *rule, match: "requires CUDA"}
+        """,
+    "matrix": """\
+        version: 1
+        defaults: {python: ["3.11"], bench: quick}
+        backends:
+          cpu: {runner: &linux [ubuntu-latest], comm: gloo, world_sizes: &sizes [1, 2]}
+          emu: {runner: *linux, comm: gloo, world_sizes: *sizes}
+        torch:
+          "2.13.0": {install: {"*": {index_url: "https://download.pytorch.org/whl/cpu"}}}
         """,
 }
 BENIGN["config-update"] = BENIGN["to-fsdp2"] = BENIGN["config"]
