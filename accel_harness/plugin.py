@@ -708,7 +708,9 @@ def _picklable(value: Any) -> bool:
 
 
 def _visible_devices_env(backend: Any, world: int) -> dict[str, str]:
-    """Give each pytest-xdist worker its own slice of the devices (device backends only)."""
+    """Give each pytest-xdist worker its own slice of the devices (device backends only), when the slice
+    holds a device for each of the test's ``world`` ranks; otherwise the worker sees every device (its
+    ranks then share them with the other workers' rather than several ranks asking for one device)."""
     var = backend.visible_devices_env
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
@@ -716,7 +718,7 @@ def _visible_devices_env(backend: Any, world: int) -> dict[str, str]:
         return {}
     count = backend.device_count()
     per_worker = count // workers
-    if per_worker < 1:
+    if per_worker < max(world, 1):
         return {}
     index = int(worker.removeprefix("gw") or 0)
     first = index * per_worker

@@ -416,3 +416,33 @@ def test_stale_pool_folders_are_removed_and_live_ones_kept(tmp_path):
     removed = remove_stale_pool_dirs(str(tmp_path))
     assert sorted(os.path.basename(p) for p in removed) == sorted([stale.name, reused.name, legacy.name])
     assert live.exists() and fresh_legacy.exists() and half_written.exists() and other.exists()
+
+
+class _Devices:
+    """A backend stand-in with ``count`` devices behind ``visible_devices_env``."""
+
+    visible_devices_env = "FAKE_VISIBLE_DEVICES"
+
+    def __init__(self, count: int):
+        self.count = count
+
+    def device_count(self) -> int:
+        return self.count
+
+
+@pytest.mark.parametrize(("devices", "world", "expected"), [
+    (4, 2, {"gw0": "0,1", "gw1": "2,3"}),  # a slice of two per worker holds a two-rank test
+    (4, 1, {"gw0": "0,1", "gw1": "2,3"}),
+    (2, 1, {"gw0": "0", "gw1": "1"}),
+    (2, 2, {"gw0": None, "gw1": None}),  # one device per worker cannot hold two ranks: every worker sees both
+    (4, 4, {"gw0": None, "gw1": None}),
+])
+def test_each_xdist_worker_gets_a_slice_that_holds_the_tests_ranks(monkeypatch, devices, world, expected):
+    from accel_harness.plugin import _visible_devices_env
+
+    monkeypatch.delenv(_Devices.visible_devices_env, raising=False)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    for worker, visible in expected.items():
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        env = _visible_devices_env(_Devices(devices), world)
+        assert env.get(_Devices.visible_devices_env) == visible, (worker, env)
