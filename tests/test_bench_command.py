@@ -324,3 +324,46 @@ def test_the_benchmark_child_runs_with_a_safe_path(monkeypatch, tmp_path):
     monkeypatch.delenv("PYTHONSAFEPATH", raising=False)
     assert main(["bench", "--backend", "cpu", "--suites", str(suites), "--results-dir", str(tmp_path / "out")]) == 0
     assert seen["env"]["PYTHONSAFEPATH"] == "1" and seen["cmd"][1:3] == ["-m", "pytest"]
+
+
+#: the standard set (suites/benchmarks/conftest.py's CORE_SET) as collected on cpu
+CORE_IDS = {
+    "test_bench_matmul.py::test_matmul[cpu-ws1-float32]", "test_bench_matmul.py::test_matmul[cpu-ws1-bfloat16]",
+    "test_bench_train_step.py::test_train_step[cpu-ws1-mlp-torch]",
+    "test_bench_train_step.py::test_train_step[cpu-ws1-mlp-accel]",
+    "test_bench_train_step.py::test_train_step[cpu-ws1-transformer-torch]",
+    "test_bench_train_step.py::test_train_step[cpu-ws1-transformer-accel]",
+    "test_bench_memory.py::test_transfer[cpu-ws1-h2d-pageable]",
+    "test_bench_collectives.py::test_collective[cpu-ws1-all_reduce-large-ranks2]",
+}
+
+
+def test_the_core_set_selects_its_benchmarks_and_no_others(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "pytest", str(SUITES), "-p", "no:cacheprovider", "--backend", "cpu",
+                           "-m", "cpu and bench_core", "--collect-only", "-q"], cwd=REPO, env=_env(),
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    collected = {line.split("benchmarks/", 1)[1] for line in proc.stdout.splitlines() if "::" in line}
+    assert collected == CORE_IDS
+
+
+@pytest.mark.parametrize(("chosen", "marks"), [(None, "cpu"), ("all", "cpu"), ("core", "cpu and bench_core")])
+def test_the_set_option_chooses_the_marker_expression(monkeypatch, tmp_path, chosen, marks):
+    suites = tmp_path / "suites"
+    suites.mkdir()
+    seen = {}
+
+    def fake_call(cmd, cwd, env):
+        seen["cmd"] = cmd
+        Path(cmd[cmd.index("--benchmark-json") + 1]).write_text(json.dumps({"benchmarks": [_entry("test_a[cpu]", 0.05)]}))
+        return 0
+
+    monkeypatch.setattr(bench_command.subprocess, "call", fake_call)
+    argv = ["bench", "--backend", "cpu", "--suites", str(suites), "--results-dir", str(tmp_path / "out")]
+    assert main(argv + (["--set", chosen] if chosen else [])) == 0
+    assert seen["cmd"][seen["cmd"].index("-m", 3) + 1] == marks
+
+
+def test_an_unknown_set_is_refused(capsys):
+    assert main(["bench", "--set", "fastest"]) == 2
+    assert "argument --set: invalid choice: 'fastest'" in capsys.readouterr().err

@@ -253,6 +253,11 @@ def test_settings_for_quick_disabled_and_full(monkeypatch):
     assert timing.settings_for(Enabled(), environ={timing.QUICK_ENV: "1"}) is timing.QUICK
     smoke = timing.settings_for(Disabled(), environ={})
     assert smoke.smoke and smoke.max_rounds == 1
+    standard = timing.settings_for(Enabled(), environ={timing.SET_ENV: "core"})
+    assert standard is timing.STANDARD and timing.settings_for(Enabled(), environ={timing.SET_ENV: "all"}) is timing.FULL
+    # the standard set times the full run's round size, over fewer rounds; --quick's smaller problems win
+    assert standard.round_time_s == timing.FULL.round_time_s and standard.max_rounds < timing.FULL.max_rounds
+    assert timing.settings_for(Enabled(), environ={timing.SET_ENV: "core", timing.QUICK_ENV: "1"}) is timing.QUICK
 
 
 def test_interleaved_variants_share_iterations_and_rotate_order():

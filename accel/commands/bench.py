@@ -36,6 +36,10 @@ from accel.commands import RESULTS_DIR, UsageError
 QUICK_ENV = "ACCEL_BENCH_QUICK"
 THREADS_ENV = "ACCEL_BENCH_THREADS"
 SUITES_ENV = "ACCEL_BENCH_SUITES"
+SET_ENV = "ACCEL_BENCH_SET"
+#: --set choices; core selects the suites' ``bench_core`` marker (suites/benchmarks/conftest.py's CORE_SET)
+BENCH_SETS = ("all", "core")
+CORE_MARKER = "bench_core"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--backend", metavar="NAME", help="backend to benchmark (default: the detected one)")
     parser.add_argument("--quick", action="store_true", help="smoke run: smaller problems, fewer rounds")
+    parser.add_argument("--set", dest="bench_set", choices=BENCH_SETS, default="all",
+                        help="which benchmarks: all (default), or core: the standard set, one headline figure per "
+                             "area at full size (what accel qualify runs unless --thorough)")
     parser.add_argument("--results-dir", metavar="DIR", default=RESULTS_DIR,
                         help=f"folder for bench-<timestamp>.json (default ./{RESULTS_DIR}, where every accel command "
                              "writes when not told otherwise)")
@@ -99,9 +106,12 @@ def _output_path(results_dir: Path, stamp: str, run: int, repeat: int) -> Path:
     return path
 
 
-def pytest_command(suites: Path, backend: str, json_path: Path, keyword: str | None = None) -> list[str]:
+def pytest_command(suites: Path, backend: str, json_path: Path, keyword: str | None = None,
+                   bench_set: str = "all") -> list[str]:
+    """The pytest command line of one benchmark run (``bench_set`` core: only the standard set)."""
+    marks = backend if bench_set == "all" else f"{backend} and {CORE_MARKER}"
     cmd = [sys.executable, "-m", "pytest", str(suites), "-p", "no:cacheprovider", "-v", "--no-header",
-           "--backend", backend, "-m", backend, "--benchmark-json", str(json_path), "--benchmark-save-data",
+           "--backend", backend, "-m", marks, "--benchmark-json", str(json_path), "--benchmark-save-data",
            "--benchmark-quiet"]
     if keyword:
         cmd += ["-k", keyword]
@@ -285,13 +295,15 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"cannot create the results folder {results_dir}: {exc}") from None
     env = dict(os.environ)
     env[QUICK_ENV] = "1" if args.quick else "0"
+    env[SET_ENV] = getattr(args, "bench_set", "all")
     if args.threads is not None:
         env[THREADS_ENV] = str(args.threads)
     env.pop("PYTEST_ADDOPTS", None)  # an inherited -n would turn every benchmark into a skip
     env["PYTHONSAFEPATH"] = "1"  # a folder named pytest or accel in the working folder cannot shadow the real ones
     repo = suites.parent.parent if (suites.parent.parent / "pyproject.toml").is_file() else suites
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    print(f"accel bench: backend {backend}{' (QUICK run: smaller problems, fewer rounds)' if args.quick else ''}, suites {suites}, "
+    chosen = " (the core set)" if getattr(args, "bench_set", "all") == "core" else ""
+    print(f"accel bench: backend {backend}{chosen}{' (QUICK run: smaller problems, fewer rounds)' if args.quick else ''}, suites {suites}, "
           f"{args.repeat} run(s); load average {_loadavg()}", flush=True)
 
     worst = 0
@@ -305,7 +317,8 @@ def run(args: argparse.Namespace) -> int:
         # pytest-benchmark makes its storage folder (./.benchmarks) at start even though the figures go to
         # --benchmark-json: a temporary one, so nothing is left in the working or the suites' folder
         with tempfile.TemporaryDirectory(prefix="accel-bench-storage-") as storage:
-            command = pytest_command(suites, backend, path, args.keyword) + ["--benchmark-storage", f"file://{storage}"]
+            command = pytest_command(suites, backend, path, args.keyword, getattr(args, "bench_set", "all")) + [
+                "--benchmark-storage", f"file://{storage}"]
             code = subprocess.call(command, cwd=repo, env=env)
         if code == 5:
             print(f"accel bench: no benchmark matched{' -k ' + repr(args.keyword) if args.keyword else ''}", file=sys.stderr)

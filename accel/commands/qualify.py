@@ -74,6 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-bench", action="store_true", help="skip the benchmarks")
     parser.add_argument("--history", metavar="DB", help="also append this run's results and benchmarks to a run history (an SQLite file, or a postgresql:// URL)")
     parser.add_argument("--quick", action="store_true", help="quick benchmarks (smoke run)")
+    parser.add_argument("--thorough", action="store_true",
+                        help="every benchmark (accel bench's full set) instead of the standard set, one headline figure per area")
     parser.add_argument("--baseline", action="append", metavar="RESULTS",
                         help="earlier results (files or folders, repeatable) to compare with: a drop in collected tests "
                              "fails the run; the report lists the new failures and says whether the runs compare like for like")
@@ -365,8 +367,10 @@ def run(args: argparse.Namespace) -> int:
         pytest_cmd += ["-n", str(workers)]
     if getattr(args, "flake_runs", 0):
         pytest_cmd += ["--flake-runs", str(args.flake_runs)]
-    if args.k:
-        pytest_cmd += ["-k", args.k]
+    sweep_stage = args.ops != "none" and not rerun
+    if args.k or sweep_stage:  # the operator stage's sweep is the suites' quick-sweep test, run once, not twice
+        pytest_cmd += ["-k", " and ".join(
+            ([f"({args.k})"] if args.k else []) + ([f"not {SUITE_SWEEP_TEST}"] if sweep_stage else []))]
     if args.known_issues:
         pytest_cmd += ["--known-issues", args.known_issues]
     if getattr(args, "profile", None):
@@ -380,7 +384,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if _step(stage, pytest_cmd, logs / "suites.log", stages) != 0:
             status = 1
-        if args.ops != "none" and not rerun:
+        if sweep_stage:
             for name in backends:
                 stage = f"operators ({name})"
                 artefacts += [(f"operators ({name})", out / "ops" / name)]
@@ -392,7 +396,8 @@ def run(args: argparse.Namespace) -> int:
             artefacts += [("benchmarks", bench_dir)]
             for name in backends:
                 stage = f"benchmarks ({name})"
-                cmd = [sys.executable, "-m", "accel.commands.cli", "bench", "--backend", name, "--results-dir", str(bench_dir)]
+                cmd = [sys.executable, "-m", "accel.commands.cli", "bench", "--backend", name, "--results-dir", str(bench_dir),
+                       "--set", "all" if getattr(args, "thorough", False) else "core"]
                 if args.quick:
                     cmd.append("--quick")
                 if _step(stage, cmd, logs / f"bench-{name}.log", stages) != 0:
@@ -447,6 +452,8 @@ def run(args: argparse.Namespace) -> int:
 
 #: ``accel report``'s exit status for a drop in collected tests (accel.commands.report.EXIT_COLLECTION_DROP)
 COLLECTION_DROP = 4
+#: the suites' test that runs the quick operator sweep (suites/test_ops.py): the operator stage does its work
+SUITE_SWEEP_TEST = "test_quick_operator_sweep"
 
 
 def _known_issues(args: argparse.Namespace) -> object | None:

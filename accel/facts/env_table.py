@@ -134,6 +134,7 @@ _ROWS: tuple[EnvVar, ...] = (
     # ---- tools
     _one("ACCEL_SUITES_DIR", "the conformance suites folder", USER, "accel_harness.suites_location"),
     _one("ACCEL_BENCH_QUICK", "smaller benchmark problems and fewer rounds", "accel bench", "suites.benchmarks"),
+    _one("ACCEL_BENCH_SET", "the benchmark set (core: the standard set, fewer rounds)", "accel bench", "suites.benchmarks"),
     _one("ACCEL_BENCH_THREADS", "torch threads of the benchmark process", "accel bench", "suites.benchmarks"),
     _one("ACCEL_BENCH_SUITES", "the benchmark suites folder", USER, "accel.commands.bench"),
     _one("ACCEL_BENCH_HOST_PROBE", "time a host reference beside the benchmarks (default yes)", USER,

@@ -20,6 +20,9 @@
   Recorded in the machine info as ``heap``; ``ACCEL_BENCH_KEEP_HEAP=0`` turns it off.
 * The machine info of the JSON gains ``torch_version``, ``accel_version``, the selected backends
   with their device descriptions, and the whole ``accel env`` report under ``accel_env``.
+* The benchmarks named in :data:`CORE_SET` carry the marker ``bench_core``: the standard set
+  (``accel bench --set core``, what ``accel qualify`` runs unless ``--thorough``), one headline figure
+  per area sized like the full run, so its figures compare with a full run's.
 """
 
 from __future__ import annotations
@@ -46,6 +49,22 @@ KEEP_HEAP_ENV = "ACCEL_BENCH_KEEP_HEAP"
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 KEEP_HEAP = {"trim_threshold": 1 << 30, "mmap_threshold": 32 << 20}
 _heap_setting: dict = {"kept": False, "reason": "not configured"}
+
+CORE_MARKER = "bench_core"
+#: the standard set: test function -> the parameter combinations in it (an empty mapping: all of them)
+CORE_SET: dict[str, list[dict]] = {
+    "test_matmul": [{"dtype_name": "float32"}, {"dtype_name": "bfloat16"}],
+    "test_train_step": [{}],
+    "test_transfer": [{"direction": "h2d", "memory": "pageable"}],
+    "test_collective": [{"op": "all_reduce", "size": "large", "nranks": 2}],
+}
+
+
+def in_core_set(item: pytest.Item) -> bool:
+    """Whether ``item`` is one of :data:`CORE_SET`'s benchmarks."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    combos = CORE_SET.get(getattr(item, "originalname", item.name), ())
+    return any(all(params.get(key) == value for key, value in combo.items()) for combo in combos)
 
 
 def _flag(name: str) -> bool:
@@ -75,6 +94,7 @@ def keep_heap() -> dict:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"{CORE_MARKER}: one of the standard benchmark set (accel bench --set core)")
     _host_probe_wanted()  # a bad ACCEL_BENCH_HOST_PROBE stops the session once, at start-up
     _heap_setting.clear()
     if _under_xdist(config) or getattr(config.option, "benchmark_disable", False):
@@ -114,6 +134,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if not _is_ours(item) or "benchmark" not in getattr(item, "fixturenames", ()):
             continue
+        if in_core_set(item):
+            item.add_marker(CORE_MARKER)
         if xdist:
             item.add_marker(pytest.mark.skip(reason=XDIST_SKIP))
             continue
@@ -148,6 +170,7 @@ def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: di
     except Exception:
         machine_info["accel_version"] = "unknown"
     machine_info["bench_quick"] = timing.quick_requested()
+    machine_info["bench_set"] = "core" if timing.core_set_requested() else "all"
     machine_info["torch_threads"] = torch.get_num_threads()
     machine_info["bench_backends"] = selected
     devices = {}

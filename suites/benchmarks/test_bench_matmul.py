@@ -2,7 +2,10 @@
 
 One call is ``a @ b`` of two ``n x n`` matrices into a preallocated output (``torch.matmul(out=)``,
 so allocation is not timed): ``2 n^3`` floating-point operations. ``n`` is chosen per device type:
-large enough to keep the device's units busy, small enough for a 2-core CPU runner.
+large enough to keep the device's units busy, small enough for a 2-core CPU runner. On a device that
+is slower than that size assumes (an emulated device computing on the host, say), ``n`` is the largest
+power of two from the host's side up whose float32 call is expected to stay under :data:`MAX_CALL_S`
+(``extra_info["sizes"]["limited_by_speed"]`` says so), so a round still times in seconds.
 
 A dtype other than float32 whose matmul runs far slower than a float32 matmul of the same size on
 the same device (:data:`accel_reports.claims.SLOW_FACTOR`) has no fast kernels there (half precision
@@ -27,7 +30,7 @@ from accel_harness import markers
 from accel_reports.claims import SLOW_FACTOR, slow_kernel_note
 from accel_reports.noise import relative_iqr
 
-__all__ = ["SLOW_FACTOR", "float32_seconds_per_call", "matrix_side", "slow_dtype_note"]
+__all__ = ["MAX_CALL_S", "SLOW_FACTOR", "float32_seconds_per_call", "matrix_side", "matrix_side_of_class", "slow_dtype_note"]
 
 DTYPES = ["float32", "bfloat16", "float16"]
 #: matrix side: (full, quick) on the host CPU and on accelerators
@@ -37,9 +40,46 @@ REFERENCE_ROUNDS = 6
 REFERENCE_CALLS = 2
 
 
+#: longest a float32 call may be expected to take on a device's side; a matmul 8x the work of a measured
+#: one is expected to take 8x its time
+MAX_CALL_S = 0.25
+_sides: dict[str, int] = {}
+
+
 def matrix_side(backend, settings: timing.Settings) -> int:
+    """The matrix side for ``backend``: its class's full (or quick) side, grown by doublings on a device
+    whose float32 calls show it cannot do the full side within :data:`MAX_CALL_S` (remembered per backend,
+    so every dtype of a run gets the same side)."""
+    full = matrix_side_of_class(backend, settings)
+    if settings.quick or settings.smoke or backend.device_type == "cpu":
+        return full
+    if backend.name not in _sides:
+        n = SIDES["cpu"][0]
+        while n < full and 8 * _seconds_per_float32_call(backend, n) < MAX_CALL_S:
+            n *= 2
+        _sides[backend.name] = n
+    return _sides[backend.name]
+
+
+def matrix_side_of_class(backend, settings: timing.Settings) -> int:
+    """The side :data:`SIDES` gives ``backend``'s class (host or device) for this run's settings."""
     full, quick = SIDES["cpu" if backend.device_type == "cpu" else "device"]
     return quick if settings.quick or settings.smoke else full
+
+
+def _seconds_per_float32_call(backend, n: int) -> float:
+    """The median of three warm float32 ``n x n`` matmuls on the backend's device."""
+    a = torch.ones(n, n, device=backend.device(0))
+    out = torch.empty_like(a)
+    torch.matmul(a, a, out=out)
+    backend.synchronize()
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        torch.matmul(a, a, out=out)
+        backend.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def float32_seconds_per_call(backend, n: int) -> tuple[float, float | None]:
@@ -100,7 +140,8 @@ def test_matmul(benchmark, backend, bench_settings, dtype_name):
             notes["note"] = note
     info = timing.extra_info(
         backend, m, metric="matmul", unit="TFLOP/s", work_per_round=flop * m.iterations / timing.TFLOP,
-        work_unit="TFLOP", dtype=dtype_name, sizes={"m": n, "n": n, "k": n, "flop_per_call": flop},
+        work_unit="TFLOP", dtype=dtype_name, sizes={"m": n, "n": n, "k": n, "flop_per_call": flop,
+                                                     "limited_by_speed": n < matrix_side_of_class(backend, bench_settings)},
         settings=bench_settings, host_bound=timing.on_host(backend, "compute"), float32_matmul_precision=torch.get_float32_matmul_precision(), **notes,
     )
     timing.record(benchmark, m, info)

@@ -94,6 +94,8 @@ __all__ = [
     "FULL",
     "QUICK",
     "QUICK_ENV",
+    "SET_ENV",
+    "STANDARD",
     "SMOKE",
     "DeviceClock",
     "Measurement",
@@ -107,6 +109,7 @@ __all__ = [
     "on_host",
     "pinned_to_core",
     "quick_requested",
+    "core_set_requested",
     "rank_max",
     "record",
     "run_in_ranks",
@@ -115,6 +118,8 @@ __all__ = [
 
 #: set to 1 (or true/yes/on) for smoke-sized benchmarks: fewer rounds, smaller problems
 QUICK_ENV = "ACCEL_BENCH_QUICK"
+#: ``core`` for the standard set (``accel bench --set core``): full-size problems, fewer rounds
+SET_ENV = "ACCEL_BENCH_SET"
 #: no round is ever made of more calls than this (keeps a broken, near-zero timer from looping)
 MAX_ITERATIONS = 100_000
 
@@ -145,6 +150,8 @@ class Settings:
 
 FULL = Settings(warmup_rounds=3, min_rounds=10, max_rounds=50, round_time_s=0.05, budget_s=4.0)
 QUICK = Settings(warmup_rounds=1, min_rounds=5, max_rounds=10, round_time_s=0.01, budget_s=0.3, quick=True)
+#: the standard set's rounds: the full run's problem and round sizes (so the medians compare), half its rounds
+STANDARD = Settings(warmup_rounds=3, min_rounds=10, max_rounds=25, round_time_s=0.05, budget_s=2.0)
 SMOKE = Settings(warmup_rounds=0, min_rounds=1, max_rounds=1, round_time_s=0.0, budget_s=0.0, smoke=True)
 
 
@@ -153,11 +160,19 @@ def quick_requested(environ: Mapping[str, str] | None = None) -> bool:
     return value.strip().lower() in {"1", "true", "yes", "on"}
 
 
+def core_set_requested(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the run is of the standard set (``ACCEL_BENCH_SET=core``)."""
+    return (os.environ if environ is None else environ).get(SET_ENV, "").strip().lower() == "core"
+
+
 def settings_for(benchmark: Any = None, environ: Mapping[str, str] | None = None) -> Settings:
-    """:data:`SMOKE` when pytest-benchmark is disabled, :data:`QUICK` with ``ACCEL_BENCH_QUICK=1``, else :data:`FULL`."""
+    """:data:`SMOKE` when pytest-benchmark is disabled, :data:`QUICK` with ``ACCEL_BENCH_QUICK=1``,
+    :data:`STANDARD` with ``ACCEL_BENCH_SET=core``, else :data:`FULL`."""
     if benchmark is not None and getattr(benchmark, "disabled", False):
         return replace(SMOKE, quick=quick_requested(environ))
-    return QUICK if quick_requested(environ) else FULL
+    if quick_requested(environ):
+        return QUICK
+    return STANDARD if core_set_requested(environ) else FULL
 
 
 # ---------------------------------------------------------------------------- measuring
