@@ -376,7 +376,7 @@ def load_benchmark_json(path: str | os.PathLike[str], *, named: bool = True) -> 
     ``named=False`` (a ``*.json`` found while searching a folder) notes a JSON file that is not
     pytest-benchmark output as skipped instead of as an error.
     """
-    from .benchmarks import benchmark_row
+    from .benchmark_rows import benchmark_row
 
     path = Path(path)
     where = display_path(path)
