@@ -58,3 +58,13 @@ def test_pairs_alternate_their_order_and_give_one_ratio_each(smoke_check, monkey
 def test_a_failing_command_is_an_error_with_its_output(smoke_check, tmp_path):
     with pytest.raises(RuntimeError, match="exited 3"):
         smoke_check.timed([sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"], str(tmp_path))
+
+
+def test_the_floor_is_timed_in_each_pair_when_asked(smoke_check, monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(smoke_check, "timed", lambda argv, cwd: 2.0 if Path(argv[0]).name == "accel" else 4.0)
+    monkeypatch.setattr(smoke_check, "floor_seconds", lambda cwd: 1.5)
+    out = tmp_path / "out.json"
+    assert smoke_check.main(["--pairs", "2", "--floor", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["samples"]["floor"] == [1.5, 1.5] and result["ratio"] == 0.5
+    assert "torch's floor 1.50 s" in capsys.readouterr().out
