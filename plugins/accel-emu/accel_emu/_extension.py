@@ -171,8 +171,10 @@ def _build(directory: Path, verbose: bool) -> None:
             return
         import torch
 
+        compiled = any(directory.glob("*.o"))  # ninja recompiles only what changed since then
         _say(f"compiling the emu extension for torch {torch.__version__} in {directory} ({problem}); "
-             "this happens once per torch version and takes a few minutes")
+             + ("what an earlier build compiled is reused, so this takes seconds" if compiled
+                else "this happens once per torch version and takes one to a few minutes"))
         baton = directory / _TORCH_BATON
         if baton.exists():  # our lock is held: the builder that left it is gone
             _say(f"removed {baton.name}, left by a build that was stopped (no other build can be running)")
