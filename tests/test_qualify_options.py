@@ -51,3 +51,51 @@ def test_default_workers_follow_the_usable_cores(monkeypatch):
     assert qualify.default_workers() == 0
     monkeypatch.setattr(qualify.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
     assert qualify.default_workers() == 2
+
+
+def _steps(monkeypatch, tmp_path, *args: str) -> dict[str, dict]:
+    """Every stage's command and environment of an `accel qualify` whose stages are not run."""
+    seen: dict[str, dict] = {}
+
+    def fake_step(title, command, log, *rest, env=None, **kwargs):
+        seen[title] = {"command": command, "env": env}
+        return 0
+
+    monkeypatch.setattr(qualify, "_step", fake_step)
+    main(["qualify", "--backend", "cpu", "-o", str(tmp_path / "q"), *args])
+    return seen
+
+
+def _value(command: list[str], flag: str) -> str | None:
+    """The value after ``flag`` past the interpreter's own ``-m MODULE``."""
+    rest = command[3:]
+    return rest[rest.index(flag) + 1] if flag in rest else None
+
+
+@pytest.mark.parametrize(("args", "marks", "slow"), [
+    ((), "cpu", None), (("--models", "quick"), "cpu", None),
+    (("--models", "none"), "(cpu) and not models", None), (("--models", "full"), "cpu", "1"),
+])
+def test_the_models_option_selects_the_model_suite(monkeypatch, tmp_path, args, marks, slow):
+    monkeypatch.delenv("RUN_SLOW", raising=False)
+    suites = _steps(monkeypatch, tmp_path, "--no-bench", "--ops", "none", *args)["conformance suites"]
+    assert _value(suites["command"], "-m") == marks
+    assert suites["env"].get("RUN_SLOW") == slow
+
+
+@pytest.mark.parametrize(("args", "keyword"), [
+    ((), "not test_quick_operator_sweep"),
+    (("-k", "fsdp or ddp"), "(fsdp or ddp) and not test_quick_operator_sweep"),
+    (("--ops", "none"), None),
+    (("--ops", "none", "-k", "fsdp"), "(fsdp)"),
+])
+def test_the_suites_leave_the_sweep_to_the_operator_stage(monkeypatch, tmp_path, args, keyword):
+    seen = _steps(monkeypatch, tmp_path, "--no-bench", *args)
+    assert _value(seen["conformance suites"]["command"], "-k") == keyword
+    assert ("operators (cpu)" in seen) == ("none" not in args)
+
+
+@pytest.mark.parametrize(("args", "chosen"), [((), "core"), (("--thorough",), "all")])
+def test_the_benchmarks_are_the_standard_set_unless_thorough(monkeypatch, tmp_path, args, chosen):
+    seen = _steps(monkeypatch, tmp_path, "--ops", "none", *args)
+    assert _value(seen["benchmarks (cpu)"]["command"], "--set") == chosen

@@ -34,6 +34,11 @@ import sys
 from pathlib import Path
 
 from accel.commands import UsageError, default_output
+from accel.commands.qualify_summary import closing_line as _closing_line
+from accel.commands.qualify_summary import ops_results as _ops_results
+from accel.commands.qualify_summary import print_comparison as _print_comparison
+from accel.commands.qualify_summary import stage_costs
+from accel.commands.qualify_summary import tally as _tally
 from accel.commands.report import parse_share
 
 
@@ -71,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "bfloat16, forward), full (every dtype, backward, variants, modules, optimizers) or none")
     parser.add_argument("--ops-k", "--ops_k", dest="ops_k", metavar="PATTERN",
                         help="only the operators matching this accel ops -k pattern")
+    parser.add_argument("--models", choices=("quick", "full", "none"), default="quick",
+                        help="the validated-model suite within the suites: quick (default: its quick rows at 1 and 2 "
+                             "ranks), full (every model; RUN_SLOW=1 for the suites) or none")
     parser.add_argument("--no-bench", action="store_true", help="skip the benchmarks")
     parser.add_argument("--history", metavar="DB", help="also append this run's results and benchmarks to a run history (an SQLite file, or a postgresql:// URL)")
     parser.add_argument("--quick", action="store_true", help="quick benchmarks (smoke run)")
@@ -150,19 +158,20 @@ def _use_profile(path: str) -> None:
         raise UsageError(f"--profile: {exc}") from None
 
 
-def _step(title: str, command: list[str], log: Path, record: list[dict] | None = None) -> int | None:
+def _step(title: str, command: list[str], log: Path, record: list[dict] | None = None,
+          env: dict[str, str] | None = None) -> int | None:
     """Run one stage's child command with live progress; its output goes to ``log``.
 
     Returns the exit status (None if it was stopped). A stage that runs pytest shows tests done of
     total, failures so far and the current test; its failing tests are printed by name at the end.
-    ``record`` (a list) gets the stage's summary for ``--json``. Ctrl-C ends the child (it keeps what
-    it finished) and propagates as KeyboardInterrupt.
+    ``record`` (a list) gets the stage's summary for ``--json``; ``env`` replaces :func:`child_environment`.
+    Ctrl-C ends the child (it keeps what it finished) and propagates as KeyboardInterrupt.
     """
     from accel_harness.progress import ProgressDisplay, PytestProgress, run_streamed
 
     print(f"accel qualify: {title} ...", flush=True)
     progress = PytestProgress(title)
-    env = child_environment()
+    env = env if env is not None else child_environment()
     code: int | None = None
     try:
         with ProgressDisplay(progress) as display:
@@ -357,7 +366,7 @@ def run(args: argparse.Namespace) -> int:
     pytest_cmd = [
         sys.executable, "-m", "pytest", str(suites), "-p", "no:cacheprovider", "-v", "--no-header", "-rfE",
         "--ignore", str(suites / "benchmarks"),
-        "-m", " or ".join(backends),
+        "-m", " or ".join(backends) if getattr(args, "models", "quick") != "none" else f"({' or '.join(backends)}) and not models",
         "--results-dir", str(results), "--dist-timeout", f"{args.dist_timeout:g}",
     ]
     for name in backends:
@@ -382,7 +391,8 @@ def run(args: argparse.Namespace) -> int:
     status, interrupted = 0, None
     stage = "conformance suites"
     try:
-        if _step(stage, pytest_cmd, logs / "suites.log", stages) != 0:
+        full_models = {"RUN_SLOW": "1"} if getattr(args, "models", "quick") == "full" else None
+        if _step(stage, pytest_cmd, logs / "suites.log", stages, env=child_environment(full_models)) != 0:
             status = 1
         if sweep_stage:
             for name in backends:
@@ -493,33 +503,6 @@ def _rerun_verdicts(known: object, results: Path) -> list:
     return rerun_verdicts(known, records, torch_version)
 
 
-def _print_comparison(log: Path) -> None:
-    """Echo what the report said about the baseline: collection drops and comparisons that are not like for like."""
-    try:
-        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return
-    for line in lines:
-        if line.startswith("accel report: baseline:"):
-            print("accel qualify: " + line.removeprefix("accel report: "), flush=True)
-
-
-def stage_costs(stages: list[dict]) -> str:
-    """Where the run's time went, in one line: each stage's seconds in the order they ran, then the sum
-    (the first place to look when a qualification grows slow)."""
-    if not stages:
-        return "stage costs: no stage ran"
-    parts = [f"{stage['stage']} {stage['seconds']:.1f}s" for stage in stages]
-    return f"stage costs: {', '.join(parts)}; {sum(stage['seconds'] for stage in stages):.1f}s in all"
-
-
-def _closing_line(status: int, interrupted: str | None) -> str:
-    """One line that says how the run ended: done, done with failures, or interrupted (never confused)."""
-    if interrupted:
-        return f"accel qualify: interrupted during {interrupted}; what finished is kept and the report is partial"
-    return "accel qualify: done" + ("" if status == 0 else " (with failures)")
-
-
 def _ops_command(args: argparse.Namespace, backend: str, folder: Path, known_file: Path | None) -> list[str]:
     """The ``accel ops`` child command of one backend's operator stage."""
     cmd = [sys.executable, "-m", "accel.commands.cli", "ops", "--backend", backend, "-o", str(folder)]
@@ -534,44 +517,6 @@ def _ops_command(args: argparse.Namespace, backend: str, folder: Path, known_fil
     if getattr(args, "profile", None):
         cmd += ["--profile", os.path.abspath(args.profile)]
     return cmd
-
-
-def _ops_results(out: Path) -> list[Path]:
-    """The results folders the operator stages wrote (one per backend)."""
-    return sorted(p for p in (out / "ops").glob("*/results") if p.is_dir())
-
-
-def _tally(results: Path, bench: Path | None, ops: list[Path] | None = None) -> str:
-    """The whole run in one line: suite outcomes per backend, operator rows per backend, then benchmarks
-    measured and too noisy to judge."""
-    from accel_harness.records import read_records
-
-    parts = []
-    for label, folders in (("tests", [results]), ("operator rows", ops or [])):
-        counts: dict[str, dict[str, int]] = {}
-        for folder in folders:
-            for path in sorted(folder.glob("*.jsonl")) if folder.is_dir() else []:
-                _, records, _ = read_records(path)
-                for rec in records:
-                    per = counts.setdefault(str(rec.get("backend") or "?"), {})
-                    per[rec["outcome"]] = per.get(rec["outcome"], 0) + 1
-        for backend, per in sorted(counts.items()):
-            shown = ", ".join(f"{per[o]} {o}" for o in ("passed", "failed", "error", "skipped", "xfailed", "xpassed") if per.get(o))
-            parts.append(f"{backend}: {sum(per.values())} {label} ({shown})")
-    if bench is not None and bench.is_dir():
-        from accel_reports.noise import noisy_benchmarks  # the count the report gives
-
-        measured = noisy = 0
-        for path in bench.rglob("*.json"):
-            try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                continue
-            items = [b for b in data.get("benchmarks", []) if isinstance(b, dict)] if isinstance(data, dict) else []
-            measured += len(items)
-            noisy += len(noisy_benchmarks(items))
-        parts.append(f"{measured} benchmarks measured" + (f", {noisy} too noisy to judge" if noisy else ""))
-    return "; ".join(parts) if parts else "no results were recorded"
 
 
 def default_workers() -> int:
