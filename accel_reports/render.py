@@ -35,6 +35,7 @@ from .render_bench import _benchmark_view
 from .render_env import _ENV_FIELDS, _environment_view, _path_scrubber, _shown_path
 from .render_text import (GLYPHS, SKIP_LETTERS, TREND_POINTS, _md_link, _pct, _present, _records, md_escape,
                           safe_url)
+from .models_view import models_view
 from .render_ops import headline_with_operators, operators_view, support_csv, without_operators
 from .render_profile import evidence_context, flaky_keys, flaky_text
 from .render_tests import (_area_view, _cell_counts, _diff_view, _failure_details, _grid_rows, _history_view,
@@ -123,6 +124,7 @@ def _context(report: Report, out_dir: str | Path | None = None) -> dict[str, Any
         "matrix": _matrix_rows(report),
         "headline": headline_with_operators(generic.headline, ops),
         "ops": ops,
+        "models": models_view(report.tests),
         "headline_url": clusters[0]["url"] if clusters and clusters[0]["kind"] == "known issue" else None,
         "clusters": clusters,
         "sig_clusters": sig_clusters,
