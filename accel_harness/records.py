@@ -335,7 +335,7 @@ def make_record(
         extra=dict(extra or {}),
     )
     if outcome == "skipped":
-        from .markers import parse_skip
+        from .skip_reasons import parse_skip
 
         reason = parse_skip(text)
         record.reason_code = reason.code

@@ -17,7 +17,7 @@ import pytest
 from accel.backends import deepspeed_agreement as agreement
 from accel.backends.base import BackendError, UnsupportedFeatureError
 from accel.backends.cpu import CPUBackend
-from accel_harness import markers
+from accel_harness import marker_checks, markers
 
 SPEC = "fake_vendor_accel:VendorAccelerator"
 
@@ -200,8 +200,8 @@ def _mark(name: str) -> types.SimpleNamespace:
 
 
 def test_require_deepspeed_runs_on_a_backend_that_brings_its_accelerator(monkeypatch):
-    monkeypatch.setattr(markers, "_deepspeed_accelerators", lambda: ("cuda", "cpu"))
-    monkeypatch.setattr(markers, "_package_check", lambda mark, name: (lambda: None))
+    monkeypatch.setattr(marker_checks, "_deepspeed_accelerators", lambda: ("cuda", "cpu"))
+    monkeypatch.setattr(marker_checks, "_package_check", lambda mark, name: (lambda: None))
     monkeypatch.setattr("accel_harness.extension_cache.settle_extension_cache", lambda: None)
     plain = types.SimpleNamespace(name="vendor", device_type="vendor", is_available=lambda: True)
     bringing = types.SimpleNamespace(**vars(plain), deepspeed_accelerator=SPEC)

@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from accel_harness import markers
+from accel_harness import marker_checks, markers
 
 
 def _mark(name: str) -> types.SimpleNamespace:
@@ -19,8 +19,8 @@ def _backend(device_type: str) -> types.SimpleNamespace:
 
 @pytest.fixture
 def accelerators(monkeypatch):
-    monkeypatch.setattr(markers, "_deepspeed_accelerators", lambda: ("cuda", "cpu", "xpu"))
-    monkeypatch.setattr(markers, "_package_check", lambda mark, name: (lambda: None))
+    monkeypatch.setattr(marker_checks, "_deepspeed_accelerators", lambda: ("cuda", "cpu", "xpu"))
+    monkeypatch.setattr(marker_checks, "_package_check", lambda mark, name: (lambda: None))
 
 
 def test_a_device_deepspeed_knows_runs(accelerators):

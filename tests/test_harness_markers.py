@@ -12,7 +12,7 @@ from _fake_backend import NoDevice
 
 from accel.backends.base import Availability, Backend, Capability
 from accel.backends.cpu import CPUBackend
-from accel_harness import markers
+from accel_harness import marker_checks, markers
 from accel_harness.markers import (
     ACCELERATE_ALIASES,
     MARKERS,
@@ -363,11 +363,11 @@ def test_require_package_with_a_version_specifier(cpu):
 
 def test_require_deepspeed(monkeypatch, cpu):
     missing = "test needs the deepspeed package, which is not installed"
-    monkeypatch.setattr(markers, "package_problem", lambda text: missing if text == "deepspeed" else None)
+    monkeypatch.setattr(marker_checks, "package_problem", lambda text: missing if text == "deepspeed" else None)
     reason = evaluate([mark("require_deepspeed")], cpu)
     assert reason == SkipReason("needs-package", missing)
-    monkeypatch.setattr(markers, "package_problem", lambda text: None)
-    monkeypatch.setattr(markers, "_deepspeed_accelerators", lambda: ("cuda", "cpu"))
+    monkeypatch.setattr(marker_checks, "package_problem", lambda text: None)
+    monkeypatch.setattr(marker_checks, "_deepspeed_accelerators", lambda: ("cuda", "cpu"))
     assert evaluate([mark("require_deepspeed")], cpu) is None
     assert evaluate([mark("require_deepspeed")], FakeBackend("mps", device_type="mps")).code == "not-on-backend"
 
