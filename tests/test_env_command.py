@@ -130,7 +130,7 @@ def test_json_has_stable_top_level_keys_and_versions(capsys):
     import torch
 
     assert data["torch"]["version"] == torch.__version__
-    assert data["torch"]["build"] == env_command._torch_build(torch.version)
+    assert data["torch"]["build"] == env_command.torch_build(torch.version)
     assert data["python"]["version"] == ".".join(map(str, sys.version_info[:3]))
     assert data["cpu"]["logical_cores"] == os.cpu_count()
     import numpy
@@ -148,13 +148,13 @@ def test_torch_build_names_the_accelerator_toolkit():
         xpu = None
 
     plain = Versions()
-    assert env_command._torch_build(plain) == "cpu"
+    assert env_command.torch_build(plain) == "cpu"
     plain.cuda = "12.4"
-    assert env_command._torch_build(plain) == "CUDA 12.4"
+    assert env_command.torch_build(plain) == "CUDA 12.4"
     plain.cuda, plain.hip = None, "6.2.41133"
-    assert env_command._torch_build(plain) == "ROCm 6.2.41133"
+    assert env_command.torch_build(plain) == "ROCm 6.2.41133"
     plain.hip, plain.xpu = None, "20250101"
-    assert env_command._torch_build(plain) == "XPU 20250101"
+    assert env_command.torch_build(plain) == "XPU 20250101"
 
 
 def test_backends_follow_probe_order_and_cpu_is_available(capsys):

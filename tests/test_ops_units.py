@@ -222,3 +222,18 @@ def test_a_floating_output_of_an_integer_sample_gets_its_own_dtypes_tolerance():
     assert compare(expected + 1e-7, expected, Tolerance(atol=0.0, rtol=0.0)).ok
     assert not compare(expected + 1e-2, expected, Tolerance(atol=0.0, rtol=0.0)).ok
     assert not compare(torch.tensor([1, 2]), torch.tensor([1, 3]), Tolerance(atol=0.0, rtol=0.0)).ok
+
+
+def test_a_sweeps_records_carry_the_suites_torch_version_and_build(tmp_path):
+    """One machine's sweep and suites fall into one report cell: the same version and build fields."""
+    from accel.commands.env import collect_environment
+    from accel_harness.ops.output import write_outputs
+    from accel_harness.ops.runner import SweepResult
+    from accel_harness.records import read_records
+
+    result = SweepResult(backend="cpu", device="cpu", device_type="cpu", torch=torch.__version__)
+    paths = write_outputs(result, tmp_path)
+    header, _, _ = read_records(paths["records"])
+    suites_torch = collect_environment(include_deepspeed=False)["torch"]
+    assert header["torch_version"] == suites_torch["version"] == torch.__version__
+    assert header["torch_build"] == suites_torch["build"]

@@ -22,7 +22,7 @@ from typing import Any, Callable
 from .env_render import ONECCL_MODULE, is_error as _is_error, render_text
 
 __all__ = ["SCHEMA_VERSION", "add_arguments", "collect_environment", "env_command", "env_command_parser", "render_text", "run",
-           "selection_problem", "which"]
+           "selection_problem", "torch_build", "which"]
 
 #: bumped when a key is renamed or removed (adding keys keeps the version)
 SCHEMA_VERSION = 1
@@ -173,7 +173,7 @@ def _torch_info() -> dict[str, Any]:
     versions = torch.version
     return {
         "version": torch.__version__,
-        "build": _torch_build(versions),
+        "build": torch_build(versions),
         "cuda": getattr(versions, "cuda", None),
         "hip": getattr(versions, "hip", None),
         "xpu": getattr(versions, "xpu", None),
@@ -183,7 +183,7 @@ def _torch_info() -> dict[str, Any]:
     }
 
 
-def _torch_build(versions: Any) -> str:
+def torch_build(versions: Any) -> str:
     """What the torch wheel was compiled for: ``cpu``, ``CUDA 12.4``, ``ROCm 6.2``, ``XPU ...``."""
     rocm = getattr(versions, "rocm", None) or getattr(versions, "hip", None)
     if rocm:

@@ -70,8 +70,14 @@ def _version(distribution: str) -> str | None:
 
 
 def _records(result: SweepResult, rows: list[Row], path: Path, command: str | None, figures: dict[str, Any]) -> Path:
+    import torch
+
+    from accel.commands.env import torch_build
+
+    # the same version and build fields the suites' headers carry, so a sweep and the suites of one
+    # machine fall into one cell of the report
     header = RunHeader(run_id=new_run_id(), start_time=utc_now(), accel_version=_version("accel"),
-                       torch_version=result.torch.split("+")[0] or None, torch_build=result.torch or None,
+                       torch_version=result.torch or None, torch_build=torch_build(torch.version),
                        python=platform.python_version(), os=platform.platform(), kernel=platform.release(),
                        host=platform.node(), backends=[result.backend],
                        extra={"stage": "operators", "command": command, "device": result.device, "claims": result.claims,
