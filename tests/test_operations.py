@@ -254,8 +254,10 @@ def _all_operations():
         assert "Unsupported types (<class 'str'>)" in str(exc)
     checks += 3
 
-    # the fallbacks taken where a backend refuses the fused all-gather
-    real = ops._FUSED_ALL_GATHER
+    # the fallbacks taken where a backend refuses the fused all-gather (patched where gather looks it up)
+    from accel.utils import _operations_collectives as collectives
+
+    real = collectives._FUSED_ALL_GATHER
 
     def refuse_all(output, tensor):
         raise RuntimeError("ProcessGroupGloo does not support allgather_into_tensor")
@@ -266,15 +268,15 @@ def _all_operations():
         return real(output, tensor)
 
     for fake, mode in ((refuse_all, 2), (refuse_non_bytes, 1)):
-        ops._FUSED_ALL_GATHER = fake
-        ops._GATHER_MODE.clear()
+        collectives._FUSED_ALL_GATHER = fake
+        collectives._GATHER_MODE.clear()
         try:
             _assert_same(gather(torch.tensor([rank, 7])), torch.tensor([[r, 7] for r in range(world)]).view(-1), f"fallback {mode}")
             _assert_same(gather(mine), want, f"gather with fallback mode {mode}")
-            assert set(ops._GATHER_MODE.values()) == {mode}, ops._GATHER_MODE
+            assert set(collectives._GATHER_MODE.values()) == {mode}, collectives._GATHER_MODE
         finally:
-            ops._FUSED_ALL_GATHER = real
-            ops._GATHER_MODE.clear()
+            collectives._FUSED_ALL_GATHER = real
+            collectives._GATHER_MODE.clear()
     checks += 1
 
     # gather_object: unequal list lengths are concatenated in rank order

@@ -8,14 +8,16 @@ tensors stay where they are and the process group's backend moves them.
 Speed matters: ``gather`` and ``reduce`` are on the hot path of evaluation loops, so the fast path
 is one collective into one preallocated output, with no shape exchange unless debug mode
 (``ACCEL_DEBUG_MODE=1`` / ``ACCELERATE_DEBUG_MODE=1``) asks for one.
+
+The nested-structure helpers live in :mod:`accel.utils._operations_structure` and the per-tensor
+collective plumbing (the fused all-gather and its fallbacks) in :mod:`accel.utils._operations_collectives`;
+every public name is importable from here.
 """
 
 from __future__ import annotations
 
-import copy
 import pickle
 import warnings
-from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import update_wrapper, wraps
 from typing import Any, Callable
@@ -25,7 +27,43 @@ import torch.distributed as dist
 
 from ..state import PartialState
 from .dataclasses import DistributedType
+from . import _operations_collectives as _collectives
 from . import heartbeat
+from ._operations_collectives import (
+    _DTYPE_CODES,
+    _GATHER_MODE,
+    _MAX_DIMS,
+    _REDUCTIONS,
+    _all_gather_fallback,
+    _all_gather_into,
+    _broadcast_one,
+    _check_process,
+    _gather_one,
+    _is_unsupported,
+    _mean_and_scale,
+    _pad_input_one,
+    _pad_one,
+    _reduce_one,
+)
+from ._operations_structure import (
+    TensorInformation,
+    _leaves,
+    concatenate,
+    find_batch_size,
+    find_device,
+    get_data_structure,
+    get_shape,
+    honor_type,
+    ignorant_find_batch_size,
+    initialize_tensors,
+    is_namedtuple,
+    is_tensor_information,
+    is_torch_tensor,
+    listify,
+    recursively_apply,
+    send_to_device,
+    slice_tensors,
+)
 
 __all__ = [
     "CannotPadNestedTensorWarning",
@@ -68,216 +106,6 @@ class DistributedOperationException(Exception):
 
 class CannotPadNestedTensorWarning(UserWarning):
     """``pad_across_processes`` met a nested (jagged) tensor and left it as it was."""
-
-
-@dataclass
-class TensorInformation:
-    """Shape and dtype of a tensor: enough to allocate a receive buffer for it."""
-
-    shape: torch.Size
-    dtype: torch.dtype
-
-
-# ---------------------------------------------------------------------------- structure helpers
-def is_torch_tensor(tensor: Any) -> bool:
-    return isinstance(tensor, torch.Tensor)
-
-
-def is_tensor_information(tensor_info: Any) -> bool:
-    return isinstance(tensor_info, TensorInformation)
-
-
-def is_namedtuple(data: Any) -> bool:
-    """A tuple with namedtuple's ``_fields``/``_asdict``: it must be rebuilt positionally."""
-    return isinstance(data, tuple) and hasattr(data, "_asdict") and hasattr(data, "_fields")
-
-
-def honor_type(obj: Any, generator: Any) -> Any:
-    """Build a container of ``obj``'s type (list, tuple, namedtuple) from ``generator``."""
-    if is_namedtuple(obj):
-        return type(obj)(*list(generator))
-    return type(obj)(generator)
-
-
-def _rebuild_mapping(data: Mapping, items: dict) -> Any:
-    """A mapping of ``data``'s type holding ``items``; types whose constructor differs from dict's
-    (``defaultdict``, user classes) are copied and updated instead."""
-    try:
-        return type(data)(items)
-    except TypeError:
-        try:
-            new = copy.copy(data)
-            new.update(items)  # type: ignore[attr-defined]
-            return new
-        except Exception:
-            return items
-
-
-def recursively_apply(
-    func: Callable[..., Any],
-    data: Any,
-    *args: Any,
-    test_type: Callable[[Any], bool] = is_torch_tensor,
-    error_on_other_type: bool = False,
-    **kwargs: Any,
-) -> Any:
-    """Apply ``func`` to every leaf of ``data`` for which ``test_type`` holds, keeping the structure.
-
-    Other leaves are returned unchanged, or raise ``TypeError`` with ``error_on_other_type``.
-    """
-    if isinstance(data, (tuple, list)):
-        return honor_type(
-            data,
-            (recursively_apply(func, o, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs) for o in data),
-        )
-    if isinstance(data, Mapping):
-        return _rebuild_mapping(
-            data,
-            {k: recursively_apply(func, v, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs)
-             for k, v in data.items()},
-        )
-    if test_type(data):
-        return func(data, *args, **kwargs)
-    if error_on_other_type:
-        raise TypeError(
-            # Accelerate's wording, which users' tests match on
-            f"Unsupported types ({type(data)}) passed to `{getattr(func, '__name__', func)}`. Only nested "
-            f"list/tuple/dicts of objects that are valid for `{getattr(test_type, '__name__', test_type)}` should be passed."
-        )
-    return data
-
-
-def _leaves(data: Any, error_on_other_type: bool = False) -> list[torch.Tensor]:
-    """The tensors of ``data``, in ``recursively_apply`` order."""
-    found: list[torch.Tensor] = []
-
-    def _collect(t: torch.Tensor) -> None:
-        found.append(t)
-
-    recursively_apply(_collect, data, error_on_other_type=error_on_other_type)
-    return found
-
-
-def send_to_device(tensor: Any, device: Any, non_blocking: bool = False, skip_keys: str | list[str] | None = None) -> Any:
-    """Move every tensor (or object with a ``.to`` method) in a nested structure to ``device``.
-
-    Objects with their own ``.to`` (e.g. a tokenizer's ``BatchEncoding``) are asked to move
-    themselves; values under ``skip_keys`` in dictionaries stay where they are; other leaves are
-    returned unchanged.
-    """
-    kind = type(tensor)
-    if kind is list or kind is tuple:
-        # the common batch (a plain list or tuple of tensors), taken without the generic checks below:
-        # this runs for every batch of a prepared data loader
-        try:
-            return kind([t.to(device, non_blocking=non_blocking) if type(t) is torch.Tensor
-                         else send_to_device(t, device, non_blocking, skip_keys) for t in tensor])
-        except TypeError:  # e.g. a ``non_blocking`` that ``Tensor.to`` refuses: the generic path below retries
-            pass
-    if isinstance(tensor, torch.Tensor) or hasattr(tensor, "to"):
-        try:
-            return tensor.to(device, non_blocking=non_blocking)
-        except TypeError:  # a user ``.to`` without ``non_blocking``
-            return tensor.to(device)
-    if isinstance(tensor, (tuple, list)):
-        moved = [send_to_device(t, device, non_blocking, skip_keys) for t in tensor]
-        return type(tensor)(*moved) if is_namedtuple(tensor) else type(tensor)(moved)
-    if isinstance(tensor, Mapping):
-        skip = [skip_keys] if isinstance(skip_keys, str) else (skip_keys or [])
-        return _rebuild_mapping(
-            tensor,
-            {k: t if k in skip else send_to_device(t, device, non_blocking=non_blocking, skip_keys=skip_keys)
-             for k, t in tensor.items()},
-        )
-    return tensor
-
-
-def get_data_structure(data: Any) -> Any:
-    """``data`` with every tensor replaced by its :class:`TensorInformation` (to rebuild it elsewhere)."""
-    return recursively_apply(lambda t: TensorInformation(shape=t.shape, dtype=t.dtype), data)
-
-
-def get_shape(data: Any) -> Any:
-    """``data`` with every tensor replaced by its shape as a list."""
-    return recursively_apply(lambda t: list(t.shape), data)
-
-
-def initialize_tensors(data_structure: Any) -> Any:
-    """Uninitialised tensors for a structure of :class:`TensorInformation` (receive buffers)."""
-    return recursively_apply(
-        lambda info: torch.empty(*info.shape, dtype=info.dtype), data_structure, test_type=is_tensor_information
-    )
-
-
-def find_batch_size(data: Any) -> int:
-    """Size of the first dimension of the first tensor in ``data``."""
-    if isinstance(data, (tuple, list, Mapping)) and len(data) == 0:
-        raise ValueError(f"Cannot find the batch size from an empty {type(data).__name__}.")
-    if isinstance(data, (tuple, list)):
-        return find_batch_size(data[0])
-    if isinstance(data, Mapping):
-        return find_batch_size(next(iter(data.values())))
-    if not isinstance(data, torch.Tensor):
-        raise TypeError(f"Can only find the batch size of tensors but got {type(data).__name__}.")
-    if data.ndim == 0:
-        raise ValueError("Cannot find the batch size of a 0-dimensional tensor.")
-    return data.shape[0]
-
-
-def ignorant_find_batch_size(data: Any) -> int | None:
-    """:func:`find_batch_size`, or None where ``data`` has no batch size."""
-    try:
-        return find_batch_size(data)
-    except (ValueError, TypeError):
-        return None
-
-
-def listify(data: Any) -> Any:
-    """``data`` with every tensor turned into (nested lists of) Python numbers, e.g. for logging."""
-
-    def _to_list(tensor: torch.Tensor) -> Any:
-        tensor = tensor.detach().cpu()
-        if tensor.dtype == torch.bfloat16:  # NumPy-backed tolist has no bfloat16
-            tensor = tensor.float()
-        return tensor.tolist()
-
-    return recursively_apply(_to_list, data)
-
-
-def find_device(data: Any) -> torch.device | None:
-    """Device of the first tensor in ``data`` (None if it holds none)."""
-    if isinstance(data, torch.Tensor):
-        return data.device
-    if isinstance(data, Mapping):
-        data = data.values()
-    elif not isinstance(data, (tuple, list)):
-        return None
-    for obj in data:
-        device = find_device(obj)
-        if device is not None:
-            return device
-    return None
-
-
-def slice_tensors(data: Any, tensor_slice: Any, process_index: int | None = None, num_processes: int | None = None) -> Any:
-    """Index every tensor of ``data`` with ``tensor_slice``."""
-    return recursively_apply(lambda t: t[tensor_slice], data)
-
-
-def concatenate(data: Any, dim: int = 0) -> Any:
-    """Concatenate a list of batches that share one structure (list/tuple/dict of tensors) along ``dim``."""
-    if not isinstance(data, (tuple, list)) or len(data) == 0:
-        raise TypeError(f"concatenate expects a non-empty list or tuple of batches, got {type(data).__name__}")
-    first = data[0]
-    if isinstance(first, (tuple, list)):
-        return honor_type(first, (concatenate([d[i] for d in data], dim=dim) for i in range(len(first))))
-    if isinstance(first, Mapping):
-        return _rebuild_mapping(first, {k: concatenate([d[k] for d in data], dim=dim) for k in first.keys()})
-    if isinstance(first, torch.Tensor):
-        return torch.cat(list(data), dim=dim)
-    if len(data) == 1:
-        return first
-    raise TypeError(f"Can only concatenate tensors but got {type(first).__name__}")
 
 
 # ---------------------------------------------------------------------------- precision helpers
@@ -407,90 +235,7 @@ def chained_operation(function: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-# ---------------------------------------------------------------------------- collectives: plumbing
 _NO = DistributedType.NO
-_UNSUPPORTED_WORDS = ("not support", "unsupported", "not implemented", "no support", "invalid scalar type")
-
-
-def _no_fused_all_gather(output: torch.Tensor, tensor: torch.Tensor) -> None:
-    raise NotImplementedError("this torch has no fused all-gather (all_gather_single / all_gather_into_tensor)")
-
-
-# all_gather_single is the newer name (all_gather_into_tensor warns about deprecation on torch>=2.13)
-_FUSED_ALL_GATHER: Callable[..., Any] = (
-    getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None) or _no_fused_all_gather
-)
-# (process-group backend, dtype) -> how gather moves it: 0 fused, 1 fused as bytes, 2 all_gather as bytes.
-# Filled only once a backend has refused the fused collective; while empty, gather takes the fast path.
-_GATHER_MODE: dict[tuple[str, torch.dtype], int] = {}
-
-
-def _is_unsupported(exc: BaseException) -> bool:
-    """Whether a collective refused its input before communicating (a capability gap, the same on
-    every rank), as opposed to a failure midway that must propagate."""
-    if isinstance(exc, NotImplementedError):
-        return True
-    text = str(exc).lower()
-    return isinstance(exc, (RuntimeError, ValueError, TypeError)) and any(w in text for w in _UNSUPPORTED_WORDS)
-
-
-def _all_gather_into(output: torch.Tensor, tensor: torch.Tensor, world: int) -> None:
-    """Fill ``output`` (``world`` copies of ``tensor``'s shape, concatenated on dim 0) with every
-    rank's ``tensor``: one fused collective into the caller's buffer, no extra copy."""
-    if not _GATHER_MODE:
-        try:
-            _FUSED_ALL_GATHER(output, tensor)
-            return
-        except Exception as exc:
-            if not _is_unsupported(exc):
-                raise
-        _all_gather_fallback(output, tensor, world, first_mode=1)
-    else:
-        _all_gather_fallback(output, tensor, world)
-
-
-def _all_gather_fallback(output: torch.Tensor, tensor: torch.Tensor, world: int, first_mode: int | None = None) -> None:
-    """Where the backend refuses the fused collective for a dtype (or torch lacks it): the same on
-    a byte view (gathering only moves bytes, so any dtype can travel as uint8), then ``all_gather``
-    into views of ``output``. Still no copy; the choice is remembered per backend and dtype."""
-    key = (dist.get_backend(), tensor.dtype)
-    mode = first_mode if first_mode is not None else _GATHER_MODE.get(key, 0)
-    while True:
-        try:
-            if mode == 0:
-                _FUSED_ALL_GATHER(output, tensor)
-            elif mode == 1:
-                _FUSED_ALL_GATHER(output.view(torch.uint8), tensor.view(torch.uint8))
-            else:
-                dist.all_gather(list(output.view(torch.uint8).chunk(world)), tensor.view(torch.uint8))
-            _GATHER_MODE[key] = mode
-            return
-        except Exception as exc:
-            if mode == 2 or not _is_unsupported(exc):
-                raise
-            mode += 1
-
-
-def _gather_one(tensor: torch.Tensor, world: int) -> torch.Tensor:
-    if tensor.requires_grad:
-        # gather is not differentiable (as in Accelerate): collectives on a tensor that requires
-        # grad fail inside torch ("A view was created in no_grad mode ..."), so move its values only
-        tensor = tensor.detach()
-    if tensor.ndim == 0:
-        tensor = tensor.reshape(1)
-    elif not tensor.is_contiguous():
-        tensor = tensor.contiguous()
-    shape = tensor.shape
-    output = tensor.new_empty((world * shape[0], *shape[1:]))
-    _all_gather_into(output, tensor, world)
-    return output
-
-
-def _check_process(name: str, value: int, state: PartialState) -> None:
-    if not isinstance(value, int) or not 0 <= value < state.num_processes:
-        raise ValueError(f"{name} must be a process index in [0, {state.num_processes - 1}], got {value!r}")
-
-
 # ---------------------------------------------------------------------------- collectives: public
 # gather, broadcast, reduce and pad_across_processes check shapes in debug mode as @verify_operation
 # does, but inline: outside debug mode the common path pays for no wrapper
@@ -518,7 +263,7 @@ def gather(tensor: Any) -> Any:
             tensor = tensor.reshape(1)
             output = tensor.new_empty(world)
         try:
-            _FUSED_ALL_GATHER(output, tensor)
+            _collectives._FUSED_ALL_GATHER(output, tensor)  # looked up there: the one place to replace it
         except Exception as exc:
             if not _is_unsupported(exc):
                 raise
@@ -559,16 +304,6 @@ def gather_object(object: Any) -> Any:
     return result
 
 
-def _broadcast_one(tensor: torch.Tensor, src: int) -> torch.Tensor:
-    if tensor.is_contiguous():
-        dist.broadcast(tensor, src=src)
-        return tensor
-    buffer = tensor.contiguous()  # broadcast needs contiguous memory; keep the in-place contract
-    dist.broadcast(buffer, src=src)
-    tensor.copy_(buffer)
-    return tensor
-
-
 def broadcast(tensor: Any, from_process: int = 0) -> Any:
     """Overwrite every process's tensors, in place, with those of ``from_process``; returns them.
 
@@ -592,31 +327,6 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
     if state.use_distributed:
         dist.broadcast_object_list(object_list, src=from_process)
     return object_list
-
-
-_REDUCTIONS = ("mean", "sum", "none", "max", "min")
-
-
-def _reduce_one(tensor: torch.Tensor, op: Any, divide_by: int, scale: float, mean: bool = False) -> torch.Tensor:
-    # one copy: the result must not alias the input (callers keep using it, e.g. a loss)
-    result = tensor.clone(memory_format=torch.contiguous_format)
-    if op is not None:
-        dist.all_reduce(result, op=op)
-    return _mean_and_scale(result, divide_by, scale, mean)
-
-
-def _mean_and_scale(result: torch.Tensor, divide_by: int, scale: float, mean: bool) -> torch.Tensor:
-    if mean:
-        if not (result.is_floating_point() or result.is_complex()):
-            result = result / divide_by  # an integer mean would truncate: floating point instead
-        elif divide_by > 1:
-            result.div_(divide_by)
-    if scale != 1.0:
-        if result.is_floating_point() or result.is_complex():
-            result.mul_(scale)
-        else:
-            result = result * scale
-    return result
 
 
 def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
@@ -654,18 +364,6 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     if isinstance(tensor, torch.Tensor):
         return _reduce_one(tensor, op, divide_by, scale, mean)
     return recursively_apply(_reduce_one, tensor, op, divide_by, scale, mean, error_on_other_type=True)
-
-
-def _pad_one(tensor: torch.Tensor, dim: int, size: int, pad_index: Any, pad_first: bool) -> torch.Tensor:
-    old = tensor.shape[dim]
-    if old == size:
-        return tensor
-    new_shape = list(tensor.shape)
-    new_shape[dim] = size
-    padded = tensor.new_full(new_shape, pad_index)
-    start = size - old if pad_first else 0
-    padded.narrow(dim, start, old).copy_(tensor)
-    return padded
 
 
 def _leave_nested(t: torch.Tensor) -> torch.Tensor:
@@ -713,17 +411,6 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: Any = 0, pad_firs
     return recursively_apply(_pad, tensor, error_on_other_type=True)
 
 
-def _pad_input_one(tensor: torch.Tensor, batch_size: int, num_processes: int, dim: int) -> torch.Tensor:
-    padded = -(-batch_size // num_processes) * num_processes  # next multiple of num_processes
-    if tensor.shape[dim] == padded:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = padded
-    result = tensor.new_zeros(shape)
-    result.narrow(dim, 0, tensor.shape[dim]).copy_(tensor)
-    return result
-
-
 def pad_input_tensors(tensor: Any, batch_size: int, num_processes: int, dim: int = 0) -> Any:
     """Pad every tensor in ``tensor`` with zeros along ``dim`` to the next multiple of ``num_processes``.
 
@@ -735,13 +422,6 @@ def pad_input_tensors(tensor: Any, batch_size: int, num_processes: int, dim: int
     if not isinstance(batch_size, int) or batch_size < 0:
         raise ValueError(f"batch_size must be a non-negative integer, got {batch_size!r}")
     return recursively_apply(_pad_input_one, tensor, batch_size, num_processes, dim, error_on_other_type=True)
-
-
-_DTYPE_CODES = [
-    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8,
-    torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128,
-]
-_MAX_DIMS = 64  # torch's own limit on tensor dimensions
 
 
 def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
