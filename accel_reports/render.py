@@ -36,6 +36,7 @@ from .render_env import _ENV_FIELDS, _environment_view, _path_scrubber, _shown_p
 from .render_text import (GLYPHS, SKIP_LETTERS, TREND_POINTS, _md_link, _pct, _present, _records, md_escape,
                           safe_url)
 from .models_view import models_view
+from .support_matrix import write_support_matrix
 from .render_ops import headline_with_operators, operators_view, support_csv, without_operators
 from .render_profile import evidence_context, flaky_keys, flaky_text
 from .render_tests import (_area_view, _cell_counts, _diff_view, _failure_details, _grid_rows, _history_view,
@@ -212,9 +213,11 @@ def render_markdown(report: Report, context: dict[str, Any] | None = None, out_d
     return template.render(**(context or _context(report, out_dir)))
 
 
-def write_report(report: Report, out_dir: str | Path, formats: Iterable[str] = ("html", "md")) -> dict[str, Path]:
+def write_report(report: Report, out_dir: str | Path, formats: Iterable[str] = ("html", "md"),
+                 support_matrix: bool = False) -> dict[str, Path]:
     """Write ``report.html`` and/or ``report.md`` into ``out_dir``, and beside them one operator support
-    list (CSV) per cell with operator rows; returns format (or the CSV's file name) -> path."""
+    list (CSV) per cell with operator rows and, with ``support_matrix``, the support matrix
+    (:mod:`accel_reports.support_matrix`); returns format (or file name) -> path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     formats = list(formats)
@@ -228,6 +231,8 @@ def write_report(report: Report, out_dir: str | Path, formats: Iterable[str] = (
     for fmt in formats:
         text = render_html(report, context) if fmt == "html" else render_markdown(report, context)
         written[fmt] = _write_atomic(out / ("report.html" if fmt == "html" else "report.md"), text)
+    if support_matrix:
+        written.update(write_support_matrix(report, context, out, _write_atomic, _environment(html=True)))
     return written
 
 

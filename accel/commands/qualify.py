@@ -421,7 +421,8 @@ def run(args: argparse.Namespace) -> int:
         inputs = [str(results)] + [str(p) for p in _ops_results(out)] + ([str(out / "bench")] if (out / "bench").is_dir() else [])
         title = ("accel qualify --rerun-known" if rerun else "accel qualify") + (
             f" — PARTIAL: interrupted during {interrupted}" if interrupted else "")
-        cmd = [sys.executable, "-m", "accel.commands.cli", "report", *inputs, "-o", str(report_dir), "--title", title]
+        cmd = [sys.executable, "-m", "accel.commands.cli", "report", *inputs, "-o", str(report_dir), "--title", title,
+               "--support-matrix"]
         if known_file is not None:
             cmd += ["--known-issues", str(known_file)]
         if baselines:

@@ -155,6 +155,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "flaky tests and where each failure began; without RESULTS, render from the history")
     parser.add_argument("--last", type=int, metavar="N", help="with --history and no RESULTS: only the last N runs of each cell")
     parser.add_argument("--title", default="accel qualification report", help="report title")
+    parser.add_argument("--support-matrix", "--support_matrix", dest="support_matrix", action="store_true",
+                        help="also write the support matrix (support-matrix.md, .html, .csv): software, features, "
+                             "operators and models per backend, each from the run's records")
 
 
 def _shown(path: object) -> str:
@@ -278,7 +281,7 @@ def _run(args: argparse.Namespace) -> int:
         if history is not None:
             history.close()
     try:
-        written = write_report(report, out, args.format)
+        written = write_report(report, out, args.format, support_matrix=getattr(args, "support_matrix", False))
     except OSError as exc:
         raise UsageError(f"-o {_shown(out)}: cannot write the report: {exc.strerror or exc}") from None
     counts = _print_problems(report.problems)
@@ -304,9 +307,11 @@ def _run(args: argparse.Namespace) -> int:
     for fmt in ("html", "md"):
         if fmt in written:
             print(f"{'HTML report' if fmt == 'html' else 'Markdown summary'}: {_shown(written[fmt])}")
-    for name, path in written.items():  # an operator sweep's support list, beside the report
+    from accel_reports.support_matrix import FILES as MATRIX_FILES
+
+    for name, path in written.items():  # an operator sweep's support list and the support matrix, beside the report
         if name not in FORMATS:
-            print(f"Operator support list: {_shown(path)}")
+            print(f"{'Support matrix' if name in MATRIX_FILES.values() else 'Operator support list'}: {_shown(path)}")
     invalid, unreadable = counts.get("invalid", 0), counts.get("unreadable", 0)
     if invalid or (strict and unreadable):
         parts = [n(invalid, "invalid input") if invalid else "", n(unreadable, "unreadable input") if strict and unreadable else ""]
