@@ -5,325 +5,41 @@ installed can use it. A test takes part when it asks for the ``backend`` or ``de
 carries ``@pytest.mark.world_size(...)``: it is then parametrized over every registered backend
 (each instance marked with the backend's name, so ``-m xpu`` selects the xpu instances) and, for
 ``world_size``, over the requested world sizes, running its body inside that many ranks.
+
+This module holds the hooks and fixtures; the session context is :mod:`accel_harness.harness_context`,
+the options :mod:`accel_harness.harness_options`, the marker lines :mod:`accel_harness.marker_lines`
+and running a body in ranks :mod:`accel_harness.rank_runs`.
 """
 
 from __future__ import annotations
 
-import functools
 import os
-import pickle
-import re
-import sys
-import time
-import uuid
 import warnings
 from typing import Any
 
 import pytest
 
 from . import markers as harness_markers
-from accel.names import BUILTIN_BACKENDS
-
+# every name once defined here stays importable from here
+from .harness_context import (  # noqa: F401
+    STASH_CONTEXT as _STASH_CONTEXT, HarnessContext, _backends_named_in_markexpr, _frozen, _marks_key, _parse_world_sizes,
+    context as _context,
+)
+from .harness_options import OPTION_GROUP as _GROUP, OPTIONS, short_form_actions as _short_form_actions
+from .marker_lines import (  # noqa: F401
+    BUILTIN_BACKEND_NAMES, PLUGIN_GROUP, STASH_MARKER_LINES as _STASH_MARKER_LINES, add_marker_line as _add_marker_line,
+    backend_marker_line as _backend_marker_line, marker_backend_names, project_markers,
+)
 from .params import BACKEND_PARAM, WORLD_SIZE_PARAM  # noqa: F401  (also imported from here by tests and suites)
 from .params import item_backend as _item_backend
+from .rank_runs import (  # noqa: F401
+    LeftoverProcessWarning, _picklable, run_in_ranks as _run_in_ranks, visible_devices_env as _visible_devices_env,
+)
 
-_STASH_CONTEXT = pytest.StashKey["HarnessContext"]()
-_STASH_MARKER_LINES = pytest.StashKey[set]()
 _STASH_PROJECT_MARKERS = pytest.StashKey[set]()
 
 
-#: accel's built-in backends, from accel's torch-free name table (configuring pytest imports no torch)
-BUILTIN_BACKEND_NAMES = BUILTIN_BACKENDS
-PLUGIN_GROUP = "accel.backends"
-
-
-def marker_backend_names() -> list[str]:
-    """Backend names for marker registration, without importing torch: built-ins and plug-in entry points."""
-    from importlib import metadata
-
-    try:
-        plugins = [ep.name.strip().lower() for ep in metadata.entry_points(group=PLUGIN_GROUP)]
-    except Exception:  # a broken distribution must not break pytest's start-up
-        plugins = []
-    return list(dict.fromkeys([*BUILTIN_BACKEND_NAMES, *plugins]))
-
-
-class HarnessContext:
-    """Session-wide harness settings.
-
-    The backend registry (which imports torch, about a second) is built on first use: when a
-    test asks for a backend, when ``--backend`` or a backend named in ``-m`` is given, or when a
-    results file is written. A pytest session in the same environment that uses none of it does
-    not pay for torch.
-    """
-
-    def __init__(self, config: pytest.Config):
-        self.config = config
-        self.world_sizes = _parse_world_sizes(config.getoption("accel_world_sizes"))
-        self.timeout = float(config.getoption("accel_dist_timeout"))
-        self.pools = None  # PoolManager, created on first multi-process test
-        self.run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
-        self.known_issues = None
-        self.writer = None
-        self._marked = set(marker_backend_names())  # registered at configure
-        #: what the results file's header ``extra`` carries (the profile's summary, ...)
-        self.header_extra: dict[str, Any] = {}
-        self.saved_profile_env: tuple[str, str | None] | None = None
-        self.profile = None  # accel.backends.profile.DeviceProfile, from --profile
-        self.profile_session = None  # accel_harness.profile.ProfileSession
-        self.selection = None  # accel_harness.fingerprint.TestSelection, when results are written
-        self._verdicts: dict[tuple, Any] = {}  # see evaluate()
-        path = config.getoption("accel_profile")
-        if path:
-            from accel.backends.profile import ProfileError, load_profile
-            from accel.backends.registry import PROFILE_ENV
-
-            try:
-                self.profile = load_profile(path)
-            except ProfileError as exc:
-                raise pytest.UsageError(f"--profile: {exc}") from None
-            # ranks and launched processes build their registry from this variable (restored at unconfigure)
-            self.saved_profile_env = (PROFILE_ENV, os.environ.get(PROFILE_ENV))
-            os.environ[PROFILE_ENV] = str(self.profile.path.resolve())
-
-    @functools.cached_property
-    def registry(self) -> Any:
-        from accel.backends import get_registry
-
-        registry = get_registry()
-        if self.profile is not None:  # a registry built before --profile was read lacks it
-            from accel.backends.profile import ProfileBackend
-
-            try:
-                current = registry.get(self.profile.name)
-            except KeyError:
-                current = None
-            if not isinstance(current, ProfileBackend):
-                registry.register(ProfileBackend(self.profile), replace=True)
-        return registry
-
-    @functools.cached_property
-    def names(self) -> list[str]:
-        names = self.registry.names()
-        # backends registered in code (a conftest's register_backend, a plug-in whose entry-point
-        # name differs from its Backend.name) get their marker now, before any test is marked
-        for name in names:
-            if name not in self._marked:
-                self.config.addinivalue_line("markers", f"{name}: test instances that run on the {name} backend")
-                self._marked.add(name)
-        return names
-
-    @functools.cached_property
-    def selected(self) -> list[str]:
-        from accel.backends import BackendError
-
-        try:
-            return self._select_backends(self.config)
-        except BackendError as exc:  # e.g. ACCEL_DEVICE names no backend: one clear error, not one per test
-            override = os.environ.get("ACCEL_DEVICE", "").strip()
-            where = f" (ACCEL_DEVICE={override})" if override else ""
-            raise pytest.UsageError(f"accel harness: {exc}{where}") from None
-
-    def explicitly_requested(self) -> bool:
-        """``--backend`` or ``ACCEL_DEVICE`` asked for a backend: the selection is checked at start-up."""
-        return bool(self.config.getoption("accel_backends") or os.environ.get("ACCEL_DEVICE", "").strip()
-                    or self.profile is not None)
-
-    #: set once collection shows harness tests: only then does ``-m <backend>`` select backends
-    markexpr_counts = False
-
-    def markexpr_backends(self) -> list[str]:
-        """Backends the ``-m`` expression asks for, leaving out marker names the project registered itself."""
-        markexpr = self.config.getoption("markexpr") or ""
-        if not markexpr:
-            return []
-        mine = project_markers(self.config)
-        # with accel.backends already imported (a conftest registered a backend), the registry is cheap
-        names = self.names if "accel.backends.registry" in sys.modules else marker_backend_names()
-        return _backends_named_in_markexpr(markexpr, [n for n in names if n not in mine])
-
-    def _select_backends(self, config: pytest.Config) -> list[str]:
-        requested: list[str] = []
-        for value in config.getoption("accel_backends") or []:
-            requested.extend(v.strip().lower() for v in value.split(",") if v.strip())
-        if not requested and self.profile is not None:
-            requested = [self.profile.name]  # --profile selects its backend unless --backend says otherwise
-        explicit = list(requested)
-        # ``-m xpu`` selects a backend when the session uses the harness (always when --backend is given)
-        requested_by_mark = self.markexpr_backends() if (self.explicitly_requested() or self.markexpr_counts) else []
-        if not requested:
-            requested = ["auto"] if requested_by_mark else [self.registry.select().name]
-        if "auto" in requested:
-            requested = [b.name for b in self.registry.available()]
-        allow_missing = config.getoption("accel_allow_missing_backends")
-        missing = []
-        for name in dict.fromkeys(explicit + requested_by_mark):
-            if name == "auto":
-                continue
-            if name not in self.names:
-                raise pytest.UsageError(f"unknown backend {name!r}; known backends: {', '.join(self.names)}")
-            backend = self.registry.get(name)
-            backend.request()
-            if not backend.is_available():
-                missing.append(f"{name}: {backend.availability.reason}")
-        if missing and not allow_missing:  # a usage error: pytest prints it as its own "ERROR:" line
-            raise pytest.UsageError(
-                "requested backend(s) not available on this machine:\n  " + "\n  ".join(missing)
-                + "\n(pass --allow-missing-backends to run anyway and record them as skipped)")
-        return [n for n in dict.fromkeys(requested + requested_by_mark) if self.registry.get(n).is_available()]
-
-    def judge_plain(self, marks: list[Any], where: str) -> Any:
-        """The skip reason for a test with requirement marks that is not parametrized over backends.
-
-        It is judged against the session's selected backend(s) (default: the detected one) at world
-        size 1: it runs when one of them meets every requirement, and otherwise skips with the first
-        selected backend's reason (its code), naming the others' reasons too when several are selected.
-        """
-        reasons = []
-        for name in self.selected:
-            reason = harness_markers.evaluate(marks, self.backend(name), world_size=1, where=where)
-            if reason is None:
-                return None
-            reasons.append((name, reason))
-        if not reasons:
-            return harness_markers.SkipReason(harness_markers.BACKEND_UNAVAILABLE, "no selected backend is available")
-        if len(reasons) == 1:
-            return reasons[0][1]
-        text = "; ".join(f"{name}: {reason.message}" for name, reason in reasons)
-        return harness_markers.SkipReason(reasons[0][1].code, f"on every selected backend: {text}")
-
-    def backend(self, name: str) -> Any:
-        """The registered backend called ``name``."""
-        return self.registry.get(name)
-
-    def evaluate(self, marks: list[Any], backend: Any, world: int | None, where: str) -> Any:
-        """:func:`accel_harness.markers.evaluate` for one test instance, remembered for the session.
-
-        Instances with the same harness marks on the same backend and world size get the same
-        answer (the checks read the session's environment, not the test), so it is worked out once:
-        every pooled test would otherwise pay for parsing its marks and the torch version again.
-        A usage error is never remembered: each test with the wrong mark raises it."""
-        key = _marks_key(marks, backend.name, world)
-        if key is None:
-            return harness_markers.evaluate(marks, backend, world_size=world, where=where)
-        try:
-            return self._verdicts[key]
-        except KeyError:
-            reason = self._verdicts[key] = harness_markers.evaluate(marks, backend, world_size=world, where=where)
-            return reason
-
-    def run_end_extra(self) -> dict[str, Any]:
-        """What the results file's ``run_end`` line carries besides counts: facts known only at the end."""
-        extra: dict[str, Any] = {}
-        if self.profile_session is not None:
-            extra["profile_coverage"] = self.profile_session.coverage()
-        if self.selection is not None:
-            extra["fingerprint_tests"] = self.selection.summary()
-        return extra
-
-    def pool_manager(self):
-        if self.pools is None:
-            from .distributed import PoolManager
-
-            self.pools = PoolManager(self.timeout, env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
-        return self.pools
-
-
-def _marks_key(marks: list[Any], backend_name: str, world: int | None) -> tuple | None:
-    """What :func:`accel_harness.markers.evaluate`'s answer depends on: the harness marks (name and
-    arguments), the backend and the world size; None when an argument cannot be told apart safely."""
-    found = []
-    for mark in marks:
-        name = getattr(mark, "name", None)
-        if not isinstance(name, str) or not harness_markers.is_harness_mark(name):
-            continue
-        args = _frozen(tuple(getattr(mark, "args", ())))
-        kwargs = getattr(mark, "kwargs", None)
-        options = _frozen(tuple(sorted(kwargs.items()))) if kwargs else ()
-        if args is _UNKEYED or options is _UNKEYED:
-            return None
-        found.append((name, args, options))
-    return backend_name, world, tuple(found)
-
-
-_UNKEYED = object()
-_SCALARS = frozenset({str, int, float, bool, type(None)})
-
-
-def _frozen(value: Any) -> Any:
-    """``value`` as a hashable key that equals another only for the same requirement (its type kept),
-    or ``_UNKEYED`` for anything other than text, numbers, torch dtypes and lists/tuples of those."""
-    kind = type(value)
-    if kind in _SCALARS:
-        return kind, value
-    if kind is tuple and all(type(v) in _SCALARS for v in value):  # the common case: world_size(2), ("numpy",)
-        return tuple, value, tuple(map(type, value))
-    if isinstance(value, (list, tuple)):
-        items = [_frozen(v) for v in value]
-        return _UNKEYED if any(i is _UNKEYED for i in items) else (kind, tuple(items))
-    if type(value).__module__ == "torch" and type(value).__name__ == "dtype":
-        return "dtype", str(value)
-    return _UNKEYED
-
-
-def _parse_world_sizes(text: str | None) -> list[int] | None:
-    if not text:
-        return None
-    try:
-        sizes = sorted({int(v) for v in text.split(",") if v.strip()})
-    except ValueError:
-        raise pytest.UsageError(f"--world-sizes takes comma-separated integers, got {text!r}") from None
-    if not sizes or sizes[0] < 1:
-        raise pytest.UsageError(f"--world-sizes must be positive integers, got {text!r}")
-    return sizes
-
-
-def _backends_named_in_markexpr(expr: str, names: list[str]) -> list[str]:
-    """Backends a ``-m`` expression asks for (``-m xpu``, ``-m "xpu and not slow"``; not ``not xpu``)."""
-    tokens = re.findall(r"\w+", expr)
-    found = []
-    for i, token in enumerate(tokens):
-        if token in names and (i == 0 or tokens[i - 1] != "not"):
-            found.append(token)
-    return found
-
-
 # ---------------------------------------------------------------------- pytest hooks
-#: (prefixed option, short form, argparse settings). The prefixed ``--accel-*`` names are always
-#: there; the short forms (``--backend``, ``--results-dir``, ...) are kept for the conformance suites,
-#: CI and ``accel qualify`` unless the project under test defines an option of that name itself, in
-#: which case the project's option wins and the harness answers to its prefixed name only.
-OPTIONS: tuple[tuple[str, str, dict[str, Any]], ...] = (
-    ("--accel-backend", "--backend", dict(
-        action="append", dest="accel_backends", metavar="NAME",
-        help="backend(s) to run on (repeatable or comma-separated; 'auto' = every available one; "
-             "default: the detected backend)")),
-    ("--accel-world-sizes", "--world-sizes", dict(
-        dest="accel_world_sizes", metavar="N,N", help="only run multi-process tests at these world sizes")),
-    ("--accel-results-dir", "--results-dir", dict(
-        dest="accel_results_dir", metavar="DIR", help="write a JSON Lines result file for this run into DIR")),
-    ("--accel-known-issues", "--known-issues", dict(
-        dest="accel_known_issues", metavar="YAML", help="known-issues file: matching failures are recorded with the issue id")),
-    ("--accel-known-issues-xfail", "--known-issues-xfail", dict(
-        dest="accel_known_issues_xfail", action="store_true",
-        help="report failures matching a known issue (with xfail: true) as xfailed")),
-    ("--accel-dist-timeout", "--dist-timeout", dict(
-        dest="accel_dist_timeout", type=float, default=120.0, metavar="SECONDS",
-        help="a multi-process test that runs longer is ended with every rank's stack (default 120)")),
-    ("--accel-profile", "--profile", dict(
-        dest="accel_profile", metavar="FILE",
-        help="device profile (YAML, TOML or a transformers-style spec.py): its backend is selected, its claims "
-             "are checked against skips, its tolerances and known issues apply")),
-    ("--accel-flake-runs", "--flake-runs", dict(
-        dest="accel_flake_runs", type=int, default=0, metavar="N",
-        help="re-run each failing test N more times and record its flake rate (the outcome stays failed)")),
-    ("--accel-allow-missing-backends", "--allow-missing-backends", dict(
-        dest="accel_allow_missing_backends", action="store_true",
-        help="record tests of requested but unavailable backends as skipped instead of stopping")),
-)
-_GROUP = "accel"
-
-
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup(_GROUP, "accel qualification harness (short forms give way to a project's own options)")
     for prefixed, short, settings in OPTIONS:
@@ -351,18 +67,6 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
             if short not in table:
                 table[short] = action
                 action.option_strings.append(short)
-
-
-def _short_form_actions(parser: pytest.Parser) -> list[tuple[str, Any]]:
-    """(short form, the argparse action it names) for each short form registered by this plugin."""
-    shorts = {short: prefixed for prefixed, short, _ in OPTIONS}
-    table = parser.optparser._option_string_actions
-    found = []
-    for short, prefixed in shorts.items():
-        action = table.get(prefixed)
-        if action is not None and short in action.option_strings:
-            found.append((short, action))
-    return found
 
 
 @pytest.hookimpl(trylast=True)  # after the project's conftests registered their own markers
@@ -441,29 +145,6 @@ def _is_xdist_controller(config: pytest.Config) -> bool:
     return not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") not in (None, "no")
 
 
-def _backend_marker_line(name: str) -> str:
-    return f"{name}: test instances that run on the {name} backend"
-
-
-def _add_marker_line(config: pytest.Config, line: str) -> None:
-    """Register a marker line, remembering it as ours (a project's own line of that name stays the project's)."""
-    config.stash.setdefault(_STASH_MARKER_LINES, set()).add(line)
-    config.addinivalue_line("markers", line)
-
-
-def project_markers(config: pytest.Config) -> set[str]:
-    """Marker names the project registered itself (ini ``markers`` or its conftest), not this plugin."""
-    ours = config.stash.get(_STASH_MARKER_LINES, set())
-    names = set()
-    for line in config.getini("markers"):
-        if line in ours:
-            continue
-        name = re.split(r"[:(]", line, maxsplit=1)[0].strip()
-        if name:
-            names.add(name)
-    return names
-
-
 def uses_harness(item: pytest.Item) -> bool:
     """Whether this collected test takes part in the harness: a backend instance or a requirement mark on it."""
     if _item_backend(item)[0] is not None:
@@ -510,10 +191,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
-
-
-def _context(config: pytest.Config) -> HarnessContext:
-    return config.stash[_STASH_CONTEXT]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -654,72 +331,3 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         return None
     _run_in_ranks(ctx, pyfuncitem, name, world)
     return True
-
-
-class LeftoverProcessWarning(pytest.PytestWarning):
-    """A multi-process test left processes running in a rank; the harness killed them after the test."""
-
-
-def _run_in_ranks(ctx: HarnessContext, item: pytest.Function, backend_name: str, world: int) -> None:
-    from .distributed import RANK_LOCAL_ARGS, Task
-
-    argnames = item._fixtureinfo.argnames
-    kwargs = {arg: item.funcargs[arg] for arg in argnames}
-    sendable = {k: (None if k in RANK_LOCAL_ARGS else v) for k, v in kwargs.items()}
-    try:
-        payload = pickle.dumps(sendable)
-    except Exception as exc:
-        bad = [k for k, v in sendable.items() if not _picklable(v)]
-        pytest.fail(f"multi-process test arguments must be picklable to reach the ranks; not picklable: {bad} ({exc})",
-                    pytrace=False)
-    function = item.obj
-    module = function.__module__
-    task = Task(module, getattr(item.module, "__file__", None), function.__qualname__, payload)
-    backend = ctx.backend(backend_name)
-    env = _visible_devices_env(backend, world)
-    pool = ctx.pool_manager().get(backend_name, world, backend.start_method, env=env)
-    result = pool.run(task)
-    for rank, leftovers in sorted(result.leftovers.items()):
-        warnings.warn(LeftoverProcessWarning(
-            f"rank {rank} of {world}: the test left {len(leftovers)} process(es) running; killed: " + "; ".join(leftovers)))
-    if result.status == "passed":
-        return
-    if result.status == "skipped":
-        pytest.skip(result.message)
-    if result.status == "xfailed":
-        pytest.xfail(result.message)
-    if result.status == "failed":
-        failing = next(o for o in result.outcomes if o.rank == result.rank)
-        pytest.fail(f"rank {result.rank} of {world} failed: {result.message}\n\n{failing.traceback}", pytrace=False)
-    if result.status == "crashed":
-        stacks = "\n".join(f"--- rank {r} ---\n{text}" for r, text in sorted(result.stacks.items()))
-        pytest.fail(f"{result.message} (world size {world}, backend {backend_name})" + (f"\n{stacks}" if stacks else ""),
-                    pytrace=False)
-    stacks = "\n".join(f"--- rank {r} ---\n{text}" for r, text in sorted(result.stacks.items()))
-    pytest.fail(f"timeout: {result.message} (--dist-timeout={ctx.timeout:g})\n{stacks}", pytrace=False)
-
-
-def _picklable(value: Any) -> bool:
-    try:
-        pickle.dumps(value)
-        return True
-    except Exception:
-        return False
-
-
-def _visible_devices_env(backend: Any, world: int) -> dict[str, str]:
-    """Give each pytest-xdist worker its own slice of the devices (device backends only), when the slice
-    holds a device for each of the test's ``world`` ranks; otherwise the worker sees every device (its
-    ranks then share them with the other workers' rather than several ranks asking for one device)."""
-    var = backend.visible_devices_env
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
-    if not var or not worker or workers < 2 or var in os.environ:
-        return {}
-    count = backend.device_count()
-    per_worker = count // workers
-    if per_worker < max(world, 1):
-        return {}
-    index = int(worker.removeprefix("gw") or 0)
-    first = index * per_worker
-    return {var: ",".join(str(i) for i in range(first, first + per_worker))}

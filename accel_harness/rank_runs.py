@@ -1,0 +1,86 @@
+"""Running a ``world_size`` test's body in its ranks and turning the ranks' result into the test's.
+
+The test's arguments are pickled to the ranks of a pool (:mod:`accel_harness.distributed`); each
+pytest-xdist worker may get its own slice of the devices.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import warnings
+from typing import Any
+
+import pytest
+
+from .harness_context import HarnessContext
+
+
+class LeftoverProcessWarning(pytest.PytestWarning):
+    """A multi-process test left processes running in a rank; the harness killed them after the test."""
+
+
+def run_in_ranks(ctx: HarnessContext, item: pytest.Function, backend_name: str, world: int) -> None:
+    """Run a ``world_size`` test's body in ``world`` ranks of a pool; their result becomes the test's outcome."""
+    from .distributed import RANK_LOCAL_ARGS, Task
+
+    argnames = item._fixtureinfo.argnames
+    kwargs = {arg: item.funcargs[arg] for arg in argnames}
+    sendable = {k: (None if k in RANK_LOCAL_ARGS else v) for k, v in kwargs.items()}
+    try:
+        payload = pickle.dumps(sendable)
+    except Exception as exc:
+        bad = [k for k, v in sendable.items() if not _picklable(v)]
+        pytest.fail(f"multi-process test arguments must be picklable to reach the ranks; not picklable: {bad} ({exc})",
+                    pytrace=False)
+    function = item.obj
+    module = function.__module__
+    task = Task(module, getattr(item.module, "__file__", None), function.__qualname__, payload)
+    backend = ctx.backend(backend_name)
+    env = visible_devices_env(backend, world)
+    pool = ctx.pool_manager().get(backend_name, world, backend.start_method, env=env)
+    result = pool.run(task)
+    for rank, leftovers in sorted(result.leftovers.items()):
+        warnings.warn(LeftoverProcessWarning(
+            f"rank {rank} of {world}: the test left {len(leftovers)} process(es) running; killed: " + "; ".join(leftovers)))
+    if result.status == "passed":
+        return
+    if result.status == "skipped":
+        pytest.skip(result.message)
+    if result.status == "xfailed":
+        pytest.xfail(result.message)
+    if result.status == "failed":
+        failing = next(o for o in result.outcomes if o.rank == result.rank)
+        pytest.fail(f"rank {result.rank} of {world} failed: {result.message}\n\n{failing.traceback}", pytrace=False)
+    if result.status == "crashed":
+        stacks = "\n".join(f"--- rank {r} ---\n{text}" for r, text in sorted(result.stacks.items()))
+        pytest.fail(f"{result.message} (world size {world}, backend {backend_name})" + (f"\n{stacks}" if stacks else ""),
+                    pytrace=False)
+    stacks = "\n".join(f"--- rank {r} ---\n{text}" for r, text in sorted(result.stacks.items()))
+    pytest.fail(f"timeout: {result.message} (--dist-timeout={ctx.timeout:g})\n{stacks}", pytrace=False)
+
+
+def _picklable(value: Any) -> bool:
+    try:
+        pickle.dumps(value)
+        return True
+    except Exception:
+        return False
+
+
+def visible_devices_env(backend: Any, world: int) -> dict[str, str]:
+    """Give each pytest-xdist worker its own slice of the devices (device backends only), when the slice
+    holds a device for each of the test's ``world`` ranks; otherwise the worker sees every device (its
+    ranks then share them with the other workers' rather than several ranks asking for one device)."""
+    var = backend.visible_devices_env
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if not var or not worker or workers < 2 or var in os.environ:
+        return {}
+    count = backend.device_count()
+    per_worker = count // workers
+    if per_worker < max(world, 1):
+        return {}
+    index = int(worker.removeprefix("gw") or 0)
+    first = index * per_worker
+    return {var: ",".join(str(i) for i in range(first, first + per_worker))}
