@@ -133,6 +133,8 @@ class RankPool:
         import multiprocessing as mp
 
         ctx = mp.get_context(self.start_method)
+        if self.start_method == "forkserver":  # the server imports torch once; each rank forks from it
+            ctx.set_forkserver_preload(["torch"])
         remove_stale_pool_dirs()
         self.tmpdir = tempfile.mkdtemp(prefix=f"{POOL_DIR_PREFIX}{self.backend_name}-{self.world_size}-")
         write_owner(self.tmpdir)

@@ -38,7 +38,7 @@ def run_in_ranks(ctx: HarnessContext, item: pytest.Function, backend_name: str, 
     task = Task(module, getattr(item.module, "__file__", None), function.__qualname__, payload)
     backend = ctx.backend(backend_name)
     env = visible_devices_env(backend, world)
-    pool = ctx.pool_manager().get(backend_name, world, backend.start_method, env=env)
+    pool = ctx.pool_manager().get(backend_name, world, pool_start_method(ctx, backend), env=env)
     result = pool.run(task)
     for rank, leftovers in sorted(result.leftovers.items()):
         warnings.warn(LeftoverProcessWarning(
@@ -58,6 +58,24 @@ def run_in_ranks(ctx: HarnessContext, item: pytest.Function, backend_name: str, 
                     pytrace=False)
     stacks = "\n".join(f"--- rank {r} ---\n{text}" for r, text in sorted(result.stacks.items()))
     pytest.fail(f"timeout: {result.message} (--dist-timeout={ctx.timeout:g})\n{stacks}", pytrace=False)
+
+
+def pool_start_method(ctx: HarnessContext, backend: Any) -> str:
+    """How ``backend``'s rank pools start: its own ``start_method``, except that a forking backend forks from
+    a fork server when the session also runs a device backend. A backward pass on a device starts torch's
+    autograd device threads in the pytest process, and a rank forked from it after that fails its first
+    backward ("Unable to handle autograd's threading in combination with fork-based multiprocessing")."""
+    method = backend.start_method
+    if method != "fork":
+        return method
+    for name in ctx.selected:
+        try:
+            other = ctx.backend(name)
+        except Exception:  # an unknown name: the session reports it elsewhere
+            continue
+        if not other.is_host:
+            return "forkserver"
+    return method
 
 
 def _picklable(value: Any) -> bool:

@@ -446,3 +446,54 @@ def test_each_xdist_worker_gets_a_slice_that_holds_the_tests_ranks(monkeypatch, 
         monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
         env = _visible_devices_env(_Devices(devices), world)
         assert env.get(_Devices.visible_devices_env) == visible, (worker, env)
+
+
+class _Named:
+    def __init__(self, name: str, start_method: str, is_host: bool):
+        self.name, self.start_method, self.is_host = name, start_method, is_host
+
+
+class _Session:
+    """A harness context stand-in: the selected backends and their objects."""
+
+    def __init__(self, *backends: _Named):
+        self.selected = [b.name for b in backends]
+        self._by_name = {b.name: b for b in backends}
+
+    def backend(self, name: str) -> _Named:
+        return self._by_name[name]
+
+
+def test_forking_pools_fork_from_a_server_when_a_device_backend_shares_the_session():
+    from accel_harness.rank_runs import pool_start_method
+
+    cpu, emu = _Named("cpu", "fork", True), _Named("emu", "spawn", False)
+    assert pool_start_method(_Session(cpu), cpu) == "fork"
+    assert pool_start_method(_Session(cpu, emu), cpu) == "forkserver"  # emu's backward starts autograd's threads
+    assert pool_start_method(_Session(cpu, emu), emu) == "spawn"
+
+
+def test_a_rank_forked_after_a_device_backward_fails_and_one_from_a_server_does_not(tmp_path):
+    """Why the rule above exists, on this torch: the host process runs a backward on emu first."""
+    pytest.importorskip("accel_emu")
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import multiprocessing as mp, sys, torch\n"
+        "import accel.backends as b\n"
+        "def child(q):\n"
+        "    try:\n"
+        "        y = torch.ones(3, requires_grad=True); (y * 2).sum().backward(); q.put('ok')\n"
+        "    except RuntimeError as exc:\n"
+        "        q.put(str(exc)[:120])\n"
+        "if __name__ == '__main__':\n"
+        "    x = torch.ones(3, device=b.get_backend('emu').device(0), requires_grad=True); (x * 2).sum().backward()\n"
+        "    for method in ('fork', 'forkserver'):\n"
+        "        ctx = mp.get_context(method); q = ctx.Queue(); p = ctx.Process(target=child, args=(q,)); p.start()\n"
+        "        print(method, q.get(timeout=120)); p.join()\n")
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = dict(line.split(" ", 1) for line in proc.stdout.strip().splitlines())
+    assert lines["forkserver"] == "ok" and "fork-based multiprocessing" in lines["fork"], proc.stdout
