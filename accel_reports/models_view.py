@@ -14,6 +14,8 @@ from typing import Any
 
 import pandas as pd
 
+from accel.facts.reasons import OPT_IN
+
 from .groups import cell_label
 
 __all__ = ["MODEL_TEST", "models_view"]
@@ -38,7 +40,7 @@ OPT_IN_NOTE = "in the full set only (accel qualify --models full, or RUN_SLOW=1)
 
 def _reason(row: pd.Series) -> str:
     """The first line of the record's message (a gate's verdict, a skip's reason), cut short."""
-    if row["outcome"] == "skipped" and row.get("reason_code") == "opt-in":
+    if row["outcome"] == "skipped" and row.get("reason_code") == OPT_IN:
         return OPT_IN_NOTE
     text = str(row.get("message") or row.get("reason_code") or "").strip().splitlines()
     line = text[0] if text else ""

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import csv
 import json
-import platform
 from collections import defaultdict
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
-from ..records import RecordWriter, RunHeader, make_record, new_run_id, utc_now
+from ..records import RecordWriter, RunHeader, make_record
 from .outcomes import OP_REASONS, RECORD_OUTCOME
 from .plan import Row
 from .runner import SweepResult
@@ -60,28 +59,13 @@ def _csv(path: Path, columns: tuple[str, ...] | list[str], rows: list[dict[str, 
     return path
 
 
-def _version(distribution: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(distribution)
-    except PackageNotFoundError:
-        return None
-
-
 def _records(result: SweepResult, rows: list[Row], path: Path, command: str | None, figures: dict[str, Any]) -> Path:
-    import torch
+    from accel.backends import get_backend
 
-    from accel.commands.env import torch_build
-
-    # the same version and build fields the suites' headers carry, so a sweep and the suites of one
-    # machine fall into one cell of the report
-    header = RunHeader(run_id=new_run_id(), start_time=utc_now(), accel_version=_version("accel"),
-                       torch_version=result.torch or None, torch_build=torch_build(torch.version),
-                       python=platform.python_version(), os=platform.platform(), kernel=platform.release(),
-                       host=platform.node(), backends=[result.backend],
-                       extra={"stage": "operators", "command": command, "device": result.device, "claims": result.claims,
-                              "ops": figures})
+    # the header the suites write (versions, build, devices, driver, commit), so a sweep and the suites of
+    # one machine fall into one cell of the report and tell the same facts
+    header = RunHeader.collect([get_backend(result.backend)], extra={
+        "stage": "operators", "command": command, "device": result.device, "claims": result.claims, "ops": figures})
     with RecordWriter(path, header) as writer:
         for row in rows:
             outcome = RECORD_OUTCOME[row.outcome]
