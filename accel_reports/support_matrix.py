@@ -38,8 +38,10 @@ def _software(report: Report, cell: tuple) -> list[tuple[str, str]]:
         for key, label in (("torch_build", "torch build"), ("python", "python"), ("os", "os"),
                            ("device_models", "devices"), ("driver_versions", "driver"), ("runtime_versions", "runtime")):
             value = run.get(key)
-            if isinstance(value, dict):
-                value = ", ".join(f"{k}: {v}" for k, v in value.items() if v) or None
+            if isinstance(value, dict):  # per backend: this cell's only
+                value = value.get(backend)
+            elif key == "device_models" and isinstance(value, str):  # "cpu: X; emu: Y" for a run of several
+                value = "; ".join(part for part in value.split("; ") if part.startswith(f"{backend}:")) or None
             if value not in (None, "") and str(value) != "nan":
                 facts.setdefault(label, str(value))
     return list(facts.items())

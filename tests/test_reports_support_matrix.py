@@ -57,3 +57,21 @@ def test_the_matrix_is_written_only_when_asked(tmp_path, capsys):
     out = capsys.readouterr().out
     for name in ("support-matrix.md", "support-matrix.html", "support-matrix.csv"):
         assert (tmp_path / "out" / name).is_file() and f"Support matrix: " in out and name in out
+
+
+def test_a_run_of_two_backends_gives_each_cell_its_own_devices(tmp_path):
+    from accel_harness.records import RunHeader, RecordWriter
+
+    header = RunHeader(run_id="r2", start_time="2026-01-01T00:00:00+00:00", accel_version="0.2.0", torch_version="2.8.0",
+                       backends=["cpu", "emu"], device_models={"cpu": ["Host CPU"], "emu": ["Emulated"]},
+                       runtime_versions={"cpu": None, "emu": "emu-runtime 1.0"})
+    (tmp_path / "in").mkdir()
+    with RecordWriter(tmp_path / "in" / "run.jsonl", header) as writer:
+        for backend in ("cpu", "emu"):
+            writer.write(make_record(run_id="r2", nodeid=f"suites/test_fsdp.py::test_a[{backend}-ws1]", backend=backend,
+                                     outcome="passed", duration=0.1, world_size=1))
+    written = write_report(build_report(load_results([tmp_path / "in"])), tmp_path / "out", support_matrix=True)
+    rows = list(csv.DictReader(io.StringIO(written["support-matrix.csv"].read_text())))
+    facts = {(r["cell"].split(" ")[0], r["item"]): r["status"] for r in rows if r["section"] == "software"}
+    assert "Host CPU" in facts[("cpu", "devices")] and "Emulated" not in facts[("cpu", "devices")]
+    assert facts[("emu", "runtime")] == "emu-runtime 1.0" and ("cpu", "runtime") not in facts
