@@ -257,7 +257,7 @@ def _all_operations():
     # the fallbacks taken where a backend refuses the fused all-gather (patched where gather looks it up)
     from accel.utils import _operations_collectives as collectives
 
-    real = collectives._FUSED_ALL_GATHER
+    real = collectives.FUSED_ALL_GATHER
 
     def refuse_all(output, tensor):
         raise RuntimeError("ProcessGroupGloo does not support allgather_into_tensor")
@@ -268,14 +268,14 @@ def _all_operations():
         return real(output, tensor)
 
     for fake, mode in ((refuse_all, 2), (refuse_non_bytes, 1)):
-        collectives._FUSED_ALL_GATHER = fake
+        collectives.FUSED_ALL_GATHER = fake
         collectives._GATHER_MODE.clear()
         try:
             _assert_same(gather(torch.tensor([rank, 7])), torch.tensor([[r, 7] for r in range(world)]).view(-1), f"fallback {mode}")
             _assert_same(gather(mine), want, f"gather with fallback mode {mode}")
             assert set(collectives._GATHER_MODE.values()) == {mode}, collectives._GATHER_MODE
         finally:
-            collectives._FUSED_ALL_GATHER = real
+            collectives.FUSED_ALL_GATHER = real
             collectives._GATHER_MODE.clear()
     checks += 1
 

@@ -22,7 +22,7 @@ def _no_fused_all_gather(output: torch.Tensor, tensor: torch.Tensor) -> None:
 
 
 # all_gather_single is the newer name (all_gather_into_tensor warns about deprecation on torch>=2.13)
-_FUSED_ALL_GATHER: Callable[..., Any] = (
+FUSED_ALL_GATHER: Callable[..., Any] = (
     getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None) or _no_fused_all_gather
 )
 # (process-group backend, dtype) -> how gather moves it: 0 fused, 1 fused as bytes, 2 all_gather as bytes.
@@ -44,7 +44,7 @@ def _all_gather_into(output: torch.Tensor, tensor: torch.Tensor, world: int) -> 
     rank's ``tensor``: one fused collective into the caller's buffer, no extra copy."""
     if not _GATHER_MODE:
         try:
-            _FUSED_ALL_GATHER(output, tensor)
+            FUSED_ALL_GATHER(output, tensor)
             return
         except Exception as exc:
             if not _is_unsupported(exc):
@@ -63,9 +63,9 @@ def _all_gather_fallback(output: torch.Tensor, tensor: torch.Tensor, world: int,
     while True:
         try:
             if mode == 0:
-                _FUSED_ALL_GATHER(output, tensor)
+                FUSED_ALL_GATHER(output, tensor)
             elif mode == 1:
-                _FUSED_ALL_GATHER(output.view(torch.uint8), tensor.view(torch.uint8))
+                FUSED_ALL_GATHER(output.view(torch.uint8), tensor.view(torch.uint8))
             else:
                 dist.all_gather(list(output.view(torch.uint8).chunk(world)), tensor.view(torch.uint8))
             _GATHER_MODE[key] = mode
