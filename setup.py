@@ -13,8 +13,9 @@ SHIPPED_SUITES = {
     "accel_harness.suites": "suites",
     "accel_harness.suites.benchmarks": "suites/benchmarks",
 }
-#: what ``accel bench`` runs from the benchmarks folder: its suites and the two modules they import
-BENCHMARK_RUNTIME = {"__init__", "conftest", "timing", "host_reference"}
+#: what ``accel bench`` runs from the benchmarks folder: its suites and the modules they import
+BENCHMARK_RUNTIME = {"__init__", "conftest", "timing", "timing_info", "timing_measure", "timing_pinning", "timing_ranks",
+                     "timing_record", "timing_settings", "host_reference"}
 
 
 def is_shipped_benchmark_module(module: str) -> bool:
