@@ -51,10 +51,10 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
+from ci.cell_steps import Step, count_outcomes, in_github, run_logged, utc_now
 from ci.matrix import (BENCH_MODES, DEFAULT_MATRIX, OPS_MODES, PROFILE_ENV, REPO, Cell, MatrixError, load_matrix,
                        version_matches)
 
@@ -101,14 +101,6 @@ def venv_python(venv: Path) -> Path:
     return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
 
-def utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def _in_github() -> bool:
-    return os.environ.get("GITHUB_ACTIONS") == "true"
-
-
 # ---------------------------------------------------------------------------- arguments
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -136,33 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# ---------------------------------------------------------------------------- steps
-@dataclass
-class Step:
-    name: str
-    command: list[str]
-    cwd: str | None = None
-    echo: bool = False
-    note: str = ""
-    exit_code: int | None = None
-    start: str | None = None
-    duration_s: float | None = None
-    log: str | None = None
-    skipped: str | None = None
-    #: shown on the console instead of the command (the log has the full command)
-    label: str | None = None
-
-    def shell(self) -> str:
-        return " ".join(shlex.quote(c) for c in self.command)
-
-    def to_dict(self) -> dict[str, Any]:
-        data = {"name": self.name, "command": self.command, "cwd": self.cwd, "exit_code": self.exit_code,
-                "start": self.start, "duration_s": self.duration_s, "log": self.log}
-        if self.skipped:
-            data["skipped"] = self.skipped
-        return data
-
-
+# ---------------------------------------------------------------------------- the cell
 @dataclass
 class CellRunner:
     cell: Cell
@@ -305,41 +271,9 @@ class CellRunner:
 
     # ------------------------------------------------------------------ running
     def run_step(self, step: Step, env: dict[str, str]) -> int:
+        """Run one of the cell's steps (:func:`ci.cell_steps.run_logged`) and keep it for ``cell.json``."""
         self.steps.append(step)
-        step.start = utc_now()
-        self.logs.mkdir(parents=True, exist_ok=True)
-        log = self.logs / f"{step.name}.log"
-        step.log = str(log.relative_to(self.cell_dir))
-        github = _in_github() and step.echo
-        print(f"ci.run_cell [{self.cell.id}] {step.name}: {step.label or step.shell()}", flush=True)
-        if github:
-            print(f"::group::{self.cell.id} {step.name}", flush=True)
-        began = time.perf_counter()
-        with open(log, "w", encoding="utf-8", errors="replace") as fh:
-            fh.write(f"$ {step.shell()}\n")
-            fh.flush()
-            try:
-                proc = subprocess.Popen(step.command, cwd=step.cwd, env=env, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1)
-            except OSError as exc:
-                fh.write(f"cannot start: {exc}\n")
-                step.exit_code, step.duration_s = 127, 0.0
-                print(f"ci.run_cell [{self.cell.id}] {step.name}: cannot start: {exc}", flush=True)
-                return 127
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                fh.write(line)
-                if step.echo:
-                    sys.stdout.write(line)
-            step.exit_code = proc.wait()
-        step.duration_s = round(time.perf_counter() - began, 2)
-        if github:
-            print("::endgroup::", flush=True)
-        print(f"ci.run_cell [{self.cell.id}] {step.name}: exit {step.exit_code} in {step.duration_s:.1f}s", flush=True)
-        if step.exit_code and not step.echo:
-            tail = log.read_text(errors="replace").splitlines()[-25:]
-            print("\n".join("    " + t for t in tail), flush=True)
-        return step.exit_code
+        return run_logged(step, env, self.logs, self.cell_dir, self.cell.id)
 
     def probe(self, name: str, code: str, env: dict[str, str]) -> dict[str, Any]:
         step = Step(name, [self.vpy, "-c", code], cwd=str(self.cell_dir), label=f"{self.vpy} -c <print torch/accel versions>")
@@ -430,7 +364,7 @@ class CellRunner:
             "pip_args": self.pip_args, "host": platform.node(), "platform": platform.platform(),
             "repo": str(self.repo), "start_time": started, "status": "running",
         }
-        if _in_github():
+        if in_github():
             record["github"] = {k: os.environ.get(k) for k in ("GITHUB_RUN_ID", "GITHUB_RUN_ATTEMPT", "GITHUB_SHA",
                                                               "GITHUB_REF", "RUNNER_NAME", "RUNNER_OS")}
         code = EXIT_OK
@@ -448,7 +382,7 @@ class CellRunner:
             record["error"] = str(exc)
             code = EXIT_ENVIRONMENT
             print(f"ci.run_cell [{self.cell.id}] error: {exc}", file=sys.stderr, flush=True)
-            if _in_github():
+            if in_github():
                 print(f"::error title=cell {self.cell.id}::environment could not be built: {exc}", flush=True)
         finally:
             if record["status"] == "running":  # interrupted (Ctrl-C, a CI cancel): keep what finished
@@ -467,7 +401,7 @@ class CellRunner:
         verdict = {0: "passed", 1: "failed", 2: "interrupted", 3: "internal-error", 4: "usage-error", 5: "no-tests"}.get(code, "crashed")
         record["suites"] = {"exit_code": code, "verdict": verdict, "counts": counts,
                             "duration_s": step.duration_s, "results": "results"}
-        if code not in (0, 1) and _in_github():
+        if code not in (0, 1) and in_github():
             print(f"::warning title=cell {self.cell.id}::the suites did not run to the end: pytest exit {code} ({verdict})", flush=True)
         self.run_ops(record)
         if self.bench_mode == "off":
@@ -496,7 +430,7 @@ class CellRunner:
         counts = count_outcomes(self.ops_dir / "results", split_known=True)
         record["ops"] = {"mode": self.ops_mode, "exit_code": code, "verdict": verdict, "rows": sum(counts.values()),
                          "counts": counts, "duration_s": step.duration_s, "results": "ops/results"}
-        if code not in (0, 1) and _in_github():
+        if code not in (0, 1) and in_github():
             print(f"::warning title=cell {self.cell.id}::the operator sweep did not run to the end: accel ops exit {code} "
                   f"({verdict})", flush=True)
 
@@ -548,28 +482,6 @@ class CellRunner:
             print(f"{name}: {' '.join(shlex.quote(c) for c in command)}")
         print(f"# then: {self.cell_dir / 'cell.json'}")
         return EXIT_OK
-
-
-def count_outcomes(results: Path, split_known: bool = False) -> dict[str, int]:
-    """Outcome counts of the harness records (``*.jsonl``) under ``results``; ``split_known``
-    counts failures that a known issue covers as ``known`` (the operator sweep's outcome)."""
-    counts: dict[str, int] = {}
-    for path in sorted(results.rglob("*.jsonl")) if results.is_dir() else []:
-        try:
-            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(obj, dict) and obj.get("type") == "test":
-                outcome = str(obj.get("outcome"))
-                if split_known and outcome == "failed" and obj.get("known_issue"):
-                    outcome = "known"
-                counts[outcome] = counts.get(outcome, 0) + 1
-    return counts
 
 
 def main(argv: Sequence[str] | None = None) -> int:
