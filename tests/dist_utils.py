@@ -20,14 +20,26 @@ from typing import Any, Callable
 from _waits import SAFETY_NET_S
 
 
+#: where test ports are drawn from: below Linux's ephemeral range (32768-60999), so a port checked free
+#: is not handed to another process's connection or to gloo's listeners (ephemeral ports) before the
+#: test's store binds it; a client that reached such a listener instead would wait forever
+TEST_PORTS = range(20000, 32000)
+
+
 def free_port() -> str:
-    """A TCP port on 127.0.0.1 that was free a moment ago: a rendezvous of the test's own, never the
-    default 29500 that everything else on the host takes."""
+    """A TCP port on 127.0.0.1 that was free a moment ago, outside the ephemeral range: a rendezvous of the
+    test's own, never the default 29500 that everything else on the host takes."""
+    import random
     import socket
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return str(sock.getsockname()[1])
+    for port in random.sample(TEST_PORTS, 50):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return str(port)
+    raise RuntimeError(f"no free port in {TEST_PORTS.start}-{TEST_PORTS.stop - 1} after 50 tries")
 
 
 def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, store: str, args: tuple, queue: Any) -> None:

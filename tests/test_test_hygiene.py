@@ -36,3 +36,15 @@ def test_signal_handlers_a_test_installed_are_put_back():
         for sig, before in saved.items():
             if before is not None:
                 signal.signal(sig, before)
+
+
+def test_test_ports_are_free_and_outside_the_ephemeral_range():
+    """A port checked free must not be one the kernel hands to other processes' connections meanwhile."""
+    import socket
+
+    from dist_utils import TEST_PORTS, free_port
+
+    port = int(free_port())
+    assert port in TEST_PORTS and port < 32768
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
