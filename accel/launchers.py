@@ -21,7 +21,7 @@ import os
 import tempfile
 from typing import Any, Callable
 
-from accel.facts.network import DEFAULT_PORT
+from accel.facts.network import DEFAULT_PORT, is_port_in_use
 from accel.facts.precision import PRECISIONS
 
 __all__ = ["debug_launcher", "notebook_launcher"]
@@ -143,6 +143,10 @@ def notebook_launcher(
     if rdzv_backend == "static":
         rdzv_configs["rank"] = node_rank
     endpoint = rdzv_endpoint or f"{master_addr}:{use_port}"
+    if rdzv_backend == "static" and node_rank == 0 and not rdzv_endpoint and is_port_in_use(int(use_port), master_addr):
+        # this node serves the store there; a client that reached another program's listener would wait forever
+        raise ConnectionError(f"notebook_launcher: port {use_port} on {master_addr} is already taken by another process, "
+                              "and this node must serve the rendezvous store on it: pass another use_port")
 
     print(f"Launching training on {num_processes} {backend.name.upper()}s.")
     with tempfile.TemporaryDirectory(prefix="accel_notebook_") as log_dir, patched_environ(env):

@@ -235,3 +235,16 @@ def test_launchers_refuse_a_parent_with_state_or_a_process_group(tmp_path):
     finally:
         dist.destroy_process_group()
     assert not list(tmp_path.glob("x*.json"))  # nothing ran
+
+
+def test_notebook_launcher_refuses_a_port_another_program_listens_on(tmp_path):
+    """A listener that is not the store (gloo's, a stray server) would make the workers wait forever."""
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", int(free_port())))
+        holder.listen()
+        port = str(holder.getsockname()[1])
+        with pytest.raises(ConnectionError, match=f"port {port} on 127.0.0.1 is already taken.*another use_port"):
+            notebook_launcher(report, args=(str(tmp_path), "taken"), num_processes=2, use_port=port)
+    assert not records(tmp_path, "taken")  # no worker started
