@@ -295,14 +295,15 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"cannot create the results folder {results_dir}: {exc}") from None
     env = dict(os.environ)
     env[QUICK_ENV] = "1" if args.quick else "0"
-    env[SET_ENV] = getattr(args, "bench_set", "all")
+    bench_set = getattr(args, "bench_set", "all")  # callers that build args themselves may leave it out
+    env[SET_ENV] = bench_set
     if args.threads is not None:
         env[THREADS_ENV] = str(args.threads)
     env.pop("PYTEST_ADDOPTS", None)  # an inherited -n would turn every benchmark into a skip
     env["PYTHONSAFEPATH"] = "1"  # a folder named pytest or accel in the working folder cannot shadow the real ones
     repo = suites.parent.parent if (suites.parent.parent / "pyproject.toml").is_file() else suites
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    chosen = " (the core set)" if getattr(args, "bench_set", "all") == "core" else ""
+    chosen = " (the core set)" if bench_set == "core" else ""
     print(f"accel bench: backend {backend}{chosen}{' (QUICK run: smaller problems, fewer rounds)' if args.quick else ''}, suites {suites}, "
           f"{args.repeat} run(s); load average {_loadavg()}", flush=True)
 
@@ -317,7 +318,7 @@ def run(args: argparse.Namespace) -> int:
         # pytest-benchmark makes its storage folder (./.benchmarks) at start even though the figures go to
         # --benchmark-json: a temporary one, so nothing is left in the working or the suites' folder
         with tempfile.TemporaryDirectory(prefix="accel-bench-storage-") as storage:
-            command = pytest_command(suites, backend, path, args.keyword, getattr(args, "bench_set", "all")) + [
+            command = pytest_command(suites, backend, path, args.keyword, bench_set) + [
                 "--benchmark-storage", f"file://{storage}"]
             code = subprocess.call(command, cwd=repo, env=env)
         if code == 5:
