@@ -12,7 +12,7 @@ import pytest
 
 from accel import checkpointing as C
 from accel.checkpointing import CheckpointError
-from tests.test_checkpointing import make, same_weights
+from _checkpoint_helpers import make, same_weights
 
 # ---------------------------------------------------------------------------------------------- open() spy
 # An audit hook sees every open() of the process (builtins, io, os.open, torch's and safetensors' readers
