@@ -14,7 +14,6 @@ import atexit
 import contextlib
 import functools
 import os
-import socket
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
@@ -22,6 +21,13 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from ._state_gradient import GradientState
+from ._state_setup import destroy_if_initialized as _destroy_if_initialized
+from ._state_setup import elastic_attempt_store as _elastic_attempt_store
+from ._state_setup import is_loopback as _is_loopback
+from ._state_setup import loopback_interface as _loopback_interface
+from ._state_setup import parallelism_from_tp_plugin as _parallelism_from_tp_plugin
+from ._state_setup import split_inputs as _split
 from .backends import Backend
 from .facts.environment import env_flag, env_text
 from .facts.network import DEFAULT_PORT
@@ -69,61 +75,6 @@ class ProcessLayout:
         """Whether every rank runs on this node."""
         return self.local_world_size >= self.world_size
 
-
-def _destroy_if_initialized() -> None:
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
-    except Exception:
-        pass
-
-
-def _elastic_attempt_store(world_size: int, timeout: timedelta | None) -> Any:
-    """The elastic agent's store under a key prefix of this attempt's own; None where that does not apply.
-
-    A torch elastic worker (torchrun, ``accel launch``, ``notebook_launcher``) that joins through env://
-    uses the agent's TCPStore. The static rendezvous keeps one store for the whole run, and torch 2.13 no
-    longer puts the restart count in the keys (it did once; pytorch/pytorch#135712 is why it stopped), so
-    after a failure the restarted workers can read the gloo addresses the dead attempt left there and
-    fail or hang connecting to them. With one agent (one node) the restart count is the same in every
-    worker, so each attempt gets its own key space. Runs of several agents keep torch's own behaviour:
-    their agents count restarts each on its own.
-    """
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True) or os.environ.get("GROUP_WORLD_SIZE") != "1":
-        return None
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if attempt is None or not os.environ.get("MASTER_PORT"):
-        return None
-    import torch.distributed as dist
-    from torch.distributed.constants import default_pg_timeout
-
-    client = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False,
-        timeout=timeout if timeout is not None else default_pg_timeout,
-    )
-    return dist.PrefixStore(f"accel/attempt_{attempt}/default_pg", client)
-
-
-def _loopback_interface() -> str | None:
-    """Name of the interface carrying 127.0.0.1 (``lo`` on Linux, ``lo0`` on macOS)."""
-    try:
-        import psutil
-
-        for name, addrs in psutil.net_if_addrs().items():
-            if any(a.family == socket.AF_INET and a.address.startswith("127.") for a in addrs):
-                return name
-    except Exception:
-        return None
-    return None
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return socket.gethostbyname(host).startswith("127.")
-    except OSError:
-        return False
 
 
 #: attributes a live PartialState holds (after ``_reset_state()`` reading one names the reset)
@@ -409,64 +360,6 @@ class PartialState:
             dist.destroy_process_group(group)
 
 
-def _split(inputs: Any, parts: int, index: int, pad: bool) -> Any:
-    if isinstance(inputs, dict):
-        lengths = {k: len(v) for k, v in inputs.items()}
-        if len(set(lengths.values())) > 1:
-            raise ValueError(f"split_between_processes needs dict values of one length, got {lengths}")
-        return {k: _split(v, parts, index, pad) for k, v in inputs.items()}
-    if type(inputs).__module__.startswith("datasets") and hasattr(inputs, "select"):
-        # a Hugging Face datasets.Dataset: the same contiguous share, as rows (padded with the last row)
-        total = len(inputs)
-        base, extra = divmod(total, parts)
-        start = index * base + min(index, extra)
-        rows = list(range(start, start + base + (1 if index < extra else 0)))
-        if pad and total:
-            rows += [total - 1] * (base + (1 if extra else 0) - len(rows))
-        return inputs.select(rows)
-    if not isinstance(inputs, (list, tuple, torch.Tensor)):
-        raise TypeError(f"split_between_processes splits lists, tuples, tensors, datasets.Dataset or dicts of them, "
-                        f"not {type(inputs).__name__}")
-    total = len(inputs)
-    base, extra = divmod(total, parts)
-    start = index * base + min(index, extra)
-    end = start + base + (1 if index < extra else 0)
-    share = inputs[start:end]
-    longest = base + (1 if extra else 0)
-    if not pad or len(share) >= longest or total == 0:
-        return share
-    missing = longest - len(share)
-    if isinstance(share, torch.Tensor):
-        filler = (share[-1:] if len(share) else inputs[-1:]).expand(missing, *inputs.shape[1:])
-        return torch.cat([share, filler])
-    last = share[-1] if len(share) else inputs[-1]
-    return share + type(share)([last] * missing)
-
-
-def _parallelism_from_tp_plugin(torch_tp_plugin: Any, parallelism_config: Any) -> Any:
-    """Accelerate's handling of the deprecated ``torch_tp_plugin``: a FutureWarning in its words, and without a
-    ``parallelism_config`` a ``ParallelismConfig(tp_size=torch_tp_plugin.tp_size)`` in its place (a given config
-    wins, as in Accelerate)."""
-    if torch_tp_plugin is None:
-        return parallelism_config
-    import warnings
-
-    tp_size = getattr(torch_tp_plugin, "tp_size", None)
-    if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
-        raise ValueError(f"torch_tp_plugin: tp_size must be a positive integer, got {tp_size!r} "
-                         f"(from {type(torch_tp_plugin).__name__})")
-    warnings.warn(
-        "`TorchTensorParallelPlugin` is deprecated and will be removed in a future version of Accelerate. "
-        "Please use the `ParallelismConfig` with `tp_size` instead.",
-        FutureWarning,
-        stacklevel=4,
-    )
-    if parallelism_config is not None:
-        return parallelism_config
-    from .parallelism_config import ParallelismConfig
-
-    return ParallelismConfig(tp_size=tp_size)
-
 
 class AcceleratorState:
     """PartialState plus precision and plug-ins; shares PartialState's ranks and device."""
@@ -690,97 +583,6 @@ for _name in sorted(_PARTIAL_FIELDS):
         setattr(AcceleratorState, _name, _PartialField(_name))
 del _name
 
-
-class GradientState:
-    """Whether gradients synchronise this step, and where the active data loader stands."""
-
-    _shared_state: dict[str, Any] = SharedDict()
-
-    def __init__(self, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None):
-        self.__dict__ = self._shared_state
-        if not self.initialized:
-            self.sync_gradients = True
-            self._dataloader_references: list[Any] = [None]
-            self.plugin_kwargs = (gradient_accumulation_plugin or GradientAccumulationPlugin()).to_dict()
-            self._shared_state["_initialized"] = True
-        elif gradient_accumulation_plugin is not None:
-            self.plugin_kwargs = gradient_accumulation_plugin.to_dict()
-
-    @property
-    def initialized(self) -> bool:
-        """Whether the shared gradient state was set up in this process."""
-        return self._shared_state.get("_initialized", False)
-
-    @property
-    def num_steps(self) -> int:
-        """Batches whose gradients add up before one optimizer step."""
-        return self.plugin_kwargs.get("num_steps") or 1
-
-    @property
-    def adjust_scheduler(self) -> bool:
-        """Whether the scheduler's step count advances while gradients accumulate."""
-        return self.plugin_kwargs.get("adjust_scheduler", True)
-
-    @property
-    def sync_with_dataloader(self) -> bool:
-        """Whether the end of a data loader forces a synchronising step."""
-        return self.plugin_kwargs.get("sync_with_dataloader", True)
-
-    @property
-    def sync_each_batch(self) -> bool:
-        """Whether gradients synchronise on every batch even while accumulating (saves memory)."""
-        return self.plugin_kwargs.get("sync_each_batch", False)
-
-    @property
-    def active_dataloader(self) -> Any:
-        """The prepared data loader being iterated now, or None."""
-        return self._dataloader_references[-1]
-
-    @property
-    def dataloader_references(self) -> list[Any]:
-        """The loaders being iterated, innermost last (None first)."""
-        return self._dataloader_references
-
-    @property
-    def in_dataloader(self) -> bool:
-        """Whether a prepared data loader is being iterated."""
-        return self.active_dataloader is not None
-
-    @property
-    def end_of_dataloader(self) -> bool:
-        """Whether the active loader has yielded its last batch."""
-        loader = self.active_dataloader
-        return bool(getattr(loader, "end_of_dataloader", False)) if loader is not None else False
-
-    @property
-    def remainder(self) -> int:
-        """Samples the active loader added to even out its last batch (-1 when unknown)."""
-        loader = self.active_dataloader
-        return getattr(loader, "remainder", -1) if loader is not None else -1
-
-    def __repr__(self) -> str:
-        return (
-            f"Sync Gradients: {self.sync_gradients}\n"
-            f"At end of current dataloader: {self.end_of_dataloader}\n"
-            f"Extra samples added: {self.remainder}\n"
-            f"Gradient accumulation plugin: {self.plugin_kwargs}\n"
-        )
-
-    def _set_sync_gradients(self, sync_gradients: bool) -> None:
-        self.sync_gradients = bool(sync_gradients)
-
-    def _add_dataloader(self, dataloader: Any) -> None:
-        self._dataloader_references.append(dataloader)
-
-    def _remove_dataloader(self, dataloader: Any) -> None:
-        if dataloader in self._dataloader_references[1:]:
-            # remove the most recent reference (nested iteration of the same loader)
-            idx = len(self._dataloader_references) - 1 - self._dataloader_references[::-1].index(dataloader)
-            del self._dataloader_references[idx]
-
-    @staticmethod
-    def _reset_state() -> None:
-        GradientState._shared_state.clear()
 
 
 def is_initialized() -> bool:
