@@ -34,6 +34,8 @@ from .facts.network import DEFAULT_PORT
 from .resolve import plugin_dict, resolve, resolve_backend
 from .utils.dataclasses import DistributedType, GradientAccumulationPlugin
 
+GradientState.__module__ = __name__  # where Accelerate's lives and users import it from (repr, pickling by reference)
+
 __all__ = ["AcceleratorState", "DistributedType", "GradientState", "PartialState", "ProcessLayout", "is_initialized"]
 
 @dataclass(frozen=True)
