@@ -255,7 +255,7 @@ def _all_operations():
     checks += 3
 
     # the fallbacks taken where a backend refuses the fused all-gather (patched where gather looks it up)
-    from accel.utils import _operations_collectives as collectives
+    from accel.utils.operations import _collectives as collectives
 
     real = collectives.FUSED_ALL_GATHER
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ._dataclasses_base import KwargsHandler, StrValueEnum, env_bool, env_suffix
+from ._base import KwargsHandler, StrValueEnum, env_bool, env_suffix
 
 #: the fp8 libraries MS-AMP and Transformer Engine, as ``FP8RecipeKwargs(backend=...)`` spells them
 Backend = Literal["MSAMP", "TE"]
@@ -49,7 +49,7 @@ class AORecipeKwargs(KwargsHandler):
     enable_fsdp_float8_all_gather: bool | None = None
 
     def __post_init__(self) -> None:
-        from .imports import is_torchao_available
+        from ..imports import is_torchao_available
 
         if not is_torchao_available():
             raise _fp8_package_missing("AO", "torchao >= 0.6.1", "pip install torchao")
@@ -121,7 +121,7 @@ class TERecipeKwargs(KwargsHandler):
     use_mxfp8_block_scaling: bool | None = None
 
     def __post_init__(self) -> None:
-        from .imports import is_transformer_engine_available
+        from ..imports import is_transformer_engine_available
 
         if not is_transformer_engine_available():
             raise _fp8_package_missing("TE", "transformer_engine", "pip install transformer_engine[pytorch]")
@@ -164,7 +164,7 @@ class FP8RecipeKwargs(KwargsHandler):
     def __post_init__(self) -> None:
         import warnings
 
-        from .imports import is_msamp_available, is_transformer_engine_available
+        from ..imports import is_msamp_available, is_transformer_engine_available
 
         warnings.warn("FP8RecipeKwargs is deprecated and will be removed in Accelerate v2.0.0. Please use one of the "
                       "proper FP8 recipe kwargs classes such as TERecipeKwargs or MSAMPRecipeKwargs instead.",

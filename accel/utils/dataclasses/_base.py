@@ -51,7 +51,7 @@ class KwargsHandler:
     def to_kwargs(self) -> dict[str, Any]:
         """The fields that differ from the class defaults, the defaults taken with no environment
         variables set (handlers such as :class:`TorchDynamoPlugin` read their defaults from it)."""
-        from .environment import clear_environment
+        from ..environment import clear_environment
 
         with clear_environment():
             default = self.__class__().to_dict()
@@ -60,14 +60,14 @@ class KwargsHandler:
 
 def env_suffix(suffix: str, default: str | None = None) -> str | None:
     """``ACCEL_<suffix>`` or Accelerate's ``ACCELERATE_<suffix>``, else ``default``."""
-    from .environment import env_value
+    from ..environment import env_value
 
     return env_value(suffix, default)
 
 
 def env_bool(suffix: str, default: bool = False) -> bool:
     """:func:`env_suffix` read as a boolean (``default`` when unset)."""
-    from .environment import str_to_bool
+    from ..environment import str_to_bool
 
     value = env_suffix(suffix)
     return default if value is None else bool(str_to_bool(value))

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from ..state import PartialState
+from ...state import PartialState
 
 _UNSUPPORTED_WORDS = ("not support", "unsupported", "not implemented", "no support", "invalid scalar type")
 

@@ -9,8 +9,8 @@ Speed matters: ``gather`` and ``reduce`` are on the hot path of evaluation loops
 is one collective into one preallocated output, with no shape exchange unless debug mode
 (``ACCEL_DEBUG_MODE=1`` / ``ACCELERATE_DEBUG_MODE=1``) asks for one.
 
-The nested-structure helpers live in :mod:`accel.utils._operations_structure` and the per-tensor
-collective plumbing (the fused all-gather and its fallbacks) in :mod:`accel.utils._operations_collectives`;
+The nested-structure helpers live in :mod:`accel.utils.operations._structure` and the per-tensor
+collective plumbing (the fused all-gather and its fallbacks) in :mod:`accel.utils.operations._collectives`;
 every public name is importable from here.
 """
 
@@ -25,11 +25,11 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from ..state import PartialState
-from .dataclasses import DistributedType
-from . import _operations_collectives as _collectives
-from . import heartbeat
-from ._operations_collectives import (
+from ...state import PartialState
+from ..dataclasses import DistributedType
+from . import _collectives
+from .. import heartbeat
+from ._collectives import (
     _DTYPE_CODES,
     _GATHER_MODE,
     _MAX_DIMS,
@@ -45,7 +45,7 @@ from ._operations_collectives import (
     _pad_one,
     _reduce_one,
 )
-from ._operations_structure import (
+from ._structure import (
     TensorInformation,
     _leaves,
     concatenate,
@@ -520,7 +520,7 @@ class GatheredParameters:
     def _inner(self) -> Any:
         import contextlib
 
-        from ..state import AcceleratorState
+        from ...state import AcceleratorState
 
         state = AcceleratorState()
         plugin = state.deepspeed_plugin if state.distributed_type == DistributedType.DEEPSPEED else None

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
 
-from ._dataclasses_base import BaseEnum, EnumWithContains, KwargsHandler
-from ._dataclasses_base import StrValueEnum as _StrEnum
-from ._dataclasses_base import env_bool as _env_bool
-from ._dataclasses_base import env_suffix as _env_suffix
-from ._dataclasses_fp8 import (
+from ._base import BaseEnum, EnumWithContains, KwargsHandler
+from ._base import StrValueEnum as _StrEnum
+from ._base import env_bool as _env_bool
+from ._base import env_suffix as _env_suffix
+from ._fp8 import (
     AmaxComputeAlgorithm,
     AORecipeKwargs,
     Backend,
@@ -129,7 +129,7 @@ class DataLoaderConfiguration:
 
     def __post_init__(self) -> None:
         if self.use_stateful_dataloader:
-            from .imports import is_torchdata_stateful_dataloader_available
+            from ..imports import is_torchdata_stateful_dataloader_available
 
             if not is_torchdata_stateful_dataloader_available():
                 raise ImportError(
@@ -341,7 +341,7 @@ class ProfileKwargs(KwargsHandler):
         if value is None:
             raise ValueError(f"profiler activity {activity!r} is not supported by torch {torch.__version__}")
         if backend_name is not None:
-            from .imports import _backend_available
+            from ..imports import _backend_available
 
             if not _backend_available(backend_name):
                 raise ValueError(f"profiler activity {activity!r} needs the {backend_name} backend, which is not available")
