@@ -30,6 +30,7 @@ __all__ = [
     "get_device_properties",
     "get_rng_state",
     "get_rng_state_all",
+    "host_memory_stats",
     "initial_seed",
     "is_available",
     "is_bf16_supported",
@@ -42,7 +43,9 @@ __all__ = [
     "memory_allocated",
     "memory_reserved",
     "memory_stats",
+    "reset_accumulated_host_memory_stats",
     "reset_accumulated_memory_stats",
+    "reset_peak_host_memory_stats",
     "reset_peak_memory_stats",
     "seed",
     "seed_all",
@@ -173,8 +176,13 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
 
 # ------------------------------------------------------------------ memory
 def memory_stats(device: Any = None) -> dict[str, int]:
-    """Allocator statistics of a device, keyed like ``torch.cuda.memory_stats``."""
-    return dict(_ext().memory_stats(_index(device)))
+    """Allocator statistics of a device, with the keys ``torch.cuda.memory_stats`` gives (sorted).
+
+    emu maps one block per allocation and never splits one, so ``inactive_split*`` and
+    ``oversize_*`` stay 0; blocks of up to 1 MiB count in ``small_pool``, larger ones in ``large_pool``.
+    """
+    stats = _ext().memory_stats(_index(device))
+    return {key: int(stats[key]) for key in sorted(stats)}
 
 
 def memory_allocated(device: Any = None) -> int:
@@ -211,6 +219,26 @@ def mem_get_info(device: Any = None) -> tuple[int, int]:
     """(free, total) bytes of the device; total is ``ACCEL_EMU_MEMORY``."""
     free, total = _ext().mem_get_info(_index(device))
     return int(free), int(total)
+
+
+def host_memory_stats() -> dict[str, int]:
+    """Statistics of emu's pinned host allocator, keyed like ``torch.cuda.host_memory_stats`` (sorted).
+
+    The allocator caches nothing: ``allocations`` equals ``active_requests`` and every block is a
+    ``num_host_alloc``; times are in microseconds.
+    """
+    stats = _ext().host_memory_stats()
+    return {key: int(stats[key]) for key in sorted(stats)}
+
+
+def reset_peak_host_memory_stats() -> None:
+    """Set the host allocator's peaks to the current values."""
+    _ext().reset_peak_host_memory_stats()
+
+
+def reset_accumulated_host_memory_stats() -> None:
+    """Reset the host allocator's allocated/freed counters and timing totals."""
+    _ext().reset_accumulated_host_memory_stats()
 
 
 def empty_cache() -> None:

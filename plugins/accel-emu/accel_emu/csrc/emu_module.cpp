@@ -2,6 +2,7 @@
 // backend, which stages emu tensors through a host (gloo) process group.
 #include "emu_runtime.h"
 
+#include <ATen/core/CachingHostAllocator.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/extension.h>
@@ -13,28 +14,70 @@ namespace {
 
 constexpr auto kEmu = c10::DeviceType::PrivateUse1;
 
+// The flat statistics torch.cuda.memory_stats gives, from the allocator's DeviceStats: every
+// counter for all/large_pool/small_pool, the oversize counters and the event counts.
 py::dict stats_dict(c10::DeviceIndex device) {
   auto st = allocator().getDeviceStats(device);
   py::dict out;
+  auto put_stat = [&](const std::string& base, const c10::CachingAllocator::Stat& s) {
+    out[py::str(base + ".current")] = s.current;
+    out[py::str(base + ".peak")] = s.peak;
+    out[py::str(base + ".allocated")] = s.allocated;
+    out[py::str(base + ".freed")] = s.freed;
+  };
+  using c10::CachingAllocator::StatType;
+  const std::pair<const char*, StatType> pools[] = {
+      {"all", StatType::AGGREGATE}, {"small_pool", StatType::SMALL_POOL}, {"large_pool", StatType::LARGE_POOL}};
   auto put_array = [&](const char* name, const c10::CachingDeviceAllocator::StatArray& arr) {
-    const auto& s = arr[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
-    std::string base = std::string(name) + ".all.";
-    out[py::str(base + "current")] = s.current;
-    out[py::str(base + "peak")] = s.peak;
-    out[py::str(base + "allocated")] = s.allocated;
-    out[py::str(base + "freed")] = s.freed;
+    for (const auto& pool : pools) {
+      put_stat(std::string(name) + "." + pool.first, arr[static_cast<size_t>(pool.second)]);
+    }
   };
   put_array("allocation", st.allocation);
   put_array("segment", st.segment);
   put_array("active", st.active);
+  put_array("inactive_split", st.inactive_split);
   put_array("allocated_bytes", st.allocated_bytes);
   put_array("reserved_bytes", st.reserved_bytes);
   put_array("active_bytes", st.active_bytes);
+  put_array("inactive_split_bytes", st.inactive_split_bytes);
   put_array("requested_bytes", st.requested_bytes);
+  put_stat("oversize_allocations", st.oversize_allocations);
+  put_stat("oversize_segments", st.oversize_segments);
   out["num_ooms"] = st.num_ooms;
   out["num_alloc_retries"] = st.num_alloc_retries;
+  out["num_sync_all_streams"] = st.num_sync_all_streams;
   out["num_device_alloc"] = st.num_device_alloc;
   out["num_device_free"] = st.num_device_free;
+  out["max_split_size"] = st.max_split_size;
+  return out;
+}
+
+// The flat statistics torch.cuda.host_memory_stats gives, from emu's host (pinned) allocator.
+py::dict host_stats_dict() {
+  const auto st = at::getHostAllocator(kEmu)->get_stats();
+  py::dict out;
+  auto put_stat = [&](const std::string& base, const c10::CachingAllocator::Stat& s) {
+    out[py::str(base + ".current")] = s.current;
+    out[py::str(base + ".peak")] = s.peak;
+    out[py::str(base + ".allocated")] = s.allocated;
+    out[py::str(base + ".freed")] = s.freed;
+  };
+  auto put_duration = [&](const std::string& base, const c10::CachingAllocator::DurationStat& d) {
+    out[py::str(base + ".total")] = d.total;
+    out[py::str(base + ".max")] = d.max;
+    out[py::str(base + ".min")] = d.min;
+    out[py::str(base + ".count")] = d.count;
+    out[py::str(base + ".avg")] = d.count == 0 ? 0 : d.total / d.count;
+  };
+  put_stat("allocations", st.allocations);
+  put_stat("allocated_bytes", st.allocated_bytes);
+  put_stat("active_requests", st.active_requests);
+  put_stat("active_bytes", st.active_bytes);
+  put_duration("host_alloc_time", st.host_alloc_time);
+  put_duration("host_free_time", st.host_free_time);
+  out["num_host_alloc"] = st.num_host_alloc;
+  out["num_host_free"] = st.num_host_free;
   return out;
 }
 
@@ -301,6 +344,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("reset_accumulated_memory_stats",
         [](int i) { emu::allocator().resetAccumulatedStats(static_cast<c10::DeviceIndex>(i)); });
   m.def("empty_cache", [] { emu::allocator().emptyCache(); });
+  m.def("host_memory_stats", [] { return emu::host_stats_dict(); });
+  m.def("reset_peak_host_memory_stats", [] { at::getHostAllocator(emu::kEmu)->reset_peak_stats(); });
+  m.def("reset_accumulated_host_memory_stats", [] { at::getHostAllocator(emu::kEmu)->reset_accumulated_stats(); });
   m.def("mem_get_info", [](int i) { return emu::allocator().getMemoryInfo(static_cast<c10::DeviceIndex>(i)); });
   m.def("default_generator", [](int i) { return emu::default_generator(static_cast<c10::DeviceIndex>(i)); });
   m.def("current_stream_id", [](int i) {

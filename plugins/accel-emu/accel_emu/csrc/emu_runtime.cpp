@@ -22,6 +22,23 @@ namespace {
 
 using c10::CachingDeviceAllocator::DeviceStats;
 constexpr size_t kAggregate = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+constexpr size_t kSmallPool = static_cast<size_t>(c10::CachingAllocator::StatType::SMALL_POOL);
+constexpr size_t kLargePool = static_cast<size_t>(c10::CachingAllocator::StatType::LARGE_POOL);
+// Blocks of up to 1 MiB are the small pool, larger ones the large pool (the caching allocator's split).
+constexpr size_t kSmallBlock = 1 << 20;
+
+size_t pool_of(size_t mapped) { return mapped <= kSmallBlock ? kSmallPool : kLargePool; }
+
+// A statistic of the whole device and of the block's pool together.
+void increase(c10::CachingDeviceAllocator::StatArray& arr, size_t pool, int64_t amount) {
+  arr[kAggregate].increase(amount);
+  arr[pool].increase(amount);
+}
+
+void decrease(c10::CachingDeviceAllocator::StatArray& arr, size_t pool, int64_t amount) {
+  arr[kAggregate].decrease(amount);
+  arr[pool].decrease(amount);
+}
 
 // ------------------------------------------------------------------ configuration
 struct Config {
@@ -218,8 +235,8 @@ void* EmuAllocator::map_block(size_t mapped, c10::DeviceIndex device, size_t req
   void* p = mmap(nullptr, mapped, prot, MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) return nullptr;
   auto& st = stats_[device];
-  st.reserved_bytes[kAggregate].increase(mapped);
-  st.segment[kAggregate].increase(1);
+  increase(st.reserved_bytes, pool_of(mapped), static_cast<int64_t>(mapped));
+  increase(st.segment, pool_of(mapped), 1);
   st.num_device_alloc += 1;
   (void)requested;
   return p;
@@ -230,8 +247,8 @@ void EmuAllocator::free_cached(c10::DeviceIndex device) {
   for (auto& entry : cache) {
     munmap(entry.second, entry.first);
     blocks_.erase(reinterpret_cast<uintptr_t>(entry.second));
-    stats_[device].reserved_bytes[kAggregate].decrease(entry.first);
-    stats_[device].segment[kAggregate].decrease(1);
+    decrease(stats_[device].reserved_bytes, pool_of(entry.first), static_cast<int64_t>(entry.first));
+    decrease(stats_[device].segment, pool_of(entry.first), 1);
     stats_[device].num_device_free += 1;
   }
   cache.clear();
@@ -244,13 +261,13 @@ c10::DataPtr EmuAllocator::allocate(size_t nbytes) {
   if (nbytes == 0) return c10::DataPtr(nullptr, dev);
   const size_t page = page_size();
   const size_t mapped = (nbytes + page - 1) / page * page;
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
   ensure_init();
   auto& st = stats_[device];
   void* base = nullptr;
   auto& cache = cache_[device];
   auto hit = cache.lower_bound(mapped);
-  if (hit != cache.end() && hit->first < 2 * mapped) {
+  if (hit != cache.end() && hit->first < 2 * mapped && pool_of(hit->first) == pool_of(mapped)) {
     base = hit->second;
     cache.erase(hit);
   } else {
@@ -263,11 +280,14 @@ c10::DataPtr EmuAllocator::allocate(size_t nbytes) {
     }
     if (base == nullptr) {
       st.num_ooms += 1;
+      lock.unlock();  // the error message reads the statistics copied below
+      const auto allocated_now = st.allocated_bytes[kAggregate].current;
+      const auto reserved_now = st.reserved_bytes[kAggregate].current;
       TORCH_CHECK_WITH(OutOfMemoryError, false, "emu out of memory. Tried to allocate ",
                        mib(static_cast<double>(nbytes)), " (emu:", static_cast<int>(device), "; ",
                        gib(static_cast<double>(capacity)), " total capacity; ",
-                       mib(static_cast<double>(st.allocated_bytes[kAggregate].current)),
-                       " already allocated; ", mib(static_cast<double>(st.reserved_bytes[kAggregate].current)),
+                       mib(static_cast<double>(allocated_now)),
+                       " already allocated; ", mib(static_cast<double>(reserved_now)),
                        " reserved in total by PyTorch)");
     }
     Block b;
@@ -280,32 +300,45 @@ c10::DataPtr EmuAllocator::allocate(size_t nbytes) {
   b.requested = nbytes;
   b.live = true;
   b.open_count = 0;
-  st.allocation[kAggregate].increase(1);
-  st.active[kAggregate].increase(1);
-  st.allocated_bytes[kAggregate].increase(nbytes);
-  st.active_bytes[kAggregate].increase(nbytes);
-  st.requested_bytes[kAggregate].increase(nbytes);
+  const size_t pool = pool_of(b.mapped);
+  increase(st.allocation, pool, 1);
+  increase(st.active, pool, 1);
+  increase(st.allocated_bytes, pool, static_cast<int64_t>(nbytes));
+  increase(st.active_bytes, pool, static_cast<int64_t>(nbytes));
+  increase(st.requested_bytes, pool, static_cast<int64_t>(nbytes));
+  const auto allocated_total = static_cast<size_t>(st.allocated_bytes[kAggregate].current);
+  const auto reserved_total = static_cast<size_t>(st.reserved_bytes[kAggregate].current);
+  lock.unlock();
+  // torch.profiler(profile_memory=True) sees device allocations as it sees CUDA's
+  c10::reportMemoryUsageToProfiler(base, static_cast<int64_t>(nbytes), allocated_total, reserved_total, dev);
   return c10::DataPtr(base, base, &EmuAllocator::free_ptr, dev);
 }
 
 void EmuAllocator::free_ptr(void* ptr) { allocator().release(ptr); }
 
 void EmuAllocator::release(void* ptr) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
   auto it = blocks_.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == blocks_.end()) return;
   Block& b = it->second;
   if (!b.live) return;
   auto& st = stats_[b.device];
-  st.allocation[kAggregate].decrease(1);
-  st.active[kAggregate].decrease(1);
-  st.allocated_bytes[kAggregate].decrease(b.requested);
-  st.active_bytes[kAggregate].decrease(b.requested);
-  st.requested_bytes[kAggregate].decrease(b.requested);
+  const size_t pool = pool_of(b.mapped);
+  decrease(st.allocation, pool, 1);
+  decrease(st.active, pool, 1);
+  decrease(st.allocated_bytes, pool, static_cast<int64_t>(b.requested));
+  decrease(st.active_bytes, pool, static_cast<int64_t>(b.requested));
+  decrease(st.requested_bytes, pool, static_cast<int64_t>(b.requested));
   if (b.open_count > 0 && protection_enabled()) mprotect(b.base, b.mapped, PROT_NONE);
   b.open_count = 0;
   b.live = false;
   cache_[b.device].emplace(b.mapped, b.base);
+  const c10::Device dev(c10::DeviceType::PrivateUse1, b.device);
+  const auto freed = static_cast<int64_t>(b.requested);
+  const auto allocated_total = static_cast<size_t>(st.allocated_bytes[kAggregate].current);
+  const auto reserved_total = static_cast<size_t>(st.reserved_bytes[kAggregate].current);
+  lock.unlock();
+  c10::reportMemoryUsageToProfiler(ptr, -freed, allocated_total, reserved_total, dev);
 }
 
 c10::DeleterFnPtr EmuAllocator::raw_deleter() const { return &EmuAllocator::free_ptr; }
