@@ -139,12 +139,16 @@ class RankPool:
         self.tmpdir = tempfile.mkdtemp(prefix=f"{POOL_DIR_PREFIX}{self.backend_name}-{self.world_size}-")
         write_owner(self.tmpdir)
         store = os.path.join(self.tmpdir, "store")
+        # a rank forked from the server inherits the server's environment, which is the one this process had
+        # when the server started; it gets this process's environment of now, as a spawned rank would
+        env = {**os.environ, **self.env} if self.start_method == "forkserver" else self.env
         for rank in range(self.world_size):
             parent, child = ctx.Pipe()
             stack_file = os.path.join(self.tmpdir, f"stack-{rank}.txt")
             proc = ctx.Process(
                 target=_rank_main,
-                args=(rank, self.world_size, self.backend_name, store, child, stack_file, self.env, list(sys.path)),
+                args=(rank, self.world_size, self.backend_name, store, child, stack_file, env, list(sys.path),
+                      self.start_method == "forkserver"),
                 daemon=True,
                 name=f"accel-rank-{self.backend_name}-{rank}/{self.world_size}",
             )
@@ -422,8 +426,10 @@ def _die_with_parent() -> None:
 
 
 def _rank_main(rank: int, world_size: int, backend_name: str, store: str, conn: Connection, stack_file: str,
-               env: dict[str, str], parent_path: list[str]) -> None:
+               env: dict[str, str], parent_path: list[str], whole_env: bool = False) -> None:
     _die_with_parent()
+    if whole_env:  # ``env`` is the parent's whole environment: what the fork server had is dropped
+        os.environ.clear()
     os.environ.update(env)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world_size), ACCEL_DEVICE=backend_name)

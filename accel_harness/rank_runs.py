@@ -61,11 +61,18 @@ def run_in_ranks(ctx: HarnessContext, item: pytest.Function, backend_name: str, 
 
 
 def pool_start_method(ctx: HarnessContext, backend: Any) -> str:
-    """How ``backend``'s rank pools start: its own ``start_method``, except that a forking backend forks from
-    a fork server when the session also runs a device backend. A backward pass on a device starts torch's
-    autograd device threads in the pytest process, and a rank forked from it after that fails its first
-    backward ("Unable to handle autograd's threading in combination with fork-based multiprocessing")."""
+    """How ``backend``'s rank pools start: its own ``start_method``, with two changes. A spawn-only backend
+    that allows it (``fork_server_ranks``) forks its ranks from a fork server that imported torch once,
+    instead of paying a fresh interpreter and torch import per rank. A forking backend forks from a fork
+    server when the session also runs a device backend: a backward pass on a device starts torch's autograd
+    device threads in the pytest process, and a rank forked from it after that fails its first backward
+    ("Unable to handle autograd's threading in combination with fork-based multiprocessing")."""
+    import multiprocessing
+
     method = backend.start_method
+    if method == "spawn":
+        allowed = getattr(backend, "fork_server_ranks", False)
+        return "forkserver" if allowed and "forkserver" in multiprocessing.get_all_start_methods() else method
     if method != "fork":
         return method
     for name in ctx.selected:

@@ -66,14 +66,16 @@ def run_in_ranks(config: Any, backend: Any, world_size: int, fn: Callable[..., N
     from accel_harness import markers
     from accel_harness.distributed import RANK_LOCAL_ARGS, Task
     from accel_harness.plugin import _context, _visible_devices_env
+    from accel_harness.rank_runs import pool_start_method
 
     reason = markers.evaluate([], backend, world_size=world_size)
     if reason is not None:
         pytest.skip(markers.format_skip(reason))
     local = {name: None for name in RANK_LOCAL_ARGS if name in inspect.signature(fn).parameters}
     task = Task(fn.__module__, inspect.getfile(fn), fn.__qualname__, pickle.dumps({**local, **kwargs}))
-    pool = _context(config).pool_manager().get(backend.name, world_size, backend.start_method,
-                                               env=_visible_devices_env(backend, world_size))
+    ctx = _context(config)
+    pool = ctx.pool_manager().get(backend.name, world_size, pool_start_method(ctx, backend),
+                                  env=_visible_devices_env(backend, world_size))
     result = pool.run(task)
     if result.status == "skipped":
         pytest.skip(result.message)

@@ -497,3 +497,45 @@ def test_a_rank_forked_after_a_device_backward_fails_and_one_from_a_server_does_
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = dict(line.split(" ", 1) for line in proc.stdout.strip().splitlines())
     assert lines["forkserver"] == "ok" and "fork-based multiprocessing" in lines["fork"], proc.stdout
+
+
+def test_spawn_only_backends_fork_ranks_from_a_server_only_where_they_allow_it():
+    from accel_harness.rank_runs import pool_start_method
+
+    plain, allowing = _Named("dev", "spawn", False), _Named("dev2", "spawn", False)
+    allowing.fork_server_ranks = True
+    assert pool_start_method(_Session(plain), plain) == "spawn"
+    assert pool_start_method(_Session(allowing), allowing) == "forkserver"
+
+
+def _rank_sees_the_variables(rank, expected):
+    import os
+
+    seen = {name: os.environ.get(name) for name in expected}
+    assert seen == expected, seen
+
+
+def test_ranks_forked_from_a_server_get_the_environment_of_the_pool_start(monkeypatch):
+    """The fork server keeps the environment it started with; a later pool's ranks must see today's, as
+    spawned ranks would (a variable changed, and one removed, after the server started)."""
+    import pickle
+
+    from accel_harness.distributed import RankPool, Task
+
+    def run(expected):
+        pool = RankPool("cpu", 2, "forkserver", timeout=120)
+        pool.start()
+        try:
+            return pool.run(Task(__name__, __file__, _rank_sees_the_variables.__qualname__,
+                                 pickle.dumps({"rank": None, "expected": expected})))
+        finally:
+            pool.close()
+
+    monkeypatch.setenv("ACCEL_TEST_POOL_PROBE", "first")
+    monkeypatch.setenv("ACCEL_TEST_POOL_GONE", "here")
+    result = run({"ACCEL_TEST_POOL_PROBE": "first", "ACCEL_TEST_POOL_GONE": "here"})  # the server starts now
+    assert result.status == "passed", result.message
+    monkeypatch.setenv("ACCEL_TEST_POOL_PROBE", "second")
+    monkeypatch.delenv("ACCEL_TEST_POOL_GONE")
+    result = run({"ACCEL_TEST_POOL_PROBE": "second", "ACCEL_TEST_POOL_GONE": None})
+    assert result.status == "passed", result.message

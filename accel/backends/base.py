@@ -152,6 +152,10 @@ class Backend(abc.ABC):
     visible_devices_env: str | None = None
     #: multiprocessing start method for worker processes
     start_method: str = "spawn"
+    #: True when a spawn-only device's worker processes may instead fork from a fork server (multiprocessing's
+    #: ``forkserver``) that imported torch but never touched the device: each rank then starts without a
+    #: fresh torch import. Only for devices whose runtime is documented (or tested) to work there.
+    fork_server_ranks: bool = False
     #: probe order: lower is tried first (cpu is last)
     priority: int = 100
     #: True when device events are unreliable/absent and host timers must be used
@@ -353,6 +357,31 @@ class Backend(abc.ABC):
     def pin_memory(self, tensor: torch.Tensor) -> torch.Tensor:
         """Page-locked copy of ``tensor`` for fast host->device copies (unchanged where pointless)."""
         return tensor
+
+    # ------------------------------------------------------------------ profiling
+    @property
+    def profiler_activity(self) -> Any:
+        """The ``torch.profiler.ProfilerActivity`` that records this device's own work, or None (the host,
+        or a device torch's profiler has no activity for in this build).
+
+        Derived from torch, so a backend needs no entry of its own: the activity named like the device
+        type (CUDA, XPU, MTIA, HPU; a plug-in device's name is an alias of ``PrivateUse1`` once torch's
+        PrivateUse1 backend is renamed to it), when this torch lists it among ``supported_activities()``."""
+        if self.is_host:
+            return None
+        from torch.profiler import ProfilerActivity, supported_activities
+
+        activity = getattr(ProfilerActivity, self.device_type.upper(), None)
+        return activity if activity is not None and activity in supported_activities() else None
+
+    @property
+    def profiler_activities(self) -> list[Any]:
+        """The activities to hand ``torch.profiler.profile`` so that it records this backend's work: the
+        host's (CPU), where operators are dispatched, plus :attr:`profiler_activity` where there is one."""
+        from torch.profiler import ProfilerActivity
+
+        device = self.profiler_activity
+        return [ProfilerActivity.CPU] if device is None else [ProfilerActivity.CPU, device]
 
     # ------------------------------------------------------------------ dtypes and AMP
     def dtype_capability(self, dtype: torch.dtype) -> Capability:

@@ -13,6 +13,7 @@ class CUDABackend(DeviceModuleBackend):
     device_type = "cuda"
     visible_devices_env = "CUDA_VISIBLE_DEVICES"
     start_method = "spawn"  # fork after CUDA initialisation breaks the child
+    fork_server_ranks = True  # torch.multiprocessing's docs name spawn and forkserver as the CUDA-safe methods
     priority = 10
     oom_messages = ("CUDA out of memory", "HIP out of memory", "CUBLAS_STATUS_ALLOC_FAILED")
 

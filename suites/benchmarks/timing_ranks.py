@@ -35,6 +35,7 @@ def run_in_ranks(config: Any, backend: Any, world_size: int, fn: Callable[..., A
     from accel_harness import markers
     from accel_harness.distributed import Task
     from accel_harness.plugin import _context, _visible_devices_env
+    from accel_harness.rank_runs import pool_start_method
 
     reason = markers.evaluate([], backend, world_size=world_size)
     if reason is not None:
@@ -44,7 +45,7 @@ def run_in_ranks(config: Any, backend: Any, world_size: int, fn: Callable[..., A
         payload = pickle.dumps({"backend": None, "rank": None, "world_size": None,
                                 "out": out, "_target": (fn.__module__, fn.__qualname__, inspect.getfile(fn)), **kwargs})
         task = Task(__name__, inspect.getfile(run_in_ranks), _rank_entry.__qualname__, payload)
-        pool = ctx.pool_manager().get(backend.name, world_size, backend.start_method,
+        pool = ctx.pool_manager().get(backend.name, world_size, pool_start_method(ctx, backend),
                                       env=_visible_devices_env(backend, world_size))
         result = pool.run(task)
         if result.status == "skipped":
