@@ -1,4 +1,4 @@
-"""Nightly CI matrices (issue 9): the matrix file, its plan, one cell's runner, the combined report.
+"""Nightly CI matrices: the matrix file, its plan, one cell's runner, the combined report.
 
 ``ci/matrix.yaml`` is the one definition; ``python -m ci.plan`` turns it into the GitHub Actions
 job matrix, ``python -m ci.run_cell`` runs one cell (on a developer machine or a CI runner),

@@ -426,7 +426,7 @@ def test_integer_mean_is_floating_point_on_one_process_too():
     AcceleratorState._reset_state(reset_partial_state=True)
 
 
-# ---------------------------------------------------------------------------- issue 16: grad-requiring tensors, pad_input_tensors
+# ---------------------------------------------------------------------------- grad-requiring tensors, pad_input_tensors
 def _gather_requires_grad():
     from accel.accelerator import Accelerator
     from accel.utils import gather
