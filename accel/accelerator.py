@@ -26,7 +26,7 @@ from .accumulation import accumulation_block, advance
 from .preparation import PreparedRegistry, prepare_objects
 from .resolve import strategy_class
 from .state import AcceleratorState, GradientState, PartialState
-from .utils import heartbeat
+from .launch import heartbeat
 from .utils.dataclasses import (
     AutocastKwargs,
     DataLoaderConfiguration,

@@ -7,7 +7,7 @@ from typing import Any, Callable
 import torch
 
 from .state import GradientState
-from .utils import heartbeat
+from .launch import heartbeat
 
 
 def _move_state(state: Any, device: torch.device) -> Any:

@@ -276,7 +276,7 @@ class PartialState:
         if self.use_distributed:
             import torch.distributed as dist
 
-            from .utils import heartbeat
+            from .launch import heartbeat
 
             heartbeat.beat()  # a progress point for accel launch's hang watchdog
             dist.barrier()

@@ -45,7 +45,7 @@ OWNER_TO_FIX: dict[tuple[str, str, str], tuple[int, str]] = {
     ("accel/commands/config/config_utils.py", TRUTH, "1,true,y,yes"): (1, "owner to fix: environment.parse_bool"),
     ("accel/commands/report.py", TRUTH, "1,on,true,yes"): (1, "owner to fix: environment.parse_bool"),
     ("accel/utils/launch.py", TRUTH, "1,on,true,y,yes"): (1, "owner to fix: environment.parse_bool"),
-    ("accel/utils/_launch_sagemaker.py", TRUTH, "false,true"): (1, "owner to fix: environment.parse_bool"),
+    ("accel/launch/sagemaker_args.py", TRUTH, "false,true"): (1, "owner to fix: environment.parse_bool"),
     # reason codes -> accel.facts.reasons
     ("accel_harness/plugin.py", CODE, "backend-unavailable"): (1, "owner to fix: reasons.BACKEND_UNAVAILABLE"),
     ("accel_harness/plugin.py", CODE, "backend-not-selected"): (1, "owner to fix: reasons.BACKEND_NOT_SELECTED"),

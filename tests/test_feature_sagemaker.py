@@ -8,7 +8,7 @@ import pytest
 
 from accel.commands.config import config as config_command
 from accel.commands.config.config_args import SageMakerConfig, load_config_from_file
-from accel.utils import sagemaker as sagemaker_utils
+from accel.launch import sagemaker as sagemaker_utils
 from accel.utils.launch import prepare_sagemager_args_inputs
 
 ROLE = "arn:aws:iam::123456789012:role/accel-test"

@@ -25,7 +25,7 @@ from accel.commands import UsageError
 from accel.commands import launch as L
 from accel.commands.launch import diagnosis as D
 from accel.commands.launch import nodes as N
-from accel.utils import heartbeat
+from accel.launch import heartbeat
 from _waits import SAFETY_NET_S
 from dist_utils import free_port
 

@@ -21,7 +21,7 @@ import pytest
 
 from accel.commands import UsageError
 from accel.commands.launch import nodes as N
-from accel.utils import heartbeat
+from accel.launch import heartbeat
 from _waits import SAFETY_NET_S
 from dist_utils import free_port
 from test_launch_faults import _STACK_ON_SIGNAL, _env, _FakeExchange, _finish, _wait_ready

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from accel.utils.precedence import ORDER, choose
+from accel.launch.precedence import ORDER, choose
 
 CONFIG = "compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nbackend: cpu\nnum_processes: 1\nmixed_precision: 'no'\n"
 

@@ -9,7 +9,7 @@ from pathlib import Path, PureWindowsPath
 from typing import Any
 
 from ..facts.environment import env_flag
-from ..utils import heartbeat
+from ..launch import heartbeat
 from ..utils.files import file_digest
 from .layout import (
     CHECKSUM_ALGORITHM,

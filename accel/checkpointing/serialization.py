@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..utils import heartbeat
+from ..launch import heartbeat
 from ..utils.files import fsync_file
 from .layout import CheckpointError
 

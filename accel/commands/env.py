@@ -319,7 +319,7 @@ def _config_backend(config_file: str | None) -> tuple[str, str | None]:
 def _selected_backend(registry: Any, config_file: str | None = None) -> dict[str, Any]:
     """The backend a launch here would use, by the one precedence rule, and where it came from."""
     from accel.backends import OVERRIDE_ENV, BackendUnavailableError, UnknownBackendError
-    from accel.utils.precedence import choose
+    from accel.launch.precedence import choose
 
     requested = (os.environ.get(OVERRIDE_ENV) or "").strip().lower() or None
     config_path, configured = _config_backend(config_file)

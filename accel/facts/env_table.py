@@ -94,7 +94,7 @@ _ROWS: tuple[EnvVar, ...] = (
     _one("ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES", "mixture-of-experts layer classes (ZeRO-3 leaf modules)", LAUNCH,
           "accel.utils.deepspeed_config"),
     _one("ACCELERATE_DEBUG_RDV_FILE", "file store of a debug launch's rendezvous", "debug_launcher", "accel.utils.launch"),
-    _one("ACCEL_LAUNCH_RUN_DIR", "folder of the ranks' heartbeat and stack files", LAUNCH, "accel.utils.heartbeat"),
+    _one("ACCEL_LAUNCH_RUN_DIR", "folder of the ranks' heartbeat and stack files", LAUNCH, "accel.launch.heartbeat"),
     _one("ACCEL_LAUNCHER_PID", "process id of the launcher a rank belongs to", LAUNCH, "accel.commands.launch.bootstrap"),
     _one("ACCEL_TEST_EXPECTED_WORLD_SIZE", "world size `accel test` asked for; the smoke script checks it",
          "accel test", "accel.test_utils.scripts.smoke", "accel.test_utils.scripts.test_cli"),

@@ -26,8 +26,8 @@ import warnings
 from shutil import which
 from typing import Any
 
-from ._launch_sagemaker import convert_nargs_to_dict as _convert_nargs_to_dict
-from ._launch_sagemaker import prepare_sagemager_args_inputs, setup_fp8_env
+from ..launch.sagemaker_args import convert_nargs_to_dict as _convert_nargs_to_dict
+from ..launch.sagemaker_args import prepare_sagemager_args_inputs, setup_fp8_env
 
 __all__ = [
     "DEEPSPEED_MULTINODE_LAUNCHERS",

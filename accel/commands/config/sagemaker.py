@@ -1,7 +1,7 @@
 """The questions `accel config` asks for an Amazon SageMaker job (Accelerate's ``get_sagemaker_input``).
 
 The answers make a :class:`~accel.commands.config.config_args.SageMakerConfig`, which `accel launch`
-turns into a SageMaker ``HuggingFace`` estimator (:mod:`accel.utils.sagemaker`). Accelerate can also
+turns into a SageMaker ``HuggingFace`` estimator (:mod:`accel.launch.sagemaker`). Accelerate can also
 create an IAM role through boto3 here; that needs AWS credentials, so accel asks for the name (or
 ARN) of an existing role and says how to create one.
 """

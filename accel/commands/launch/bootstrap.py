@@ -1,7 +1,7 @@
 """The bootstrap every rank of `accel launch` runs: ``python -u -m accel.commands.launch.bootstrap [--module] TARGET ARGS``.
 
 It runs the script (or module) as ``__main__`` the way python would and, when it raises, records the
-moment it failed (:func:`accel.utils.heartbeat.record_failure`, before anything a peer could notice)
+moment it failed (:func:`accel.launch.heartbeat.record_failure`, before anything a peer could notice)
 and the exception in torch elastic's per-rank error file. It arms the kernel to kill the rank when
 the launcher dies, starts the rank's heartbeat, and ends the rank without the interpreter's C++
 teardown, which can abort a rank that already succeeded.
@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any
 
-from accel.utils import heartbeat
+from accel.launch import heartbeat
 
 __all__ = ["BOOTSTRAP_FILE", "LAUNCHER_PID_ENV", "RUNPY_FILE", "worker_main"]
 

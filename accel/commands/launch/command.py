@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
 def _launch_on_sagemaker(sagemaker: Any, args: argparse.Namespace) -> int:
     """Start the SageMaker job; a missing SDK or missing AWS credentials is a usage error that says so."""
     from accel.commands import UsageError
-    from accel.utils.sagemaker import SageMakerCredentialsError, sagemaker_launcher
+    from accel.launch.sagemaker import SageMakerCredentialsError, sagemaker_launcher
 
     try:
         sagemaker_launcher(sagemaker, args)

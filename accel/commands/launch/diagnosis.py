@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from accel.utils import heartbeat
+from accel.launch import heartbeat
 
 __all__ = [
     "CLOCK_SKEW_MARGIN",

@@ -16,7 +16,7 @@ from .nodes import NodeExchange
 from .report import exit_code, failure_report
 from .watchdog import HangWatchdog
 from accel.commands import UsageError
-from accel.utils import heartbeat
+from accel.launch import heartbeat
 
 if TYPE_CHECKING:
     from .plan import LaunchPlan

@@ -298,11 +298,11 @@ def _backend_was_chosen(args: argparse.Namespace) -> bool:
 
 
 def _resolve_backend(args: argparse.Namespace, where: str, notes: list[str] | None = None) -> Any:
-    """The hardware backend by the one precedence rule (:mod:`accel.utils.precedence`): --cpu/--backend,
+    """The hardware backend by the one precedence rule (:mod:`accel.launch.precedence`): --cpu/--backend,
     else ``ACCEL_DEVICE``, else the config's use_cpu/backend, else detection. When the environment and
     the config file disagree, ``notes`` gets a line saying which was used and why."""
     from accel.backends import OVERRIDE_ENV, BackendUnavailableError, UnknownBackendError, get_backend
-    from accel.utils.precedence import choose
+    from accel.launch.precedence import choose
 
     given = _given(args)
     cli_name = args.backend.strip().lower() if args.backend and "backend" in given else None

@@ -8,7 +8,7 @@ from typing import Any
 
 from . import diagnosis
 from .bootstrap import BOOTSTRAP_FILE, RUNPY_FILE
-from accel.utils import heartbeat
+from accel.launch import heartbeat
 
 __all__ = ["TRACEBACK_LINES", "clean_traceback", "exit_code", "failure_evidence", "failure_report", "failure_verdict",
            "lost_verdict"]

@@ -11,7 +11,7 @@ from typing import Any
 
 from . import diagnosis
 from .report import failure_verdict, lost_verdict
-from accel.utils import heartbeat
+from accel.launch import heartbeat
 
 __all__ = ["HANG_EXIT_CODE", "HangWatchdog", "hang_report"]
 
@@ -25,7 +25,7 @@ PEER_END_IDLE = 5.0
 class HangWatchdog:
     """A thread in the launcher that ends the job when no rank has made progress for ``timeout`` seconds.
 
-    Progress is each rank's heartbeat (:mod:`accel.utils.heartbeat`); the watch starts once a rank has
+    Progress is each rank's heartbeat (:mod:`accel.launch.heartbeat`); the watch starts once a rank has
     passed its first progress point, so a script that never steps or calls an accel collective is never
     ended. On a hang: every rank is asked for its Python stack (``faulthandler`` on the heartbeat's
     signal), each rank's state is read from the OS, the evidence is swapped with the other nodes'

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from ...state import PartialState
 from ..dataclasses import DistributedType
 from . import _collectives
-from .. import heartbeat
+from ...launch import heartbeat
 from ._collectives import (
     _DTYPE_CODES,
     _GATHER_MODE,

@@ -85,7 +85,7 @@ def prepare_sagemager_args_inputs(sagemaker_config: Any, args: argparse.Namespac
     metrics files (tab-separated, with a header) become the ``fit`` inputs and the metric
     definitions; its ``additional_args`` are merged under the mapped arguments.
     """
-    from .dataclasses import DynamoBackend, PrecisionType, SageMakerDistributedType
+    from ..utils.dataclasses import DynamoBackend, PrecisionType, SageMakerDistributedType
 
     print("Configuring Amazon SageMaker environment")
     os.environ["AWS_DEFAULT_REGION"] = sagemaker_config.region

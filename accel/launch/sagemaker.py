@@ -1,7 +1,7 @@
 """Launching a training script as an Amazon SageMaker job, through the SageMaker Python SDK.
 
 :func:`build_sagemaker_estimator` maps a SageMaker config and the launch arguments to the SDK's
-``HuggingFace`` estimator (the mapping is :func:`accel.utils.launch.prepare_sagemager_args_inputs`,
+``HuggingFace`` estimator (the mapping is :func:`accel.launch.sagemaker_args.prepare_sagemager_args_inputs`,
 Accelerate's); :func:`sagemaker_launcher` builds it and starts the job (``estimator.fit``), as
 ``accelerate launch`` does for a config whose ``compute_environment`` is ``AMAZON_SAGEMAKER``.
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .imports import is_sagemaker_available
-from .launch import prepare_sagemager_args_inputs
+from ..utils.imports import is_sagemaker_available
+from .sagemaker_args import prepare_sagemager_args_inputs
 
 __all__ = ["SageMakerCredentialsError", "build_sagemaker_estimator", "check_sagemaker_sdk", "sagemaker_launcher"]
 
