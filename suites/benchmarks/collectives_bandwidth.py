@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import sys
 import time
@@ -63,9 +62,9 @@ def _loadavg() -> float | None:
 
 
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from accel.facts.network import free_port
+
+    return free_port("127.0.0.1")
 
 
 # ----------------------------------------------------------------------------------- rank side

@@ -13,7 +13,6 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import socket
 import statistics
 import sys
 import time
@@ -22,9 +21,9 @@ FEATURES, HIDDEN, BATCH = 64, 256, 32
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    from accel.facts.network import free_port
+
+    return free_port("127.0.0.1")
 
 
 def _model():

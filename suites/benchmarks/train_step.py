@@ -234,11 +234,9 @@ def _rank(variants: list[str], rank: int, world: int, port: int, steps: int, blo
 
 
 def _free_port() -> int:
-    import socket
+    from accel.facts.network import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port("127.0.0.1")
 
 
 def measure(variants: list[str], world: int, steps: int, blocks: int, epoch_steps: int,

@@ -5,14 +5,14 @@ from __future__ import annotations
 import errno
 import socket
 
+from accel.facts import network
+
 
 def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, 0))
-        except OSError:
-            sock.bind(("", 0))
-        return int(sock.getsockname()[1])
+    try:
+        return network.free_port(host)
+    except OSError:  # ``host`` is not an address of this machine: any interface
+        return network.free_port()
 
 
 def _port_in_use(host: str, port: int) -> bool:
