@@ -99,7 +99,7 @@ def settle_extension_cache(proc: Path = _PROC) -> None:
             f"removed {lock}: a torch extension build was stopped there and left its lock (no process works in "
             "that folder), which would have made every later build of it wait forever"))
     if unknown:
-        from accel.utils.paths import cache_dir
+        from accel.io.paths import cache_dir
 
         parent = cache_dir() / "torch-extensions"
         parent.mkdir(parents=True, exist_ok=True)

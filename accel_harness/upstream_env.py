@@ -48,7 +48,7 @@ class IsolatedEnv:
 
 
 def _cache_root() -> Path:
-    from accel.utils.paths import cache_dir
+    from accel.io.paths import cache_dir
 
     return cache_dir() / "upstream-envs"
 

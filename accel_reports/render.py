@@ -238,7 +238,7 @@ def write_report(report: Report, out_dir: str | Path, formats: Iterable[str] = (
 
 def _write_atomic(path: Path, text: str) -> Path:
     """Write ``text`` beside ``path`` and rename it over ``path``: a crash leaves the previous file or
-    none, never a half-written one (:func:`accel.utils.files.atomic_write`)."""
-    from accel.utils.files import atomic_write
+    none, never a half-written one (:func:`accel.io.files.atomic_write`)."""
+    from accel.io.files import atomic_write
 
     return atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8", newline=""), keep_mode=0o644)

@@ -20,7 +20,7 @@ import torch
 
 from ..strategies.base import Strategy
 from ..strategies.context import PreparedObjects
-from ..utils.files import fsync_dir
+from ..io.files import fsync_dir
 from . import serialization
 from .layout import (
     CHECKPOINT_DIR,

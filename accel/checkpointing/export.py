@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..utils.files import atomic_write
+from ..io.files import atomic_write
 from . import serialization
 from .layout import MODEL_NAME, SAFE_MODEL_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_INDEX_NAME
 from .serialization import json_save, tensors_for_safetensors

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..facts.environment import env_flag
 from ..launch import heartbeat
-from ..utils.files import file_digest
+from ..io.files import file_digest
 from .layout import (
     CHECKSUM_ALGORITHM,
     CHECKSUM_ENV,

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..launch import heartbeat
-from ..utils.files import fsync_file
+from ..io.files import fsync_file
 from .layout import CheckpointError
 
 

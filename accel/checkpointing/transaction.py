@@ -11,7 +11,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-from ..utils.files import fsync_dir, remove_tree
+from ..io.files import fsync_dir, remove_tree
 from .layout import CHECKPOINT_DIR, LEFTOVER, STATE_FILE, CheckpointError
 
 logger = logging.getLogger(__name__)

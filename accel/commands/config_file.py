@@ -25,7 +25,7 @@ from accel.facts.environment import parse_bool
 from accel.facts.precision import PRECISIONS
 from accel.facts import yaml_safe
 from accel.facts.yaml_safe import preview
-from accel.utils.files import atomic_write
+from accel.io.files import atomic_write
 
 __all__ = [
     "ACCELERATE_ONLY_KEYS",
@@ -95,7 +95,7 @@ ACCELERATE_ONLY_KEYS = SECTION_KEYS + TEXT_KEYS + FLAG_KEYS + LIST_KEYS
 
 def default_config_path() -> Path:
     """``$ACCEL_CONFIG_FILE`` if set, else ``${XDG_CACHE_HOME:-~/.cache}/accel/default_config.yaml``."""
-    from accel.utils.paths import cache_dir
+    from accel.io.paths import cache_dir
 
     override = os.environ.get(CONFIG_ENV)
     if override:

@@ -129,7 +129,7 @@ def to_fsdp2_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
 def to_fsdp2_command(args: argparse.Namespace) -> list[str]:
     """Convert ``args.config_file`` into ``args.output_file`` (or over itself with ``--overwrite``);
     returns the changes. FileNotFoundError/ValueError/FileExistsError name the problem."""
-    from accel.utils.files import atomic_write
+    from accel.io.files import atomic_write
 
     if not Path(args.config_file).exists():
         raise FileNotFoundError(f"Config file {args.config_file} not found")

@@ -12,7 +12,7 @@ import tempfile
 import time
 from typing import Any
 
-from ..utils.files import atomic_write
+from ..io.files import atomic_write
 from .base import GeneralTracker, on_main_process
 from .values import _cell, _check_mapping, _flatten, _step, to_serialisable
 

@@ -17,7 +17,7 @@ from typing import Any, Optional, Union
 
 from accel.commands.config_file import CONFIG_ENV, ConfigError, LaunchConfig, default_config_path, load_config
 from accel.utils.dataclasses import ComputeEnvironment, DistributedType
-from accel.utils.files import atomic_write
+from accel.io.files import atomic_write
 
 __all__ = [
     "BaseConfig",
