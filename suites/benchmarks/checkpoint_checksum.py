@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from accel import Accelerator
     from accel import checkpointing as C
-    from accel.utils.files import file_digest
+    from accel.io.files import file_digest
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(args.layers)])
