@@ -461,6 +461,20 @@ class Backend(abc.ABC):
     def grad_scaler_capability(self) -> Capability:
         """Whether ``torch.amp.GradScaler`` works for this device (fp16 training), and why."""
 
+    def grad_scaler_after_fp16(self, build: bool = False) -> Capability:
+        """The usual answer for a device: a ``GradScaler`` works where fp16 autocast does. With ``build``, one
+        is also constructed, for devices whose scaler support is not known ahead (a vendor's profile)."""
+        cap = self.amp_capability(torch.float16)
+        if not cap:
+            return Capability(False, f"no fp16 autocast, so no GradScaler: {cap.reason}")
+        what = f"torch.amp.GradScaler({self.autocast_device_type!r})"
+        if build:
+            try:
+                torch.amp.GradScaler(self.autocast_device_type)
+            except Exception as exc:
+                return Capability(False, f"{what} failed: {type(exc).__name__}: {exc}")
+        return Capability(True, what)
+
     def grad_scaler(self, **kwargs: Any) -> "torch.amp.GradScaler":
         cap = self.grad_scaler_capability
         if not cap:

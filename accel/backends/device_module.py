@@ -236,10 +236,7 @@ class DeviceModuleBackend(Backend):
 
     @property
     def grad_scaler_capability(self) -> Capability:
-        cap = self.amp_capability(torch.float16)
-        if not cap:
-            return Capability(False, f"no fp16 autocast, so no GradScaler: {cap.reason}")
-        return Capability(True, f"torch.amp.GradScaler({self.autocast_device_type!r})")
+        return self.grad_scaler_after_fp16()
 
     # ------------------------------------------------------------------ description
     def device_properties(self, index: int = 0) -> DeviceProperties:

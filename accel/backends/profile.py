@@ -355,14 +355,7 @@ class ProfileBackend(Backend):
 
     @property
     def grad_scaler_capability(self) -> Capability:
-        cap = self.amp_capability(torch.float16)
-        if not cap:
-            return Capability(False, f"no fp16 autocast, so no GradScaler: {cap.reason}")
-        try:
-            torch.amp.GradScaler(self.autocast_device_type)
-        except Exception as exc:
-            return Capability(False, f"torch.amp.GradScaler({self.autocast_device_type!r}) failed: {type(exc).__name__}: {exc}")
-        return Capability(True, f"torch.amp.GradScaler({self.autocast_device_type!r})")
+        return self.grad_scaler_after_fp16(build=True)
 
     # ------------------------------------------------------------------ description
     def device_properties(self, index: int = 0) -> DeviceProperties:
