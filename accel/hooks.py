@@ -27,7 +27,7 @@ from accel.utils.modeling import (
     set_module_tensor_to_device,
 )
 from accel.utils.offload import PrefixedDataset
-from accel.utils.placement import as_torch_device as _as_torch_device
+from accel.utils.modeling.placement import as_torch_device as _as_torch_device
 from accel.utils.operations import find_device, send_to_device
 
 __all__ = [

@@ -14,7 +14,8 @@ from _fake_backend import NoDevice
 
 from accel.big_modeling import init_empty_weights
 from accel.backends import Backend
-from accel.utils import modeling, placement
+from accel.utils import modeling
+from accel.utils.modeling import placement
 from accel.utils.modeling import memory_map
 from accel.utils.modeling import (
     check_device_map,

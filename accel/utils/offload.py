@@ -253,7 +253,7 @@ class OffloadedWeightsLoader(Mapping):
             if "dtype" in info:
                 tensor = tensor.to(_torch_dtype(info["dtype"]))
             if self.device is not None:
-                from accel.utils.placement import as_torch_device
+                from accel.utils.modeling.placement import as_torch_device
 
                 tensor = tensor.to(as_torch_device(self.device))
             return tensor

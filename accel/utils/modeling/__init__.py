@@ -5,7 +5,7 @@ checkpoint loading, offloaded models. Device-neutral: integer device ids are the
 from __future__ import annotations
 
 # private names accel.big_modeling imports from here, and the checkpoint file names, stay importable
-from ..placement import as_torch_device as _as_torch_device  # noqa: F401
+from .placement import as_torch_device as _as_torch_device  # noqa: F401
 from ...facts.checkpoint import SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME  # noqa: F401
 from .checkpoint import (
     load_checkpoint_in_model,

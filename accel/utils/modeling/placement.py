@@ -1,7 +1,7 @@
 """What a device-map value means as a torch device (integers are devices of the active backend).
 
-A module of its own, below ``accel.utils.modeling``, ``accel.utils.offload`` and ``accel.hooks``,
-which all need it: none of them has to import another for it.
+A module of its own inside ``accel.utils.modeling`` (the device-map vocabulary), used there and by
+``accel.utils.offload`` and ``accel.hooks``; it imports nothing of accel at module level.
 """
 
 from __future__ import annotations
