@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from accel.facts import yaml_safe
+from accel.facts.model_gates import GATE_KEYS, MODEL_MODES, gate_factor_problem
 from accel.facts.yaml_safe import preview
 
 from .hook_check import HookCheckError, check_hooks
@@ -115,7 +116,7 @@ def _line(lines: Mapping[tuple, int], where: tuple) -> int | None:
     return lines.get(())
 
 
-_SECTIONS = ("version", "device", "hooks", "capabilities", "tolerances", "op_tolerances", "known_issues")
+_SECTIONS = ("version", "device", "hooks", "capabilities", "tolerances", "op_tolerances", "known_issues", "models")
 _DEVICE_KEYS = ("name", "device_type", "module", "start_method", "visible_devices_env", "distributed_type",
                 "oom_messages", "ranks_share_device")
 _CAPABILITY_KEYS = ("dtypes", "autocast", "collectives", "compile", "memory_stats", "deterministic", "device_count")
@@ -239,6 +240,8 @@ def _validate(data: Any, lines: Mapping[tuple, int], path: Path | None, fmt: str
                 raise fail(here, str(exc)) from None
             op_tolerances.setdefault(str(pattern), {})[dtype] = _tolerance_value(value, lambda m, h=here: fail(h, m))
 
+    model_gates = _model_gates(mapping(("models",), top.get("models") or {}, ("gates",)), mapping, fail)
+
     issues = top.get("known_issues") or []
     if not isinstance(issues, list):
         raise fail(("known_issues",), f"expected a list of known-issue entries, got {type(issues).__name__}")
@@ -249,9 +252,25 @@ def _validate(data: Any, lines: Mapping[tuple, int], path: Path | None, fmt: str
         name=name, device_type=device_type, module=module, device_extra=extra, hooks=hooks,
         comm_backend=comm_backend, capabilities=capabilities, tolerances=tolerances, op_tolerances=op_tolerances,
         known_issues=[dict(i) if isinstance(i, Mapping) else i for i in issues],
-        known_issue_lines=[_line(lines, ("known_issues", i)) for i in range(len(issues))],
+        known_issue_lines=[_line(lines, ("known_issues", i)) for i in range(len(issues))], model_gates=model_gates,
         version=None if version is None else str(version), format=fmt,
     )
+
+
+def _model_gates(models: dict[str, Any], mapping: Callable[..., dict[str, Any]],
+                 fail: Callable[[tuple, str], ProfileError]) -> dict[str, dict[str, float]]:
+    """The ``models: gates:`` section: mode -> {quality?, steps?}, each factor checked (accel.facts.model_gates)."""
+    gates: dict[str, dict[str, float]] = {}
+    for mode, factors in mapping(("models", "gates"), models.get("gates") or {}).items():
+        where = ("models", "gates", str(mode))
+        if mode not in MODEL_MODES:
+            raise fail(where, f"unknown model suite mode{_suggest(mode, MODEL_MODES)}")
+        for key, value in mapping(where, factors, GATE_KEYS).items():
+            problem = gate_factor_problem(key, value)
+            if problem:
+                raise fail(where + (key,), problem)
+            gates.setdefault(str(mode), {})[key] = float(value)
+    return gates
 
 
 def _tolerance_value(value: Any, fail: Callable[[str], ProfileError]) -> dict[str, float]:

@@ -110,6 +110,8 @@ class DeviceProfile:
     #: operator pattern -> dtype -> {"rtol", "atol"}: the operator sweep's per-operator tolerances
     op_tolerances: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     known_issue_lines: list[int | None] = field(default_factory=list)
+    #: the model suite's gates: mode -> {"quality"?, "steps"?} (the ``models: gates:`` section)
+    model_gates: dict[str, dict[str, float]] = field(default_factory=dict)
     #: the profile's own version (for the run fingerprint)
     version: str | None = None
     path: Path | None = None
@@ -140,3 +142,7 @@ class DeviceProfile:
         if default is None:
             raise KeyError(f"profile {self.name!r} sets no tolerance for {canonical_dtype(dtype)}/{kind} and no default was given")
         return dict(default)
+
+    def model_gate(self, mode: str, default: Mapping[str, float]) -> dict[str, float]:
+        """The model suite's gate factors for ``mode``: ``default`` with what the profile sets for it on top."""
+        return {**default, **self.model_gates.get(mode, {})}

@@ -11,6 +11,7 @@ also by the pytest plugin at start-up and by the CI scripts before accel's depen
 ``environment``        the true/false parser; the launcher <-> library variable table by name
 ``env_table``          that variable table's rows (loaded when first asked for)
 ``requirements``       what each Accelerate-style test decorator needs
+``model_gates``        the model suite's modes and each one's gate factors
 =====================  ===============================================================
 
 These modules import nothing from the rest of accel. Importing the package imports none of them:
@@ -33,8 +34,10 @@ _EXPORTS: dict[str, str] = {
     "PRECISIONS": "precision", "check_precision": "precision",
     "SKIP_CODES": "reasons", "SKIP_REASONS": "reasons", "UNSPECIFIED": "reasons",
     "REQUIREMENT_TABLE": "requirements",
+    "MODE_GATES": "model_gates", "MODEL_MODES": "model_gates",
 }
-_SUBMODULES = ("backends", "checkpoint", "environment", "network", "precision", "reasons", "requirements", "versions")
+_SUBMODULES = ("backends", "checkpoint", "environment", "model_gates", "network", "precision", "reasons", "requirements",
+               "versions")
 
 __all__ = sorted(_EXPORTS)
 

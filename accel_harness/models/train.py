@@ -29,11 +29,13 @@ from torch.utils.data import DataLoader, Dataset
 from .tasks import TaskData, correct_and_count, make_task
 from .zoo import DROPOUT, MODELS, build_model
 
-__all__ = ["RunRecord", "train"]
+__all__ = ["CURVE_POINTS", "RunRecord", "downsample", "train"]
 
 #: gradient clipping norm of every run (a part of real training a backend must get right)
 MAX_NORM = 1.0
 EVAL_SIZE = 128
+#: at most this many points of a loss curve go into a test's record
+CURVE_POINTS = 100
 
 
 @dataclass
@@ -61,6 +63,29 @@ class RunRecord:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def figures(self) -> dict[str, Any]:
+        """What a test's record keeps of the run (JSON-ready): the gates' inputs, time to target,
+        throughput, peak memory, the evaluations and the loss curve (every ``loss_every``-th step's
+        loss, at most :data:`CURVE_POINTS` of them)."""
+        every, curve = downsample(self.losses, CURVE_POINTS)
+        return {"model": self.model, "mode": self.mode, "backend": self.backend, "world_size": self.world_size,
+                "steps": self.steps, "batch": self.batch, "target": self.target,
+                "steps_to_target": self.steps_to_target, "seconds_to_target": self.seconds_to_target,
+                "final_accuracy": self.final_accuracy,
+                "final_loss": self.final_loss if math.isfinite(self.final_loss) else None,
+                "seconds": self.seconds, "samples_per_second": self.samples_per_second,
+                "peak_memory_bytes": self.peak_memory_bytes, "evals": [list(e) for e in self.evals],
+                "loss_every": every, "losses": [loss if math.isfinite(loss) else None for loss in curve]}
+
+
+def downsample(values: list[float], points: int) -> tuple[int, list[float]]:
+    """(stride, every ``stride``-th value starting with the first) with at most ``points`` values; the
+    stride is the smallest that fits, so a short curve is kept whole (stride 1)."""
+    if points < 1:
+        raise ValueError(f"points must be at least 1, got {points}")
+    stride = max(1, math.ceil(len(values) / points))
+    return stride, list(values[::stride])
 
 
 class _Split(Dataset):
@@ -124,12 +149,13 @@ def _crossing(evals: list[tuple[int, float, float]], target: float) -> float:
 
 
 def train(name: str, accelerator: Any = None, *, steps: int | None = None, seed: int = 0, eval_every: int = 4,
-          dropout: float = DROPOUT,
+          dropout: float = DROPOUT, mode: str | None = None,
           optimizer_factory: Callable[[Any, float], torch.optim.Optimizer] | None = None) -> RunRecord:
     """Train zoo model ``name`` for ``steps`` (default: its budget) optimizer steps.
 
     Without ``accelerator``: the host fp32 reference (plain torch, one process, on the CPU). With
-    one: the run under test, on ``accelerator.device`` over ``accelerator.num_processes`` ranks.
+    one: the run under test, on ``accelerator.device`` over ``accelerator.num_processes`` ranks;
+    ``mode`` names how it trains in the record (default ``single`` or ``ddp``).
     ``optimizer_factory(parameters, lr)`` replaces AdamW (a test double may pass a faulty one);
     ``dropout`` sets every dropout probability of the model.
     """
@@ -152,7 +178,7 @@ def train(name: str, accelerator: Any = None, *, steps: int | None = None, seed:
         set_seed(seed)  # every rank the same seed, as Accelerate scripts do (see docs/models.md on dropout noise)
         model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
         device, backend = accelerator.device, accelerator.backend
-        backend_name, mode = backend.name, ("single" if world == 1 else f"ddp{world}")
+        backend_name, mode = backend.name, mode or ("single" if world == 1 else "ddp")
     inner = model if accelerator is None else accelerator.unwrap_model(model)
     record = RunRecord(name, spec.task, backend_name, mode, world, steps, spec.batch, spec.target)
     _peak_memory(backend, reset=True)

@@ -11,21 +11,21 @@ dropout and the loss all take part.
 batch and step budget, the learning rate, the accuracy target, and whether it is in the quick set
 that ``pytest suites -m models`` runs by default; the rest run with ``RUN_SLOW=1``). A builder
 takes the task's sizes and the dropout probability and returns a module whose
-``forward(**batch)`` returns an object with ``loss`` and ``logits`` (transformers' output classes; :class:`SmallCNN` mimics them).
+``forward(**batch)`` returns an object with ``loss`` and ``logits`` (transformers' output classes;
+:class:`SmallCNN` mimics them).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 from torch import nn
 
 from .tasks import TASKS
 
-__all__ = ["MODELS", "ModelSpec", "SmallCNN", "build_model", "quick_models"]
+__all__ = ["MODELS", "CNNOutput", "ModelSpec", "SmallCNN", "build_model", "quick_models"]
 
 #: every transformer in the zoo: width, depth and heads (small enough for CPU, big enough to matter)
 HIDDEN, LAYERS, HEADS, FFN = 64, 2, 4, 128
@@ -112,6 +112,16 @@ def _mixtral(sizes: dict[str, int], dropout: float) -> nn.Module:
     return MixtralForCausalLM(config)
 
 
+class CNNOutput(NamedTuple):
+    """The CNN's output: ``loss`` (None without labels) and ``logits``. A named tuple, not a plain
+    namespace: torch's pytree walks it (as it does transformers' output classes), so FSDP2 finds the
+    tensors to hook its backward onto; a namespace hid them and a root-only FSDP2 never reduced the
+    gradients."""
+
+    loss: torch.Tensor | None
+    logits: torch.Tensor
+
+
 class SmallCNN(nn.Module):
     """Two conv blocks (conv, batch norm, ReLU, pooling), dropout and a linear head.
 
@@ -128,10 +138,10 @@ class SmallCNN(nn.Module):
         )
         self.head = nn.Sequential(nn.Flatten(), nn.Dropout(dropout), nn.Linear(8 * width, classes))
 
-    def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None) -> SimpleNamespace:
+    def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None) -> CNNOutput:
         logits = self.head(self.features(pixel_values))
         loss = nn.functional.cross_entropy(logits, labels) if labels is not None else None
-        return SimpleNamespace(loss=loss, logits=logits)
+        return CNNOutput(loss, logits)
 
 
 def _cnn(sizes: dict[str, int], dropout: float) -> nn.Module:
