@@ -44,7 +44,7 @@ _LAZY = {
     "load_checkpoint_and_dispatch": "accel.big_modeling",
     "infer_auto_device_map": "accel.utils.modeling",
     # FSDP and n-D parallelism (issue 14)
-    "FullyShardedDataParallelPlugin": "accel.utils.fsdp_plugin",
+    "FullyShardedDataParallelPlugin": "accel.strategies.fsdp.plugin",
     "ParallelismConfig": "accel.parallelism_config",
     # pipeline-parallel inference
     "prepare_pippy": "accel.inference",

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Protocol, Union
 
 from .utils.dataclasses import DistributedType
-from .utils.fsdp_plugin import DeepSpeedSequenceParallelConfig, TorchContextParallelConfig, TorchTensorParallelConfig
+from .utils.dataclasses import DeepSpeedSequenceParallelConfig, TorchContextParallelConfig, TorchTensorParallelConfig
 
 __all__ = ["ParallelismConfig"]
 

@@ -129,7 +129,7 @@ def test_ulysses_training_through_deepspeed(device, world_size, rank):
     import deepspeed
 
     from accel.parallelism_config import ParallelismConfig
-    from accel.utils.fsdp_plugin import DeepSpeedSequenceParallelConfig
+    from accel.utils.dataclasses import DeepSpeedSequenceParallelConfig
     from accel.utils.sequence_parallel import (
         register_deepspeed_ulysses,
         release_deepspeed_ulysses,
@@ -188,7 +188,7 @@ def test_ulysses_training_through_the_accelerator(device, world_size, rank):
     from accel import Accelerator
     from accel.parallelism_config import ParallelismConfig
     from accel.utils import DeepSpeedPlugin
-    from accel.utils.fsdp_plugin import DeepSpeedSequenceParallelConfig
+    from accel.utils.dataclasses import DeepSpeedSequenceParallelConfig
     from accel.utils.sequence_parallel import release_deepspeed_ulysses
 
     release_deepspeed_ulysses()

@@ -17,7 +17,7 @@ from torch.distributed.fsdp import (
 from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
 
 from accel.utils import FullyShardedDataParallelPlugin, get_module_class_from_name
-from accel.utils.fsdp_plugin import materialise_on_rank_device
+from accel.strategies.fsdp.plugin import materialise_on_rank_device
 
 
 @pytest.fixture(autouse=True)

@@ -21,7 +21,7 @@ HEAVY_FOR_ACCELERATOR = (
     "accel.strategies.base", "accel.strategies.ddp", "accel.strategies.fsdp", "accel.strategies.deepspeed",
     "accel.strategies.context", "accel.precision", "accel.logging", "accel.checkpointing", "accel.tracking",
     "accel.data_loader", "accel.big_modeling", "accel.utils.modeling", "accel.utils.operations",
-    "accel.utils.fsdp_plugin", "accel.utils.deepspeed", "accel.model_wrappers", "accel.uneven_inputs",
+    "accel.strategies.fsdp.plugin", "accel.utils.deepspeed", "accel.model_wrappers", "accel.uneven_inputs",
     "accel.context_parallel", "accel.facts.env_table", "accel.facts.requirements", "accel.commands", "accel_harness",
     "deepspeed", "torchao", "transformers",
 )

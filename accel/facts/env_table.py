@@ -152,14 +152,14 @@ _ROWS: tuple[EnvVar, ...] = (
 #: every variable by its first name
 ENV_VARS: dict[str, EnvVar] = {row.name: row for row in _ROWS}
 
-_FSDP = ("accel.utils.fsdp_plugin", "accel.utils.fsdp_utils")
+_FSDP = ("accel.strategies.fsdp.plugin", "accel.utils.fsdp_utils")
 
 #: variables named after a launch option; each member is ``prefix`` + the option's upper-cased name
 ENV_FAMILIES: dict[str, EnvFamily] = {
     family.prefix: family for family in (
         EnvFamily("FSDP_", "FSDP plugin settings (FSDP_VERSION, FSDP_SHARDING_STRATEGY, ...)", LAUNCH, _FSDP),
         EnvFamily("PARALLELISM_CONFIG_", "ParallelismConfig sizes and backends (..._TP_SIZE, ..._CP_BACKEND, ...)",
-                  LAUNCH, ("accel.parallelism_config", "accel.utils.fsdp_plugin")),
+                  LAUNCH, ("accel.parallelism_config", "accel.utils.dataclasses._parallel")),
         EnvFamily("ACCEL_FP8_", "fp8 recipe settings (accel's spelling, read first)", USER,
                   ("accel.utils.dataclasses", "accel.utils.fp8")),
         EnvFamily("ACCELERATE_FP8_", "fp8 recipe settings (..._FORMAT, ..._MARGIN, ..._OPT_LEVEL, ...)", LAUNCH,

@@ -138,10 +138,10 @@ _export(
 
 # FSDP and n-D parallelism (issue 14): the plugin and configs, and Accelerate's fsdp_utils names
 _export(
-    "accel.utils.fsdp_plugin",
-    "DeepSpeedSequenceParallelConfig", "FullyShardedDataParallelPlugin", "TorchContextParallelConfig",
-    "TorchTensorParallelConfig", "TorchTensorParallelPlugin", "get_module_class_from_name",
+    "accel.utils.dataclasses",
+    "DeepSpeedSequenceParallelConfig", "TorchContextParallelConfig", "TorchTensorParallelConfig", "TorchTensorParallelPlugin",
 )
+_export("accel.strategies.fsdp.plugin", "FullyShardedDataParallelPlugin", "get_module_class_from_name")
 _export(
     "accel.utils.fsdp_utils",
     "disable_fsdp_ram_efficient_loading", "enable_fsdp_ram_efficient_loading", "fsdp2_apply_ac",

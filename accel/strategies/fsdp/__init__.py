@@ -11,47 +11,34 @@ full model on rank 0 (a collective), ``save_state`` writes ``FULL_STATE_DICT`` f
 (``SHARDED_STATE_DICT``) that another world size can load. The file layout is Accelerate's
 (``pytorch_model_fsdp_<i>``, ``optimizer_<i>``), so ``merge_fsdp_weights`` reads it.
 
-Everything from torch.distributed.fsdp is imported when first used. The package holds the strategy
-(:mod:`.strategy`), how it wraps a model (:mod:`.wrapping`), the state-dict files (:mod:`.state_dict`) and
-the parameter and gradient helpers they share (:mod:`.sharding`); every name is re-exported here.
+Everything from torch.distributed.fsdp is imported when first used. The package holds the plugin
+(:mod:`.plugin`), the strategy (:mod:`.strategy`), how it wraps a model (:mod:`.wrapping`), the state-dict
+files (:mod:`.state_dict`), PEFT adapters' state dicts (:mod:`.peft`) and the parameter and gradient helpers
+they share (:mod:`.sharding`). Every public name is re-exported here and loads its module on first use, so
+``FullyShardedDataParallelPlugin`` comes without the strategy.
 """
 
-from .sharding import (  # noqa: F401 - the private helpers stay importable from here too
-    _CANONICAL,
-    _clip_sharded_grad_norm_,
-    _ignored_modules,
-    _is_fsdp1,
-    _is_fsdp2,
-    _local,
-    fsdp2_canonicalize_names,
-    fsdp2_switch_optimizer_parameters,
-    get_fsdp2_grad_scaler,
-)
-from .state_dict import (  # noqa: F401
-    _barrier,
-    _checkpoint_name,
-    _on_host,
-    _options,
-    _rank,
-    _torch_optimizer,
-    fsdp2_load_full_state_dict,
-    load_fsdp_model,
-    load_fsdp_optimizer,
-    save_fsdp_model,
-    save_fsdp_optimizer,
-)
-from .strategy import FSDPStrategy, fsdp2_apply_ac, fsdp2_prepare_model
+from __future__ import annotations
 
-__all__ = [
-    "FSDPStrategy",
-    "fsdp2_apply_ac",
-    "fsdp2_canonicalize_names",
-    "fsdp2_load_full_state_dict",
-    "fsdp2_prepare_model",
-    "fsdp2_switch_optimizer_parameters",
-    "get_fsdp2_grad_scaler",
-    "load_fsdp_model",
-    "load_fsdp_optimizer",
-    "save_fsdp_model",
-    "save_fsdp_optimizer",
-]
+from ..._lazy import lazy_exports
+
+# public name -> module that defines it (resolved lazily)
+_LAZY = {
+    "FullyShardedDataParallelPlugin": "accel.strategies.fsdp.plugin",
+    "get_module_class_from_name": "accel.strategies.fsdp.plugin",
+    "FSDPStrategy": "accel.strategies.fsdp.strategy",
+    "fsdp2_apply_ac": "accel.strategies.fsdp.strategy",
+    "fsdp2_prepare_model": "accel.strategies.fsdp.strategy",
+    "fsdp2_canonicalize_names": "accel.strategies.fsdp.sharding",
+    "fsdp2_switch_optimizer_parameters": "accel.strategies.fsdp.sharding",
+    "get_fsdp2_grad_scaler": "accel.strategies.fsdp.sharding",
+    "fsdp2_load_full_state_dict": "accel.strategies.fsdp.state_dict",
+    "load_fsdp_model": "accel.strategies.fsdp.state_dict",
+    "load_fsdp_optimizer": "accel.strategies.fsdp.state_dict",
+    "save_fsdp_model": "accel.strategies.fsdp.state_dict",
+    "save_fsdp_optimizer": "accel.strategies.fsdp.state_dict",
+}
+
+__all__ = sorted(_LAZY)
+
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _LAZY)

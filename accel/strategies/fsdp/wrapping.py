@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import torch
 
-from ...utils.fsdp_plugin import materialise_on_rank_device
+from .plugin import materialise_on_rank_device
 from .sharding import _ignored_modules, fsdp2_canonicalize_names
 from .state_dict import fsdp2_load_full_state_dict
 

@@ -475,12 +475,12 @@ __all__ = [
 _PLUGIN_MODULES = {
     "DeepSpeedPlugin": "accel.utils.deepspeed",
     # FSDP and n-D parallelism (issue 14)
-    "FullyShardedDataParallelPlugin": "accel.utils.fsdp_plugin",
-    "TorchTensorParallelPlugin": "accel.utils.fsdp_plugin",
-    "TorchContextParallelConfig": "accel.utils.fsdp_plugin",
-    "TorchTensorParallelConfig": "accel.utils.fsdp_plugin",
-    "DeepSpeedSequenceParallelConfig": "accel.utils.fsdp_plugin",
-    "get_module_class_from_name": "accel.utils.fsdp_plugin",
+    "FullyShardedDataParallelPlugin": "accel.strategies.fsdp.plugin",
+    "TorchTensorParallelPlugin": "accel.utils.dataclasses._parallel",
+    "TorchContextParallelConfig": "accel.utils.dataclasses._parallel",
+    "TorchTensorParallelConfig": "accel.utils.dataclasses._parallel",
+    "DeepSpeedSequenceParallelConfig": "accel.utils.dataclasses._parallel",
+    "get_module_class_from_name": "accel.strategies.fsdp.plugin",
     "TensorInformation": "accel.utils.operations",
     # Megatron-LM's plugin and its model-config parsers
     **{name: "accel.utils.megatron_lm" for name in (

@@ -1,6 +1,6 @@
-"""FSDP and n-D parallelism plugins with Accelerate's names, fields and ``FSDP_*`` / ``PARALLELISM_CONFIG_*`` variables.
+"""The FSDP plugin with Accelerate's name, fields and ``FSDP_*`` variables.
 
-``FullyShardedDataParallelPlugin`` describes how the FSDP strategy (``accel.strategies.fsdp``) wraps a
+``FullyShardedDataParallelPlugin`` describes how the FSDP strategy (this package) wraps a
 model: FSDP2 (``fully_shard``, per-parameter sharding, the default of ``fsdp_version=2``) or FSDP1
 (``FullyShardedDataParallel``, flat parameters). Values not passed come from the environment that
 ``accel launch --use_fsdp --fsdp_*`` (and ``accelerate launch``) sets, with Accelerate's defaults.
@@ -19,25 +19,16 @@ from typing import Any, Callable, Iterable, Optional, Union
 
 import torch
 
-from ..facts.environment import env_flag, parse_bool
-from .constants import (
-    BETA_CP_AVAILABLE_PYTORCH_VERSION,
-    BETA_TP_AVAILABLE_PYTORCH_VERSION,
+from ...facts.environment import env_flag, parse_bool
+from ...utils.constants import (
     FSDP2_PYTORCH_VERSION,
     FSDP_AUTO_WRAP_POLICY,
     FSDP_BACKWARD_PREFETCH,
     FSDP_SHARDING_STRATEGY,
 )
-from .imports import is_torch_version
+from ...utils.imports import is_torch_version
 
-__all__ = [
-    "DeepSpeedSequenceParallelConfig",
-    "FullyShardedDataParallelPlugin",
-    "TorchContextParallelConfig",
-    "TorchTensorParallelConfig",
-    "TorchTensorParallelPlugin",
-    "get_module_class_from_name",
-]
+__all__ = ["FullyShardedDataParallelPlugin", "get_module_class_from_name", "materialise_on_rank_device"]
 
 logger = logging.getLogger(__name__)
 
@@ -411,76 +402,7 @@ def materialise_on_rank_device(module: torch.nn.Module, device: Any = None) -> N
     arrive by broadcast). The FSDP strategy passes the rank's device; without one, the active backend's current
     device is used (as Accelerate uses the device module's current device)."""
     if device is None:
-        from ..backends import get_backend
+        from ...backends import get_backend
 
         device = get_backend().device()
     module.to_empty(device=device, recurse=False)
-
-
-@dataclass
-class TorchTensorParallelPlugin:
-    """Deprecated in Accelerate for ``ParallelismConfig(tp_size=...)``; kept for its name and fields."""
-
-    tp_size: int = field(default=1, metadata={"help": "tensor parallel size used in the device mesh"})
-    torch_device_mesh: Optional[Any] = field(default=None)
-
-
-@dataclass
-class TorchContextParallelConfig:
-    """Context parallelism settings (``cp_comm_strategy``: allgather or alltoall; PARALLELISM_CONFIG_CP_COMM_STRATEGY)."""
-
-    cp_comm_strategy: Optional[str] = field(default=None, metadata={"help": "'allgather' (default) or 'alltoall'."})
-
-    def __post_init__(self) -> None:
-        if not _torch_at_least(BETA_CP_AVAILABLE_PYTORCH_VERSION):
-            raise ValueError(f"FSDP2-based Context parallelism is only available in PyTorch {BETA_CP_AVAILABLE_PYTORCH_VERSION} "
-                             "and later versions. Please upgrade your PyTorch version.")
-        if self.cp_comm_strategy is None:
-            self.cp_comm_strategy = os.environ.get("PARALLELISM_CONFIG_CP_COMM_STRATEGY", "allgather")
-        if self.cp_comm_strategy not in ("allgather", "alltoall"):
-            raise ValueError(f"Invalid cp_comm_strategy: {self.cp_comm_strategy}. Must be one of 'allgather' or 'alltoall'.")
-
-
-@dataclass
-class TorchTensorParallelConfig:
-    """Tensor parallelism settings; accel applies the model's plan with torch's ``parallelize_module``."""
-
-    enable_async_tp: bool = False
-
-    def __post_init__(self) -> None:
-        if not _torch_at_least(BETA_TP_AVAILABLE_PYTORCH_VERSION):
-            raise ValueError(f"Torch tensor parallelism is only available in PyTorch {BETA_TP_AVAILABLE_PYTORCH_VERSION} and "
-                             "later versions. Please upgrade your PyTorch version.")
-        if self.enable_async_tp:
-            warnings.warn("enable_async_tp is ignored by accel (async TP needs symmetric memory on a GPU backend)")
-
-
-@dataclass
-class DeepSpeedSequenceParallelConfig:
-    """DeepSpeed (ALST/Ulysses) sequence parallelism settings, validated as Accelerate does; accel does not run SP."""
-
-    sp_seq_length: Optional[int] = field(default=None, metadata={"help": "Fixed sequence length (when not variable)."})
-    sp_seq_length_is_variable: Optional[bool] = field(default=None, metadata={"help": "Sequence length may change between batches (default True)."})
-    sp_attn_implementation: Optional[str] = field(default=None, metadata={"help": "flash_attention_2, flash_attention_3, sdpa or a hub flash-attn kernel."})
-
-    def __post_init__(self) -> None:
-        if self.sp_seq_length_is_variable is None:
-            self.sp_seq_length_is_variable = env_flag("PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE", default=True)
-        if not self.sp_seq_length_is_variable and self.sp_seq_length is None:
-            if "PARALLELISM_CONFIG_SP_SEQ_LENGTH" not in os.environ:
-                raise ValueError("when `sp_seq_length_is_variable` is `False` `sp_seq_length` must be provided either through "
-                                 "the constructor or the environment variable PARALLELISM_CONFIG_SP_SEQ_LENGTH")
-            raw = os.environ["PARALLELISM_CONFIG_SP_SEQ_LENGTH"]
-            self.sp_seq_length = None if raw == "None" else int(raw)
-        if self.sp_attn_implementation is None:
-            self.sp_attn_implementation = os.environ.get("PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION")
-        builtin = ["flash_attention_2", "flash_attention_3", "sdpa"]
-        impl = self.sp_attn_implementation
-        if impl is None:
-            return
-        if impl in ("eager", "flex_attention"):
-            raise ValueError(f"Invalid sp_attn_implementation: {impl}. 'eager' and 'flex_attention' are not supported with "
-                             "sequence parallelism.")
-        if impl not in builtin and not ("/" in impl and "flash-attn" in impl):
-            raise ValueError(f"Invalid sp_attn_implementation: {impl}. Must be one of {builtin} or a hub-hosted flash "
-                             "attention kernel (e.g. 'kernels-community/flash-attn2').")
