@@ -59,6 +59,9 @@ def load() -> ModuleType:
         from .distributed import register_comm_backend
 
         register_comm_backend()
+        from .compiler import register as register_compiler
+
+        register_compiler()  # torch.compile's device interface and code generator, as torch imports them
         import atexit
 
         from ._autograd_exit import settle

@@ -7,7 +7,9 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 namespace emu {
 namespace {
@@ -367,6 +369,26 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return out;
   });
   m.def("reset_fallback_calls", [] { emu::reset_fallback_calls(); });
+  // Calls kernel(*args) as a host kernel over emu memory, the way the fallback runs one: after the
+  // current stream of each emu tensor's device, with that memory open until the call returns
+  // (Inductor's generated C++ kernels read and write tensors through their data pointers).
+  m.def("launch", [](const py::function& kernel, const py::args& args) {
+    emu::MemoryGuard open;
+    std::vector<c10::DeviceIndex> waited;
+    for (const auto& arg : args) {
+      if (!THPVariable_Check(arg.ptr())) continue;
+      const at::Tensor& t = THPVariable_Unpack(arg.ptr());
+      if (t.device().type() != c10::DeviceType::PrivateUse1) continue;
+      const auto device = t.device().index();
+      if (std::find(waited.begin(), waited.end(), device) == waited.end()) {
+        py::gil_scoped_release nogil;
+        emu::wait_current_stream(device);
+        waited.push_back(device);
+      }
+      open.add(t);
+    }
+    return kernel(*args);
+  });
   m.def("is_initialized", [] { return emu::is_initialized(); });
   m.def("in_bad_fork", [] { return emu::in_bad_fork(); });
 
