@@ -78,7 +78,7 @@ def test_lora_trains_only_the_adapter_and_save_state_round_trips(device, world_s
 
 
 def test_adapter_state_of_a_plain_peft_model_round_trips(on_backend, device, peft):
-    from accel.utils.peft import get_adapter_state_dict, set_adapter_state_dict
+    from accel.strategies.fsdp.peft import get_adapter_state_dict, set_adapter_state_dict
 
     source, target = _lora(seed=0).to(device), _lora(seed=1).to(device)
     state = get_adapter_state_dict(source)
@@ -124,7 +124,7 @@ def test_fsdp2_adapter_only_checkpoint_holds_the_adapter_and_round_trips(device,
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    from accel.utils.peft import get_adapter_state_dict, set_adapter_state_dict
+    from accel.strategies.fsdp.peft import get_adapter_state_dict, set_adapter_state_dict
 
     folder = _shared_folder(rank)
     target = Path(folder[0]) / "adapter"

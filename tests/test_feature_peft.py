@@ -1,10 +1,10 @@
-"""accel.utils.peft: adapter-only state dicts of PEFT models (the pieces behind FSDP's ``adapter_only``)."""
+"""accel.strategies.fsdp.peft: adapter-only state dicts of PEFT models (the pieces behind FSDP's ``adapter_only``)."""
 
 import pytest
 import torch
 import torch.nn as nn
 
-from accel.utils.peft import get_adapter_state_dict, is_peft_model, set_adapter_state_dict, unwrap_peft_model
+from accel.strategies.fsdp.peft import get_adapter_state_dict, is_peft_model, set_adapter_state_dict, unwrap_peft_model
 
 peft = pytest.importorskip("peft", reason="[needs-package] peft is in the test extra")
 

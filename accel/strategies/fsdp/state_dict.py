@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ...facts.checkpoint import FSDP_MODEL_NAME, OPTIMIZER_NAME
-from ...utils.peft import get_adapter_state_dict, set_adapter_state_dict
+from .peft import get_adapter_state_dict, set_adapter_state_dict
 from .sharding import _is_fsdp1
 
 logger = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ def save_fsdp_model(fsdp_plugin: Any, accelerator: Any, model: torch.nn.Module, 
     """Save an FSDP model: ``pytorch_model_fsdp[_i].bin`` on rank 0 (FULL_STATE_DICT) or the DCP folder
     ``pytorch_model_fsdp_<i>`` (SHARDED_STATE_DICT, every rank writes its shards). Every rank must call it.
 
-    ``adapter_only`` keeps a PEFT model's adapters alone (:func:`accel.utils.peft.get_adapter_state_dict`)."""
+    ``adapter_only`` keeps a PEFT model's adapters alone (:func:`accel.strategies.fsdp.peft.get_adapter_state_dict`)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     get_state = get_adapter_state_dict if adapter_only else get_model_state_dict

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .imports import is_peft_available
+from ...utils.imports import is_peft_available
 
 __all__ = ["get_adapter_state_dict", "is_peft_model", "set_adapter_state_dict", "unwrap_peft_model"]
 
