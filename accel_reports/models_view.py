@@ -1,41 +1,93 @@
-"""The report's validated-models table: each model of the model suite × mode, per cell, from the records.
+"""The report's validated-models section: each model of the model suite × mode, per cell, from the records.
 
-The model suite (``suites/test_models.py``) trains real architectures to a target and judges each run
-against the host's fp32 run; its records say which model at which world size passed, failed (with
-the gate's reason as the test's message) or was not run (with the skip's reason). This module only
-reads those records, so every cell of the table has a record behind it; a model × mode with no
-record is shown as "not run".
+The model suite (``suites/test_models.py``) trains real architectures to a target in several modes
+(one process, DDP, FSDP2, ZeRO, mixed precision, torch.compile) and judges each run against the
+host's fp32 run; its records say which model in which mode passed, failed (with the gate's reason as
+the test's message) or was not run (with the skip's reason), and carry the run's figures in
+``extra["model_run"]``. This module only reads those records, so every entry has a record behind it;
+a model × mode with no record is shown as "not run". Per cell: a status grid (model rows × mode
+columns) and a figures table (steps and time to target, throughput, peak memory, the loss curve
+against the reference's). Records written before modes existed (``[cpu-ws2-llama]``) read as the
+one-process and DDP modes; records without figures show their status only.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
 import pandas as pd
 
+from accel.facts.model_gates import MODE_LABELS, MODEL_MODES
 from accel.facts.reasons import OPT_IN
 
 from .groups import cell_label
+from .loss_curves import loss_curve_svg
 
-__all__ = ["MODEL_TEST", "models_view"]
+__all__ = ["MODEL_TEST", "MODEL_TESTS", "is_model_id", "model_run_detail", "models_view"]
 
-#: the model suite's test function; its parameter id ends with the model's name (``[cpu-ws2-llama]``)
+#: the model suite's test functions (one process; two ranks)
 MODEL_TEST = "suites/test_models.py::test_model_trains_to_target_like_the_host_reference"
-_PARAMS = re.compile(r"\[(?:.*-)?ws(?P<world>\d+)-(?P<model>[^\]-]+)\]$")
+MODEL_TESTS = (MODEL_TEST, "suites/test_models.py::test_model_trains_to_target_at_two_ranks")
+#: the parameter id ends with the world size, the model and (since modes exist) the mode: ``[cpu-ws1-llama-bf16]``
+_PARAMS = re.compile(r"\[(?:.*-)?ws(?P<world>\d+)-(?P<model>[^\]-]+)(?:-(?P<mode>[^\]-]+))?\]$")
 #: outcome -> (what the table says, css class)
 _STATUS = {"passed": ("passed", "ok"), "failed": ("failed", "bad"), "error": ("error", "bad"),
            "xfailed": ("expected failure", "mute"), "xpassed": ("passed (marked to fail)", "warn"),
            "skipped": ("not run", "mute")}
 MESSAGE_CHARS = 160
-
-
-def _mode(world_size: int) -> str:
-    return "1 process" if world_size == 1 else f"DDP × {world_size}"
-
+#: at most this many loss values of a curve are read from a record (the suite keeps at most 100)
+CURVE_LIMIT = 1000
 
 #: what an opt-in skip of the model suite means: the row is in the full set only
 OPT_IN_NOTE = "in the full set only (accel qualify --models full, or RUN_SLOW=1)"
+
+
+def is_model_id(test_id: Any) -> bool:
+    """Whether ``test_id`` is one of the model suite's tests."""
+    return isinstance(test_id, str) and test_id.startswith(tuple(t + "[" for t in MODEL_TESTS))
+
+
+def _number(value: Any) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
+def _curve(block: dict[str, Any]) -> tuple[list[float | None], int]:
+    losses = block.get("losses")
+    every = block.get("loss_every")
+    every = every if isinstance(every, int) and not isinstance(every, bool) and every >= 1 else 1
+    if not isinstance(losses, list):
+        return [], every
+    return [_number(v) for v in losses[:CURVE_LIMIT]], every
+
+
+def _figures(block: Any) -> dict[str, Any] | None:
+    if not isinstance(block, dict):
+        return None
+    losses, every = _curve(block)
+    out: dict[str, Any] = {key: _number(block.get(key)) for key in (
+        "steps", "steps_to_target", "seconds_to_target", "final_accuracy", "samples_per_second", "peak_memory_bytes",
+        "seconds")}
+    out.update(losses=losses, loss_every=every)
+    return out
+
+
+def model_run_detail(extra: Any) -> dict[str, Any] | None:
+    """The figures of a model suite record's ``extra["model_run"]``, every value checked (numbers finite or
+    None, curves lists of such numbers, with the reference's under ``reference``); None when absent."""
+    block = extra.get("model_run") if isinstance(extra, dict) else None
+    run = _figures(block)
+    if run is None:
+        return None
+    run["mode"] = block.get("mode") if isinstance(block.get("mode"), str) else None
+    run["reference"] = _figures(block.get("reference"))
+    return run
+
+
+def _mode(world_size: int, mode: str | None) -> str:
+    return mode if mode else ("single" if world_size == 1 else "ddp")
 
 
 def _reason(row: pd.Series) -> str:
@@ -50,31 +102,65 @@ def _reason(row: pd.Series) -> str:
     return line if len(line) <= MESSAGE_CHARS else line[:MESSAGE_CHARS] + "…"
 
 
+def _fmt(value: float | None, digits: int = 1, unit: str = "") -> str:
+    return "–" if value is None else f"{value:,.{digits}f}{unit}"
+
+
+def _figure_row(model: str, mode: str, entry: dict[str, str], run: dict[str, Any]) -> dict[str, Any]:
+    """One row of the figures table (texts formatted here; the curve as inline SVG)."""
+    ref = run.get("reference") or {}
+    memory = run.get("peak_memory_bytes")
+    steps = run.get("steps_to_target")
+    ref_steps = ref.get("steps_to_target")
+    label = f"{model} in {MODE_LABELS.get(mode, mode)}: loss per step, this run (blue) against the host reference (grey)"
+    return {
+        "model": model, "mode": MODE_LABELS.get(mode, mode), "status": entry["status"], "css": entry["css"],
+        "steps_text": ("not reached" if steps is None else _fmt(steps)) + f" / {_fmt(ref_steps)}",
+        "seconds_text": _fmt(run.get("seconds_to_target"), 2, " s"),
+        "throughput_text": _fmt(run.get("samples_per_second"), 0),
+        "ref_throughput_text": _fmt(ref.get("samples_per_second"), 0),
+        "memory_text": "–" if memory is None else f"{memory / 2 ** 20:,.0f} MiB",
+        "accuracy_text": _fmt(run.get("final_accuracy"), 3) + f" / {_fmt(ref.get('final_accuracy'), 3)}",
+        "curve": loss_curve_svg(run["losses"], ref.get("losses"), run_every=run["loss_every"],
+                                reference_every=ref.get("loss_every") or 1, steps=run.get("steps"),
+                                run_target=steps, reference_target=ref_steps, label=label),
+    }
+
+
 def models_view(tests: pd.DataFrame) -> dict[str, Any] | None:
-    """One table per cell (backend · torch): model rows × mode columns with status and reason; None when
-    no record of the model suite is in the report."""
+    """Per cell (backend · torch): model rows × mode columns with status and reason, and a figures row per
+    model × mode whose record has them; None when no record of the model suite is in the report."""
     if tests.empty or "test_id" not in tests:
         return None
-    rows = tests[tests["test_id"].astype(str).str.startswith(MODEL_TEST + "[")]
+    rows = tests[tests["test_id"].map(is_model_id)]
     if rows.empty:
         return None
+    order = {mode: i for i, mode in enumerate(MODEL_MODES)}
     cells = []
     for (backend, torch_version, accel_version), group in rows.groupby(
             ["backend", "torch_version", "accel_version"], dropna=False, sort=True):
-        found: dict[tuple[str, int], dict[str, str]] = {}
+        found: dict[tuple[str, str], dict[str, str]] = {}
+        runs: dict[tuple[str, str], dict[str, Any]] = {}
         for _, row in group.iterrows():
             match = _PARAMS.search(str(row["test_id"]))
             if not match:
                 continue
+            key = (match["model"], _mode(int(match["world"]), match["mode"]))
             status, css = _STATUS.get(str(row["outcome"]), (str(row["outcome"]), "mute"))
-            found[(match["model"], int(match["world"]))] = {"status": status, "css": css, "reason": _reason(row)}
-        worlds = sorted({world for _, world in found})
+            found[key] = {"status": status, "css": css, "reason": _reason(row)}
+            run = row.get("model_run")
+            if isinstance(run, dict):
+                runs[key] = run
+        modes = sorted({mode for _, mode in found}, key=lambda m: (order.get(m, len(order)), m))
         models = sorted({model for model, _ in found})
         table = [{"model": model,
-                  "cells": [found.get((model, world), {"status": "not run", "css": "mute", "reason": "no record"})
-                            for world in worlds]} for model in models]
+                  "cells": [found.get((model, mode), {"status": "not run", "css": "mute", "reason": "no record"})
+                            for mode in modes]} for model in models]
+        figures = [_figure_row(model, mode, found[(model, mode)], runs[(model, mode)])
+                   for model in models for mode in modes if (model, mode) in runs]
         counts = {"passed": sum(1 for e in found.values() if e["status"] == "passed"),
                   "failed": sum(1 for e in found.values() if e["css"] == "bad")}
-        cells.append({"label": cell_label(backend, torch_version, accel_version), "modes": [_mode(w) for w in worlds],
-                      "rows": table, "passed": counts["passed"], "failed": counts["failed"], "entries": len(found)})
+        cells.append({"label": cell_label(backend, torch_version, accel_version),
+                      "modes": [MODE_LABELS.get(m, m) for m in modes], "rows": table, "figures": figures,
+                      "passed": counts["passed"], "failed": counts["failed"], "entries": len(found)})
     return {"cells": cells} if cells else None

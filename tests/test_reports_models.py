@@ -59,3 +59,71 @@ def test_no_model_records_no_section(tmp_path):
     report = build_report(load_results([tmp_path]))
     assert models_view(report.tests) is None
     assert "Validated models" not in render_markdown(report) and 'id="models"' not in render_html(report)
+
+
+# ---------------------------------------------------------------------------- modes and figures
+TWO_RANKS = "suites/test_models.py::test_model_trains_to_target_at_two_ranks"
+
+
+def _figures(losses, steps_to_target=22.5, **kw):
+    return {"model": "cnn", "mode": kw.pop("mode", "bf16"), "steps": 48, "steps_to_target": steps_to_target,
+            "seconds_to_target": 0.75, "samples_per_second": 1234.5, "peak_memory_bytes": 300 * 2 ** 20,
+            "final_accuracy": 1.0, "loss_every": 1, "losses": losses, **kw}
+
+
+def _mode_report(tmp_path, reference_losses=(1.4, 0.9, 0.4)):
+    run = _figures([1.4, 1.0, 0.5], reference={**_figures(list(reference_losses), 21.0), "samples_per_second": 2000.0})
+    records = [
+        make_record(run_id="r1", nodeid=f"{MODEL_TEST}[cpu-ws1-cnn-bf16]", backend="cpu", outcome="passed", duration=1.0,
+                    world_size=1, extra={"model_run": run}),
+        make_record(run_id="r1", nodeid=f"{TWO_RANKS}[cpu-ws2-cnn-zero3]", backend="cpu", outcome="failed", duration=1.0,
+                    world_size=2, text="AssertionError: " + GATE,
+                    extra={"model_run": _figures([2.0, float("nan")], None, mode="zero3")}),
+        make_record(run_id="r1", nodeid=f"{MODEL_TEST}[cpu-ws1-cnn-fp8]", backend="cpu", outcome="skipped", duration=0.0,
+                    world_size=1, text="[unsupported-dtype] test needs fp8, which cpu does not support: no"),
+        _record("r1", "cpu", "cnn", 1, "passed"),  # a record from before modes: the one-process mode, no figures
+    ]
+    run_file(tmp_path, "run", "cpu", records)
+    return build_report(load_results([tmp_path]))
+
+
+def test_modes_are_columns_in_the_tables_order_and_old_ids_read_as_one_process(tmp_path):
+    (cell,) = models_view(_mode_report(tmp_path).tests)["cells"]
+    assert cell["modes"] == ["1 process", "ZeRO-3 × 2", "bf16", "fp8"]
+    (row,) = cell["rows"]
+    assert [c["status"] for c in row["cells"]] == ["passed", "failed", "passed", "not run"]
+    assert row["cells"][3]["reason"].startswith("[unsupported-dtype] test needs fp8")
+
+
+def test_the_figures_table_has_time_throughput_memory_and_a_curve_per_recorded_run(tmp_path):
+    (cell,) = models_view(_mode_report(tmp_path).tests)["cells"]
+    figures = {f["mode"]: f for f in cell["figures"]}
+    assert sorted(figures) == ["ZeRO-3 × 2", "bf16"]  # only records that carry figures
+    bf16 = figures["bf16"]
+    assert bf16["steps_text"] == "22.5 / 21.0" and bf16["seconds_text"] == "0.75 s"
+    assert bf16["throughput_text"] == "1,234" and bf16["ref_throughput_text"] == "2,000"
+    assert bf16["memory_text"] == "300 MiB" and bf16["accuracy_text"] == "1.000 / 1.000"
+    svg = str(bf16["curve"])
+    assert svg.startswith("<svg") and svg.count("<path") == 2 and 'class="ref"' in svg and 'class="cur"' in svg
+    zero3 = figures["ZeRO-3 × 2"]
+    assert zero3["steps_text"].startswith("not reached") and str(zero3["curve"]).count("<path") == 1  # nan: a gap
+
+
+def test_the_figures_render_in_html_with_the_curve_and_in_markdown_without(tmp_path):
+    report = _mode_report(tmp_path)
+    html, md = render_html(report), render_markdown(report)
+    assert 'class="sortable small model-figures"' in html and 'class="loss-curve"' in html
+    assert "| cnn | bf16 | passed | 22.5 / 21.0 | 0.75 s | 1,234 (2,000) | 300 MiB |" in md
+    assert "<svg" not in md
+
+
+def test_figures_with_wrong_types_are_dropped_not_rendered(tmp_path):
+    run = _figures(["1.0", True, 0.5, None], steps_to_target=XSS_SCRIPT, samples_per_second=float("inf"), loss_every=0)
+    run["reference"] = "not a mapping"
+    records = [make_record(run_id="r1", nodeid=f"{MODEL_TEST}[cpu-ws1-cnn-bf16]", backend="cpu", outcome="passed",
+                           duration=1.0, world_size=1, extra={"model_run": run})]
+    run_file(tmp_path, "run", "cpu", records)
+    (cell,) = models_view(build_report(load_results([tmp_path])).tests)["cells"]
+    (fig,) = cell["figures"]
+    assert fig["steps_text"] == "not reached / –" and fig["throughput_text"] == "–"
+    assert XSS_SCRIPT not in render_html(build_report(load_results([tmp_path])))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["GATE_KEYS", "MODEL_MODES", "MODE_GATES", "gate_factor_problem"]
+__all__ = ["GATE_KEYS", "MODEL_MODES", "MODE_GATES", "MODE_LABELS", "gate_factor_problem"]
 
 #: mode -> {"quality": factor, "steps": factor}, the suite's default gates, in report column order
 MODE_GATES: dict[str, dict[str, float]] = {
@@ -30,6 +30,11 @@ MODE_GATES: dict[str, dict[str, float]] = {
 }
 #: the mode names, in report column order
 MODEL_MODES: tuple[str, ...] = tuple(MODE_GATES)
+#: mode -> how reports name it (column headers, the support matrix)
+MODE_LABELS: dict[str, str] = {
+    "single": "1 process", "ddp": "DDP × 2", "fsdp2": "FSDP2 × 2", "zero2": "ZeRO-2 × 2", "zero3": "ZeRO-3 × 2",
+    "compile": "torch.compile", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8",
+}
 #: the factors a mode's gates have
 GATE_KEYS: tuple[str, ...] = ("quality", "steps")
 

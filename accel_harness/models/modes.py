@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from accel.facts.model_gates import MODE_GATES, MODEL_MODES
+from accel.facts.model_gates import MODE_GATES, MODE_LABELS, MODEL_MODES
 
 __all__ = ["MODES", "Mode", "gate_factors"]
 
@@ -23,12 +23,16 @@ class Mode:
     """One training mode of the model suite."""
 
     name: str
-    label: str
     world_size: int
     #: harness marker names (with keyword arguments) the mode's tests carry: what the backend must claim
     needs: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
     #: ``mixed_precision`` of the Accelerator
     precision: str = "no"
+
+    @property
+    def label(self) -> str:
+        """How reports name the mode (accel.facts.model_gates.MODE_LABELS)."""
+        return MODE_LABELS[self.name]
 
     def accelerator_kwargs(self, backend: Any) -> dict[str, Any]:
         """The Accelerator's arguments for this mode on ``backend`` (built in the rank, after the markers passed)."""
@@ -56,15 +60,15 @@ class Mode:
 
 def _table() -> dict[str, Mode]:
     rows = [
-        Mode("single", "1 process", 1),
-        Mode("ddp", "DDP × 2", 2),
-        Mode("fsdp2", "FSDP2 × 2", 2, needs=(("require_fsdp2", ()),)),
-        Mode("zero2", "ZeRO-2 × 2", 2, needs=(("require_deepspeed", ()),)),
-        Mode("zero3", "ZeRO-3 × 2", 2, needs=(("require_deepspeed", ()),)),
-        Mode("compile", "torch.compile", 1),
-        Mode("bf16", "bf16", 1, needs=(("require_bf16", (("amp", True),)),), precision="bf16"),
-        Mode("fp16", "fp16", 1, needs=(("require_fp16", (("amp", True),)),), precision="fp16"),
-        Mode("fp8", "fp8", 1, needs=(("require_fp8", (("training", True),)),), precision="fp8"),
+        Mode("single", 1),
+        Mode("ddp", 2),
+        Mode("fsdp2", 2, needs=(("require_fsdp2", ()),)),
+        Mode("zero2", 2, needs=(("require_deepspeed", ()),)),
+        Mode("zero3", 2, needs=(("require_deepspeed", ()),)),
+        Mode("compile", 1),
+        Mode("bf16", 1, needs=(("require_bf16", (("amp", True),)),), precision="bf16"),
+        Mode("fp16", 1, needs=(("require_fp16", (("amp", True),)),), precision="fp16"),
+        Mode("fp8", 1, needs=(("require_fp8", (("training", True),)),), precision="fp8"),
     ]
     table = {row.name: row for row in rows}
     if tuple(table) != MODEL_MODES:
