@@ -539,7 +539,7 @@ class Accelerator(AcceleratorIOMixin):
         For a loader prepared apart from the model: call it after ``prepare(model)`` made the groups (``model``
         is taken for Accelerate's signature; the shards go to this Accelerator's device).
         """
-        from .utils.sequence_parallel import deepspeed_ulysses_dl_adapter
+        from .strategies.sequence_parallel import deepspeed_ulysses_dl_adapter
 
         return deepspeed_ulysses_dl_adapter(dl, self.parallelism_config, self.device)
 

@@ -1,4 +1,4 @@
-"""The Accelerator's context-parallel block, over ``accel.utils.sequence_parallel``.
+"""The Accelerator's context-parallel block, over ``accel.strategies.sequence_parallel``.
 
 :func:`maybe_context_parallel` shards buffers along their sequence dimension over the ``cp`` mesh
 dimension when the ParallelismConfig enables torch context parallelism, and otherwise warns once
@@ -36,7 +36,7 @@ def maybe_context_parallel(parallelism_config: Any, device_mesh: Callable[[], An
                             "Set parallelism_config.cp_size > 1 in the Accelerator to enable it.")
         yield
         return
-    from .utils.sequence_parallel import context_parallel
+    from .strategies.sequence_parallel import context_parallel
 
     with context_parallel(device_mesh()["cp"], buffers=buffers, buffer_seq_dims=buffer_seq_dims,
                           no_restore_buffers=no_restore_buffers, comm_strategy=config.cp_handler.cp_comm_strategy):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from accel.utils.sequence_parallel import context_parallel_support
+from accel.strategies.sequence_parallel import context_parallel_support
 
 SEQ = 16
 VOCAB = 64
@@ -63,7 +63,7 @@ def _group_loss(logits: torch.Tensor, labels: torch.Tensor, group) -> torch.Tens
     """The token-weighted loss over the sequence-parallel ``group`` of this rank's ``logits`` for its ``labels``."""
     import torch.nn.functional as F
 
-    from accel.utils.sequence_parallel import sequence_parallel_loss
+    from accel.strategies.sequence_parallel import sequence_parallel_loss
 
     shard_loss = F.cross_entropy(logits.float().reshape(-1, VOCAB), labels.reshape(-1), ignore_index=-100)
     return sequence_parallel_loss(shard_loss, labels, group=group)
@@ -97,7 +97,7 @@ def test_ulysses_loss_and_gradient_match_whole_sequences(device, world_size, ran
     import torch.nn.functional as F
 
     from accel.parallelism_config import ParallelismConfig
-    from accel.utils.sequence_parallel import register_deepspeed_ulysses, release_deepspeed_ulysses
+    from accel.strategies.sequence_parallel import register_deepspeed_ulysses, release_deepspeed_ulysses
 
     release_deepspeed_ulysses()  # the rank processes are reused: start from transformers' own attention
     ids = _samples(1)
@@ -130,7 +130,7 @@ def test_ulysses_training_through_deepspeed(device, world_size, rank):
 
     from accel.parallelism_config import ParallelismConfig
     from accel.utils.dataclasses import DeepSpeedSequenceParallelConfig
-    from accel.utils.sequence_parallel import (
+    from accel.strategies.sequence_parallel import (
         register_deepspeed_ulysses,
         release_deepspeed_ulysses,
         sequence_parallel_train_batch_size,
@@ -189,7 +189,7 @@ def test_ulysses_training_through_the_accelerator(device, world_size, rank):
     from accel.parallelism_config import ParallelismConfig
     from accel.utils import DeepSpeedPlugin
     from accel.utils.dataclasses import DeepSpeedSequenceParallelConfig
-    from accel.utils.sequence_parallel import release_deepspeed_ulysses
+    from accel.strategies.sequence_parallel import release_deepspeed_ulysses
 
     release_deepspeed_ulysses()
     expected = _reference_losses([0, 1, 2])

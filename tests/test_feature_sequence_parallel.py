@@ -1,11 +1,11 @@
-"""accel.utils.sequence_parallel: the checks and arithmetic around DeepSpeed Ulysses and torch context
+"""accel.strategies.sequence_parallel: the checks and arithmetic around DeepSpeed Ulysses and torch context
 parallelism that need no process group (the multi-rank runs are in suites/test_sequence_parallel.py)."""
 
 import pytest
 import torch
 
 from accel.parallelism_config import ParallelismConfig
-from accel.utils.sequence_parallel import (
+from accel.strategies.sequence_parallel import (
     context_parallel_support,
     deepspeed_ulysses_dl_adapter,
     register_deepspeed_ulysses,

@@ -40,7 +40,7 @@ from ..utils.deepspeed import (
 )
 from ..facts.checkpoint import MODEL_NAME
 from ..facts.network import free_port
-from ..utils.sequence_parallel import (
+from .sequence_parallel import (
     register_deepspeed_ulysses,
     release_deepspeed_ulysses,
     sequence_parallel_train_batch_size,

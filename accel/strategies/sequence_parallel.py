@@ -27,7 +27,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from .imports import is_deepspeed_available, is_transformers_available
+from ..utils.imports import is_deepspeed_available, is_transformers_available
 
 __all__ = [
     "DEEPSPEED_ULYSSES_MIN_VERSION", "context_parallel", "context_parallel_support", "deepspeed_ulysses_dl_adapter",
