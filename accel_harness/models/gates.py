@@ -10,7 +10,9 @@ model, task, seed and schedule:
 * steps-to-target: the run reaches the model's target accuracy in at most ``steps_factor``
   (default 1.05) times the reference's steps.
 
-Both factors are parameters (a device profile may set its own). A loss that is not finite fails
+Both factors are parameters: the suite takes them per mode from ``accel.facts.model_gates`` (reduced
+precision gets room in the steps gate), and a device profile's ``models: gates:`` section may set its
+own. A loss that is not finite fails
 at once; a reference that itself never reached the target makes the comparison meaningless and
 fails with a reason naming the reference. :func:`judge` returns a :class:`Verdict` whose reasons
 each start with the gate's name, so a report can say which gate failed and by how much.
