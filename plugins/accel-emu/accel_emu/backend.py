@@ -34,7 +34,7 @@ class EmuBackend(DeviceModuleBackend):
     start_method = "spawn"  # stream workers do not survive a fork, as on a real device
     priority = 50  # after the vendors' devices, before cpu; only ever available when requested
     use_host_timers = False  # emu has device events
-    compile_backend = "aot_eager"  # inductor has no code generator for emu
+    compile_backend = "inductor"  # host C++ kernels over emu memory (accel_emu.compiler)
     distributed_type = "MULTI_GPU"
     oom_messages = ("emu out of memory",)
 

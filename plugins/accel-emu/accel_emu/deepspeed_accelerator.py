@@ -39,7 +39,7 @@ class EmuAccelerator(DeepSpeedAccelerator):
         self._emu = load()  # the accelerator speaks for emu, so emu must be registered in this process
         self._name = DEVICE_TYPE
         self._communication_backend_name = COMM_BACKEND
-        self._compile_backend = "aot_eager"  # inductor generates no code for emu
+        self._compile_backend = "inductor"  # host C++ kernels over emu memory (accel_emu.compiler)
 
     # ------------------------------------------------------------------ how the device behaves
     def is_synchronized_device(self) -> bool:
