@@ -87,7 +87,7 @@ def plugin_dict(plugin: Any) -> dict[str, Any] | None:
     """``deepspeed_plugin`` as Accelerate takes it (one plugin, or ``{name: plugin}`` for several models) as a dict."""
     if plugin is None:
         return None
-    from .utils.deepspeed_config import DeepSpeedPlugin
+    from .strategies.deepspeed.config import DeepSpeedPlugin
 
     plugins = dict(plugin) if isinstance(plugin, dict) else {"default": plugin}
     if not plugins:
@@ -167,7 +167,7 @@ def resolve_run(num_processes: int, backend_distributed_type: str, *, deepspeed_
         raise ValueError(f"DeepSpeed ({ds_why}) and FSDP ({fsdp_why}) were both asked for; choose one")
     if ds_why:
         if deepspeed_plugins is None:
-            from .utils.deepspeed_config import DeepSpeedPlugin
+            from .strategies.deepspeed.config import DeepSpeedPlugin
 
             deepspeed_plugins = {"default": DeepSpeedPlugin()}
         return RunPlan("deepspeed", DistributedType.DEEPSPEED, {"strategy": ds_why}, deepspeed_plugins=deepspeed_plugins)

@@ -1,4 +1,4 @@
-"""DeepSpeed at Accelerate's API: the plugin and its config (from :mod:`accel.utils.deepspeed_config`),
+"""DeepSpeed at Accelerate's API: the plugin and its config (from :mod:`accel.strategies.deepspeed.config`),
 and the wrappers ``prepare`` returns around DeepSpeed's engine, optimizer and scheduler.
 """
 
@@ -10,7 +10,7 @@ import torch
 
 from ..optimizer import AcceleratedOptimizer
 from ..scheduler import AcceleratedScheduler
-from .deepspeed_config import (  # noqa: F401  (Accelerate's import path for the configuration)
+from ..strategies.deepspeed.config import (  # noqa: F401  (Accelerate's import path for the configuration)
     DeepSpeedPlugin,
     DummyOptim,
     DummyScheduler,

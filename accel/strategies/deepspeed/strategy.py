@@ -27,9 +27,9 @@ from typing import Any, Sequence
 
 import torch
 
-from ..backends import UnsupportedFeatureError
-from ..utils.dataclasses import DistributedType
-from ..utils.deepspeed import (
+from ...backends import UnsupportedFeatureError
+from ...utils.dataclasses import DistributedType
+from ...utils.deepspeed import (
     DeepSpeedEngineWrapper,
     DeepSpeedOptimizerWrapper,
     DeepSpeedPlugin,
@@ -38,16 +38,16 @@ from ..utils.deepspeed import (
     DummyScheduler,
     map_pytorch_optim_to_deepspeed,
 )
-from ..facts.checkpoint import MODEL_NAME
-from ..facts.network import free_port
-from .sequence_parallel import (
+from ...facts.checkpoint import MODEL_NAME
+from ...facts.network import free_port
+from ..sequence_parallel import (
     register_deepspeed_ulysses,
     release_deepspeed_ulysses,
     sequence_parallel_train_batch_size,
     ulysses_dataloader,
 )
-from .base import Strategy, StrategyCheckpoint
-from .context import PreparedObjects, StrategyContext
+from ..base import Strategy, StrategyCheckpoint
+from ..context import PreparedObjects, StrategyContext
 
 #: the tag (sub-folder) of the DeepSpeed engine's checkpoint, Accelerate's
 MODEL_TAG = MODEL_NAME
@@ -57,7 +57,7 @@ def _fp8_library(requested: str, plugin: Any, handler: Any) -> str | None:
     """Which fp8 library a DeepSpeed run uses, by Accelerate's rule: the recipe handler's, else MS-AMP when the plugin
     enables it (whatever the precision: Accelerate then builds MS-AMP's engine), else the fp8 default; None without
     fp8."""
-    from ..utils.fp8 import fp8_backend_name
+    from ...utils.fp8 import fp8_backend_name
 
     if handler is not None:
         return fp8_backend_name(handler)
@@ -98,7 +98,7 @@ def align_deepspeed_accelerator(backend: Any) -> None:
     The backend's own accelerator when it brings one (installed with ``set_accelerator``), else
     ``DS_ACCELERATOR`` (unless set), which DeepSpeed reads on its first ``get_accelerator()``.
     """
-    from ..backends.deepspeed_agreement import (
+    from ...backends.deepspeed_agreement import (
         clear_rejected_ds_accelerator,
         compare,
         install_deepspeed_accelerator,
@@ -196,7 +196,7 @@ class DeepSpeedStrategy(Strategy):
         into the config (a config enabling the other dtype is an error), and one DeepSpeed's accelerator
         cannot run is an ``UnsupportedFeatureError``.
         """
-        from ..precision import engine_managed_precision, with_recipe_layers
+        from ...precision import engine_managed_precision, with_recipe_layers
 
         if deepspeed_plugin is None:
             raise ValueError("the DeepSpeed strategy's precision needs its DeepSpeedPlugin")
@@ -214,7 +214,7 @@ class DeepSpeedStrategy(Strategy):
         # a torchao recipe beside another precision: its layers too (with_recipe_layers leaves other recipes out)
         plan = with_recipe_layers(plan, backend, fp8_handler)
         if plan.fp8 is not None:
-            from ..utils.fp8 import without_float8_all_gather
+            from ...utils.fp8 import without_float8_all_gather
 
             plan.fp8, note = without_float8_all_gather(plan.fp8, "DeepSpeed")
             plan.reason += note
@@ -224,8 +224,8 @@ class DeepSpeedStrategy(Strategy):
     def _plan_fp8(cls, backend: Any, plugin: Any, handler: Any, library: str) -> Any:
         """fp8 under DeepSpeed, as in Accelerate: DeepSpeed runs bf16, and torchao's ``Float8Linear`` layers go into
         the model before the engine is built (MS-AMP: its own DeepSpeed engine does the fp8 work)."""
-        from ..backends import UnsupportedFeatureError
-        from ..precision import PrecisionPlan
+        from ...backends import UnsupportedFeatureError
+        from ...precision import PrecisionPlan
 
         bf16 = cls._deepspeed_supports("bf16")
         if bf16 is not None:
@@ -235,7 +235,7 @@ class DeepSpeedStrategy(Strategy):
             plugin.set_mixed_precision("fp8")
             return PrecisionPlan("fp8", "fp8", f"MS-AMP (opt_level {plugin.msamp_opt_level}) through its DeepSpeed engine",
                                  managed_by="deepspeed")
-        from ..utils.fp8 import plan_fp8, without_float8_all_gather
+        from ...utils.fp8 import plan_fp8, without_float8_all_gather
 
         fp8 = plan_fp8(backend, handler)  # Accelerate's ImportError / accel's refusal where it cannot run
         # where Accelerate 1.15 stops with its default recipe ("Couldn't swap Float8Linear.weight")

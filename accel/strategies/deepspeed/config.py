@@ -7,7 +7,7 @@ Accelerator knows (batch size, accumulation, clipping, precision, optimizer and 
 the config fixes that contradicts the Accelerator is an error naming both values.
 
 Nothing here imports deepspeed at module level: the plugin is plain configuration, and the
-engine is built by ``accel.strategies.deepspeed``. The state reads this module; the runtime
+engine is built by :mod:`.strategy`. The state reads this module; the runtime
 wrappers (which subclass the prepared optimizer and scheduler) live in :mod:`accel.utils.deepspeed`,
 so the state never imports the optimizer through DeepSpeed.
 """
