@@ -148,7 +148,7 @@ class Accelerator(AcceleratorIOMixin):
         )
         plan = self.state.run_plan
         # Accelerate's fp8 attributes (one per recipe kind, the backend, whether TE's autocast is delayed)
-        from .fp8_handlers import delays_fp8_autocast, fp8_handlers
+        from .precision.fp8_handlers import delays_fp8_autocast, fp8_handlers
 
         fp8 = fp8_handlers(handlers, fp8_enabled=mixed_precision == "fp8" or self.state.mixed_precision == "fp8")
         (self.fp8_recipe_handler, self.ao_recipe_handler, self.te_recipe_handler, self.msamp_recipe_handler,
@@ -473,7 +473,7 @@ class Accelerator(AcceleratorIOMixin):
     @property
     def fp8_backend(self) -> Any:
         """The fp8 library configured for training (``FP8BackendType``: ``AO``, ``TE``, ``MSAMP`` or ``NO``)."""
-        from .fp8_handlers import Fp8Handlers, fp8_backend_of
+        from .precision.fp8_handlers import Fp8Handlers, fp8_backend_of
 
         fp8 = Fp8Handlers(self.fp8_recipe_handler, self.ao_recipe_handler, self.te_recipe_handler,
                           self.msamp_recipe_handler, self.has_fp8_handler, self.fp8_enabled)

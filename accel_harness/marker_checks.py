@@ -408,7 +408,7 @@ def _dtype_check(label: str, plain: str, amp: str | None) -> Callable[[_Mark], l
         def run(ctx: CheckContext) -> SkipReason | None:
             name = backend_name(ctx.backend)
             if training:
-                from accel.utils.fp8 import fp8_refusal
+                from accel.precision.fp8 import fp8_refusal
 
                 refusal, error = _safe("fp8_refusal()", fp8_refusal)
                 if refusal or error:

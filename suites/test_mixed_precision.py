@@ -210,7 +210,7 @@ def test_fp8_trains_like_fp32_or_is_refused_with_the_reason(on_backend, device):
     labelled so) tracks fp32 on a small MLP; where fp8 cannot run, the Accelerator refuses with the
     same words `accel env` and the launcher give."""
     from accel.backends import UnsupportedFeatureError
-    from accel.utils.fp8 import describe_fp8
+    from accel.precision.fp8 import describe_fp8
 
     plan = describe_fp8(on_backend)
     if plan["mode"] is None:

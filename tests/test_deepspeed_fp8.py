@@ -205,7 +205,7 @@ def test_launch_with_a_missing_fp8_library_is_refused_before_ranks_start(backend
 
 def test_installed_msamp_is_allowed_under_deepspeed_only(monkeypatch):
     import accel.utils.imports as imports
-    from accel.utils.fp8 import fp8_refusal
+    from accel.precision.fp8 import fp8_refusal
 
     monkeypatch.setattr(imports, "is_msamp_available", lambda: True)
     environ = {"ACCELERATE_FP8_BACKEND": "MSAMP"}

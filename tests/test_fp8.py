@@ -57,14 +57,14 @@ def fp32_losses():
 
 
 def _force_emulation(monkeypatch):
-    import accel.utils.fp8 as fp8
+    import accel.precision.fp8 as fp8
 
     monkeypatch.setattr(fp8, "scaled_mm_capability", lambda backend: Capability(False, "torch._scaled_mm fails on cpu (test)"))
 
 
 @pytest.mark.parametrize("emulated", [False, True], ids=["scaled-mm", "emulated"])
 def test_fp8_training_tracks_fp32(emulated, fp32_losses, monkeypatch):
-    import accel.utils.fp8 as fp8
+    import accel.precision.fp8 as fp8
     from accel.utils import AORecipeKwargs
 
     if emulated:
@@ -174,7 +174,7 @@ def test_env_says_emulated_where_torchao_emulates(monkeypatch):
 
 def test_missing_fp8_libraries_are_named_in_accelerates_words(monkeypatch):
     import accel.utils.imports as imports
-    from accel.utils.fp8 import fp8_refusal
+    from accel.precision.fp8 import fp8_refusal
     from accel.utils.launch import launch_env
 
     monkeypatch.setattr(imports, "is_transformer_engine_available", lambda: False)
@@ -195,7 +195,7 @@ def test_missing_fp8_libraries_are_named_in_accelerates_words(monkeypatch):
 
 def test_installed_but_unintegrated_fp8_libraries_are_refused_by_name(monkeypatch):
     import accel.utils.imports as imports
-    from accel.utils.fp8 import fp8_refusal
+    from accel.precision.fp8 import fp8_refusal
 
     monkeypatch.setattr(imports, "is_transformer_engine_available", lambda: True)
     monkeypatch.setenv("ACCELERATE_FP8_BACKEND", "TE")

@@ -126,7 +126,7 @@ def test_unregistered_backend_names_the_known_ones():
 
 
 def test_dtype_decorators_ask_the_active_backend():
-    from accel.utils.fp8 import fp8_refusal
+    from accel.precision.fp8 import fp8_refusal
 
     active = get_backend()
     for decorator, cap in ((tu.require_fp16, active.supports_fp16), (tu.require_bf16, active.supports_bf16),

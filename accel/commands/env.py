@@ -347,7 +347,7 @@ def _run_plan(registry: Any) -> dict[str, Any]:
 
 def _fp8_info(backend: Any) -> dict[str, Any]:
     """What ``mixed_precision="fp8"`` would run here: "fp8", "fp8 (emulated)", or the refusal the launcher gives."""
-    from accel.utils.fp8 import describe_fp8
+    from accel.precision.fp8 import describe_fp8
 
     return describe_fp8(backend)
 

@@ -73,7 +73,7 @@ _ROWS: tuple[EnvVar, ...] = (
     _both("DYNAMO_USE_FULLGRAPH", "torch.compile fullgraph", LAUNCH, "accel.utils.dataclasses"),
     _both("DYNAMO_USE_DYNAMIC", "torch.compile dynamic shapes", LAUNCH, "accel.utils.dataclasses"),
     _both("DYNAMO_USE_REGIONAL_COMPILATION", "compile repeated blocks one by one", LAUNCH, "accel.utils.dataclasses"),
-    _both("FP8_BACKEND", "fp8 library: AO, TE or MSAMP", LAUNCH, "accel.utils.fp8", "accel.strategies.deepspeed.config"),
+    _both("FP8_BACKEND", "fp8 library: AO, TE or MSAMP", LAUNCH, "accel.precision.fp8", "accel.strategies.deepspeed.config"),
     # Accelerate's PartialState pins the rank when this is set; accel's state does not read it yet
     _one("ACCELERATE_CPU_AFFINITY", "pin each rank to the cores of its NUMA node", LAUNCH),
     _one("ACCELERATE_CONFIG_DS_FIELDS", "DeepSpeed settings that came from the launch config (not the JSON)", LAUNCH,
@@ -162,9 +162,9 @@ ENV_FAMILIES: dict[str, EnvFamily] = {
         EnvFamily("PARALLELISM_CONFIG_", "ParallelismConfig sizes and backends (..._TP_SIZE, ..._CP_BACKEND, ...)",
                   LAUNCH, ("accel.parallelism_config", "accel.utils.dataclasses._parallel")),
         EnvFamily("ACCEL_FP8_", "fp8 recipe settings (accel's spelling, read first)", USER,
-                  ("accel.utils.dataclasses", "accel.utils.fp8")),
+                  ("accel.utils.dataclasses", "accel.precision.fp8")),
         EnvFamily("ACCELERATE_FP8_", "fp8 recipe settings (..._FORMAT, ..._MARGIN, ..._OPT_LEVEL, ...)", LAUNCH,
-                  ("accel.utils.dataclasses", "accel.utils.fp8", "accel.strategies.deepspeed.config")),
+                  ("accel.utils.dataclasses", "accel.precision.fp8", "accel.strategies.deepspeed.config")),
         EnvFamily("ACCELERATE_MEGATRON_LM_", "Megatron-LM plugin defaults (..._TP_DEGREE, ...)", LAUNCH,
                   ("accel.utils.megatron_lm",)),
     )

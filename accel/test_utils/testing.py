@@ -161,7 +161,7 @@ def _need_devices(backend: Any, n: int, exact: bool = False, of: tuple[str, ...]
 
 def _need_dtype(attribute: str, backend: Any, amp: bool = False, training: bool = False) -> tuple[bool, str, str]:
     if training:
-        from ..utils.fp8 import fp8_refusal
+        from ..precision.fp8 import fp8_refusal
 
         refusal = fp8_refusal()
         if refusal is not None:

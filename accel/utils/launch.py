@@ -98,7 +98,7 @@ def _precision(args: Any) -> str:
         raise ValueError(f"Unknown mixed_precision mode: {value}. Choose between {list(PRECISIONS)}.")
     if value == "fp8":
         # refused here, before any rank starts, in the words the library and `accel env` use
-        from .fp8 import fp8_refusal
+        from ..precision.fp8 import fp8_refusal
 
         environ = dict(os.environ)
         if _get(args, "fp8_backend"):

@@ -57,7 +57,7 @@ def _fp8_library(requested: str, plugin: Any, handler: Any) -> str | None:
     """Which fp8 library a DeepSpeed run uses, by Accelerate's rule: the recipe handler's, else MS-AMP when the plugin
     enables it (whatever the precision: Accelerate then builds MS-AMP's engine), else the fp8 default; None without
     fp8."""
-    from ...utils.fp8 import fp8_backend_name
+    from ...precision.fp8 import fp8_backend_name
 
     if handler is not None:
         return fp8_backend_name(handler)
@@ -214,7 +214,7 @@ class DeepSpeedStrategy(Strategy):
         # a torchao recipe beside another precision: its layers too (with_recipe_layers leaves other recipes out)
         plan = with_recipe_layers(plan, backend, fp8_handler)
         if plan.fp8 is not None:
-            from ...utils.fp8 import without_float8_all_gather
+            from ...precision.fp8 import without_float8_all_gather
 
             plan.fp8, note = without_float8_all_gather(plan.fp8, "DeepSpeed")
             plan.reason += note
@@ -235,7 +235,7 @@ class DeepSpeedStrategy(Strategy):
             plugin.set_mixed_precision("fp8")
             return PrecisionPlan("fp8", "fp8", f"MS-AMP (opt_level {plugin.msamp_opt_level}) through its DeepSpeed engine",
                                  managed_by="deepspeed")
-        from ...utils.fp8 import plan_fp8, without_float8_all_gather
+        from ...precision.fp8 import plan_fp8, without_float8_all_gather
 
         fp8 = plan_fp8(backend, handler)  # Accelerate's ImportError / accel's refusal where it cannot run
         # where Accelerate 1.15 stops with its default recipe ("Couldn't swap Float8Linear.weight")

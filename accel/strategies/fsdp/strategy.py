@@ -156,7 +156,7 @@ class FSDPStrategy(FSDPWrapping, Strategy):
         if plugin is None:
             raise ValueError("the FSDP strategy's precision needs its FullyShardedDataParallelPlugin")
         if plan.fp8 is not None and plugin.fsdp_version == 1:  # FSDP1 all-gathers the high-precision weights
-            from ...utils.fp8 import without_float8_all_gather
+            from ...precision.fp8 import without_float8_all_gather
 
             plan.fp8, note = without_float8_all_gather(plan.fp8, "FSDP1")
             plan.reason += note

@@ -3,8 +3,12 @@
 The requested precision is checked against the backend's capabilities. Where the installed torch
 supports it (torch 2.13 runs fp16 autocast and GradScaler on CPU) it really runs; where it does not,
 accel warns loudly and records the precision actually used, so nothing trains fp32 under an "fp16"
-label. fp8 training runs through torchao (``accel.utils.fp8``): real fp8 GEMMs where the device has
+label. fp8 training runs through torchao (:mod:`.fp8`): real fp8 GEMMs where the device has
 them, torchao's emulation elsewhere, refused with one clear message where torchao is missing.
+
+The package: the precision plan and autocast (here), fp8 through torchao (:mod:`.fp8`) and the
+Accelerator's fp8 recipe attributes (:mod:`.fp8_handlers`). Accelerate's torchao and Transformer Engine
+helpers keep their import paths (``accel.utils.ao``, ``accel.utils.transformer_engine``).
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ from typing import Any, Callable
 
 import torch
 
-from .backends import Backend
-from .utils.dataclasses import AutocastKwargs, GradScalerKwargs, PrecisionType
+from ..backends import Backend
+from ..utils.dataclasses import AutocastKwargs, GradScalerKwargs, PrecisionType
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +45,7 @@ class PrecisionPlan:
     scaler: torch.amp.GradScaler | None = None
     #: who runs the precision: "accel" (autocast + scaler here) or a strategy's engine ("deepspeed")
     managed_by: str = "accel"
-    #: for fp8: the torchao plan (``accel.utils.fp8.Fp8Plan``) and whether bf16 autocast runs around it
+    #: for fp8: the torchao plan (:class:`accel.precision.fp8.Fp8Plan`) and whether bf16 autocast runs around it
     fp8: Any = None
     fp8_autocast: bool = False
 
@@ -125,7 +129,7 @@ def plan_precision(
     if requested not in PrecisionType.list():
         raise ValueError(f"mixed_precision must be one of {PrecisionType.list()}, got {requested!r}")
     if requested == "fp8":
-        from .utils.fp8 import plan_fp8
+        from .fp8 import plan_fp8
 
         fp8 = plan_fp8(backend, fp8_handler)  # UnsupportedFeatureError with the reason where it cannot run
         bf16 = backend.amp_capability(torch.bfloat16)
@@ -164,7 +168,7 @@ def with_recipe_layers(plan: PrecisionPlan, backend: Backend, fp8_handler: Any) 
     ``mixed_precision`` says (elsewhere that is an error); the rest of the model keeps ``plan``'s precision.
     Only torchao recipes: Transformer Engine and MS-AMP recipes change nothing here (see the limits).
     """
-    from .utils.fp8 import fp8_backend_name, plan_fp8
+    from .fp8 import fp8_backend_name, plan_fp8
 
     if fp8_handler is None or plan.used == "fp8" or fp8_backend_name(fp8_handler) != "AO":
         return plan
@@ -186,7 +190,7 @@ def engine_managed_precision(requested: str | PrecisionType | None, engine: str,
         return PrecisionPlan("no", "no", "full precision requested", managed_by=engine)
     reason = supported(requested)
     if reason is not None:
-        from .backends import UnsupportedFeatureError
+        from ..backends import UnsupportedFeatureError
 
         raise UnsupportedFeatureError(engine, f"mixed_precision={requested!r}", reason)
     return PrecisionPlan(requested, requested, f"run by {engine}", managed_by=engine)

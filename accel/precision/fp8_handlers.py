@@ -5,14 +5,14 @@ Accelerate keeps one attribute per recipe kind (``fp8_recipe_handler`` for the d
 one its fp8 backend uses when ``mixed_precision="fp8"`` came without a recipe, and derives
 ``has_fp8_handler`` and ``fp8_backend`` from them. Scripts and Accelerate's tests read these, so accel
 computes them the same way here; which recipe accel's precision then runs is decided in
-``accel.utils.fp8`` from the same choice.
+:mod:`accel.precision.fp8` from the same choice.
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping, NamedTuple
 
-from .utils.dataclasses import (
+from ..utils.dataclasses import (
     AORecipeKwargs,
     DistributedType,
     FP8BackendType,
@@ -56,7 +56,7 @@ def fp8_handlers(handlers: Mapping[type, Any], fp8_enabled: bool) -> Fp8Handlers
     found = {attr: handlers.get(cls) for cls, attr in RECIPE_ATTRIBUTES.items()}
     has_handler = any(h is not None for h in found.values())
     if fp8_enabled and not has_handler:
-        from .utils.fp8 import fp8_backend_name
+        from .fp8 import fp8_backend_name
 
         recipe = _DEFAULT_RECIPES.get(fp8_backend_name())
         if recipe is not None:
@@ -76,7 +76,7 @@ def fp8_backend_of(fp8: Fp8Handlers, deepspeed_plugin: Any = None) -> FP8Backend
                 return FP8BackendType(backend)
     elif deepspeed_plugin is not None and getattr(deepspeed_plugin, "enable_msamp", False):
         return FP8BackendType.MSAMP
-    from .facts.environment import env_text
+    from ..facts.environment import env_text
 
     chosen = env_text("ACCEL_FP8_BACKEND", "ACCELERATE_FP8_BACKEND", default="NO")
     try:

@@ -48,7 +48,7 @@ def fp8_backend_name(handler: Any = None, environ: Mapping[str, str] | None = No
     chosen = (environ.get("ACCEL_FP8_BACKEND") or environ.get("ACCELERATE_FP8_BACKEND") or "NO").strip().upper()
     if chosen not in ("NO", ""):
         return chosen
-    from .imports import is_msamp_available, is_torchao_available, is_transformer_engine_available
+    from ..utils.imports import is_msamp_available, is_torchao_available, is_transformer_engine_available
 
     if is_torchao_available() or not (is_transformer_engine_available() or is_msamp_available()):
         return "AO"
@@ -68,7 +68,7 @@ def fp8_library_missing(backend: str) -> ImportError | None:
     naming its module; None when it is installed (or for "AO", whose absence :func:`fp8_refusal` states)."""
     if backend not in _MISSING_WORDS:
         return None
-    from . import imports
+    from ..utils import imports
 
     available = imports.is_transformer_engine_available if backend == "TE" else imports.is_msamp_available
     if available():
@@ -103,7 +103,7 @@ def fp8_refusal(handler: Any = None, environ: Mapping[str, str] | None = None, d
         where = " outside DeepSpeed" if backend == "MSAMP" else ""
         return (f"accel trains fp8 through torchao{' (and MS-AMP under DeepSpeed)' if backend == 'MSAMP' else ''}; "
                 f"the {backend} fp8 backend ({library}) is not integrated{where} (use --fp8_backend ao or AORecipeKwargs)")
-    from .imports import is_torchao_available
+    from ..utils.imports import is_torchao_available
 
     if not is_torchao_available():
         return "fp8 training needs torchao >= 0.6.1, which is not installed (pip install torchao)"
@@ -169,7 +169,7 @@ class Fp8Plan:
 
     def convert(self, model: torch.nn.Module) -> None:
         """Give ``model`` torchao's ``Float8Linear`` layers, in place (once; a converted model is left alone)."""
-        from .ao import convert_model_to_fp8_ao, has_ao_layers
+        from ..utils.ao import convert_model_to_fp8_ao, has_ao_layers
 
         if has_ao_layers(model):
             return
@@ -205,7 +205,7 @@ def plan_fp8(backend: Any, handler: Any = None) -> Fp8Plan:
     if refusal is not None:
         raise UnsupportedFeatureError(backend.name, "mixed_precision='fp8'", refusal)
     if handler is None:
-        from .dataclasses import AORecipeKwargs
+        from ..utils.dataclasses import AORecipeKwargs
 
         handler = AORecipeKwargs()
     described = describe_fp8(backend, handler)
