@@ -131,8 +131,8 @@ def _turn_off_gpu_only_passes() -> None:
             holder = getattr(holder, part)
         setattr(holder, path[-1], False)
     # Random operators run as ATen operators (emu's, drawing from the device's generator, as in eager
-    # mode): off the CPU, Inductor decomposes bernoulli/dropout into its own random kernels, which
-    # the C++ code generator cannot vectorise (it takes them only for the CPU's rand/randn).
+    # mode): off the CPU, Inductor decomposes bernoulli/dropout into random kernels of its own, which
+    # its C++ code generator fails on (an assertion in its vectorised arange).
     config.fallback_random = True
 
 
