@@ -22,7 +22,7 @@ from accel.utils.dataclasses import BnbQuantizationConfig
 bnb = pytest.importorskip("bitsandbytes", reason="[needs-package] bitsandbytes is in the test extra")
 
 from accel.utils import bnb as bnb_utils  # noqa: E402
-from accel.utils.bnb_params import bnb_parameter_to_device, quantize_and_offload_8bit  # noqa: E402
+from accel.quantization.bnb_params import bnb_parameter_to_device, quantize_and_offload_8bit  # noqa: E402
 from accel.test_utils.training import ResidualMLP
 
 WIDTH = 64

@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 
 from ..big_modeling import dispatch_model, init_empty_weights
-from .bnb_params import (
+from ..quantization.bnb_params import (
     bnb_parameter_like,
     bnb_parameter_to_device,
     is_bnb_parameter,

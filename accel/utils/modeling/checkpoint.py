@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 from ...facts.checkpoint import SAFE_WEIGHTS_NAME, WEIGHTS_NAME
-from ..bnb_params import quantize_and_offload_8bit
+from ...quantization.bnb_params import quantize_and_offload_8bit
 from ..offload import _check_writable, _dtype_name, load_offloaded_weight, offload_weight, save_offload_index
 from .placement import as_torch_device as _as_torch_device
 from .broadcast import RankZeroStream, require_process_group

@@ -7,7 +7,7 @@ from typing import Any, Optional, Union
 import torch
 import torch.nn as nn
 
-from ..bnb_params import bnb_parameter_to_device, is_bnb_parameter
+from ...quantization.bnb_params import bnb_parameter_to_device, is_bnb_parameter
 from .placement import as_torch_device as _as_torch_device
 from .sizes import _UNCONVERTED_PREFIXES, _proper_dtype
 from .ties import _owner

@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 import torch
 
-from .offload import offload_weight
+from ..utils.offload import offload_weight
 
 __all__ = [
     "BNB_PARAMETER_CLASSES", "bnb_parameter_like", "bnb_parameter_to_device", "is_bnb_parameter", "is_quantized_bnb_parameter",
