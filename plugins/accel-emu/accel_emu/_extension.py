@@ -147,8 +147,12 @@ def _compile(directory: Path, verbose: bool) -> None:
     # the C++ sources carry their own header; nothing else may leak into the build
     sources = [str(p) for p in source_files() if p.suffix == ".cpp"]
     try:
+        from torch.utils.cpp_extension import include_paths
+
+        # Kineto's headers (emu_profiler.cpp's activity profiler) include each other by bare name
+        kineto = [str(Path(path) / "kineto") for path in include_paths() if (Path(path) / "kineto").is_dir()]
         load(name=_NAME, sources=sources, extra_cflags=["-O2", "-std=c++17"], build_directory=str(directory),
-             verbose=verbose, is_python_module=True)
+             extra_include_paths=kineto, verbose=verbose, is_python_module=True)
     except Exception as exc:
         raise RuntimeError(
             f"building the emu extension in {directory} failed: {exc}. "

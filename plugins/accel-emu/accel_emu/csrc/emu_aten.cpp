@@ -457,16 +457,27 @@ at::Tensor emu_copy_from(const at::Tensor& self, const at::Tensor& dst, bool non
   const bool async = same_device || (!(src_emu && dst_emu) && non_blocking &&
                                      (src_emu ? is_pinned_host(dst) : is_pinned_host(self)));
   auto stream = current_stream(device);
+  const char* kind = src_emu ? (dst_emu ? (same_device ? "Memcpy DtoD" : "Memcpy PtoP") : "Memcpy DtoH") : "Memcpy HtoD";
   if (async) {
     // the task holds both storages alive, and copies the geometry the tensors have now
     at::Tensor s = geometry_snapshot(self);
     at::Tensor d = geometry_snapshot(dst);
-    stream_queue(device, stream.id()).enqueue([s, d] { copy_now(s, d); });
+    const uint64_t correlation = activity_tracing() ? activity_correlation() : 0;
+    const c10::StreamId id = stream.id();
+    stream_queue(device, id).enqueue([s, d, kind, device, id, correlation] {
+      const bool traced = activity_tracing();
+      const int64_t started = traced ? activity_clock() : 0;
+      copy_now(s, d);
+      if (traced) record_activity(true, kind, device, id, started, activity_clock(), correlation);
+    });
     return dst;
   }
   wait_current_stream(device);
   if (src_emu && dst_emu && self.device() != dst.device()) wait_current_stream(self.device().index());
+  const bool traced = activity_tracing();
+  const int64_t started = traced ? activity_clock() : 0;
   copy_now(self, dst);
+  if (traced) record_activity(true, kind, device, stream.id(), started, activity_clock(), activity_correlation());
   return dst;
 }
 
@@ -823,10 +834,16 @@ void emu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
   }
   wait_current_stream(device);
+  const bool traced = activity_tracing();
+  const int64_t started = traced ? activity_clock() : 0;
   if (path_for(op) == FallbackPath::kDirect) {
     direct_fallback(op, stack, device);
   } else {
     at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
+  }
+  if (traced) {
+    record_activity(false, "emu::" + schema.name(), device, current_stream(device).id(), started, activity_clock(),
+                    activity_correlation());
   }
 }
 

@@ -180,6 +180,16 @@ void reset_fallback_calls();
 // otherwise bypass on emu (once, when the module loads); returns their names.
 std::vector<std::string> route_composites_to_host();
 
+// ------------------------------------------------------------------ profiler activity (emu_profiler.cpp)
+// While torch.profiler traces emu's activity, kernels and copies the device runs are recorded with
+// their times (activity_clock), device, stream and the correlation id of the operator that launched
+// them (activity_correlation, on the launching thread). activity_tracing() is one atomic load.
+bool activity_tracing();
+int64_t activity_clock();
+uint64_t activity_correlation();
+void record_activity(bool copy, std::string name, c10::DeviceIndex device, c10::StreamId stream, int64_t start_ns,
+                     int64_t end_ns, uint64_t correlation);
+
 // ------------------------------------------------------------------ process state
 bool in_bad_fork();
 bool is_initialized();
