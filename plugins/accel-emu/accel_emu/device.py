@@ -13,6 +13,10 @@ from typing import Any, Iterator
 import torch
 
 from ._extension import load_extension
+from .ipc import install as _install_ipc
+
+# torch.multiprocessing shares emu tensors through emu's reducers (accel_emu.ipc)
+_install_ipc()
 
 __all__ = [
     "Event",

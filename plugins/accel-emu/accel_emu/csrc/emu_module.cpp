@@ -349,6 +349,24 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("host_memory_stats", [] { return emu::host_stats_dict(); });
   m.def("reset_peak_host_memory_stats", [] { at::getHostAllocator(emu::kEmu)->reset_peak_stats(); });
   m.def("reset_accumulated_host_memory_stats", [] { at::getHostAllocator(emu::kEmu)->reset_accumulated_stats(); });
+  // torch.multiprocessing (accel_emu.ipc): the block under an emu tensor's storage made shareable,
+  // and a block another process shared mapped here as a byte tensor over the sent storage
+  m.def("share_block", [](const at::Tensor& t) {
+    TORCH_CHECK(t.device().type() == emu::kEmu && t.has_storage() && t.storage().data() != nullptr,
+                "emu: share_block needs an emu tensor with memory");
+    const auto [fd, mapped, offset] = emu::allocator().share(t.storage().data());
+    return py::make_tuple(fd, mapped, offset);
+  });
+  m.def("import_shared_block", [](int fd, size_t mapped, size_t offset, size_t nbytes, int device) {
+    TORCH_CHECK(offset + nbytes <= mapped, "emu: a shared storage of ", nbytes, " bytes at offset ", offset,
+                " does not fit its block of ", mapped, " bytes");
+    const auto index = static_cast<c10::DeviceIndex>(device);
+    c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, emu::allocator().import_shared(fd, mapped, offset, index),
+                         &emu::allocator(), /*resizable=*/false);
+    at::Tensor bytes = at::empty({0}, at::TensorOptions().dtype(at::kByte).device(c10::Device(emu::kEmu, index)));
+    bytes.set_(storage, 0, {static_cast<int64_t>(nbytes)}, {1});
+    return bytes;
+  });
   m.def("mem_get_info", [](int i) { return emu::allocator().getMemoryInfo(static_cast<c10::DeviceIndex>(i)); });
   m.def("default_generator", [](int i) { return emu::default_generator(static_cast<c10::DeviceIndex>(i)); });
   m.def("current_stream_id", [](int i) {

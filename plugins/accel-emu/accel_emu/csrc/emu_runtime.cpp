@@ -6,6 +6,7 @@
 
 #include <pthread.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -322,6 +323,11 @@ void EmuAllocator::release(void* ptr) {
   if (it == blocks_.end()) return;
   Block& b = it->second;
   if (!b.live) return;
+  if (b.imported) {  // another process's memory: only this mapping goes
+    munmap(b.base, b.mapped);
+    blocks_.erase(it);
+    return;
+  }
   auto& st = stats_[b.device];
   const size_t pool = pool_of(b.mapped);
   decrease(st.allocation, pool, 1);
@@ -332,9 +338,19 @@ void EmuAllocator::release(void* ptr) {
   if (b.open_count > 0 && protection_enabled()) mprotect(b.base, b.mapped, PROT_NONE);
   b.open_count = 0;
   b.live = false;
-  cache_[b.device].emplace(b.mapped, b.base);
   const c10::Device dev(c10::DeviceType::PrivateUse1, b.device);
   const auto freed = static_cast<int64_t>(b.requested);
+  if (b.fd >= 0) {
+    // shared with other processes, which may still use it: never handed to a new tensor here
+    munmap(b.base, b.mapped);
+    ::close(b.fd);
+    decrease(st.reserved_bytes, pool, static_cast<int64_t>(b.mapped));
+    decrease(st.segment, pool, 1);
+    st.num_device_free += 1;
+    blocks_.erase(it);
+  } else {
+    cache_[b.device].emplace(b.mapped, b.base);
+  }
   const auto allocated_total = static_cast<size_t>(st.allocated_bytes[kAggregate].current);
   const auto reserved_total = static_cast<size_t>(st.reserved_bytes[kAggregate].current);
   lock.unlock();
@@ -375,6 +391,62 @@ int EmuAllocator::device_of(const void* ptr) {
   std::lock_guard<std::mutex> lock(mutex_);
   Block* b = find(ptr);
   return b ? b->device : -1;
+}
+
+std::tuple<int, size_t, size_t> EmuAllocator::share(const void* ptr) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Block* b = find(ptr);
+  TORCH_CHECK(b != nullptr && b->live, "emu: the tensor's memory is not a live emu allocation; it cannot be shared");
+  const size_t offset = static_cast<const char*>(ptr) - static_cast<const char*>(b->base);
+  if (b->fd >= 0 || b->imported) {
+    TORCH_CHECK(!b->imported, "emu: a tensor received from another process cannot be passed on (send the original)");
+    return {b->fd, b->mapped, offset};
+  }
+  const int fd = static_cast<int>(syscall(SYS_memfd_create, "emu-shared-block", 1u /* MFD_CLOEXEC */));
+  TORCH_CHECK(fd >= 0, "emu: cannot create a memory file to share a block: ", std::strerror(errno));
+  const bool closed = protection_enabled() && b->open_count == 0;
+  if (closed) mprotect(b->base, b->mapped, PROT_READ);
+  size_t written = 0;
+  bool ok = ftruncate(fd, static_cast<off_t>(b->mapped)) == 0;
+  while (ok && written < b->mapped) {
+    const ssize_t n = pwrite(fd, static_cast<const char*>(b->base) + written, b->mapped - written, static_cast<off_t>(written));
+    ok = n > 0;
+    if (ok) written += static_cast<size_t>(n);
+  }
+  // the file replaces the anonymous memory at the same address, with the same access rights
+  const int prot = closed ? PROT_NONE : (PROT_READ | PROT_WRITE);
+  if (ok) ok = mmap(b->base, b->mapped, prot, MAP_SHARED | MAP_FIXED | MAP_NORESERVE, fd, 0) != MAP_FAILED;
+  if (!ok) {
+    const int error = errno;
+    if (closed) mprotect(b->base, b->mapped, PROT_NONE);
+    ::close(fd);
+    TORCH_CHECK(false, "emu: cannot move a block onto a memory file to share it: ", std::strerror(error));
+  }
+  b->fd = fd;
+  return {fd, b->mapped, offset};
+}
+
+c10::DataPtr EmuAllocator::import_shared(int fd, size_t mapped, size_t offset, c10::DeviceIndex device) {
+  check_device(device);
+  const int prot = protection_enabled() ? PROT_NONE : (PROT_READ | PROT_WRITE);
+  void* base = mmap(nullptr, mapped, prot, MAP_SHARED | MAP_NORESERVE, fd, 0);
+  const int error = errno;
+  ::close(fd);  // the mapping keeps the file
+  TORCH_CHECK(base != MAP_FAILED, "emu: cannot map a block shared by another process: ", std::strerror(error));
+  TORCH_CHECK(offset < mapped, "emu: a shared tensor's offset ", offset, " lies outside its block of ", mapped, " bytes");
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ensure_init();
+    Block b;
+    b.base = base;
+    b.mapped = mapped;
+    b.device = device;
+    b.live = true;
+    b.imported = true;
+    blocks_[reinterpret_cast<uintptr_t>(base)] = b;
+  }
+  void* data = static_cast<char*>(base) + offset;
+  return c10::DataPtr(data, base, &EmuAllocator::free_ptr, c10::Device(c10::DeviceType::PrivateUse1, device));
 }
 
 void EmuAllocator::emptyCache(c10::MempoolId_t) {

@@ -21,6 +21,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 namespace emu {
@@ -48,6 +49,8 @@ struct Block {
   c10::DeviceIndex device = 0;
   int open_count = 0;    // >0 while a kernel or copy has it open
   bool live = false;     // false while parked in the cache
+  int fd = -1;           // the memory file behind a block shared with other processes (else -1)
+  bool imported = false; // mapped from another process's shared block (not this allocator's memory)
 };
 
 class EmuAllocator final : public c10::DeviceAllocator {
@@ -70,6 +73,12 @@ class EmuAllocator final : public c10::DeviceAllocator {
   void close(const void* ptr);
   // Device of a pointer into emu memory, or -1.
   int device_of(const void* ptr);
+  // Makes the block holding `ptr` shareable with other processes (moved, at the same address, onto a
+  // memory file); returns that file's descriptor (owned by the allocator), the block's size and
+  // where `ptr` lies in it. A shared block is unmapped when freed instead of cached.
+  std::tuple<int, size_t, size_t> share(const void* ptr);
+  // Maps a block another process shared (takes `fd`) as memory of `device`; freed by unmapping.
+  c10::DataPtr import_shared(int fd, size_t mapped, size_t offset, c10::DeviceIndex device);
 
   static void free_ptr(void* ptr);
 
