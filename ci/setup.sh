@@ -40,15 +40,35 @@ fingerprint=$(cat pyproject.toml plugins/accel-emu/pyproject.toml "$CONSTRAINTS"
 stamp="$VENV/.accel-setup"
 if [ "$(cat "$stamp" 2>/dev/null)" = "$fingerprint" ] && "$PY" -c "import accel, accel_emu" 2>/dev/null; then  # both cheap to import
     echo "setup: $VENV is up to date ($(cat "$CONSTRAINTS"))"
-    exit 0
+else
+    echo "setup: installing the project and the emu plug-in into $VENV ($(cat "$CONSTRAINTS"))"
+    "$PY" "${PIP[@]}" -c "$CONSTRAINTS" -e '.[test,postgres]'
+    # the emulated device, installed the way a vendor's plug-in is (its C++ extension is built against
+    # this torch, below or at first use, into its cache folder)
+    "$PY" "${PIP[@]}" -c "$CONSTRAINTS" -e plugins/accel-emu
+    echo "$fingerprint" > "$stamp"
+    "$PY" -c "import torch, accel; print('setup: torch', torch.__version__, '| accel', accel.__version__)"
 fi
-echo "setup: installing the project and the emu plug-in into $VENV ($(cat "$CONSTRAINTS"))"
-"$PY" "${PIP[@]}" -c "$CONSTRAINTS" -e '.[test,postgres]'
-# the emulated device, installed the way a vendor's plug-in is (its C++ extension is built against
-# this torch at first use, into the cache folder)
-"$PY" "${PIP[@]}" -c "$CONSTRAINTS" -e plugins/accel-emu
-echo "$fingerprint" > "$stamp"
-"$PY" -c "import torch, accel; print('setup: torch', torch.__version__, '| accel', accel.__version__)"
+
+# The two C++ builds the tests and qualify runs need, built here rather than inside a test's time limit:
+# the emu extension, and DeepSpeed's shared-memory collective op (DeepSpeed compiles it at its first
+# init_distributed on cpu, into TORCH_EXTENSIONS_DIR; ci/test.sh points that at this environment's
+# torch_extensions folder too). A build that fails here is built again, and reported, where it is used.
+prebuilt="$VENV/.accel-prebuilt"
+if [ "$(cat "$prebuilt" 2>/dev/null)" != "$fingerprint" ]; then
+    echo "setup: building the emu extension and DeepSpeed's shared-memory op for this torch (first set-up, about 2 min)"
+    if TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$(cd "$VENV" && pwd)/torch_extensions}" "$PY" -c "
+import accel_emu._extension as emu
+emu.load_extension()
+from deepspeed.accelerator import get_accelerator
+get_accelerator().create_op_builder('ShareMemCommBuilder').load(verbose=False)
+" > "$VENV/prebuild.log" 2>&1 </dev/null; then
+        echo "$fingerprint" > "$prebuilt"
+    else
+        echo "setup: warning: building the C++ extensions ahead failed (the tests build them again); the end of $VENV/prebuild.log:" >&2
+        tail -n 20 "$VENV/prebuild.log" >&2
+    fi
+fi
 
 for tool in chromium initdb; do
     if [ "$tool" = initdb ]; then

@@ -20,6 +20,10 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 # by git): with PYTHONDONTWRITEBYTECODE every pytest process and command the tests start compiles them again
 unset PYTHONDONTWRITEBYTECODE
 PYTHON="${PYTHON:-python}"
+# torch's C++ extension builds (DeepSpeed's ops) go into the environment's own folder, where ci/setup.sh
+# built them, rather than the user's shared cache: a build killed in another project can leave a lock there
+TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$("$PYTHON" -c 'import sys; print(sys.prefix)')/torch_extensions}"
+export TORCH_EXTENSIONS_DIR
 WORKERS="${ACCEL_TEST_WORKERS:-2}"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/accel-test.XXXXXX")
