@@ -173,7 +173,7 @@ def resolve_run(num_processes: int, backend_distributed_type: str, *, deepspeed_
         return RunPlan("deepspeed", DistributedType.DEEPSPEED, {"strategy": ds_why}, deepspeed_plugins=deepspeed_plugins)
     if fsdp_why:
         if fsdp_plugin is None:
-            from .utils.dataclasses import FullyShardedDataParallelPlugin
+            from .strategies.fsdp.plugin import FullyShardedDataParallelPlugin
 
             fsdp_plugin = FullyShardedDataParallelPlugin()
         return RunPlan("fsdp", DistributedType.FSDP, {"strategy": fsdp_why}, fsdp_plugin=fsdp_plugin)
