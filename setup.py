@@ -15,7 +15,7 @@ SHIPPED_SUITES = {
 }
 #: what ``accel bench`` runs from the benchmarks folder: its suites and the modules they import
 BENCHMARK_RUNTIME = {"__init__", "conftest", "timing", "timing_info", "timing_measure", "timing_pinning", "timing_ranks",
-                     "timing_record", "timing_settings", "host_reference"}
+                     "timing_record", "timing_settings", "host_reference", "census"}
 
 
 def is_shipped_benchmark_module(module: str) -> bool:

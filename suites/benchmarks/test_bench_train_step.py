@@ -13,7 +13,9 @@ gradients, forward, loss, backward, optimizer step. The ``torch`` variant writes
 Accelerate-style loop (``accelerator.prepare`` of model, optimizer and loader,
 ``accelerator.backward``), with the prepared loader doing the device placement.
 
-The ``accel`` instance also times the hand-written loop, round by round in alternating order, and
+The ``accel`` instance also takes the step's kernel census (``census.py``: operators, device-side
+events and allocations per step, from a profiled step outside the timed rounds) into
+``extra_info["census"]``, which ``accel_reports.census`` compares between runs. It also times the hand-written loop, round by round in alternating order, and
 records ``overhead_ratio``: the median over rounds of (accel round time / hand-written round time
 of the same round pair), 1.00 = no overhead, > 1 = accel is slower. Pairing rounds cancels drift
 on a shared machine; ``overhead_ratio_of_medians`` (ratio of the two median round times) is kept
@@ -38,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
+import census
 import host_reference
 import timing
 
@@ -142,6 +145,7 @@ def test_train_step(benchmark, backend, accel_on_backend, bench_settings, model,
             "baseline_throughput": base.iterations / base.median,
             "baseline_samples_s": base.samples,
             "comparison": "accel loop vs hand-written torch loop, rounds interleaved",
+            census.CENSUS_KEY: census.take_census(backend, through_accel),
         }
         last = through_accel()
     cfg = MODELS[model]
