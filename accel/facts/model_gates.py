@@ -6,8 +6,10 @@ the harness) must know the mode names and what a valid factor is. Torch-free.
 
 A mode's gates compare its run with the host's fp32 reference of the same model: final accuracy at
 least ``quality`` x the reference's, steps to the target at most ``steps`` x the reference's.
-Reduced precision rounds every activation and gradient, so it gets room in the steps gate; the
-full-precision modes keep the strict factors.
+Reduced precision rounds every activation and gradient, so it gets room in the steps gate (fp8,
+which rounds most, also in the quality gate): about ten times what the host measured for bf16 and
+fp16, and half again for fp8 (docs/models.md has the figures). The full-precision modes keep the
+strict factors.
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ MODE_GATES: dict[str, dict[str, float]] = {
     "zero2": {"quality": 0.99, "steps": 1.05},
     "zero3": {"quality": 0.99, "steps": 1.05},
     "compile": {"quality": 0.99, "steps": 1.05},
-    "bf16": {"quality": 0.99, "steps": 1.25},
-    "fp16": {"quality": 0.99, "steps": 1.15},
-    "fp8": {"quality": 0.98, "steps": 1.5},
+    "bf16": {"quality": 0.99, "steps": 1.15},
+    "fp16": {"quality": 0.99, "steps": 1.1},
+    "fp8": {"quality": 0.97, "steps": 1.35},
 }
 #: the mode names, in report column order
 MODEL_MODES: tuple[str, ...] = tuple(MODE_GATES)
