@@ -11,6 +11,7 @@ are :data:`LAYERS`; a module imports its own layer and those below, apart from t
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -63,8 +64,10 @@ def _lazy_targets(module: str, tree: ast.AST, known: dict[str, Path]) -> set[str
     return found
 
 
+@functools.lru_cache(maxsize=None)
 def import_graph(lazy: bool = False) -> dict[str, set[str]]:
-    """module -> the project modules it imports (with ``lazy``, also those it names in a lazy re-export table)."""
+    """module -> the project modules it imports (with ``lazy``, also those it names in a lazy re-export table);
+    built once per session (callers must not change it)."""
     known = _modules()
     graph: dict[str, set[str]] = {}
     for module, path in known.items():
