@@ -32,6 +32,7 @@ class EmuBackend(DeviceModuleBackend):
     device_type = DEVICE_TYPE
     visible_devices_env = "EMU_VISIBLE_DEVICES"
     start_method = "spawn"  # stream workers do not survive a fork, as on a real device
+    fork_server_ranks = True  # the fork server imports torch only; emu loads in each rank
     priority = 50  # after the vendors' devices, before cpu; only ever available when requested
     use_host_timers = False  # emu has device events
     compile_backend = "inductor"  # host C++ kernels over emu memory (accel_emu.compiler)
