@@ -311,10 +311,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     backend = ctx.backend(name)
     reason = None
     if not backend.is_available():
-        reason = harness_markers.SkipReason("backend-unavailable", f"{name}: {backend.availability.reason}")
+        reason = harness_markers.SkipReason(harness_markers.BACKEND_UNAVAILABLE, f"{name}: {backend.availability.reason}")
     elif name not in ctx.selected:
         reason = harness_markers.SkipReason(
-            "backend-not-selected", f"{name} is available but not selected (selected: {', '.join(ctx.selected)}; use --backend)")
+            harness_markers.BACKEND_NOT_SELECTED, f"{name} is available but not selected (selected: {', '.join(ctx.selected)}; use --backend)")
     else:
         reason = ctx.evaluate(list(item.iter_markers()), backend, world, item.nodeid)
         if reason is not None and ctx.profile_session is not None and name == ctx.profile.name:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from accel.facts.reasons import SKIP_REASONS, UNSPECIFIED, describe_reason
 from accel_harness.known_issues import KnownIssues
 
 __all__ = ["CELL", "FAILING", "SKIP_NEEDS", "cell_label", "failure_clusters", "skip_groups"]
@@ -23,20 +24,8 @@ CELL = ["backend", "torch_version", "accel_version"]
 #: the outcomes that count as failures
 FAILING = ("failed", "error")
 
-#: what a skip reason code means the test needs (shown next to the skip groups)
-SKIP_NEEDS = {
-    "backend-unavailable": "the backend's device and torch support on this machine",
-    "backend-not-selected": "its backend selected (--backend)",
-    "needs-devices": "more devices than the machine has",
-    "needs-package": "a library that is not installed",
-    "unsupported-dtype": "a dtype the backend does not support",
-    "torch-version": "another torch version",
-    "known-limitation": "a fix for a documented limitation",
-    "not-on-backend": "another backend (excluded here on purpose)",
-    "needs-multiprocess": "several processes (a collective backend)",
-    "opt-in": "to be asked for (slow or opt-in tests)",
-    "unspecified": "(no reason code given: plain pytest.skip)",
-}
+#: what a skip reason code means the test needs (shown next to the skip groups): accel.facts.reasons' table
+SKIP_NEEDS = {**SKIP_REASONS, UNSPECIFIED: describe_reason(UNSPECIFIED)}
 
 
 def cell_label(backend: Any, torch_version: Any, accel_version: Any = None) -> str:
@@ -105,7 +94,7 @@ def skip_groups(tests: pd.DataFrame, messages: int = 3) -> pd.DataFrame:
     skipped = tests[tests["outcome"] == "skipped"]
     if skipped.empty:
         return pd.DataFrame(columns=columns)
-    codes = skipped["reason_code"].fillna("unspecified")
+    codes = skipped["reason_code"].fillna(UNSPECIFIED)
     rows = []
     for code, group in skipped.assign(_code=codes).groupby("_code", sort=False):
         top = group["message"].fillna("").value_counts().head(messages)

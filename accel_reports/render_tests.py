@@ -9,6 +9,8 @@ from typing import Any
 
 import pandas as pd
 
+from accel.facts.reasons import UNSPECIFIED
+
 from . import charts
 from . import render_text as _text
 from .analysis import FAILING, Report, cell_label, cell_positions
@@ -130,7 +132,7 @@ def _grid_rows(report: Report, anchors: dict[tuple[str, int], int]) -> tuple[lis
                 if (test_id, position) in anchors:
                     link = f"f{anchors[(test_id, position)]}"
             elif outcome == "skipped":
-                css, glyph = "s", SKIP_LETTERS.get(skip_codes.get((test_id, position), "unspecified"), "s")
+                css, glyph = "s", SKIP_LETTERS.get(skip_codes.get((test_id, position), UNSPECIFIED), "s")
             if flaky and position in flaky:
                 css = (css + " fl").strip()
             cells.append((css, glyph, link))
@@ -401,7 +403,7 @@ def _skip_codes(report: Report) -> dict[tuple[str, int], str]:
     codes: dict[tuple[str, int], str] = {}
     if not skipped.empty:
         for test_id, position, code in zip(skipped["test_id"], cell_positions(skipped, report.cells), skipped["reason_code"]):
-            codes[(test_id, int(position))] = code if isinstance(code, str) and code else "unspecified"
+            codes[(test_id, int(position))] = code if isinstance(code, str) and code else UNSPECIFIED
     return codes
 
 
@@ -428,7 +430,7 @@ def _area_view(report: Report, skip_codes: dict[tuple[str, int], str]) -> list[d
                 area["failed"] += 1
             elif outcome == "skipped":
                 area["skipped"] += 1
-                code = skip_codes.get((test_id, position), "unspecified")
+                code = skip_codes.get((test_id, position), UNSPECIFIED)
                 area["reasons"][code] = area["reasons"].get(code, 0) + 1
             else:
                 area["xfail"] += 1

@@ -9,6 +9,8 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from accel.facts import reasons
+
 #: runs drawn in a trend line (the newest ones), so a long history keeps the page small; read at
 #: call time (``render_text.TREND_POINTS``) so a caller may change it
 TREND_POINTS = 30
@@ -17,9 +19,9 @@ GLYPHS = {"passed": ("", ""), "failed": ("f", "F"), "error": ("e", "E"), "xfaile
           "xpassed": ("xp", "X"), None: ("n", "")}
 #: skip reason code -> the letter shown in the grid
 SKIP_LETTERS = {
-    "needs-devices": "d", "needs-package": "p", "needs-multiprocess": "m", "torch-version": "v",
-    "unsupported-dtype": "t", "known-limitation": "l", "opt-in": "o", "backend-unavailable": "b",
-    "backend-not-selected": "c", "not-on-backend": "n", "unspecified": "s",
+    reasons.NEEDS_DEVICES: "d", reasons.NEEDS_PACKAGE: "p", reasons.NEEDS_MULTIPROCESS: "m", reasons.TORCH_VERSION: "v",
+    reasons.UNSUPPORTED_DTYPE: "t", reasons.KNOWN_LIMITATION: "l", reasons.OPT_IN: "o", reasons.BACKEND_UNAVAILABLE: "b",
+    reasons.BACKEND_NOT_SELECTED: "c", reasons.NOT_ON_BACKEND: "n", reasons.UNSPECIFIED: "s",
 }
 
 

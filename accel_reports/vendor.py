@@ -26,6 +26,7 @@ from typing import Any, Mapping
 
 import pandas as pd
 
+from accel.facts import reasons
 from accel_harness.known_issues import KnownIssues
 
 from .groups import failure_clusters, skip_groups
@@ -43,12 +44,12 @@ COMPAT_COLUMNS = ["suite", "reference_subject", "subject", "torch_version", "bac
 
 #: what a skip reason code says the skipped tests need, in a vendor's words
 _NEEDS_SHORT = {
-    "needs-devices": "more devices", "needs-package": "a library that is not installed",
-    "not-on-backend": "another accelerator", "backend-unavailable": "an unavailable backend",
-    "unsupported-dtype": "a dtype the backend lacks", "torch-version": "another torch version",
-    "opt-in": "to be asked for (slow tests)", "known-limitation": "an upstream fix (disabled upstream)",
-    "needs-multiprocess": "several processes", "backend-not-selected": "another selected backend",
-    "unspecified": "something their message names (no reason code)",
+    reasons.NEEDS_DEVICES: "more devices", reasons.NEEDS_PACKAGE: "a library that is not installed",
+    reasons.NOT_ON_BACKEND: "another accelerator", reasons.BACKEND_UNAVAILABLE: "an unavailable backend",
+    reasons.UNSUPPORTED_DTYPE: "a dtype the backend lacks", reasons.TORCH_VERSION: "another torch version",
+    reasons.OPT_IN: "to be asked for (slow tests)", reasons.KNOWN_LIMITATION: "an upstream fix (disabled upstream)",
+    reasons.NEEDS_MULTIPROCESS: "several processes", reasons.BACKEND_NOT_SELECTED: "another selected backend",
+    reasons.UNSPECIFIED: "something their message names (no reason code)",
 }
 
 

@@ -2,9 +2,8 @@
 precision-name collections, yes/no word collections, reason-code strings, and ``ACCEL_*``/``ACCELERATE_*``
 variable names missing from the environment table.
 
-Copies that other parts still hold are listed in :data:`OWNER_TO_FIX` (each with the table entry to use
-instead); :data:`JUSTIFIED` lists the ones that stay, with the reason. Both lists are matched by file,
-kind and value, with a count, so a new copy in an allow-listed file still fails.
+:data:`JUSTIFIED` lists the literals that look like a copy but stay, each with the reason; it is matched by
+file, kind and value, with a count, so a new copy in an allow-listed file still fails.
 """
 
 from __future__ import annotations
@@ -33,38 +32,15 @@ PORT, CKPT, PRECISION, TRUTH, CODE, VAR, FLOOR = (
     "port", "checkpoint name", "precision names", "truth words", "reason code", "variable outside the table",
     "version floor")
 
-#: (file, kind, value) -> (count, the table entry to use); the owners of these files replace them
-OWNER_TO_FIX: dict[tuple[str, str, str], tuple[int, str]] = {
-    # the default port -> accel.facts.network.DEFAULT_PORT
-    ("accel/commands/config/config.py", PORT, "29500"): (1, "owner to fix: network.DEFAULT_PORT"),
-    ("accel/utils/launch.py", PORT, "29500"): (1, "owner to fix: network.DEFAULT_PORT"),
-    # precision names -> accel.facts.precision.PRECISIONS / check_precision
-    ("accel/utils/launch.py", PRECISION, "no,fp16,bf16,fp8"): (1, "owner to fix: precision.check_precision"),
-    # yes/no words -> accel.facts.environment.env_flag / parse_bool
-    ("accel/commands/config/config_utils.py", TRUTH, "0,false,n,no"): (1, "owner to fix: environment.parse_bool"),
-    ("accel/commands/config/config_utils.py", TRUTH, "1,true,y,yes"): (1, "owner to fix: environment.parse_bool"),
-    ("accel/commands/report.py", TRUTH, "1,on,true,yes"): (1, "owner to fix: environment.parse_bool"),
-    ("accel/utils/launch.py", TRUTH, "1,on,true,y,yes"): (1, "owner to fix: environment.parse_bool"),
-    ("accel/launch/sagemaker_args.py", TRUTH, "false,true"): (1, "owner to fix: environment.parse_bool"),
-    # reason codes -> accel.facts.reasons
-    ("accel_harness/plugin.py", CODE, "backend-unavailable"): (1, "owner to fix: reasons.BACKEND_UNAVAILABLE"),
-    ("accel_harness/plugin.py", CODE, "backend-not-selected"): (1, "owner to fix: reasons.BACKEND_NOT_SELECTED"),
-    **{("accel_reports/groups.py", CODE, code): (1, "owner to fix: reasons.SKIP_REASONS / describe_reason")
-       for code in REASON_CODES},
-    ("accel_reports/groups.py", CODE, "unspecified"): (2, "owner to fix: reasons.UNSPECIFIED, describe_reason"),
-    ("accel_reports/render_tests.py", CODE, "unspecified"): (3, "owner to fix: reasons.UNSPECIFIED"),
-    **{("accel_reports/render_text.py", CODE, code): (1, "owner to fix: key the letters by reasons.* constants")
-       for code in REASON_CODES},
-    **{("accel_reports/vendor.py", CODE, code): (1, "owner to fix: reasons.SKIP_REASONS (or a vendor column there)")
-       for code in REASON_CODES},
-}
-
 #: (file, kind, value) -> (count, why it stays)
 JUSTIFIED: dict[tuple[str, str, str], tuple[int, str]] = {
     ("accel/checkpointing/api.py", CKPT, "random_states"): (1, "a manifest field of that name, not the file name"),
     ("accel/checkpointing/manifest.py", CKPT, "random_states"): (1, "a manifest field of that name, not the file name"),
     ("accel_harness/markers.py", VAR, "ACCELERATE_ALIASES"): (1, "a Python name in __all__, not a variable"),
     ("accel/commands/config_file.py", VAR, "ACCELERATE_ONLY_KEYS"): (1, "a Python name in __all__, not a variable"),
+    ("accel/launch/sagemaker_args.py", TRUTH, "false,true"): (
+        1, "Python's own spellings True/False, read by literal_eval case-sensitively as Accelerate does (a SageMaker "
+           "hyperparameter 'true' stays text); not the yes/no words"),
 }
 
 
@@ -113,7 +89,7 @@ def scan(root: Path = ROOT) -> Counter:
 
 
 def test_no_fact_is_written_again():
-    allowed = {key: count for key, (count, _) in {**OWNER_TO_FIX, **JUSTIFIED}.items()}
+    allowed = {key: count for key, (count, _) in JUSTIFIED.items()}
     extra = {key: n for key, n in scan().items() if n > allowed.get(key, 0)}
     assert not extra, "facts written again (use accel.facts): " + "; ".join(
         f"{path}: {kind} {value!r} x{n}" for (path, kind, value), n in sorted(extra.items()))
@@ -122,7 +98,7 @@ def test_no_fact_is_written_again():
 def test_the_allow_lists_hold_no_stale_entries():
     """An entry whose copy is gone (or fewer) is removed from the list, so the lists only shrink."""
     found = scan()
-    stale = [key for key, (count, _) in {**OWNER_TO_FIX, **JUSTIFIED}.items() if found.get(key, 0) < count]
+    stale = [key for key, (count, _) in JUSTIFIED.items() if found.get(key, 0) < count]
     assert not stale, f"allow-list entries to remove or lower: {stale}"
 
 

@@ -49,6 +49,7 @@ import sys
 from pathlib import Path
 
 from accel.commands import UsageError
+from accel.facts.environment import TRUE_WORDS
 
 __all__ = ["EXIT_COLLECTION_DROP", "EXIT_INPUT", "EXIT_INTERNAL", "EXIT_NEW_FAILURES", "EXIT_OK", "EXIT_REGRESSIONS",
            "EXIT_USAGE", "add_arguments", "run", "strict_default"]
@@ -86,9 +87,10 @@ Give RESULTS before --baseline and --known-issues, which take several values eac
 
 
 def strict_default(environ: "os._Environ[str] | dict[str, str] | None" = None) -> bool:
-    """``--strict`` unless asked: on when ``$CI`` is set to a true value (``true``, ``1``, ``yes``)."""
+    """``--strict`` unless asked: on when ``$CI`` holds a true word (``true``, ``1``, ``yes``: the words
+    :data:`accel.facts.environment.TRUE_WORDS`); any other value, or none, leaves it off without an error."""
     value = (os.environ if environ is None else environ).get("CI", "")
-    return value.strip().lower() in ("1", "true", "yes", "on")
+    return value.strip().lower() in TRUE_WORDS
 
 
 def _csv(choices: tuple[str, ...], allow_none: bool = False):

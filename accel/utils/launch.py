@@ -26,6 +26,9 @@ import warnings
 from shutil import which
 from typing import Any
 
+from ..facts.environment import TRUE_WORDS
+from ..facts.network import DEFAULT_PORT, free_port as _free_port
+from ..facts.precision import PRECISIONS
 from ..launch.sagemaker_args import convert_nargs_to_dict as _convert_nargs_to_dict
 from ..launch.sagemaker_args import prepare_sagemager_args_inputs, setup_fp8_env
 
@@ -51,9 +54,7 @@ DYNAMO_BACKENDS = (
 )
 #: DeepSpeed's multi-node launchers; "standard" means torch elastic on every node
 DEEPSPEED_MULTINODE_LAUNCHERS = ("pdsh", "standard", "openmpi", "mvapich", "mpich", "nossh")
-PRECISIONS = ("no", "fp16", "bf16", "fp8")
 DEBUG_VARIABLES = ("ACCEL_DEBUG_MODE", "ACCELERATE_DEBUG_MODE")
-DEFAULT_PORT = 29500
 
 
 # ---------------------------------------------------------------------------- small helpers
@@ -67,19 +68,13 @@ def _lower(value: Any) -> str:
 
 def _truthy(value: Any) -> bool:
     if isinstance(value, str):
-        return value.strip().lower() in ("1", "true", "yes", "y", "on")
+        return value.strip().lower() in TRUE_WORDS
     return bool(value)
 
 
 def _is_port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         return sock.connect_ex((host, int(port))) == 0
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
 
 
 def _visible_devices_variable() -> str:

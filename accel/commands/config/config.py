@@ -38,10 +38,9 @@ from accel.commands.config_file import (
     load_config,
     save_config,
 )
+from accel.facts.network import DEFAULT_PORT
 
 __all__ = ["add_arguments", "add_flag", "ask_questions", "default_config", "run"]
-
-DEFAULT_PORT = 29500
 
 #: value flags shared by `accel config` and `accel config default`: flag -> (config key, help)
 VALUE_FLAGS: dict[str, tuple[str, str]] = {

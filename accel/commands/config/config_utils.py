@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable, Sequence
 
+from accel.facts.environment import parse_bool
+
 __all__ = ["SubcommandHelpFormatter", "_ask_field", "_ask_options", "_convert_yes_no_to_bool"]
 
 
@@ -37,13 +39,11 @@ def _ask_options(input_text: str, options: Sequence[str] = (), convert_value: Ca
 
 
 def _convert_yes_no_to_bool(value: str) -> bool:
-    """``yes``/``no`` (and y/n/true/false) as a bool; ValueError otherwise."""
-    word = value.strip().lower()
-    if word in ("y", "yes", "true", "1"):
-        return True
-    if word in ("n", "no", "false", "0"):
-        return False
-    raise ValueError(f"answer yes or no, not {value!r}")
+    """``yes``/``no`` (any word :func:`accel.facts.environment.parse_bool` reads) as a bool; ValueError otherwise."""
+    try:
+        return parse_bool(value)
+    except ValueError:
+        raise ValueError(f"answer yes or no, not {value!r}") from None
 
 
 class SubcommandHelpFormatter(argparse.RawDescriptionHelpFormatter):
