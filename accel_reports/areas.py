@@ -31,6 +31,8 @@ SUITE_AREAS = {
     "test_peft": "PEFT",
     "test_sequence_parallel": "sequence parallel",
     "test_models": "models",
+    "test_compile": "compile",
+    "test_profiler": "profiler",
     "test_bench_checkpoint": "benchmarks",
     "test_bench_collectives": "benchmarks",
     "test_bench_data_loader": "benchmarks",

@@ -140,7 +140,8 @@ _TYPES = {**{name: _is_text for name in _TEXT_FIELDS},
           "host_ref": _is_number, "quick": _is_flag, "sizes": _is_mapping, "work_size": _is_number,
           "environment": _is_mapping, "flake_rate": _is_rate, "fingerprint": _is_mapping, "selection": _is_mapping,
           "profile": _is_mapping, "profile_coverage": _is_mapping, "expired_known_issues": _is_mappings,
-          "operator": _is_mapping, "ops": _is_mapping, "model_run": _is_mapping}
+          "operator": _is_mapping, "ops": _is_mapping, "model_run": _is_mapping,
+          "compile_run": _is_mapping}
 #: checks that a value's type alone decides (numbers: a non-finite duration is made 0 by the tests frame)
 _PLAIN_TYPES = {_is_text: {str, type(None)}, _is_number: {int, float, type(None)}, _is_int: {int, type(None)},
                 _is_rate: {type(None)}}  # a rate: only a column without any skips the per-value check

@@ -29,7 +29,8 @@ Frames (columns in :data:`TEST_COLUMNS`, :data:`RUN_COLUMNS`, :data:`BENCH_COLUM
   operator (an operator sweep's row: the fields of its ``extra`` the report reads, see
   :func:`accel_reports.operators.operator_detail`; None for any other test), model_run (a model suite
   run's figures, ``extra["model_run"]`` checked by :func:`accel_reports.models_view.model_run_detail`;
-  None for any other test or an older record);
+  None for any other test or an older record), compile_run (the compile suite's graphs and graph breaks,
+  ``extra["compile"]`` checked by :func:`accel_reports.compile_view.compile_detail`);
 * ``runs``: run_id, source, format, backends, torch_version, torch_build, accel_version, host,
   start_time, end_time, interrupted, records, device_models, git_commit, upstream (the header's
   ``extra["upstream"]`` block of an upstream-suite run, else None; such a run's ``accel_version``
@@ -68,6 +69,7 @@ from accel_harness.records import (
 
 from .display import display_deep, display_path, display_text, line_of, short
 from .headers import subject_label, upstream_block
+from .compile_view import compile_detail, is_compile_id
 from .load_junit import ROW_TEXT, load_junit
 from .models_view import is_model_id, model_run_detail
 from .operators import header_figures, is_operator_id, operator_detail
@@ -92,7 +94,7 @@ TEST_COLUMNS = [
     "run_id", "source", "format", "backend", "torch_version", "accel_version", "torch_build", "host",
     "start_time", "nodeid", "test_id", "world_size", "outcome", "duration", "when", "reason_code",
     "message", "signature", "traceback", "known_issue", "tracked_pass", "flake_rate", "expired_issue", "operator",
-    "model_run",
+    "model_run", "compile_run",
 ]
 RUN_COLUMNS = [
     "run_id", "source", "format", "backends", "torch_version", "torch_build", "accel_version", "host",
@@ -112,7 +114,7 @@ _OUTCOME_SET = frozenset(OUTCOMES)
 #: columns taken from each test row; the others come from the run
 _ROW_COLUMNS = ["nodeid", "test_id", "backend", "world_size", "outcome", "duration", "when", "reason_code",
                 "message", "signature", "traceback", "known_issue", "tracked_pass", "flake_rate", "expired_issue", "operator",
-                "model_run"]
+                "model_run", "compile_run"]
 _RUN_FIELDS = [c for c in TEST_COLUMNS if c not in _ROW_COLUMNS]
 
 
@@ -257,6 +259,7 @@ def load_jsonl(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, lis
         rec["expired_issue"] = display_text(expired) if isinstance(expired, str) and expired else None
         rec["operator"] = display_deep(operator_detail(extra)) if is_operator_id(rec["test_id"]) else None
         rec["model_run"] = display_deep(model_run_detail(extra)) if is_model_id(rec["test_id"]) else None
+        rec["compile_run"] = display_deep(compile_detail(extra)) if is_compile_id(rec["test_id"]) else None
         rows.append(rec)
     return run, rows, list(problems)
 

@@ -35,6 +35,7 @@ from .render_bench import _benchmark_view
 from .render_env import _ENV_FIELDS, _environment_view, _path_scrubber, _shown_path
 from .render_text import (GLYPHS, SKIP_LETTERS, TREND_POINTS, _md_link, _pct, _present, _records, md_escape,
                           safe_url)
+from .compile_view import compile_view
 from .models_view import models_view
 from .support_matrix import write_support_matrix
 from .render_ops import headline_with_operators, operators_view, support_csv, without_operators
@@ -126,6 +127,7 @@ def _context(report: Report, out_dir: str | Path | None = None) -> dict[str, Any
         "headline": headline_with_operators(generic.headline, ops),
         "ops": ops,
         "models": models_view(report.tests),
+        "compiled": compile_view(report.tests),
         "headline_url": clusters[0]["url"] if clusters and clusters[0]["kind"] == "known issue" else None,
         "clusters": clusters,
         "sig_clusters": sig_clusters,
