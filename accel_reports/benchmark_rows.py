@@ -11,6 +11,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from accel.facts.backends import BUILTIN_BACKENDS
 from accel_harness.records import device_neutral_id
 
 __all__ = ["HOST_REFERENCE_KEYS", "benchmark_row", "higher_is_better", "host_reference_value"]
@@ -19,7 +20,6 @@ _HIGHER_METRICS = ("throughput", "bandwidth", "flops", "tflops", "samples_per_se
                    "items_per_second", "ops", "speedup", "mfu", "utilization")
 _LOWER_METRICS = ("time", "latency", "duration", "step_time", "seconds", "memory", "overhead")
 _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
-_KNOWN_BACKENDS = ("cpu", "cuda", "xpu", "hpu", "mps")
 #: ``extra_info["host_bound"]`` -> the figure of ``extra_info["host_reference"]`` it is compared with
 HOST_REFERENCE_KEYS = {"compute": "compute_gflops", "memory": "memory_gbs"}
 
@@ -64,7 +64,7 @@ def _backend_from(fullname: str) -> str | None:
     if "[" not in fullname:
         return None
     tokens = fullname[fullname.rfind("[") + 1:].rstrip("]").split("-")
-    return next((b for b in _KNOWN_BACKENDS if b in tokens), None)
+    return next((b for b in BUILTIN_BACKENDS if b in tokens), None)
 
 
 def benchmark_row(bench: Mapping[str, Any], machine: Mapping[str, Any] | None = None) -> dict[str, Any]:

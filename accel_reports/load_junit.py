@@ -13,14 +13,13 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from accel.facts.backends import BUILTIN_BACKENDS
 from accel_harness.records import Problem, device_neutral_id, failure_signature, first_error_line
 
 from .display import display_path, display_text, line_of, short
 
 __all__ = ["ROW_TEXT", "load_junit"]
 
-#: backend names recognised in a JUnit nodeid when the file carries no ``accel_backend`` property
-_KNOWN_BACKENDS = ("cpu", "cuda", "xpu", "hpu", "mps")
 #: a test row's text fields, made displayable wherever the row comes from
 ROW_TEXT = ("nodeid", "test_id", "backend", "when", "reason_code", "message", "signature", "traceback", "known_issue")
 
@@ -46,7 +45,8 @@ def _junit_backend(nodeid: str) -> str | None:
     if not match:
         return None
     tokens = match.group(1).split("-")
-    return next((b for b in _KNOWN_BACKENDS if b in tokens), None)
+    # a built-in backend's name among the id's parameters, when the file carries no ``accel_backend`` property
+    return next((b for b in BUILTIN_BACKENDS if b in tokens), None)
 
 
 def _properties(element: ET.Element) -> dict[str, str]:

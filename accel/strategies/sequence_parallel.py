@@ -27,6 +27,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 
+from ..facts.versions import DEEPSPEED_SP
 from ..utils.imports import is_deepspeed_available, is_transformers_available
 
 __all__ = [
@@ -35,8 +36,8 @@ __all__ = [
     "ulysses_dataloader",
 ]
 
-#: the first DeepSpeed release with ALST/Ulysses for Hugging Face models (Accelerate's floor)
-DEEPSPEED_ULYSSES_MIN_VERSION = "0.18.2"
+#: the first DeepSpeed release with ALST/Ulysses for Hugging Face models (the floor accel.facts.versions.DEEPSPEED_SP)
+DEEPSPEED_ULYSSES_MIN_VERSION = DEEPSPEED_SP
 
 #: transformers' attention functions replaced by Ulysses in this process, to put back on release
 _REPLACED_ATTENTION: dict[str, Any] = {}
