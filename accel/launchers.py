@@ -113,7 +113,8 @@ def notebook_launcher(
         raise ValueError(f"The node_rank must be less than the number of nodes (node_rank={node_rank}, num_nodes={num_nodes}).")
 
     from accel.backends import get_backend
-    from accel.commands.launch import loopback_interface, patched_environ
+    from accel.launch.execution import patched_environ
+    from accel.launch.network import loopback_interface
 
     backend = get_backend()
     env = {"ACCEL_MIXED_PRECISION": precision}
@@ -220,7 +221,7 @@ def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes
     import torch.distributed as dist
     from torch.multiprocessing import start_processes
 
-    from accel.commands.launch import loopback_interface
+    from accel.launch.network import loopback_interface
 
     if dist.is_available() and dist.is_initialized():
         raise RuntimeError(

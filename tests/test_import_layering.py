@@ -193,8 +193,6 @@ UPWARD_ALLOWED = {
     # into the CLI
     ("accel.utils.other", "accel.commands.config"): _WRITE_BASIC_CONFIG,
     ("accel.utils.other", "accel.commands.config_file"): _WRITE_BASIC_CONFIG,
-    ("accel.launchers", "accel.commands.launch"):
-        "notebook_launcher binds gloo to loopback and patches the environment as accel launch does",
     ("accel_harness.records", "accel.commands.env"):
         "a results header's environment block is what `accel env --json` collects",
 }

@@ -23,6 +23,8 @@ from _fake_backend import NoDevice
 from accel.backends import Availability, Backend, Capability, get_backend, register_backend, reset_registry
 from accel.commands import cli
 from accel.commands import launch as launch_command
+from accel.launch.network import loopback_interface
+from accel.launch.plan import LaunchPlan
 from _waits import SAFETY_NET_S
 from dist_utils import free_port
 
@@ -68,7 +70,7 @@ def parse(argv: list[str]):
     return parser.parse_args(["launch", *argv])
 
 
-def plan_for(argv: list[str]) -> launch_command.LaunchPlan:
+def plan_for(argv: list[str]) -> LaunchPlan:
     return launch_command.build_plan(parse(argv))
 
 
@@ -88,7 +90,7 @@ def test_cpu_two_processes_start_two_ranks_that_form_a_group(tmp_path):
         assert rec["env"]["ACCEL_MIXED_PRECISION"] == "bf16"
         assert rec["env"]["ACCEL_DEVICE"] == "cpu"
         assert rec["env"]["MASTER_ADDR"] == "127.0.0.1"
-        assert rec["env"]["GLOO_SOCKET_IFNAME"] == launch_command.loopback_interface()
+        assert rec["env"]["GLOO_SOCKET_IFNAME"] == loopback_interface()
         assert rec["name"] == "__main__" and rec["path0"] == str(SCRIPTS)  # like `python script.py`
         # the script left its group open; the bootstrap closed it (a live gloo group can abort the exit)
         assert (tmp_path / "out" / f"rank{rank}.exit").read_text() == "closed"
@@ -338,7 +340,7 @@ def test_plan_for_a_single_node_cpu_run(script, monkeypatch):
     assert args[-4:] == [str(script), "--num_processes", "7", "--cpu"]  # the script's own flags, untouched
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     assert plan.env["OMP_NUM_THREADS"] == str(max(cores // 2, 1))
-    assert plan.env["GLOO_SOCKET_IFNAME"] == launch_command.loopback_interface()
+    assert plan.env["GLOO_SOCKET_IFNAME"] == loopback_interface()
     monkeypatch.setenv("OMP_NUM_THREADS", "5")
     assert "OMP_NUM_THREADS" not in plan_for(["--cpu", str(script)]).env  # a user's setting is kept
 

@@ -23,9 +23,11 @@ import pytest
 
 from accel.commands import UsageError
 from accel.commands import launch as L
-from accel.commands.launch import diagnosis as D
-from accel.commands.launch import nodes as N
-from accel.launch import heartbeat
+from accel.launch import bootstrap, heartbeat
+from accel.launch import diagnosis as D
+from accel.launch import nodes as N
+from accel.launch.plan import DEFAULT_HANG_TIMEOUT
+from accel.launch.watchdog import HANG_EXIT_CODE
 from _waits import SAFETY_NET_S
 from dist_utils import free_port
 
@@ -39,7 +41,7 @@ SLOW = [pytest.mark.slow]
 def _env(out: Path) -> dict[str, str]:
     env = dict(os.environ, ACCEL_TEST_OUT=str(out), OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    for name in ("ACCEL_DEVICE", "ACCEL_CONFIG_FILE", "ACCEL_HANG_TIMEOUT", heartbeat.RUN_DIR_ENV, L.LAUNCHER_PID_ENV):
+    for name in ("ACCEL_DEVICE", "ACCEL_CONFIG_FILE", "ACCEL_HANG_TIMEOUT", heartbeat.RUN_DIR_ENV, bootstrap.LAUNCHER_PID_ENV):
         env.pop(name, None)
     env["XDG_CACHE_HOME"] = str(out / "cache")
     return env
@@ -83,7 +85,7 @@ def _check_hang(tmp_path: Path, mode: str) -> str:
     done = _launch(tmp_path, "--hang_timeout", str(HANG_TIMEOUT), str(SCRIPTS / "hang_rank.py"), mode)
     out = tmp_path / "out"
     err = done.stderr
-    assert done.returncode == L.HANG_EXIT_CODE, err[-4000:]
+    assert done.returncode == HANG_EXIT_CODE, err[-4000:]
     assert "got past the collective" not in done.stdout
     assert (out / "hang-started").is_file()
     headline = [line for line in err.splitlines() if line.startswith("accel launch: rank")][0]
@@ -194,7 +196,7 @@ def test_heartbeat_file_round_trip(tmp_path, monkeypatch):
 
 def test_hang_timeout_option(monkeypatch):
     monkeypatch.delenv(L.HANG_TIMEOUT_ENV, raising=False)
-    assert L._hang_timeout(None) == L.DEFAULT_HANG_TIMEOUT == 600
+    assert L._hang_timeout(None) == DEFAULT_HANG_TIMEOUT == 600
     assert L._hang_timeout(30) == 30 and L._hang_timeout(0) == 0
     monkeypatch.setenv(L.HANG_TIMEOUT_ENV, "90")
     assert L._hang_timeout(None) == 90 and L._hang_timeout(5) == 5  # the flag wins
@@ -335,7 +337,7 @@ def test_a_stopped_rank_is_named_hung_and_its_peers_wait_in_a_collective(tmp_pat
     for code, err, _ in results:
         headline = _headline(err)
         assert headline.startswith(f"accel launch: rank {victim} ") and "hung: it is stopped (SIGSTOP?)" in headline, err[-4000:]
-        assert code == L.HANG_EXIT_CODE, err[-4000:]
+        assert code == HANG_EXIT_CODE, err[-4000:]
         stopped = _rank_section(err, victim)
         assert "stopped (SIGSTOP?)" in stopped.splitlines()[0] and "did not answer" in stopped and "exited" not in stopped
         for peer in set(range(ranks)) - {victim}:
@@ -432,7 +434,7 @@ BUSY = 'Thread 0x2 (most recent call first):\n  File "t.py", line 4 in stuck\n  
 
 def test_waiting_in_a_collective_includes_ddp_backward_and_c10d():
     for stack in (AUTOGRAD, C10D, DDP_FORWARD):
-        assert D.waiting_in_collective(stack) and L.waiting_in_collective(stack)
+        assert D.waiting_in_collective(stack)
     assert not D.waiting_in_collective(BUSY) and not D.waiting_in_collective(None)
 
 
@@ -554,10 +556,10 @@ time.sleep(120)
 @pytest.mark.parametrize("declared, theirs, code, sent", [
     ("failure", KILLED_ON_NODE_1, 128 + 9, []),  # node 1 failed while this node's ranks noticed nothing
     (None, KILLED_ON_NODE_1, 128 + 9, ["hang"]),  # this node timed out first; node 1's failure is in the store
-    (None, [], L.HANG_EXIT_CODE, ["hang"]),  # a hang, with no failure anywhere
+    (None, [], HANG_EXIT_CODE, ["hang"]),  # a hang, with no failure anywhere
 ], ids=["peer-failure-declared", "own-timeout-peer-failed", "plain-hang"])
 def test_the_watchdog_names_another_nodes_failed_rank_over_a_hang(tmp_path, monkeypatch, declared, theirs, code, sent):
-    import accel.commands.launch.watchdog as W
+    import accel.launch.watchdog as W
 
     monkeypatch.setattr(W, "PEER_END_IDLE", 0.2)
     rank = subprocess.Popen([sys.executable, "-c", _STACK_ON_SIGNAL, str(tmp_path / "stack-0.txt"), str(heartbeat.STACK_SIGNAL)],

@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from accel.commands import UsageError
-from accel.commands.launch import nodes as N
+from accel.launch import nodes as N
 from accel.launch import heartbeat
 from _waits import SAFETY_NET_S
 from dist_utils import free_port
@@ -166,7 +165,7 @@ class _LostPeer(_FakeExchange):
 def test_the_watchdog_ends_ranks_that_wait_for_a_lost_node(tmp_path, monkeypatch):
     """This node's rank waits without an error (gloo may never notice the other node's death); once it has
     been idle a while and the exchange finds node 1 lost, the watchdog ends it and names the lost node."""
-    import accel.commands.launch.watchdog as W
+    import accel.launch.watchdog as W
 
     monkeypatch.setattr(W, "PEER_END_IDLE", 0.2)
     rank = subprocess.Popen([sys.executable, "-c", _STACK_ON_SIGNAL, str(tmp_path / "stack-0.txt"), str(heartbeat.STACK_SIGNAL)],
@@ -199,14 +198,14 @@ def test_node_timeout_and_rank_spans(monkeypatch):
     assert N.node_timeout() == 2.5
     for bad in ("soon", "0"):
         monkeypatch.setenv(N.NODE_TIMEOUT_ENV, bad)
-        with pytest.raises(UsageError, match=N.NODE_TIMEOUT_ENV):
+        with pytest.raises(N.NodeSetupError, match=N.NODE_TIMEOUT_ENV):
             N.node_timeout()
     assert N.rank_span([3, 2]) == "ranks 2\u20133" and N.rank_span([4]) == "rank 4" and N.rank_span([1, 4]) == "ranks 1, 4"
 
 
 def test_a_lost_node_is_blamed_unless_a_rank_failed_while_it_still_answered():
-    from accel.commands.launch.diagnosis import RankEvidence
-    from accel.commands.launch.report import failure_verdict
+    from accel.launch.diagnosis import RankEvidence
+    from accel.launch.report import failure_verdict
 
     lost = {1: N.LostNode(1, "10.0.0.2", [2, 3], "its launcher has not pulsed for 10 s", last_seen=100.0)}
     after = [RankEvidence(rank=0, node=0, exitcode=1, failed_at=101.0), RankEvidence(rank=1, node=0, exitcode=1, failed_at=101.2)]

@@ -80,7 +80,7 @@ def _with_launch_defaults(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> int:
-    from accel.commands.launch import build_plan, execute
+    from accel.commands.launch import build_plan, run_plan
 
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout}")
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         watchdog = _Watchdog(args.timeout)
         watchdog.start()
         try:
-            code = execute(plan)
+            code = run_plan(plan)
         finally:
             watchdog.cancel()
         payload = _read(out)

@@ -1,8 +1,14 @@
-"""The launcher's runtime half: what ``accel launch`` and the ranks it starts share while a job runs.
+"""The launcher's runtime half: what ``accel launch`` and the ranks it starts do while a job runs.
 
-The ranks' progress heartbeat read by the hang watchdog (:mod:`.heartbeat`), the one precedence rule
-for settings (:mod:`.precedence`) and launching on Amazon SageMaker (:mod:`.sagemaker`, with the
-estimator's arguments in :mod:`.sagemaker_args`). The command line itself is :mod:`accel.commands.launch`;
-Accelerate's helper names stay in :mod:`accel.utils.launch`. Importing this package imports none of its
-modules.
+* the plan as a value (:mod:`.plan`) and carrying it out through torch elastic (:mod:`.execution`);
+* what every rank runs (:mod:`.bootstrap`) and the ranks' progress heartbeat (:mod:`.heartbeat`);
+* the hang watchdog (:mod:`.watchdog`), the evidence and the rules of whom to blame (:mod:`.diagnosis`),
+  the report printed on a failure (:mod:`.report`) and the channel between the nodes' launchers
+  (:mod:`.nodes`);
+* the rendezvous on this host (:mod:`.network`), the one precedence rule for settings
+  (:mod:`.precedence`) and launching on Amazon SageMaker (:mod:`.sagemaker`, :mod:`.sagemaker_args`).
+
+The command line (flags, config file, building the plan) is :mod:`accel.commands.launch`; Accelerate's
+helper names stay in :mod:`accel.utils.launch`. Importing this package imports none of its modules, so
+a rank's ``python -m accel.launch.bootstrap`` loads only what it runs.
 """

@@ -6,7 +6,9 @@ import argparse
 import sys
 from typing import Any
 
-from .execution import execute
+from accel.launch.execution import execute
+from accel.launch.nodes import NodeSetupError
+
 from .options import HideDashedAliasesFormatter, add_arguments
 from .plan import build_plan
 from .settings import sagemaker_config
@@ -44,7 +46,18 @@ def run(args: argparse.Namespace) -> int:
     if not plan.quiet:
         for warning in plan.warnings:
             print(f"accel launch: warning: {warning}", file=sys.stderr)
-    return execute(plan)
+    return run_plan(plan)
+
+
+def run_plan(plan: Any) -> int:
+    """Carry out ``plan`` (:func:`accel.launch.execution.execute`); the nodes failing to meet as asked is a
+    usage error of the command, printed on one line."""
+    from accel.commands import UsageError
+
+    try:
+        return execute(plan)
+    except NodeSetupError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _launch_on_sagemaker(sagemaker: Any, args: argparse.Namespace) -> int:

@@ -9,10 +9,8 @@ from typing import Any
 
 from accel.facts.environment import parse_bool
 from accel.facts.precision import PRECISIONS
+from accel.launch.plan import DEFAULT_HANG_TIMEOUT
 
-#: seconds without progress on any rank before `accel launch` ends the job as hung: NCCL's own collective
-#: timeout, which training users already live with; a step, an accel collective or a checkpoint file resets it
-DEFAULT_HANG_TIMEOUT = 600.0
 HANG_TIMEOUT_ENV = "ACCEL_HANG_TIMEOUT"
 
 MIXED_PRECISIONS = PRECISIONS

@@ -7,49 +7,20 @@ import argparse
 import copy
 import os
 import shutil
-from dataclasses import dataclass, field
 from typing import Any
 
 from accel.commands import UsageError
 from accel.facts.environment import env_flag
 from accel.facts.network import DEFAULT_PORT
+from accel.launch.network import (free_port_on, is_loopback, loopback_interface, port_in_use,
+                                  port_taken_on_any_address)
+from accel.launch.plan import DEFAULT_HANG_TIMEOUT, LaunchPlan
 
-from .network import _free_port, _is_loopback, _port_in_use, _port_taken_on_any_address, loopback_interface
-from .options import DEFAULT_HANG_TIMEOUT, HANG_TIMEOUT_ENV, _given
+from .options import HANG_TIMEOUT_ENV, _given
 from .settings import _refusals, _validate_launch_command
 
 #: the module every rank runs (it runs the script and records its failures)
-BOOTSTRAP_MODULE = "accel.commands.launch.bootstrap"
-
-
-@dataclass
-class LaunchPlan:
-    """Everything decided before starting: torchrun's arguments and the environment for the ranks
-    (or, for mpirun and DeepSpeed's multi-node runner, the command to run instead)."""
-
-    backend: str
-    comm_backend: str | None
-    num_machines: int
-    machine_rank: int
-    nproc_per_node: int
-    mixed_precision: str
-    debug: bool
-    endpoint: str
-    torchrun_args: list[str]
-    env: dict[str, str] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
-    #: a command run instead of torch elastic (mpirun, DeepSpeed's multi-node runner)
-    command: list[str] | None = None
-    log_dir: str | None = None
-    quiet: bool = False
-    #: seconds without progress before the job is ended as hung (0: never)
-    hang_timeout: float = DEFAULT_HANG_TIMEOUT
-    #: torch elastic's rendezvous backend (the nodes swap failure evidence through the static one's store)
-    rdzv_backend: str = "static"
-
-    @property
-    def num_processes(self) -> int:
-        return self.nproc_per_node * self.num_machines
+BOOTSTRAP_MODULE = "accel.launch.bootstrap"
 
 
 def build_plan(args: argparse.Namespace) -> LaunchPlan:
@@ -172,10 +143,10 @@ def build_plan(args: argparse.Namespace) -> LaunchPlan:
     if num_machines == 1:
         host = main_ip or "127.0.0.1"
         if not port:
-            port = _free_port(host)
-        elif _port_in_use(host, port):
+            port = free_port_on(host)
+        elif port_in_use(host, port):
             raise UsageError(f"port {port} on {host} is in use; choose another --main_process_port, or leave it out to get a free one")
-        if comm == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ and _is_loopback(host):
+        if comm == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ and is_loopback(host):
             iface = loopback_interface()
             if iface:
                 env["GLOO_SOCKET_IFNAME"] = iface
@@ -213,7 +184,7 @@ def build_plan(args: argparse.Namespace) -> LaunchPlan:
 
     command = _other_launcher(args, env, host, port)
     if num_machines > 1 and machine_rank == 0 and args.rdzv_backend == "static" and command is None \
-            and _port_taken_on_any_address(port):  # node 0's launcher serves the rendezvous store on it
+            and port_taken_on_any_address(port):  # node 0's launcher serves the rendezvous store on it
         raise UsageError(f"port {port} is in use on this host (node 0 serves the rendezvous store on it); "
                          "choose another --main_process_port on every node")
     return LaunchPlan(

@@ -1,6 +1,6 @@
 """The hang watchdog of `accel launch`: a thread in the launcher that ends the job when no rank has made
 progress for ``--hang_timeout`` seconds, with every rank's state and Python stack and the rank to blame
-(:func:`accel.commands.launch.diagnosis.blame_hang`, over every node's evidence when the nodes swap it)."""
+(:func:`accel.launch.diagnosis.blame_hang`, over every node's evidence when the nodes swap it)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ class HangWatchdog:
     ended. On a hang: every rank is asked for its Python stack (``faulthandler`` on the heartbeat's
     signal), each rank's state is read from the OS, the evidence is swapped with the other nodes'
     launchers (``exchange``, which also tells them to end), the rank to blame is chosen by
-    :func:`accel.commands.launch.diagnosis.blame_hang`, every local rank is killed, and ``report`` holds
+    :func:`accel.launch.diagnosis.blame_hang`, every local rank is killed, and ``report`` holds
     the text ``accel launch`` prints before exiting with ``exit_code`` (:data:`HANG_EXIT_CODE`).
 
     Another node's launcher may end the job first: its watchdog declared a hang, or one of its ranks failed

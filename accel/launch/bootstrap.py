@@ -1,4 +1,4 @@
-"""The bootstrap every rank of `accel launch` runs: ``python -u -m accel.commands.launch.bootstrap [--module] TARGET ARGS``.
+"""The bootstrap every rank of `accel launch` runs: ``python -u -m accel.launch.bootstrap [--module] TARGET ARGS``.
 
 It runs the script (or module) as ``__main__`` the way python would and, when it raises, records the
 moment it failed (:func:`accel.launch.heartbeat.record_failure`, before anything a peer could notice)
@@ -55,7 +55,7 @@ def worker_main(argv: list[str]) -> None:
     if module:
         argv = argv[1:]
     if not argv:
-        sys.exit("accel.commands.launch.bootstrap: nothing to run (this module is the bootstrap of `accel launch`)")
+        sys.exit("accel.launch.bootstrap: nothing to run (this module is the bootstrap of `accel launch`)")
     target, rest = argv[0], argv[1:]
     sys.argv = [target, *rest]
     _die_with_launcher()

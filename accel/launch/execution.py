@@ -1,4 +1,4 @@
-"""Running a launch plan (:class:`accel.commands.launch.plan.LaunchPlan`): torch elastic's agent in this process,
+"""Running a launch plan (:class:`accel.launch.plan.LaunchPlan`): torch elastic's agent in this process,
 with the launcher's private folder, the watch on the ranks' processes, the hang watchdog and, on several
 nodes, the evidence exchange; or mpirun / DeepSpeed's runner when the plan names a command instead."""
 
@@ -10,13 +10,11 @@ import shutil
 import sys
 from typing import TYPE_CHECKING, Any, Iterator
 
-from . import diagnosis
+from . import diagnosis, heartbeat
 from .bootstrap import LAUNCHER_PID_ENV
-from .nodes import NodeExchange
+from .nodes import NodeExchange, NodeSetupError
 from .report import exit_code, failure_report
 from .watchdog import HangWatchdog
-from accel.commands import UsageError
-from accel.launch import heartbeat
 
 if TYPE_CHECKING:
     from .plan import LaunchPlan
@@ -88,7 +86,7 @@ def execute(plan: LaunchPlan) -> int:
             if exchange is not None:
                 try:
                     exchange.open()  # node 0 serves the store; the others check that it is node 0's
-                except UsageError:
+                except NodeSetupError:
                     raise
                 except Exception as exc:  # the store cannot be served or reached: torch elastic will say so itself
                     print(f"accel launch: warning: no evidence exchange between the nodes ({type(exc).__name__}: {exc})", file=sys.stderr)

@@ -7,15 +7,19 @@ import socket
 
 from accel.facts import network
 
+__all__ = ["free_port_on", "is_loopback", "loopback_interface", "port_in_use", "port_taken_on_any_address"]
 
-def _free_port(host: str) -> int:
+
+def free_port_on(host: str) -> int:
+    """A free port on ``host``, or on any interface when ``host`` is not an address of this machine."""
     try:
         return network.free_port(host)
     except OSError:  # ``host`` is not an address of this machine: any interface
         return network.free_port()
 
 
-def _port_in_use(host: str, port: int) -> bool:
+def port_in_use(host: str, port: int) -> bool:
+    """Whether ``port`` cannot be bound on ``host`` (a socket there holds it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -25,7 +29,7 @@ def _port_in_use(host: str, port: int) -> bool:
     return False
 
 
-def _port_taken_on_any_address(port: int) -> bool:
+def port_taken_on_any_address(port: int) -> bool:
     """Whether a socket of this host already holds ``port`` on any address: the store that node 0 serves
     listens on all of them. Only "address in use" counts; a bind refused for another reason is no verdict."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -37,7 +41,8 @@ def _port_taken_on_any_address(port: int) -> bool:
     return False
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` resolves to a loopback address (127.x)."""
     try:
         return socket.gethostbyname(host).startswith("127.")
     except OSError:

@@ -29,7 +29,13 @@ from typing import Any
 from .diagnosis import EVIDENCE_WAIT, RankEvidence
 
 __all__ = ["DEFAULT_NODE_TIMEOUT", "END_KINDS", "JOIN_WAIT", "LOST_EXIT_CODE", "NODE_TIMEOUT_ENV", "LostNode",
-           "NodeExchange", "node_timeout", "rank_span"]
+           "NodeExchange", "NodeSetupError", "node_timeout", "rank_span"]
+
+
+class NodeSetupError(ValueError):
+    """The nodes cannot meet as asked (a taken port, a foreign program on it, an unreadable node timeout):
+    a mistake in how the launch was invoked, which `accel launch` reports as a usage error."""
+
 
 #: seconds a node's launcher may stay silent before the other nodes call it lost
 DEFAULT_NODE_TIMEOUT = 10.0
@@ -50,17 +56,15 @@ _MIN_POLLS = 3
 
 def node_timeout(environ: dict[str, str] | None = None) -> float:
     """Seconds of silence after which another node counts as lost: ``$ACCEL_LAUNCH_NODE_TIMEOUT``, else the default."""
-    from accel.commands import UsageError
-
     text = (os.environ if environ is None else environ).get(NODE_TIMEOUT_ENV, "").strip()
     if not text:
         return DEFAULT_NODE_TIMEOUT
     try:
         value = float(text)
     except ValueError:
-        raise UsageError(f"{NODE_TIMEOUT_ENV} must be a number of seconds, got {text!r}") from None
+        raise NodeSetupError(f"{NODE_TIMEOUT_ENV} must be a number of seconds, got {text!r}") from None
     if not value > 0:
-        raise UsageError(f"{NODE_TIMEOUT_ENV} must be more than 0 seconds, got {text!r}")
+        raise NodeSetupError(f"{NODE_TIMEOUT_ENV} must be more than 0 seconds, got {text!r}")
     return value
 
 
@@ -148,14 +152,12 @@ class NodeExchange:
         """Before the agent starts: node 0 serves the store (a taken port is a usage error) and marks it as
         accel's; another node waits for the store and checks that mark (anything else answering on the port
         is a usage error). Then every node says where it runs and starts pulsing."""
-        from accel.commands import UsageError
-
         if self.node == 0:
             try:
                 self._server = self._make(is_master=True, timeout=self.wait)
             except Exception as exc:
                 if "EADDRINUSE" in str(exc) or "already in use" in str(exc):
-                    raise UsageError(f"port {self.port} is in use on this host (node 0 serves the rendezvous store on it); "
+                    raise NodeSetupError(f"port {self.port} is in use on this host (node 0 serves the rendezvous store on it); "
                                      "choose another --main_process_port on every node") from None
                 raise
             self._store = self._server
@@ -174,8 +176,6 @@ class NodeExchange:
         """Wait until something answers on the port, then check in a thread (a foreign listener can keep the
         store's client waiting forever) that it is node 0's store; a usage error when it is not."""
         from datetime import timedelta
-
-        from accel.commands import UsageError
 
         deadline = time.monotonic() + JOIN_WAIT
         while _accepts(self.host, self.port, min(self.silence, 5.0)) is not None:
@@ -197,7 +197,7 @@ class NodeExchange:
         thread.join(self.silence + 2.0)
         if "store" in result:
             return result["store"]
-        raise UsageError(f"port {self.port} on {self.host} answers, but not as node 0's accel launch store (no handshake "
+        raise NodeSetupError(f"port {self.port} on {self.host} answers, but not as node 0's accel launch store (no handshake "
                          f"within {self.silence:g} s): another program holds the port; choose another --main_process_port "
                          "on every node")
 

@@ -1,5 +1,5 @@
 """What `accel launch` prints when ranks fail: the evidence on each failed rank of this node, the rank to
-blame (:func:`accel.commands.launch.diagnosis.blame_failure`, over every node's evidence when the
+blame (:func:`accel.launch.diagnosis.blame_failure`, over every node's evidence when the
 nodes swap it) with the end of its traceback, and the exit code of the launch."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def clean_traceback(callstack: str) -> list[str]:
 
 
 def failure_evidence(failures: dict[int, Any], run_dir: str | None = None, watch: Any = None, node: int = 0) -> list[Any]:
-    """Evidence on each failed rank of this node (see :mod:`accel.commands.launch.diagnosis`): its exit
+    """Evidence on each failed rank of this node (see :mod:`accel.launch.diagnosis`): its exit
     status, the moment it recorded its failure (converted to wall-clock time), when the launcher last saw
     it running, and the end of its traceback."""
     import time
@@ -111,7 +111,7 @@ def failure_verdict(evidence: list[Any], node: int = 0, nnodes: int = 1, missing
     """The rank to blame among failed ranks' ``evidence`` (every node's, when swapped), how it ended, the
     end of its traceback and the other failed ranks; returns (text, exit code for `accel launch`).
     ``missing``: nodes that sent no evidence; ``unreachable``: why the other launchers could not be reached;
-    ``lost``: nodes whose launchers stopped answering (:class:`accel.commands.launch.nodes.LostNode`), blamed
+    ``lost``: nodes whose launchers stopped answering (:class:`accel.launch.nodes.LostNode`), blamed
     unless a rank failed while they still answered."""
     root = diagnosis.blame_failure(evidence)
     if lost and not _failed_before(root, lost):
@@ -165,7 +165,7 @@ def _failed_before(root: Any, lost: dict[int, Any]) -> bool:
 def lost_verdict(lost: dict[int, Any], evidence: list[Any], node: int, idle: float | None = None) -> tuple[str, int]:
     """What `accel launch` prints when other nodes' launchers stopped answering: each lost node with its ranks
     and why it counts as lost, then this node's ranks in one line (their own output holds the details);
-    returns (text, :data:`accel.commands.launch.nodes.LOST_EXIT_CODE`). ``idle``: seconds this node's ranks
+    returns (text, :data:`accel.launch.nodes.LOST_EXIT_CODE`). ``idle``: seconds this node's ranks
     had made no progress, when the watchdog ended them."""
     from .nodes import LOST_EXIT_CODE
 

@@ -2,7 +2,7 @@
 
 The launcher gathers evidence about every rank of its node (:class:`RankEvidence`) and, on several
 nodes, swaps it with the other launchers through the rendezvous store
-(:class:`accel.commands.launch.nodes.NodeExchange`), so every node judges the same evidence with the
+(:class:`accel.launch.nodes.NodeExchange`), so every node judges the same evidence with the
 same rule and prints the same verdict.
 
 Evidence of a failure, per rank: its exit status (a signal included), the moment it recorded its own
