@@ -96,7 +96,7 @@ _ROWS: tuple[EnvVar, ...] = (
           "accel.strategies.deepspeed.config"),
     _one("ACCELERATE_DEBUG_RDV_FILE", "file store of a debug launch's rendezvous", "debug_launcher", "accel.utils.launch"),
     _one("ACCEL_LAUNCH_RUN_DIR", "folder of the ranks' heartbeat and stack files", LAUNCH, "accel.launch.heartbeat"),
-    _one("ACCEL_LAUNCHER_PID", "process id of the launcher a rank belongs to", LAUNCH, "accel.commands.launch.bootstrap"),
+    _one("ACCEL_LAUNCHER_PID", "process id of the launcher a rank belongs to", LAUNCH, "accel.launch.bootstrap"),
     _one("ACCEL_TEST_EXPECTED_WORLD_SIZE", "world size `accel test` asked for; the smoke script checks it",
          "accel test", "accel.test_utils.scripts.smoke", "accel.test_utils.scripts.test_cli"),
     # ---- set by the user (or a config) to steer a run
@@ -119,7 +119,7 @@ _ROWS: tuple[EnvVar, ...] = (
          "accel.commands.launch"),
     _one("ACCEL_LAUNCH_NODE_TIMEOUT", "seconds another node's launcher may stay silent before a launch on several "
          "nodes calls that node lost, and node 0's store is given to answer a joining node (default 10)", USER,
-         "accel.commands.launch.nodes"),
+         "accel.launch.nodes"),
     _both("TORCH_DEVICE", "the torch device to use instead of the backend's default", USER, "accel.state"),
     _both("LOG_LEVEL", "level of accel's loggers", USER, "accel.logging"),
     _both("INIT_INCLUDE_BUFFERS", "init_empty_weights also puts buffers on the meta device", USER, "accel.big_modeling"),
