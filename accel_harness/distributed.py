@@ -46,8 +46,10 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import ForkingPickler as _ForkingPickler
 from typing import Any
 
-from .pool_hygiene import (POOL_DIR_PREFIX, PR_SET_PDEATHSIG, ChildWatch, RankBaseline, descendants, end_processes,
-                           prctl, remove_stale_pool_dirs, write_owner)
+from accel.launch.lifetime import die_with_parent
+
+from .pool_hygiene import (POOL_DIR_PREFIX, ChildWatch, RankBaseline, descendants, end_processes, remove_stale_pool_dirs,
+                           write_owner)
 
 # kwargs the rank resolves itself instead of receiving them from the controller
 RANK_LOCAL_ARGS = ("backend", "device", "rank", "world_size")
@@ -421,13 +423,9 @@ def _last_dump(text: str) -> str:
 
 
 # ---------------------------------------------------------------------- rank side
-def _die_with_parent() -> None:
-    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 def _rank_main(rank: int, world_size: int, backend_name: str, store: str, conn: Connection, stack_file: str,
                env: dict[str, str], parent_path: list[str], whole_env: bool = False) -> None:
-    _die_with_parent()
+    die_with_parent()
     if whole_env:  # ``env`` is the parent's whole environment: what the fork server had is dropped
         os.environ.clear()
     os.environ.update(env)

@@ -27,6 +27,8 @@ import sys
 import time
 from typing import Any
 
+from accel.launch.lifetime import PR_SET_CHILD_SUBREAPER, prctl
+
 from .pool_dirs import POOL_DIR_PREFIX, remove_stale_pool_dirs, write_owner  # noqa: F401
 from .rank_state import EnvironSnapshot, NumpyGlobalRng, RankBaseline  # noqa: F401
 
@@ -310,22 +312,6 @@ def _end_processes_psutil(pids: list[int], grace: float) -> None:
         except Exception:
             pass
     psutil.wait_procs(alive, timeout=grace)
-
-
-PR_SET_PDEATHSIG = 1
-PR_SET_CHILD_SUBREAPER = 36
-
-
-def prctl(option: int, value: int) -> bool:
-    """``prctl(option, value)`` on Linux; False where it is missing or refused."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        import ctypes
-
-        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
-    except Exception:
-        return False
 
 
 class ChildWatch:

@@ -1,7 +1,8 @@
 """The launcher's runtime half: what ``accel launch`` and the ranks it starts do while a job runs.
 
 * the plan as a value (:mod:`.plan`) and carrying it out through torch elastic (:mod:`.execution`);
-* what every rank runs (:mod:`.bootstrap`) and the ranks' progress heartbeat (:mod:`.heartbeat`);
+* what every rank runs (:mod:`.bootstrap`), the ranks' progress heartbeat (:mod:`.heartbeat`) and the
+  parent-death signal that ends a child with its parent (:mod:`.lifetime`, the harness's ranks use it too);
 * the hang watchdog (:mod:`.watchdog`), the evidence and the rules of whom to blame (:mod:`.diagnosis`),
   the report printed on a failure (:mod:`.report`) and the channel between the nodes' launchers
   (:mod:`.nodes`);

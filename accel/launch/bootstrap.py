@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from accel.launch import heartbeat
+from accel.launch.lifetime import die_with_parent
 
 __all__ = ["BOOTSTRAP_FILE", "LAUNCHER_PID_ENV", "RUNPY_FILE", "worker_main"]
 
@@ -82,24 +83,11 @@ def worker_main(argv: list[str]) -> None:
 
 
 def _die_with_launcher() -> None:
-    """Make the kernel kill this rank (SIGKILL) when the launcher dies, whatever killed the launcher
-    (SIGKILL included), so no rank is left running without an owner. Linux only (prctl
-    PR_SET_PDEATHSIG); a rank whose launcher is already gone exits at once."""
+    """Tie this rank's life to the launcher's (:func:`accel.launch.lifetime.die_with_parent`); a rank whose
+    launcher is already gone exits at once."""
     expected = os.environ.get(LAUNCHER_PID_ENV)
-    if not expected or not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-        import signal
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        if libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0) != 0:
-            return
-    except (OSError, AttributeError):
-        return
-    if str(os.getppid()) != expected:  # the launcher died before the death signal was armed
-        os._exit(1)
+    if expected and expected.isdigit():
+        die_with_parent(int(expected))
 
 
 def _exit_status(code: Any) -> int:
