@@ -19,6 +19,7 @@ from typing import Any, Iterator, Optional, Union
 import torch
 import torch.nn as nn
 
+from accel.backends import is_host_device
 from accel.facts.checkpoint import OFFLOAD_INDEX_NAME
 from accel.facts.environment import env_flag
 from accel.hooks import (
@@ -253,7 +254,7 @@ def dispatch_model(
         if main_device is None:
             on_devices = [v for v in values if v not in ("cpu", "disk")]
             main_device = on_devices[0] if on_devices else "cpu"
-        main_is_host = _as_torch_device(main_device).type == "cpu"
+        main_is_host = is_host_device(_as_torch_device(main_device))
         if not main_is_host:
             cpu_modules = [name for name, d in device_map.items() if d == "cpu"]
             if state_dict is None and cpu_modules:

@@ -28,7 +28,7 @@ from ._state_setup import is_loopback as _is_loopback
 from ._state_setup import loopback_interface as _loopback_interface
 from ._state_setup import parallelism_from_tp_plugin as _parallelism_from_tp_plugin
 from ._state_setup import split_inputs as _split
-from .backends import Backend
+from .backends import Backend, is_host_device
 from .facts.environment import env_flag, env_text
 from .facts.network import DEFAULT_PORT
 from .resolve import plugin_dict, resolve, resolve_backend
@@ -94,7 +94,7 @@ _ACCELERATOR_FIELDS = frozenset({
 def _refuse_cpu_after_device(cpu: bool, device: torch.device) -> None:
     """Accelerate's rule for a state that already exists: asking for the CPU while it runs on another
     device is an error (a process cannot move its state); ``cpu=False`` keeps whatever the state has."""
-    if cpu and device.type != "cpu":
+    if cpu and not is_host_device(device):
         raise ValueError(
             "AcceleratorState has already been initialized and cannot be changed, restart your runtime completely "
             f"and pass `cpu=True` to `Accelerator()` (this process already runs on {device})."
@@ -352,7 +352,7 @@ class PartialState:
 
     # ------------------------------------------------------------------ teardown
     def set_device(self) -> None:
-        if self.device.type != "cpu":
+        if not is_host_device(self.device):
             self.hardware_backend.set_device(self.device.index or 0)
 
     def destroy_process_group(self, group: Any = None) -> None:

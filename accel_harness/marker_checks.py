@@ -467,7 +467,7 @@ def ranks_share_device(backend: Any) -> bool:
     declared = getattr(backend, "ranks_share_device", None)
     if isinstance(declared, bool):
         return declared
-    return getattr(backend, "device_type", None) == "cpu"
+    return getattr(backend, "is_host", False) is True
 
 
 def world_size_checks(world_size: int) -> list[_Check]:

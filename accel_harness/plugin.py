@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from accel.facts.backends import HOST_BACKEND
+
 from . import markers as harness_markers
 # every name once defined here stays importable from here
 from .harness_context import (  # noqa: F401
@@ -81,7 +83,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_STASH_CONTEXT] = ctx
     if ctx.explicitly_requested():
         _ = ctx.selected  # resolving it stops the session now on unknown or unavailable requested backends
-    elif _is_xdist_controller(config) and any(n != "cpu" for n in ctx.markexpr_backends()):
+    elif _is_xdist_controller(config) and any(n != HOST_BACKEND for n in ctx.markexpr_backends()):
         # the xdist controller collects nothing, so ``-m xpu`` is checked here (workers cannot stop a
         # session cleanly); cpu is always available and needs no check (nor torch)
         ctx.markexpr_counts = True

@@ -143,34 +143,3 @@ def test_checker_catches_violations(tmp_path):
     assert "tests/test_excluded.py:2" in [
         h.split(": ", 1)[0] for h in find_device_module_references(tmp_path)
     ]
-
-
-
-
-def find_host_comparisons(root: Path, dirs: Iterable[str] = ("accel", "accel_harness", "accel_reports")) -> list[str]:
-    """``path:line: text`` for each line outside ``accel/backends`` that asks whether a backend is the host
-    by comparing its name or device type with ``"cpu"`` (``Backend.is_host`` is the one place that knows)."""
-    root = root.resolve()
-    exempt = root / EXEMPT_DIR
-    hits = []
-    for top in dirs:
-        for path in sorted((root / top).rglob("*.py")):
-            if path.resolve().is_relative_to(exempt) or "__pycache__" in path.parts:
-                continue
-            text = path.read_text(encoding="utf-8", errors="replace")
-            for lineno, (line, code) in enumerate(zip(text.splitlines(), _code_only(text).splitlines()), start=1):
-                for match in re.finditer(r"backend\.(?:device_type|name)\s*[!=]=", code):
-                    if re.match(r"""\s*["']cpu["']""", line[match.end():]):
-                        hits.append(f"{path.relative_to(root).as_posix()}:{lineno}: {line.strip()}")
-    return hits
-
-
-def test_no_backend_is_compared_with_cpu_outside_backends():
-    hits = find_host_comparisons(REPO_ROOT)
-    assert not hits, "ask backend.is_host instead of comparing with 'cpu':\n  " + "\n  ".join(hits)
-
-
-def test_the_host_comparison_check_sees_one(tmp_path):
-    (tmp_path / "accel").mkdir()
-    (tmp_path / "accel" / "m.py").write_text('ok = backend.is_host\nif backend.device_type != "cpu":\n    x = "backend.name == \'cpu\'"\n')
-    assert find_host_comparisons(tmp_path, ("accel",)) == ['accel/m.py:2: if backend.device_type != "cpu":']

@@ -12,6 +12,7 @@ from .base import (
     torch_version,
 )
 from .device_module import DeviceModuleBackend
+from .host import HOST_DEVICE_TYPE, is_host_device
 from .registry import (
     ENTRY_POINT_GROUP,
     OVERRIDE_ENV,
@@ -26,6 +27,7 @@ from .registry import (
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "HOST_DEVICE_TYPE",
     "OVERRIDE_ENV",
     "Availability",
     "Backend",
@@ -41,6 +43,7 @@ __all__ = [
     "available_backends",
     "get_backend",
     "get_registry",
+    "is_host_device",
     "register_backend",
     "reset_registry",
     "torch_version",

@@ -18,6 +18,8 @@ from typing import Any, Callable
 import torch
 from packaging.version import Version
 
+from .host import is_host_device
+
 __all__ = [
     "Availability",
     "Backend",
@@ -173,9 +175,9 @@ class Backend(abc.ABC):
     @property
     def is_host(self) -> bool:
         """True for the host itself (torch's ``cpu`` device): there is no separate device to select, seed,
-        snapshot or offload to. The one place the rest of accel learns it; nothing outside
-        ``accel/backends`` compares device types with ``"cpu"`` to find out."""
-        return self.device_type == "cpu"
+        snapshot or offload to. The one place the rest of accel learns it for a backend (for a device:
+        :func:`accel.backends.is_host_device`); nothing outside ``accel/backends`` compares with ``"cpu"``."""
+        return is_host_device(self.device_type)
 
     def __init__(self, torch_version: Version | str | None = None):
         self._torch_version = Version(Version(str(torch_version)).base_version) if torch_version else None

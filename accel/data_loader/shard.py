@@ -7,6 +7,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.utils.data import BatchSampler
 
+from ..backends import is_host_device
 from ..state import GradientState
 from ..utils.dataclasses import RNGType
 from ..utils.random import synchronize_rng_states
@@ -31,7 +32,7 @@ def _placer(device: Any, non_blocking: bool) -> Callable[[Any], Any] | None:
     except (TypeError, RuntimeError):  # something send_to_device understands but torch.device does not
         target = None
     tensor = torch.Tensor
-    on_cpu = target is not None and target.type == "cpu"  # ``is_cpu`` is cheaper than building ``.device``
+    on_cpu = target is not None and is_host_device(target)  # ``is_cpu`` is cheaper than building ``.device``
 
     def place(batch: Any) -> Any:
         kind = type(batch)

@@ -7,6 +7,7 @@ import contextlib
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from ..backends import is_host_device
 from ..utils.dataclasses import DDPCommunicationHookType, DistributedDataParallelKwargs, DistributedType
 from .base import Strategy
 from .context import StrategyContext
@@ -33,7 +34,7 @@ class DDPStrategy(Strategy):
         if not any(p.requires_grad for p in model.parameters()):
             return model  # nothing to synchronise (frozen or evaluation model)
         device = self.device
-        device_ids = [device.index] if device.type != "cpu" and device.index is not None else None
+        device_ids = [device.index] if not is_host_device(device) and device.index is not None else None
         wrapped = DistributedDataParallel(model, device_ids=device_ids, output_device=device_ids[0] if device_ids else None,
                                           **self.ddp_kwargs.ddp_arguments())
         self._register_comm_hook(wrapped)

@@ -24,6 +24,7 @@ from typing import Any, Optional, Union
 import torch
 import torch.nn as nn
 
+from ..backends import is_host_device
 from ..big_modeling import dispatch_model, init_empty_weights
 from ..quantization.bnb_params import (
     bnb_parameter_like,
@@ -68,7 +69,7 @@ def quantization_device() -> torch.device:
 
 def _device_value(device: torch.device) -> Union[int, str]:
     """What a device map holds for ``device``: ``"cpu"`` for the host, else its integer id."""
-    return "cpu" if device.type == "cpu" else (device.index if device.index is not None else 0)
+    return "cpu" if is_host_device(device) else (device.index if device.index is not None else 0)
 
 
 def _offload_targets() -> tuple[str, ...]:

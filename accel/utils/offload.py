@@ -23,6 +23,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from accel.backends import is_host_device
 from accel.facts.checkpoint import OFFLOAD_INDEX_NAME
 
 __all__ = [
@@ -78,7 +79,7 @@ def offload_weight(weight: torch.Tensor, weight_name: str, offload_folder: str |
     """Write ``weight`` to ``<offload_folder>/<weight_name>.dat`` and record its dtype and shape in ``index``."""
     dtype = weight.dtype
     tensor = weight.detach()
-    if tensor.device.type != "cpu":
+    if not is_host_device(tensor.device):
         tensor = tensor.cpu()
     if dtype in _VIEW_AS:
         tensor = tensor.view(_VIEW_AS[dtype])

@@ -8,6 +8,7 @@ from typing import Iterable
 
 import torch
 
+from ..backends import is_host_device
 from .dataclasses import RNGType
 
 __all__ = ["set_seed", "synchronize_rng_state", "synchronize_rng_states"]
@@ -89,7 +90,7 @@ def synchronize_rng_state(rng_type: RNGType | str | None = None, generator: torc
 
     rng = get()
     # collectives on device backends (nccl, xccl, hccl) need device tensors
-    carrier = rng.to(state.device) if state.device.type != "cpu" else rng.clone()
+    carrier = rng.clone() if is_host_device(state.device) else rng.to(state.device)
     dist.broadcast(carrier, src=0)
     put(carrier.cpu())
 

@@ -97,10 +97,11 @@ def _process_control(ctx: Context) -> str:
 
 @check("RNG synchronisation")
 def _rng(ctx: Context) -> str:
+    from accel.backends import is_host_device
     from accel.utils import set_seed, synchronize_rng_states
 
     set_seed(1234 + ctx.rank)
-    types = ["torch"] + ([ctx.backend.device_type] if ctx.device.type != "cpu" else [])
+    types = ["torch"] + ([] if is_host_device(ctx.device) else [ctx.backend.device_type])
     synchronize_rng_states(types)
     draws = _all(float(torch.rand(1)))
     device_draws = _all(float(torch.rand(1, device=ctx.device)))

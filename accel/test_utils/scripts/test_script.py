@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from accel.accelerator import Accelerator
+from accel.backends import is_host_device
 from accel.state import AcceleratorState, GradientState, PartialState
 from accel.test_utils.training import RegressionDataset, RegressionModel
 from accel.utils import gather, gather_object
@@ -76,7 +77,7 @@ def check_rng_synchronisation(accelerator: Accelerator) -> None:
     draws = gather(torch.rand(4)[None].to(accelerator.device)).reshape(accelerator.num_processes, 4)
     _check(bool((draws == draws[0]).all()), f"torch RNG not synchronised: {draws.tolist()}")
     device_type = accelerator.device.type
-    if device_type != "cpu":
+    if not is_host_device(device_type):
         synchronize_rng_states([device_type])
         draws = gather(torch.rand(4, device=accelerator.device)[None]).reshape(accelerator.num_processes, 4)
         _check(bool((draws == draws[0]).all()), f"{device_type} RNG not synchronised: {draws.tolist()}")

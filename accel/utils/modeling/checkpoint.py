@@ -12,6 +12,7 @@ from typing import Any, Mapping, Optional, Union
 import torch
 import torch.nn as nn
 
+from ...backends import is_host_device
 from ...facts.checkpoint import SAFE_WEIGHTS_NAME, WEIGHTS_NAME
 from ...quantization.bnb_params import quantize_and_offload_8bit
 from ..offload import _check_writable, _dtype_name, load_offloaded_weight, offload_weight, save_offload_index
@@ -69,7 +70,7 @@ def load_state_dict(checkpoint_file: Union[str, os.PathLike], device_map: Option
         try:
             handle = safe_open(path, framework="pt", device=str(device))
         except Exception as exc:  # safetensors knows a fixed list of device types; others load through the host
-            if "invalid" not in str(exc) or device.type == "cpu":
+            if "invalid" not in str(exc) or is_host_device(device):
                 raise
             with safe_open(path, framework="pt", device="cpu") as fh:
                 for key in keys:

@@ -7,6 +7,7 @@ from typing import Any, Optional, Union
 import torch
 import torch.nn as nn
 
+from ...backends import is_host_device
 from ...quantization.bnb_params import bnb_parameter_to_device, is_bnb_parameter
 from .placement import as_torch_device as _as_torch_device
 from .sizes import _UNCONVERTED_PREFIXES, _proper_dtype
@@ -17,7 +18,7 @@ def check_device_same(first_device: torch.device, second_device: torch.device) -
     first, second = torch.device(first_device), torch.device(second_device)
     if first.type != second.type:
         return False
-    if first.type != "cpu":
+    if not is_host_device(first):
         first = torch.device(first.type, first.index or 0)
         second = torch.device(second.type, second.index or 0)
     return first == second
@@ -117,7 +118,7 @@ def set_module_tensor_to_device(
             if fp16_statistics is not None:
                 new_param.SCB = fp16_statistics.to(target, non_blocking=non_blocking)
 
-    if clear_cache and target.type not in ("cpu", "meta"):
+    if clear_cache and not is_host_device(target) and target.type != "meta":
         from accel.utils.memory import clear_device_cache
 
         clear_device_cache()
