@@ -3,9 +3,9 @@
 This module only wires parts together. Distribution lives in ``accel.strategies``, precision in
 ``accel.precision``, data sharding in ``accel.data_loader``, collectives in
 ``accel.utils.operations``, checkpoints in ``accel.checkpointing``, trackers in ``accel.tracking``;
-what ``prepare`` does with each object in ``accel.preparation``, compiling and unwrapping models in
-``accel.model_wrappers``, uneven inputs in ``accel.uneven_inputs``, the context-parallel block in
-``accel.context_parallel`` and the constructor's option checks in ``accel.accelerator_options``.
+the Accelerator's own jobs in ``accel.facade``: what ``prepare`` does with each object (``preparation``),
+compiling and unwrapping models (``model_wrappers``), uneven inputs (``uneven_inputs``), the
+context-parallel block (``context_parallel``) and the constructor's option checks (``options``).
 Parts only some runs use are imported where they are used, so importing the Accelerator stays cheap.
 """
 
@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
 
-from ._accelerator_io import AcceleratorIOMixin
-from .accelerator_options import accumulation_plugin, sort_kwargs_handlers
-from .accumulation import accumulation_block, advance
-from .preparation import PreparedRegistry, prepare_objects
+from .facade.accumulation import accumulation_block, advance
+from .facade.delegates import AcceleratorIOMixin
+from .facade.options import accumulation_plugin, sort_kwargs_handlers
+from .facade.preparation import PreparedRegistry, prepare_objects
 from .resolve import strategy_class
 from .state import AcceleratorState, GradientState, PartialState
 from .launch import heartbeat
@@ -304,7 +304,7 @@ class Accelerator(AcceleratorIOMixin):
         loaders to its models (DeepSpeed Ulysses shards their sequences). An object prepared before is
         returned as it is.
         """
-        from .model_wrappers import compile_model, may_place_model, refuse_device_mapped_model
+        from .facade.model_wrappers import compile_model, may_place_model, refuse_device_mapped_model
 
         for obj in args:
             refuse_device_mapped_model(obj, self.distributed_type)
@@ -317,7 +317,7 @@ class Accelerator(AcceleratorIOMixin):
 
     def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> torch.nn.Module:
         """Prepare one model (``evaluation_mode``: placed and given the precision's forward, not wrapped)."""
-        from .model_wrappers import compile_model, may_place_model, refuse_device_mapped_model
+        from .facade.model_wrappers import compile_model, may_place_model, refuse_device_mapped_model
 
         if getattr(model, "_is_accelerate_prepared", False):
             self._prepared.register(model)
@@ -388,13 +388,13 @@ class Accelerator(AcceleratorIOMixin):
     def has_lomo_optimizer(self) -> bool:
         """Whether a LOMO or AdaLomo optimizer (``lomo_optim``) was prepared: ``backward(loss,
         learning_rate=...)`` then runs their fused backward."""
-        from .lomo import is_lomo_optimizer
+        from .facade.lomo import is_lomo_optimizer
 
         return any(is_lomo_optimizer(optimizer) for optimizer in self._optimizers)
 
     def lomo_backward(self, loss: torch.Tensor, learning_rate: float) -> None:
         """The fused backward of the prepared LOMO/AdaLomo optimizers, which update the weights as they go."""
-        from .lomo import lomo_backward
+        from .facade.lomo import lomo_backward
 
         lomo_backward(self._optimizers, loss, learning_rate)
 
@@ -482,7 +482,7 @@ class Accelerator(AcceleratorIOMixin):
     def verify_device_map(self, model: torch.nn.Module) -> bool:
         """Whether ``model`` was spread over several devices by a device map (such a model is not trained
         in a distributed run: ``prepare`` refuses it)."""
-        from .model_wrappers import has_device_map
+        from .facade.model_wrappers import has_device_map
 
         return has_device_map(model)
 
@@ -550,7 +550,7 @@ class Accelerator(AcceleratorIOMixin):
 
         Refused (``UnsupportedFeatureError`` naming the kernel) where torch cannot shard the device's attention.
         """
-        from .context_parallel import maybe_context_parallel
+        from .facade.context_parallel import maybe_context_parallel
 
         return maybe_context_parallel(self.parallelism_config, lambda: self.torch_device_mesh, buffers=buffers,
                                       buffer_seq_dims=buffer_seq_dims, no_restore_buffers=no_restore_buffers)

@@ -84,7 +84,7 @@ def test_a_model_spread_by_a_device_map_is_refused_in_a_distributed_run(monkeypa
             prepare(fresh)
     monkeypatch.setenv("ACCELERATE_BYPASS_DEVICE_MAP", "true")
     accelerator.verify_device_map(fresh)
-    from accel.model_wrappers import refuse_device_mapped_model
+    from accel.facade.model_wrappers import refuse_device_mapped_model
 
     refuse_device_mapped_model(fresh, DistributedType.MULTI_CPU)  # bypassed: no error
 

@@ -11,9 +11,9 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from accel import Accelerator
-from accel.accumulation import accumulation_block, advance
-from accel.preparation import PreparedRegistry, check_checkpointable, kind_of
-from accel.uneven_inputs import join_uneven_inputs
+from accel.facade.accumulation import accumulation_block, advance
+from accel.facade.preparation import PreparedRegistry, check_checkpointable, kind_of
+from accel.facade.uneven_inputs import join_uneven_inputs
 
 
 def _loader() -> DataLoader:
@@ -123,7 +123,7 @@ def test_warnings_moved_out_of_the_accelerator_still_name_the_callers_line(monke
 @pytest.mark.parametrize("offload_handled", [False, True])
 def test_the_quantized_offload_probes_are_names_of_accel_accelerator_that_a_patch_reaches(offload_handled):
     # Accelerate's own suite patches these two names in its accelerator module; the check moved to
-    # accel.model_wrappers must still ask them there
+    # accel.facade.model_wrappers must still ask them there
     from unittest.mock import patch
 
     model = torch.nn.Linear(2, 2)

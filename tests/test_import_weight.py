@@ -21,8 +21,8 @@ HEAVY_FOR_ACCELERATOR = (
     "accel.strategies.base", "accel.strategies.ddp", "accel.strategies.fsdp", "accel.strategies.deepspeed",
     "accel.strategies.context", "accel.precision", "accel.logging", "accel.checkpointing", "accel.tracking",
     "accel.data_loader", "accel.big_modeling", "accel.utils.modeling", "accel.utils.operations",
-    "accel.strategies.fsdp.plugin", "accel.utils.deepspeed", "accel.model_wrappers", "accel.uneven_inputs",
-    "accel.context_parallel", "accel.facts.env_table", "accel.facts.requirements", "accel.commands", "accel_harness",
+    "accel.strategies.fsdp.plugin", "accel.utils.deepspeed", "accel.facade.model_wrappers", "accel.facade.uneven_inputs",
+    "accel.facade.context_parallel", "accel.facts.env_table", "accel.facts.requirements", "accel.commands", "accel_harness",
     "deepspeed", "torchao", "transformers",
 )
 

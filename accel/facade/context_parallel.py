@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .logging import get_logger
+from ..logging import get_logger
 
 __all__ = ["maybe_context_parallel"]
 
@@ -36,7 +36,7 @@ def maybe_context_parallel(parallelism_config: Any, device_mesh: Callable[[], An
                             "Set parallelism_config.cp_size > 1 in the Accelerator to enable it.")
         yield
         return
-    from .strategies.sequence_parallel import context_parallel
+    from ..strategies.sequence_parallel import context_parallel
 
     with context_parallel(device_mesh()["cp"], buffers=buffers, buffer_seq_dims=buffer_seq_dims,
                           no_restore_buffers=no_restore_buffers, comm_strategy=config.cp_handler.cp_comm_strategy):

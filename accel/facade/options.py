@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from .utils.dataclasses import GradientAccumulationPlugin
+from ..utils.dataclasses import GradientAccumulationPlugin
 
 __all__ = ["accumulation_plugin", "sort_kwargs_handlers"]
 
 
 def sort_kwargs_handlers(handlers: Iterable[Any]) -> dict[type, Any]:
     """``handlers`` by the handler class each is an instance of; an unknown handler or a second of one kind is refused."""
-    from .utils.dataclasses import (
+    from ..utils.dataclasses import (
         AORecipeKwargs,
         AutocastKwargs,
         DistributedDataParallelKwargs,
@@ -47,7 +47,7 @@ def accumulation_plugin(steps: int, plugin: GradientAccumulationPlugin | None) -
     ``steps`` left at 1 takes the launcher's ``GRADIENT_ACCUMULATION_STEPS`` variable when set; giving
     both a plugin and ``steps`` other than 1 is refused, as is a ``steps`` that is no positive integer.
     """
-    from .utils.environment import env_value
+    from ..utils.environment import env_value
 
     if plugin is not None:
         if steps != 1:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 if TYPE_CHECKING:
-    from .strategies.context import PreparedObjects
+    from ..strategies.context import PreparedObjects
 
 __all__ = ["AcceleratorIOMixin"]
 
@@ -26,7 +26,7 @@ class AcceleratorIOMixin:
     # ------------------------------------------------------------------ collectives
     def gather(self, tensor: Any) -> Any:
         """Concatenate ``tensor`` (or a nest of tensors) from every process along dim 0."""
-        from .utils.operations import gather
+        from ..utils.operations import gather
 
         return gather(tensor)
 
@@ -38,13 +38,13 @@ class AcceleratorIOMixin:
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         """Sum (or average with ``reduction='mean'``) ``tensor`` over all processes, times ``scale``."""
-        from .utils.operations import reduce
+        from ..utils.operations import reduce
 
         return reduce(tensor, reduction=reduction, scale=scale)
 
     def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
         """Pad ``tensor`` on ``dim`` to the largest size over all processes, so it can be gathered."""
-        from .utils.operations import pad_across_processes
+        from ..utils.operations import pad_across_processes
 
         return pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
 
@@ -54,7 +54,7 @@ class AcceleratorIOMixin:
 
     def check_trigger(self) -> bool:
         """Whether any process called ``set_trigger`` since the last check (a collective; resets the flag)."""
-        from .utils.operations import reduce
+        from ..utils.operations import reduce
 
         if self.flag_tensor is None:
             self.flag_tensor = torch.tensor(0, device=self.device)
@@ -111,20 +111,20 @@ class AcceleratorIOMixin:
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         """A loader that skips the first ``num_batches`` batches (resume mid-epoch)."""
-        from .data_loader import skip_first_batches
+        from ..data_loader import skip_first_batches
 
         return skip_first_batches(dataloader, num_batches=num_batches)
 
     # ------------------------------------------------------------------ trackers
     def init_trackers(self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None) -> None:
         """Start the trackers named in ``log_with`` on the main process, with the run's ``config``."""
-        from .tracking import init_trackers
+        from ..tracking import init_trackers
 
         init_trackers(self, project_name, config=config, init_kwargs=init_kwargs or {})
 
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:
         """The tracker named ``name`` (its underlying run object with ``unwrap=True``)."""
-        from .tracking import get_tracker
+        from ..tracking import get_tracker
 
         return get_tracker(self, name, unwrap=unwrap)
 
@@ -144,14 +144,14 @@ class AcceleratorIOMixin:
     # ------------------------------------------------------------------ saving and checkpoints
     def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
         """Save ``obj`` to ``f`` once per node (main process), through a temporary file (safetensors with ``safe_serialization``)."""
-        from .checkpointing import save
+        from ..checkpointing import save
 
         save(self, obj, f, safe_serialization=safe_serialization)
 
     def save_model(self, model: torch.nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB",
                    safe_serialization: bool = True) -> None:
         """Write the unwrapped model's weights (sharded with an index above ``max_shard_size``); collective under ZeRO-3/FSDP."""
-        from .checkpointing import save_model
+        from ..checkpointing import save_model
 
         save_model(self, model, save_directory, max_shard_size=max_shard_size, safe_serialization=safe_serialization)
 
@@ -161,19 +161,19 @@ class AcceleratorIOMixin:
 
     def register_save_state_pre_hook(self, hook: Callable[..., None]):
         """Call ``hook(models, weights, output_dir)`` before ``save_state`` writes models; returns a removable handle."""
-        from .checkpointing import register_hook
+        from ..checkpointing import register_hook
 
         return register_hook(self._save_model_state_pre_hook, hook)
 
     def register_load_state_pre_hook(self, hook: Callable[..., None]):
         """Call ``hook(models, input_dir)`` before ``load_state`` loads models; returns a removable handle."""
-        from .checkpointing import register_hook
+        from ..checkpointing import register_hook
 
         return register_hook(self._load_model_state_pre_hook, hook)
 
     def save_state(self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True, **save_model_func_kwargs: Any) -> str:
         """Save models, optimizers, schedulers, loaders, scaler, RNG and registered objects atomically; collective."""
-        from .checkpointing import save_state
+        from ..checkpointing import save_state
 
         saved = save_state(self, self.prepared_objects(), output_dir, safe_serialization=safe_serialization,
                            pre_hooks=list(self._save_model_state_pre_hook.values()), **save_model_func_kwargs)
@@ -187,7 +187,7 @@ class AcceleratorIOMixin:
         ``verify_checksums=False`` skips that for very large checkpoints, ``ACCEL_CHECKPOINT_CHECKSUMS=0``
         neither writes nor checks them.
         """
-        from .checkpointing import load_state
+        from ..checkpointing import load_state
 
         loaded = load_state(self, self.prepared_objects(), input_dir, load_kwargs=load_kwargs,
                             pre_hooks=list(self._load_model_state_pre_hook.values()), **load_model_func_kwargs)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 
 if TYPE_CHECKING:
-    from .strategies.context import PreparedObjects
+    from ..strategies.context import PreparedObjects
 
 __all__ = ["KINDS", "PreparedRegistry", "check_checkpointable", "kind_of", "prepare_objects"]
 
@@ -26,7 +26,7 @@ KINDS = ("model", "optimizer", "scheduler", "dataloader")
 
 def kind_of(obj: Any) -> str | None:
     """What ``prepare`` does with ``obj``: "dataloader", "model", "optimizer", "scheduler", or None (passed through)."""
-    from .utils.deepspeed import DummyOptim, DummyScheduler
+    from ..utils.deepspeed import DummyOptim, DummyScheduler
 
     if isinstance(obj, torch.utils.data.DataLoader):
         return "dataloader"
@@ -97,7 +97,7 @@ class PreparedRegistry:
 
     def snapshot(self, scaler: Any) -> PreparedObjects:
         """A frozen :class:`~accel.strategies.context.PreparedObjects` of what is recorded now, with ``scaler``."""
-        from .strategies.context import PreparedObjects
+        from ..strategies.context import PreparedObjects
 
         return PreparedObjects(tuple(self.models), tuple(self.optimizers), tuple(self.schedulers),
                                tuple(self.dataloaders), tuple(self.custom_objects), scaler)

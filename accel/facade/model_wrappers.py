@@ -23,8 +23,8 @@ def compile_model(model: torch.nn.Module, dynamo_plugin: Any, strategy: Any, sta
     model back uncompiled, with a warning naming the ignored backend (``stacklevel`` as in ``warnings.warn``,
     counted from the caller of this function).
     """
-    from .utils.dataclasses import DynamoBackend
-    from .utils.other import compile_regions, has_compiled_regions, is_compiled_module
+    from ..utils.dataclasses import DynamoBackend
+    from ..utils.other import compile_regions, has_compiled_regions, is_compiled_module
 
     plugin = dynamo_plugin
     if plugin is None or plugin.backend == DynamoBackend.NO or is_compiled_module(model) or has_compiled_regions(model):
@@ -63,8 +63,8 @@ def unwrap_model(model: torch.nn.Module, strategy_unwrap: Callable[[Any], Any], 
     A compiled model stays compiled around the unwrapped module unless ``keep_torch_compile=False``;
     ``keep_fp32_wrapper=False`` restores the forward that mixed precision replaced.
     """
-    from .precision import AutocastForward
-    from .utils.other import extract_model_from_parallel, is_compiled_module
+    from ..precision import AutocastForward
+    from ..utils.other import extract_model_from_parallel, is_compiled_module
 
     compiled = model if is_compiled_module(model) else None
     inner = compiled._orig_mod if compiled is not None else model
@@ -93,7 +93,7 @@ def refuse_device_mapped_model(model: Any, distributed_type: Any) -> None:
     ``ACCELERATE_BYPASS_DEVICE_MAP=true`` lets it through, as in Accelerate."""
     if not isinstance(model, torch.nn.Module) or str(distributed_type) == "NO" or not has_device_map(model):
         return
-    from .facts.environment import env_flag
+    from ..facts.environment import env_flag
 
     if env_flag("ACCELERATE_BYPASS_DEVICE_MAP"):
         return

@@ -20,7 +20,7 @@ def gather_for_metrics(input_data: Any, gradient_state: Any, use_gather_object: 
     ``gradient_state`` says whether the loader is at its end and how many samples of the last batch are
     real (``remainder``). Data without tensors is gathered as objects (so is any with ``use_gather_object``).
     """
-    from .utils.operations import gather, gather_object, recursively_apply
+    from ..utils.operations import gather, gather_object, recursively_apply
 
     if not use_gather_object:
         leaves: list[bool] = []
@@ -44,7 +44,7 @@ def join_uneven_inputs(joinables: list[Any], distributed_type: Any, use_distribu
     cannot change it: a warning says so). Outside multi-device data parallelism a warning says the
     block runs without joining (no warning for a single process, ``NO``).
     """
-    from .utils.dataclasses import DistributedType
+    from ..utils.dataclasses import DistributedType
 
     distributed_type = DistributedType(distributed_type)
     if not (use_distributed and distributed_type.is_multi_device_data_parallel):

@@ -14,7 +14,7 @@ __all__ = ["is_lomo_optimizer", "lomo_backward"]
 
 
 def _lomo_classes() -> tuple[type, ...]:
-    from .utils.imports import is_lomo_available
+    from ..utils.imports import is_lomo_available
 
     if not is_lomo_available():
         return ()
