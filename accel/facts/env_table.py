@@ -65,7 +65,7 @@ _ROWS: tuple[EnvVar, ...] = (
     _one("ACCELERATE_USE_SAGEMAKER", "the job runs on Amazon SageMaker", LAUNCH),
     _one("ACCELERATE_SAGEMAKER_DISTRIBUTED_TYPE", "SageMaker's distribution: NO, DATA_PARALLEL or MODEL_PARALLEL", LAUNCH),
     _both("GRADIENT_ACCUMULATION_STEPS", "gradient accumulation steps when the Accelerator is given none", LAUNCH,
-          "accel.accelerator_options", "accel.strategies.deepspeed.config"),
+          "accel.facade.options", "accel.strategies.deepspeed.config"),
     _one("ACCELERATE_GRADIENT_CLIPPING", "gradient clipping for DeepSpeed's config", LAUNCH,
          "accel.strategies.deepspeed.config"),
     _both("DYNAMO_BACKEND", "torch.compile backend (TorchDynamoPlugin)", LAUNCH, "accel.utils.dataclasses"),
@@ -112,7 +112,7 @@ _ROWS: tuple[EnvVar, ...] = (
     _one("ACCEL_PROFILE_HOOKS_CHECKED", "device profiles (path and content hash) whose hooks this run checked already",
          "accel.backends.hook_check", "accel.backends.hook_check"),
     _one("ACCELERATE_BYPASS_DEVICE_MAP", "let prepare() take a model spread over devices by a device map in a "
-         "distributed run", USER, "accel.model_wrappers"),
+         "distributed run", USER, "accel.facade.model_wrappers"),
     _one("ACCEL_CPU_COMM_BACKEND", "collective backend on the host: gloo, ccl or mpi", USER, "accel.backends.cpu"),
     _one("ACCEL_CONFIG_FILE", "the launch config file", USER, "accel.commands.config_file", "accel.commands.env"),
     _one("ACCEL_HANG_TIMEOUT", "seconds without progress before a launch is called hung (0 never)", USER,
