@@ -16,7 +16,7 @@
 * The benchmarking process keeps freed heap memory (glibc ``mallopt``: no heap trimming, a fixed
   32 MiB mmap threshold) instead of handing it back to the kernel: on a VM with free page
   reporting the kernel passes it on to the hypervisor, and the next allocation pays a host page
-  fault (on the development VM checkpoint loads then varied 4.7–7.7 ms instead of 4.6–4.9 ms).
+  fault (what that did to checkpoint loads: docs/benchmarks.md, "Why the benchmarks are built this way").
   Recorded in the machine info as ``heap``; ``ACCEL_BENCH_KEEP_HEAP=0`` turns it off.
 * The machine info of the JSON gains ``torch_version``, ``accel_version``, the selected backends
   with their device descriptions, and the whole ``accel env`` report under ``accel_env``.

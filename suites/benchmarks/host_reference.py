@@ -1,9 +1,8 @@
 """Host reference probe: how fast this machine's CPU and memory were around each benchmark.
 
 Why: on a shared host (a cloud VM, a CI runner) the same code measures differently from one
-minute to the next, because neighbours compete for the host's cores, caches and memory bandwidth.
-On the 2-core development VM a fixed single-thread matmul drifted by about 3 % and a fixed 64 MiB
-copy by about 30 % within a few minutes while the VM itself was idle. A benchmark cannot remove
+minute to the next, because neighbours compete for the host's cores, caches and memory bandwidth
+(how much: docs/benchmarks.md, "Why the benchmarks are built this way"). A benchmark cannot remove
 that drift, but it can measure it: every benchmark is bracketed by this probe (before and after,
 in the pytest process), and the result lands in ``extra_info["host_reference"]``. A benchmark
 whose figure moved together with the probe of its kind (``extra_info["host_bound"]``) moved with
@@ -20,8 +19,7 @@ The probe is deliberately tiny and fixed, so its own result depends only on the 
 Each is timed in ``rounds`` rounds of about ``round_s`` seconds; the figure is the median round.
 
 A bracket is seconds away from the middle of a benchmark, and a shared host's memory bandwidth
-moves on a scale of a tenth of a second (the probe's own rounds ranged from 27 to 44 GB/s within
-one run). So memory-bound benchmarks run a short memory probe round (10 ms) after each of their
+moves on a scale of a tenth of a second. So memory-bound benchmarks run a short memory probe round (10 ms) after each of their
 measured rounds (:class:`InterleavedMemoryProbe`, through ``timing.measure(after_round=...)``),
 calibrated apart from the benchmark so the benchmark's own rounds are unchanged; that figure
 replaces the bracket's ``memory_gbs`` (``memory_source`` says which it is). Every probe runs on

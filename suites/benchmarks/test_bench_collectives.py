@@ -21,9 +21,8 @@ rounds last at least :data:`ROUND_TIME_S` (many collectives per round, so one la
 scheduler hiccup is a small part of a round).
 
 No ``host_bound`` is declared: over loopback gloo a collective is bounded by the kernel's network
-path and by how fast the host wakes the ranks' vCPUs (on the 2-vCPU development VM a block of 200
-64 KiB all-reduces took anywhere from 0.1 to 1.8 ms per call within one run, and keeping the vCPUs
-busy with an idle-priority spinner did not narrow it), which neither host probe describes.
+path and by how fast the host wakes the ranks' CPUs, which neither host probe describes (the
+measurements behind this: docs/benchmarks.md, "Why the benchmarks are built this way").
 """
 
 from __future__ import annotations

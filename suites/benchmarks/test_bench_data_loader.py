@@ -14,10 +14,10 @@ shuffling ``DataLoader`` with batch 64 per process and no worker processes, prep
 
 A round's time is the slowest rank's; throughput = dataset samples per epoch / median round time.
 
-On the CPU backend the sharded loader is Python- and CPU-bound: over nine runs in three sessions on
-the development VM its throughput followed the host's compute probe (Pearson r = 0.99 at 1 and 2
-ranks; ``host_correlation.py``), so it declares ``host_bound="compute"``. The dispatcher broadcasts
-every batch, so it is bound by collective latency (r = 0.84) and declares none.
+On the CPU backend the sharded loader is Python- and CPU-bound: its throughput follows the host's
+compute probe (``host_correlation.py``), so it declares ``host_bound="compute"``. The dispatcher
+broadcasts every batch, so it is bound by collective latency and declares none (the correlations
+measured: docs/benchmarks.md, "Why the benchmarks are built this way").
 """
 
 from __future__ import annotations

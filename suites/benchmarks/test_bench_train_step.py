@@ -24,10 +24,9 @@ too, and the hand-written loop's steps/s as ``baseline_throughput`` (its raw rou
 
 Methodology against run-to-run noise: the process is pinned to one core while it measures
 (:func:`timing.pinned_to_core`, recorded in ``extra_info["cpu_pinning"]``). On the CPU backend these
-small steps follow the host's memory probe, not its compute probe (on the development VM, three
-runs gave 954 / 1,048 / 1,099 MLP steps/s at 23 / 37 / 45 GB/s of probe bandwidth while the
-compute probe stayed within 1 %), so they declare ``host_bound="memory"`` and time the memory
-probe in rounds interleaved with their own (``host_reference.py``).
+small steps follow the host's memory probe, not its compute probe (measured: docs/benchmarks.md,
+"Why the benchmarks are built this way"), so they declare ``host_bound="memory"`` and time the
+memory probe in rounds interleaved with their own (``host_reference.py``).
 """
 
 from __future__ import annotations
