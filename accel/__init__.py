@@ -34,7 +34,7 @@ _LAZY = {
     "debug_launcher": "accel.launchers",
     "get_backend": "accel.backends",
     "DeepSpeedPlugin": "accel.utils.deepspeed",
-    # big-model inference (issue 15)
+    # big-model inference
     "init_empty_weights": "accel.big_modeling",
     "init_on_device": "accel.big_modeling",
     "cpu_offload": "accel.big_modeling",
@@ -43,7 +43,7 @@ _LAZY = {
     "dispatch_model": "accel.big_modeling",
     "load_checkpoint_and_dispatch": "accel.big_modeling",
     "infer_auto_device_map": "accel.utils.modeling",
-    # FSDP and n-D parallelism (issue 14)
+    # FSDP and n-D parallelism
     "FullyShardedDataParallelPlugin": "accel.strategies.fsdp.plugin",
     "ParallelismConfig": "accel.parallelism_config",
     # pipeline-parallel inference

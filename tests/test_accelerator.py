@@ -300,7 +300,7 @@ def test_ddp_wrapping_and_no_sync():
     assert results[0][1] != results[1][1]  # no_sync: each rank kept its own gradient
 
 
-# ---------------------------------------------------------------- Accelerate semantics (issue 16)
+# ---------------------------------------------------------------- Accelerate semantics
 def test_reset_state_errors_name_the_reset():
     state = PartialState()
     with pytest.raises(AttributeError, match="'PartialState' object has no attribute 'nothing'"):

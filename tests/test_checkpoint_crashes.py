@@ -212,7 +212,7 @@ def test_total_limit_keeps_newest_and_load_picks_highest_number(tmp_path):
         s.accelerator.save_state()
 
 
-# ---------------------------------------------------------------------------------------------- issue 20: faults
+# ---------------------------------------------------------------------------------------------- faults
 ROTATION_SCRIPT = REPO / "tests" / "scripts" / "rotation_fresh.py"
 
 

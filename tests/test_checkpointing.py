@@ -416,7 +416,7 @@ def test_reads_a_checkpoint_written_by_accelerate(tmp_path):
     assert sched2.state_dict()["last_epoch"] == 3 and torch.equal(torch.rand(2), expected_rand)
 
 
-# ---------------------------------------------------------------------------------------------- issue 20: checksums
+# ---------------------------------------------------------------------------------------------- checksums
 def test_manifest_has_a_checksum_per_file(tmp_path):
     s = make()
     folder = Path(s.accelerator.save_state(tmp_path / "ck"))

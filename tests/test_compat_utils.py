@@ -1,4 +1,4 @@
-"""Accelerate-compatible helpers (issue 16): environment, unwrapping, saving, logging, handlers, OOM wording."""
+"""Accelerate-compatible helpers: environment, unwrapping, saving, logging, handlers, OOM wording."""
 
 from __future__ import annotations
 

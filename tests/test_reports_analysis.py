@@ -173,7 +173,7 @@ def test_cells_without_baseline_are_listed_not_compared(tmp_path):
     assert report.diff is None and len(report.untracked_failures) == 1
 
 
-# ---------------------------------------------------------------------------- known-issue ids the file does not define (issue 19)
+# ---------------------------------------------------------------------------- known-issue ids the file does not define
 def test_an_id_in_the_results_counts_only_when_the_known_issues_file_defines_it(tmp_path, known):
     from accel_reports.analysis import undefined_known_issues
 

@@ -205,7 +205,7 @@ def test_junit_of_another_cell_in_another_folder_is_its_own_run(tmp_path):
     assert not loaded.problems
 
 
-# ---------------------------------------------------------------------------- schema checks (issue 19)
+# ---------------------------------------------------------------------------- schema checks
 def test_problems_have_a_kind(tmp_path):
     run_file(tmp_path, "good", "cpu", [rec("good", "test_a", "cpu", "passed")])
     (tmp_path / "empty.jsonl").write_text("")

@@ -76,7 +76,7 @@ _export(
 
 _export("accel.utils.memory", "find_executable_batch_size", "release_memory")
 
-# big-model inference (issue 15)
+# big-model inference
 _export(
     "accel.utils.modeling",
     "align_module_device", "calculate_maximum_sizes", "check_device_map", "check_device_same",
@@ -95,7 +95,7 @@ _export(
 )
 
 
-# test helpers, environment, unwrapping, compile/profile/fp8 handlers (issue 16)
+# test helpers, environment, unwrapping, compile/profile/fp8 handlers
 _export(
     "accel.utils.environment",
     "are_libraries_initialized", "clear_environment", "convert_dict_to_env_variables", "get_int_from_env",
@@ -129,14 +129,14 @@ _export(
 )
 
 
-# DeepSpeed (issue 13): the plugin, its config and the wrappers prepare() returns
+# DeepSpeed: the plugin, its config and the wrappers prepare() returns
 _export(
     "accel.utils.deepspeed",
     "DeepSpeedEngineWrapper", "DeepSpeedOptimizerWrapper", "DeepSpeedPlugin", "DeepSpeedSchedulerWrapper",
     "DummyOptim", "DummyScheduler", "HfDeepSpeedConfig", "get_active_deepspeed_plugin", "map_pytorch_optim_to_deepspeed",
 )
 
-# FSDP and n-D parallelism (issue 14): the plugin and configs, and Accelerate's fsdp_utils names
+# FSDP and n-D parallelism: the plugin and configs, and Accelerate's fsdp_utils names
 _export(
     "accel.utils.dataclasses",
     "DeepSpeedSequenceParallelConfig", "TorchContextParallelConfig", "TorchTensorParallelConfig", "TorchTensorParallelPlugin",

@@ -112,7 +112,7 @@ def merge_fsdp_weights(checkpoint_dir: str, output_path: str, safe_serialization
     return written
 
 
-# ---------------------------------------------------------------------------------------------- FSDP strategy (issue 14)
+# ---------------------------------------------------------------------------------------------- FSDP strategy
 # Accelerate's other fsdp_utils names. The checkpoint and sharding helpers live with the FSDP strategy
 # (accel.strategies.fsdp) that uses them; importing them here costs nothing beyond torch.
 from ..strategies.fsdp import (  # noqa: E402

@@ -474,7 +474,7 @@ __all__ = [
 # this module stays light and free of import cycles.
 _PLUGIN_MODULES = {
     "DeepSpeedPlugin": "accel.utils.deepspeed",
-    # FSDP and n-D parallelism (issue 14)
+    # FSDP and n-D parallelism
     "FullyShardedDataParallelPlugin": "accel.strategies.fsdp.plugin",
     "TorchTensorParallelPlugin": "accel.utils.dataclasses._parallel",
     "TorchContextParallelConfig": "accel.utils.dataclasses._parallel",
