@@ -10,6 +10,7 @@ in a literal tuple/list/set) and a device-type expression (``x.type``, ``x.devic
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 from typing import Iterable
 
@@ -90,15 +91,21 @@ def find_host_checks(root: Path = ROOT, dirs: Iterable[str] = SCANNED) -> dict[t
     return hits
 
 
+@functools.lru_cache(maxsize=1)
+def repository_checks() -> dict[tuple[str, int], str]:
+    """:func:`find_host_checks` of this repository, once per session (two tests read it)."""
+    return find_host_checks()
+
+
 def test_no_host_check_outside_backends():
-    hits = {(path, line): text for (path, line), text in find_host_checks().items() if (path, text) not in PENDING}
+    hits = {(path, line): text for (path, line), text in repository_checks().items() if (path, text) not in PENDING}
     assert not hits, ("ask accel.backends.is_host_device(device) or backend.is_host instead of comparing with "
                       "'cpu':\n  " + "\n  ".join(f"{p}:{n}: {text}" for (p, n), text in sorted(hits.items())))
 
 
 def test_pending_entries_are_still_there():
     """A pending entry whose check is gone is removed, so the list only shrinks."""
-    found = {(path, text) for (path, _), text in find_host_checks().items()}
+    found = {(path, text) for (path, _), text in repository_checks().items()}
     assert not [entry for entry in PENDING if entry not in found]
 
 
