@@ -204,12 +204,12 @@ class RunHeader:
     ) -> "RunHeader":
         """A header for a run on ``backends`` (Backend objects), filled from ``accel env`` data.
 
-        ``environment`` defaults to :func:`accel.commands.env.collect_environment()`; pass it when
+        ``environment`` defaults to :func:`accel.sysinfo.collect_environment()`; pass it when
         it is already at hand. Device facts come from each backend's ``describe()``; a backend
         whose description fails is still listed, with the error in ``extra["backend_errors"]``.
         """
         if environment is None:
-            from accel.commands.env import collect_environment
+            from accel.sysinfo import collect_environment
 
             environment = collect_environment(include_deepspeed=False)  # the suites test DeepSpeed's agreement
         env = environment

@@ -15,6 +15,7 @@ from _fake_backend import NoDevice
 
 import accel
 from accel.backends import Availability, Backend, register_backend, reset_registry
+from accel import sysinfo
 from accel.commands import cli, env as env_command
 from accel.commands.config_file import config_file_in_use, default_config_path
 from _waits import SAFETY_NET_S
@@ -136,7 +137,7 @@ def test_json_has_stable_top_level_keys_and_versions(capsys):
     import numpy
 
     assert data["packages"]["numpy"] == numpy.__version__
-    assert set(data["distributed"]["backends"]) == set(env_command.COLLECTIVES)
+    assert set(data["distributed"]["backends"]) == set(sysinfo.COLLECTIVES)
     assert data["distributed"]["backends"]["gloo"] is True  # the CPU wheel ships gloo
     assert isinstance(data["distributed"]["oneccl_bindings_for_pytorch"], bool)
 
@@ -233,7 +234,7 @@ def test_one_failing_probe_does_not_take_the_command_down(capsys, monkeypatch):
     def no_model() -> str:
         raise OSError("cpuinfo unreadable")
 
-    monkeypatch.setattr(env_command, "_cpu_model", no_model)
+    monkeypatch.setattr(sysinfo, "_cpu_model", no_model)
     data = run_env(capsys)
     broken = backend_named(data, "broken")
     assert "driver exploded" in broken["error"]
@@ -252,7 +253,7 @@ def test_whole_section_failure_is_recorded(monkeypatch):
     def broken_registry():
         raise ImportError("torch is broken")
 
-    monkeypatch.setattr(env_command, "_load_registry", broken_registry)
+    monkeypatch.setattr(sysinfo, "_load_registry", broken_registry)
     data = env_command.collect_environment()
     assert "torch is broken" in data["backends"]["error"]
     assert "torch is broken" in data["selected_backend"]["error"]
@@ -323,7 +324,7 @@ def test_json_round_trips_only_plain_types(capsys):
             assert value is None or isinstance(value, (bool, int, float, str)), repr(value)
 
     walk(data)
-    assert env_command._jsonable({1: (2, {3}), "x": Path("/p")}) == {"1": [2, [3]], "x": "/p"}
+    assert sysinfo._jsonable({1: (2, {3}), "x": Path("/p")}) == {"1": [2, [3]], "x": "/p"}
 
 
 def test_human_output_has_every_section_aligned(capsys):

@@ -136,7 +136,7 @@ LAYERS: dict[int, tuple[str, tuple[str, ...]]] = {
                  "accel.optimizer", "accel.scheduler")),
     2: ("subsystems", ("accel.strategies", "accel.precision", "accel.quantization", "accel.data_loader",
                        "accel.checkpointing", "accel.big_modeling", "accel.hooks", "accel.tracking", "accel.inference",
-                       "accel.launchers")),
+                       "accel.launchers", "accel.sysinfo")),
     3: ("facade", ("accel.accelerator", "accel.facade")),
     4: ("test helpers", ("accel.test_utils",)),
     5: ("harness", ("accel_harness",)),
@@ -191,8 +191,8 @@ UPWARD_ALLOWED = {
     # into the CLI
     ("accel.utils.other", "accel.commands.config"): _WRITE_BASIC_CONFIG,
     ("accel.utils.other", "accel.commands.config_file"): _WRITE_BASIC_CONFIG,
-    ("accel_harness.records", "accel.commands.env"):
-        "a results header's environment block is what `accel env --json` collects",
+    ("accel.sysinfo", "accel.commands.config_file"):
+        "the environment report names the config file in use and the backend it asks for; the file's format lives with the CLI",
 }
 
 

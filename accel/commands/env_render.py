@@ -1,19 +1,13 @@
-"""`accel env`'s text form: the collected facts (:func:`accel.commands.env.collect_environment`) as
+"""`accel env`'s text form: the collected facts (:func:`accel.sysinfo.collect_environment`) as
 aligned sections, each probe's error shown in its place."""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ONECCL_MODULE", "is_error", "render_text"]
+from accel.sysinfo import ONECCL_MODULE, is_error
 
-#: the module of Intel's oneCCL bindings for torch (its presence is reported)
-ONECCL_MODULE = "oneccl_bindings_for_pytorch"
-
-
-def is_error(value: Any) -> bool:
-    """Whether a collected field is a failed probe (``{"error": "..."}``)."""
-    return isinstance(value, dict) and set(value) == {"error"}
+__all__ = ["render_text"]
 
 
 Rows = list[tuple[str, str]]
