@@ -101,7 +101,7 @@ _ROWS: tuple[EnvVar, ...] = (
          "accel test", "accel.test_utils.scripts.smoke", "accel.test_utils.scripts.test_cli"),
     # ---- set by the user (or a config) to steer a run
     _one("ACCEL_DEVICE", "the backend to use instead of detection", USER,
-         "accel.backends.registry", "accel.commands.env", "accel.commands.launch", "accel_harness.plugin"),
+         "accel.backends.registry", "accel.sysinfo", "accel.commands.launch", "accel_harness.plugin"),
     _one("ACCEL_PROFILE", "a device profile file to load as a backend", USER, "accel.backends.registry"),
     _one("ACCEL_COMMAND_LINE", "the command line a person typed, handed by accel qualify to its pytest children so "
          "their run headers record it", "accel.commands.qualify", "accel_harness.fingerprint"),
@@ -114,7 +114,7 @@ _ROWS: tuple[EnvVar, ...] = (
     _one("ACCELERATE_BYPASS_DEVICE_MAP", "let prepare() take a model spread over devices by a device map in a "
          "distributed run", USER, "accel.facade.model_wrappers"),
     _one("ACCEL_CPU_COMM_BACKEND", "collective backend on the host: gloo, ccl or mpi", USER, "accel.backends.cpu"),
-    _one("ACCEL_CONFIG_FILE", "the launch config file", USER, "accel.commands.config_file", "accel.commands.env"),
+    _one("ACCEL_CONFIG_FILE", "the launch config file", USER, "accel.commands.config_file", "accel.sysinfo"),
     _one("ACCEL_HANG_TIMEOUT", "seconds without progress before a launch is called hung (0 never)", USER,
          "accel.commands.launch"),
     _one("ACCEL_LAUNCH_NODE_TIMEOUT", "seconds another node's launcher may stay silent before a launch on several "
