@@ -163,7 +163,8 @@ def upward_edges(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
 
 #: edges that go into a higher layer, each with the reason it is allowed (none may be added silently)
 _STRATEGY_TABLE = "the strategy table (module:class), loaded when an Accelerator builds one"
-_WRITE_BASIC_CONFIG = "Accelerate's write_basic_config writes a config file in the CLI's format"
+_WRITE_BASIC_CONFIG = ("Accelerate's write_basic_config writes `accel config default`'s file: the config file's format "
+                       "and the default config for this machine live with the CLI (lazy)")
 UPWARD_ALLOWED = {
     # core -> subsystems: Accelerate's accel.utils modules are the public face of subsystems that live above
     ("accel.utils", "accel.strategies.fsdp.plugin"):
@@ -242,7 +243,8 @@ def test_the_checker_sees_a_cycle_and_a_function_level_import():
 
 @pytest.mark.parametrize("module, expected", [
     ("accel.facts.network", -1), ("accel.backends.cpu", 0), ("accel.state", 1), ("accel.utils.operations", 1),
-    ("accel.launch.heartbeat", 1), ("accel.strategies.fsdp.plugin", 2), ("accel.precision.fp8", 2),
+    ("accel.launch.heartbeat", 1), ("accel.launch.execution", 1), ("accel.strategies.fsdp.plugin", 2),
+    ("accel.sysinfo", 2), ("accel.precision.fp8", 2),
     ("accel.quantization.bnb_params", 2), ("accel.accelerator", 3), ("accel.facade.preparation", 3), ("accel.test_utils", 4),
     ("accel_harness.plugin", 5), ("accel_reports.render", 6), ("accel.commands.qualify", 7), ("accel", None),
 ])
