@@ -32,3 +32,23 @@ def test_protection_is_on_by_default(emu):
     from accel_emu._extension import load_extension
 
     assert load_extension().protection_enabled()
+
+
+_READ_PAST_THE_END = """
+    import ctypes, struct, torch, accel_emu
+    from accel_emu._extension import load_extension
+    accel_emu.load()
+    before = torch.zeros(1024, device="emu")  # a closed neighbour, mapped right after or before
+    block = torch.full((1024,), 3.0, device="emu")  # exactly one page: the tensor ends at a page boundary
+    # what a host vector kernel does at a tensor's end: load a whole vector, use its first lanes
+    vector = load_extension().launch(lambda t: ctypes.string_at(t.data_ptr() + t.nbytes - 4, 64), block)
+    print("last element", struct.unpack("f", vector[:4])[0], flush=True)
+"""
+
+
+def test_kernel_may_load_a_vector_past_the_end_of_a_block():
+    """Inductor's vectorised C++ kernels load a whole vector at a tensor's end and use only its first
+    lanes; a block ending at a page boundary stays readable for that while a kernel has it open."""
+    result = run_python(_READ_PAST_THE_END)
+    assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
+    assert "last element 3.0" in result.stdout

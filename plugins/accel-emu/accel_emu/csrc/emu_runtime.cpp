@@ -154,6 +154,15 @@ size_t page_size() {
   return p;
 }
 
+// Each block is mapped with one more page than it reserves, opened and closed with it. Host kernels
+// (Inductor's vectorised C++ kernels) may load a whole vector where a tensor ends a few elements into
+// it and use only those elements; on the host's heap the extra bytes are readable, but a block ending
+// exactly at a page boundary would be followed by another block's PROT_NONE pages or by none. Real
+// allocators hand out memory at a coarser granularity than a tensor's bytes for the same reason.
+size_t kernel_tail_bytes() { return page_size(); }
+
+size_t mapping_length(const Block& b) { return b.mapped + b.tail; }
+
 thread_local c10::DeviceIndex tls_device = 0;
 std::atomic<bool> g_initialized{false};
 std::atomic<bool> g_bad_fork{false};
@@ -233,7 +242,7 @@ void* EmuAllocator::map_block(size_t mapped, c10::DeviceIndex device, size_t req
   // MAP_SHARED: each block is its own (shmem) object, so the kernel never merges neighbouring
   // blocks into one mapping. Private anonymous blocks next to each other would be merged while
   // closed and split again by every open, which made mprotect the largest cost of a kernel.
-  void* p = mmap(nullptr, mapped, prot, MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void* p = mmap(nullptr, mapped + kernel_tail_bytes(), prot, MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) return nullptr;
   auto& st = stats_[device];
   increase(st.reserved_bytes, pool_of(mapped), static_cast<int64_t>(mapped));
@@ -246,7 +255,7 @@ void* EmuAllocator::map_block(size_t mapped, c10::DeviceIndex device, size_t req
 void EmuAllocator::free_cached(c10::DeviceIndex device) {
   auto& cache = cache_[device];
   for (auto& entry : cache) {
-    munmap(entry.second, entry.first);
+    munmap(entry.second, entry.first + kernel_tail_bytes());
     blocks_.erase(reinterpret_cast<uintptr_t>(entry.second));
     decrease(stats_[device].reserved_bytes, pool_of(entry.first), static_cast<int64_t>(entry.first));
     decrease(stats_[device].segment, pool_of(entry.first), 1);
@@ -294,6 +303,7 @@ c10::DataPtr EmuAllocator::allocate(size_t nbytes) {
     Block b;
     b.base = base;
     b.mapped = mapped;
+    b.tail = kernel_tail_bytes();
     b.device = device;
     blocks_[reinterpret_cast<uintptr_t>(base)] = b;
   }
@@ -324,7 +334,7 @@ void EmuAllocator::release(void* ptr) {
   Block& b = it->second;
   if (!b.live) return;
   if (b.imported) {  // another process's memory: only this mapping goes
-    munmap(b.base, b.mapped);
+    munmap(b.base, mapping_length(b));
     blocks_.erase(it);
     return;
   }
@@ -335,14 +345,14 @@ void EmuAllocator::release(void* ptr) {
   decrease(st.allocated_bytes, pool, static_cast<int64_t>(b.requested));
   decrease(st.active_bytes, pool, static_cast<int64_t>(b.requested));
   decrease(st.requested_bytes, pool, static_cast<int64_t>(b.requested));
-  if (b.open_count > 0 && protection_enabled()) mprotect(b.base, b.mapped, PROT_NONE);
+  if (b.open_count > 0 && protection_enabled()) mprotect(b.base, mapping_length(b), PROT_NONE);
   b.open_count = 0;
   b.live = false;
   const c10::Device dev(c10::DeviceType::PrivateUse1, b.device);
   const auto freed = static_cast<int64_t>(b.requested);
   if (b.fd >= 0) {
     // shared with other processes, which may still use it: never handed to a new tensor here
-    munmap(b.base, b.mapped);
+    munmap(b.base, mapping_length(b));
     ::close(b.fd);
     decrease(st.reserved_bytes, pool, static_cast<int64_t>(b.mapped));
     decrease(st.segment, pool, 1);
@@ -374,7 +384,7 @@ void EmuAllocator::open(const void* ptr) {
   Block* b = find(ptr);
   if (b == nullptr) return;
   if (b->open_count++ == 0) {
-    TORCH_CHECK(mprotect(b->base, b->mapped, PROT_READ | PROT_WRITE) == 0, "emu: mprotect failed: ",
+    TORCH_CHECK(mprotect(b->base, mapping_length(*b), PROT_READ | PROT_WRITE) == 0, "emu: mprotect failed: ",
                 std::strerror(errno));
   }
 }
@@ -384,7 +394,7 @@ void EmuAllocator::close(const void* ptr) {
   std::lock_guard<std::mutex> lock(mutex_);
   Block* b = find(ptr);
   if (b == nullptr || b->open_count == 0) return;
-  if (--b->open_count == 0) mprotect(b->base, b->mapped, PROT_NONE);
+  if (--b->open_count == 0) mprotect(b->base, mapping_length(*b), PROT_NONE);
 }
 
 int EmuAllocator::device_of(const void* ptr) {
@@ -400,30 +410,32 @@ std::tuple<int, size_t, size_t> EmuAllocator::share(const void* ptr) {
   const size_t offset = static_cast<const char*>(ptr) - static_cast<const char*>(b->base);
   if (b->fd >= 0 || b->imported) {
     TORCH_CHECK(!b->imported, "emu: a tensor received from another process cannot be passed on (send the original)");
-    return {b->fd, b->mapped, offset};
+    return {b->fd, mapping_length(*b), offset};
   }
   const int fd = static_cast<int>(syscall(SYS_memfd_create, "emu-shared-block", 1u /* MFD_CLOEXEC */));
   TORCH_CHECK(fd >= 0, "emu: cannot create a memory file to share a block: ", std::strerror(errno));
   const bool closed = protection_enabled() && b->open_count == 0;
-  if (closed) mprotect(b->base, b->mapped, PROT_READ);
+  // the whole mapping, tail included: the receiver's kernels may read past a tensor's end as well
+  const size_t length = mapping_length(*b);
+  if (closed) mprotect(b->base, length, PROT_READ);
   size_t written = 0;
-  bool ok = ftruncate(fd, static_cast<off_t>(b->mapped)) == 0;
-  while (ok && written < b->mapped) {
-    const ssize_t n = pwrite(fd, static_cast<const char*>(b->base) + written, b->mapped - written, static_cast<off_t>(written));
+  bool ok = ftruncate(fd, static_cast<off_t>(length)) == 0;
+  while (ok && written < length) {
+    const ssize_t n = pwrite(fd, static_cast<const char*>(b->base) + written, length - written, static_cast<off_t>(written));
     ok = n > 0;
     if (ok) written += static_cast<size_t>(n);
   }
   // the file replaces the anonymous memory at the same address, with the same access rights
   const int prot = closed ? PROT_NONE : (PROT_READ | PROT_WRITE);
-  if (ok) ok = mmap(b->base, b->mapped, prot, MAP_SHARED | MAP_FIXED | MAP_NORESERVE, fd, 0) != MAP_FAILED;
+  if (ok) ok = mmap(b->base, length, prot, MAP_SHARED | MAP_FIXED | MAP_NORESERVE, fd, 0) != MAP_FAILED;
   if (!ok) {
     const int error = errno;
-    if (closed) mprotect(b->base, b->mapped, PROT_NONE);
+    if (closed) mprotect(b->base, length, PROT_NONE);
     ::close(fd);
     TORCH_CHECK(false, "emu: cannot move a block onto a memory file to share it: ", std::strerror(error));
   }
   b->fd = fd;
-  return {fd, b->mapped, offset};
+  return {fd, length, offset};
 }
 
 c10::DataPtr EmuAllocator::import_shared(int fd, size_t mapped, size_t offset, c10::DeviceIndex device) {

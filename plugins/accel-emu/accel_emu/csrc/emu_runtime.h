@@ -45,7 +45,8 @@ void set_current_device(c10::DeviceIndex index);
 struct Block {
   void* base = nullptr;
   size_t requested = 0;  // bytes asked for
-  size_t mapped = 0;     // bytes mapped (page-rounded)
+  size_t mapped = 0;     // bytes reserved for it (page-rounded), what the statistics count
+  size_t tail = 0;       // bytes mapped after those (see kernel_tail_bytes); the mapping is mapped + tail
   c10::DeviceIndex device = 0;
   int open_count = 0;    // >0 while a kernel or copy has it open
   bool live = false;     // false while parked in the cache
