@@ -14,6 +14,7 @@ host memory, so they compute on it directly. The wrapper differs from the CPU's 
 
 from __future__ import annotations
 
+import sys
 from textwrap import dedent
 from typing import Any
 
@@ -130,16 +131,51 @@ def _turn_off_gpu_only_passes() -> None:
         for part in path[:-1]:
             holder = getattr(holder, part)
         setattr(holder, path[-1], False)
-    # Random operators run as ATen operators (emu's, drawing from the device's generator, as in eager
-    # mode): off the CPU, Inductor decomposes bernoulli/dropout into random kernels of its own, which
-    # its C++ code generator fails on (an assertion in its vectorised arange).
+    # Random operators run as ATen operators (emu's, drawing from the device's generator), so a compiled
+    # graph gives eager's numbers for the same seed; otherwise Inductor would generate random kernels
+    # of its own off the CPU.
     config.fallback_random = True
+
+
+#: what Inductor's ``get_current_backend`` answers for emu: its kernels come from the C++ generator
+BACKEND = "cpp"
+
+
+def _answer_cpp_for_emu() -> None:
+    """Make Inductor's ``get_current_backend`` answer ``cpp`` for emu.
+
+    Inductor asks it which generator writes the current device's kernels, and answers
+    ``config.cuda_backend`` (Triton) for any device it does not know. Code shared by the generators
+    then takes Triton's branch inside emu's C++ kernels: the CSE proxy reads a Triton variable's
+    ``dtype`` from the C++ generator's string result of ``masked`` (a padded or masked load), and
+    C++ variables are left without the dtype the vectorised ``arange`` asserts (an index expression
+    in a batch norm's or a pooling's kernel). The answer for every other device is unchanged. Modules
+    that imported the function by name get the new one too; those imported later take it from
+    ``torch._inductor.utils``.
+    """
+    import torch._inductor.utils as inductor_utils
+
+    original = inductor_utils.get_current_backend
+    if getattr(original, "emu_routes", False):
+        return
+
+    def get_current_backend(device_type: str | None = None) -> str:
+        if not device_type:
+            device_type = V.graph.get_current_device_or_throw().type
+        return BACKEND if device_type == DEVICE_TYPE else original(device_type)
+
+    get_current_backend.emu_routes = True  # type: ignore[attr-defined]
+    get_current_backend.__doc__ = original.__doc__
+    for name, module in list(sys.modules.items()):
+        if name.startswith("torch._inductor") and getattr(module, "get_current_backend", None) is original:
+            module.get_current_backend = get_current_backend  # type: ignore[attr-defined]
 
 
 def register_codegen() -> None:
     """Register emu's code generator with Inductor (host C++ kernels, the emu Python wrapper)."""
     from torch._inductor.codegen.cpp import CppScheduling
 
+    _answer_cpp_for_emu()
     _turn_off_gpu_only_passes()
 
     register_device_op_overrides(DEVICE_TYPE, EmuDeviceOpOverrides())

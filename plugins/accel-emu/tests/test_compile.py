@@ -91,6 +91,53 @@ def test_compiled_module_forward_backward_matches_eager_and_host():
             torch.testing.assert_close(compiled, other, msg=f"gradient vs {name}")
 
 
+class _TinyCausalLM(torch.nn.Module):
+    """An embedding, a linear head and a causal LM's loss as transformers computes it: the labels are
+    padded with the ignored index and shifted, then cross-entropy (the pattern of the zoo's llama; its
+    backward is the CNN's classification loss's)."""
+
+    def __init__(self, vocab: int = 11, width: int = 8):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, width)
+        self.head = torch.nn.Linear(width, vocab)
+
+    def forward(self, ids, labels):
+        logits = self.head(self.embed(ids))
+        shifted = F.pad(labels, (0, 1), value=-100)[:, 1:]
+        return F.cross_entropy(logits.flatten(0, 1), shifted.flatten(), ignore_index=-100)
+
+
+def test_compiled_causal_lm_loss_matches_eager_and_host():
+    """Inductor's code shared by its generators must take the C++ branch in emu's kernels: the padded
+    labels are a masked load (whose C++ result is a string where a Triton variable has a dtype) and the
+    loss's backward compares an index expression with the labels (the C++ vectorised ``arange`` asserts
+    its dtype). Both failed to compile on emu while Inductor took emu for a Triton device."""
+    from torch._inductor.utils import run_and_get_code
+
+    g = torch.Generator().manual_seed(2)
+    ids, labels = torch.randint(0, 11, (2, 6), generator=g), torch.randint(0, 11, (2, 6), generator=g)
+    results = {}
+    for name, device, compile_it in (("compiled", "emu:1", True), ("eager", "emu:1", False), ("host", "cpu", False)):
+        torch.manual_seed(0)
+        model = _TinyCausalLM().to(device)
+        forward = torch.compile(model) if compile_it else model
+
+        def step():
+            loss = forward(ids.to(device), labels.to(device))
+            loss.backward()
+            return loss
+
+        loss, codes = run_and_get_code(step) if compile_it else (step(), [])
+        if compile_it:
+            assert len(codes) == 2 and all("emu_launch(cpp_fused_" in code for code in codes), codes
+        assert loss.device == torch.device(device)
+        results[name] = (loss.detach().cpu(), [p.grad.cpu() for p in model.parameters()])
+    for name in ("eager", "host"):
+        torch.testing.assert_close(results["compiled"][0], results[name][0], msg=f"loss vs {name}")
+        for compiled, other in zip(results["compiled"][1], results[name][1]):
+            torch.testing.assert_close(compiled, other, msg=f"gradient vs {name}")
+
+
 def test_compiled_random_operators_draw_from_the_device_generator():
     """Random operators stay ATen operators on emu's generator: the same seed gives eager's numbers."""
     def noisy(x):
