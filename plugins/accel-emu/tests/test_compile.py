@@ -4,6 +4,10 @@ Every test here runs with memory protection on (the default; checked first): a g
 touched device memory without opening it would end the process with SIGSEGV. Compiled results must
 equal eager ones on emu and the host's, stay on the graph's emu device, and come from Inductor's own
 code (the generated wrapper is read back with ``run_and_get_code``).
+
+The default run keeps the cheapest tests that cover the contract (a model's forward and backward on a
+device that is not the current one, random operators, the stream a kernel waits for, registration);
+the others need ``RUN_SLOW=1`` (the first compile in a process costs seconds).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import torch.nn.functional as F
 from conftest import run_python
 
 import accel_emu
+from accel.test_utils import slow
 from accel_emu._extension import load_extension
 
 
@@ -38,6 +43,8 @@ def _pointwise_and_reduction(x, y):
     return (x * 2 + y).relu().sum(0), torch.tanh(x) @ y
 
 
+@pytest.mark.slow
+@slow
 @pytest.mark.parametrize("index", [0, 1])
 def test_compiled_function_matches_eager_and_host(index):
     device = f"emu:{index}"
@@ -63,6 +70,8 @@ def _mlp() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.GELU(), torch.nn.Linear(16, 2))
 
 
+@pytest.mark.slow
+@slow
 def test_compiled_module_forward_backward_matches_eager_and_host():
     from torch._inductor.utils import run_and_get_code
 
@@ -91,6 +100,35 @@ def test_compiled_module_forward_backward_matches_eager_and_host():
             torch.testing.assert_close(compiled, other, msg=f"gradient vs {name}")
 
 
+def _padded_labels_and_hits(logits, labels):
+    """A causal LM's shifted labels (padded with the ignored index) and a cross-entropy backward's
+    one-hot comparison of an index expression with the labels."""
+    shifted = F.pad(labels, (0, 1), value=-100)[:, 1:]
+    hits = torch.arange(logits.shape[-1], device=logits.device) == labels.unsqueeze(-1)
+    return shifted, (logits * hits).sum(-1)
+
+
+def test_compiled_masked_load_and_index_expression_match_eager_and_host():
+    """Inductor's code shared by its generators must take the C++ branch in emu's kernels: a padded
+    tensor is a masked load (whose C++ result is a string where a Triton variable has a dtype) and an
+    ``arange`` compared with labels is an index expression (the C++ vectorised ``arange`` asserts its
+    dtype). Both failed to compile on emu while Inductor took emu for a Triton device."""
+    device = "emu:1"
+    g = torch.Generator().manual_seed(2)
+    logits_host, labels_host = torch.randn(2, 6, 11, generator=g), torch.randint(0, 11, (2, 6), generator=g)
+    (shifted, picked), codes = _compiled_with_code(_padded_labels_and_hits, logits_host.to(device), labels_host.to(device))
+
+    wrapper = "\n".join(codes)
+    assert "emu_launch(cpp_fused_" in wrapper, "Inductor did not generate C++ kernels launched on emu"
+    assert f"device='{device}'" in wrapper, f"buffers not allocated on {device}:\n{wrapper}"
+    assert shifted.device == picked.device == torch.device(device)
+    eager = _padded_labels_and_hits(logits_host.to(device), labels_host.to(device))
+    host = _padded_labels_and_hits(logits_host, labels_host)
+    for compiled, on_emu, on_host in zip((shifted, picked), eager, host):
+        torch.testing.assert_close(compiled.cpu(), on_emu.cpu())
+        torch.testing.assert_close(compiled.cpu(), on_host)
+
+
 class _TinyCausalLM(torch.nn.Module):
     """An embedding, a linear head and a causal LM's loss as transformers computes it: the labels are
     padded with the ignored index and shifted, then cross-entropy (the pattern of the zoo's llama; its
@@ -107,11 +145,11 @@ class _TinyCausalLM(torch.nn.Module):
         return F.cross_entropy(logits.flatten(0, 1), shifted.flatten(), ignore_index=-100)
 
 
+@pytest.mark.slow
+@slow
 def test_compiled_causal_lm_loss_matches_eager_and_host():
-    """Inductor's code shared by its generators must take the C++ branch in emu's kernels: the padded
-    labels are a masked load (whose C++ result is a string where a Triton variable has a dtype) and the
-    loss's backward compares an index expression with the labels (the C++ vectorised ``arange`` asserts
-    its dtype). Both failed to compile on emu while Inductor took emu for a Triton device."""
+    """The zoo's failing patterns in a model, forward and backward: the padded labels of a causal LM's
+    loss (a masked load) and the loss's backward (an index expression compared with the labels)."""
     from torch._inductor.utils import run_and_get_code
 
     g = torch.Generator().manual_seed(2)
@@ -130,6 +168,7 @@ def test_compiled_causal_lm_loss_matches_eager_and_host():
         loss, codes = run_and_get_code(step) if compile_it else (step(), [])
         if compile_it:
             assert len(codes) == 2 and all("emu_launch(cpp_fused_" in code for code in codes), codes
+            assert all(f"device='{device}'" in code for code in codes), f"buffers not allocated on {device}"
         assert loss.device == torch.device(device)
         results[name] = (loss.detach().cpu(), [p.grad.cpu() for p in model.parameters()])
     for name in ("eager", "host"):
@@ -185,6 +224,8 @@ _LAZY = """
 """
 
 
+@pytest.mark.slow
+@slow
 def test_registration_waits_for_torch_to_import_dynamo():
     result = run_python(_LAZY)
     assert result.returncode == 0, result.stderr[-3000:]
