@@ -37,7 +37,8 @@ __all__ = ["BUILD_DIR_ENV", "build_dir", "build_problem", "load_extension", "sou
 #: environment variable naming the build folder; set by :func:`load_extension` for child processes
 BUILD_DIR_ENV = "ACCEL_EMU_BUILD_DIR"
 
-_SOURCES = ("emu_runtime.h", "emu_runtime.cpp", "emu_aten.cpp", "emu_module.cpp", "emu_timer.cpp", "emu_profiler.cpp")
+#: the folder of the C++ sources: the driver (driver/) and the PyTorch adapter (adapter/)
+_CSRC = Path(__file__).resolve().parent / "csrc"
 _NAME = "accel_emu_C"
 #: the build's record, written last: the library's size and checksum
 _RECORD = "complete"
@@ -49,15 +50,21 @@ _module: ModuleType | None = None
 
 
 def source_files() -> list[Path]:
-    """The C++ sources of the extension, header first."""
-    here = Path(__file__).resolve().parent / "csrc"
-    return [here / name for name in _SOURCES]
+    """Every C++ source and header of the extension (headers first), so that the build's fingerprint
+    covers each of them; an error when two sources share a file name (the build names objects by it)."""
+    headers = sorted(_CSRC.rglob("*.h"))
+    sources = sorted(_CSRC.rglob("*.cpp"))
+    names = [path.name for path in sources]
+    clashes = sorted({name for name in names if names.count(name) > 1})
+    if clashes:
+        raise RuntimeError(f"emu's C++ sources must have distinct file names; these repeat: {', '.join(clashes)}")
+    return headers + sources
 
 
 def _source_hash() -> str:
     digest = hashlib.sha256()
     for path in source_files():
-        digest.update(path.name.encode())
+        digest.update(path.relative_to(_CSRC).as_posix().encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
@@ -149,7 +156,7 @@ def _compile(directory: Path, verbose: bool) -> None:
     try:
         from torch.utils.cpp_extension import include_paths
 
-        # Kineto's headers (emu_profiler.cpp's activity profiler) include each other by bare name
+        # Kineto's headers (adapter/profiler.cpp's activity profiler) include each other by bare name
         kineto = [str(Path(path) / "kineto") for path in include_paths() if (Path(path) / "kineto").is_dir()]
         load(name=_NAME, sources=sources, extra_cflags=["-O2", "-std=c++17"], build_directory=str(directory),
              extra_include_paths=kineto, verbose=verbose, is_python_module=True)

@@ -32,6 +32,25 @@ def test_build_dir_names_torch_python_and_sources(monkeypatch, tmp_path):
     assert _extension.build_dir() == (tmp_path / "mine").resolve()
 
 
+
+def test_fingerprint_covers_every_source_of_the_driver_and_the_adapter(monkeypatch, tmp_path):
+    """The build folder's name changes with any file under csrc/, nested ones included, and two sources
+    with one file name (the build names objects by it) are refused with their name."""
+    csrc = _extension.source_files()[0].parents[1]
+    on_disk = sorted(p for p in csrc.rglob("*") if p.suffix in (".h", ".cpp"))
+    assert sorted(_extension.source_files()) == on_disk
+    assert {p.parent.name for p in on_disk} == {"driver", "adapter"}
+    copy = tmp_path / "csrc"
+    shutil.copytree(csrc, copy)
+    monkeypatch.setattr(_extension, "_CSRC", copy)
+    before = _extension._source_hash()
+    memory = copy / "driver" / "memory.cpp"
+    memory.write_text(memory.read_text() + "\n")
+    assert _extension._source_hash() != before
+    (copy / "adapter" / "memory.cpp").write_text("")
+    with pytest.raises(RuntimeError, match="memory.cpp"):
+        _extension.source_files()
+
 @pytest.fixture(scope="module")
 def current_build(tmp_path_factory):
     """The plug-in's build, in a folder whose objects are newer than the sources, so that a copy whose

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "emu_runtime.h"
+#include "adapter.h"
 
 namespace emu {
 namespace {

@@ -6,7 +6,7 @@
 // device's current stream has drained is when the device reached the event.
 #include <torch/csrc/distributed/c10d/reducer_timer.hpp>
 
-#include "emu_runtime.h"
+#include "adapter.h"
 
 namespace c10d {
 namespace {

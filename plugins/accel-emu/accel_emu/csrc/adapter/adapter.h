@@ -1,47 +1,28 @@
-// The emu "driver": device memory, devices, streams, events and generators.
-//
-// A vendor's runtime library would sit here; emu implements one on the host so that the
-// PyTorch integration around it (allocator, guard, hooks, kernels) is exercised exactly as it
-// would be for a real accelerator. Device memory is host memory mapped without access rights;
-// it is opened (read/write) only while a kernel or a copy runs on it.
+// The adapter: emu's integration with PyTorch (its PrivateUse1 device), built on the driver
+// (../driver/driver.h). Declarations shared by the adapter's files; each file says what it holds.
 #pragma once
 
+#include "../driver/driver.h"
+
 #include <c10/core/CachingDeviceAllocator.h>
-#include <c10/core/Device.h>
-#include <c10/core/Stream.h>
-#include <ATen/core/Generator.h>
+#include <c10/core/Storage.h>
 #include <ATen/core/Tensor.h>
 
-#include <condition_variable>
-#include <cstdint>
-#include <deque>
-#include <functional>
 #include <map>
-#include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <tuple>
 #include <vector>
 
+namespace pybind11 {
+class module_;
+}
+
 namespace emu {
 
-// ------------------------------------------------------------------ configuration
-// Number of devices this process sees (after EMU_VISIBLE_DEVICES).
-c10::DeviceIndex device_count();
-// Physical index of a visible device (EMU_VISIBLE_DEVICES remaps like CUDA_VISIBLE_DEVICES).
-int physical_index(c10::DeviceIndex index);
-// Capacity of one device in bytes (ACCEL_EMU_MEMORY).
-uint64_t capacity_bytes();
-// True when device memory is mapped PROT_NONE outside kernels and copies (ACCEL_EMU_PROTECT).
-bool protection_enabled();
-void check_device(c10::DeviceIndex index);
+constexpr auto kEmu = c10::DeviceType::PrivateUse1;
 
-// ------------------------------------------------------------------ current device
-c10::DeviceIndex current_device();
-void set_current_device(c10::DeviceIndex index);
-
-// ------------------------------------------------------------------ memory
+// ------------------------------------------------------------------ device allocator (allocator.cpp)
 struct Block {
   void* base = nullptr;
   size_t requested = 0;  // bytes asked for
@@ -113,70 +94,28 @@ class MemoryGuard {
   std::vector<const void*> opened_;
 };
 
-// ------------------------------------------------------------------ streams and events
-struct Event {
-  std::mutex mutex;
-  std::condition_variable cv;
-  bool recorded = false;
-  bool completed = true;
-  uint64_t generation = 0;
-  int64_t time_ns = 0;
-  c10::DeviceIndex device = -1;
-  bool timing = false;
-};
+// ------------------------------------------------------------------ pinned host memory (host_allocator.cpp)
+// torch's host allocator for emu (pinned memory).
+c10::Allocator* pinned_memory_allocator();
+// True when `ptr` lies in a block of pinned host memory.
+bool is_pinned_ptr(const void* ptr);
 
-class StreamQueue {
- public:
-  StreamQueue(c10::DeviceIndex device, c10::StreamId id) : device_(device), id_(id) {}
-  ~StreamQueue();
-  void enqueue(std::function<void()> task);
-  void synchronize();  // waits until every queued task ran; rethrows a task's error
-  bool query();
-  c10::StreamId id() const { return id_; }
-  c10::DeviceIndex device() const { return device_; }
-  void reset_after_fork();
+// ------------------------------------------------------------------ storage (hooks.cpp)
+// Gives an emu storage `new_bytes` of fresh device memory, keeping its contents.
+void resize_storage_bytes(const c10::Storage& storage, size_t new_bytes);
 
- private:
-  void run();
-  c10::DeviceIndex device_;
-  c10::StreamId id_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> tasks_;
-  // Finished tasks, destroyed later by a caller of synchronize()/enqueue() rather than by the
-  // worker: a task's captures may hold the last reference to a tensor with a Python object,
-  // whose release needs the GIL, which a thread waiting for this stream may hold.
-  std::vector<std::function<void()>> retired_;
-  size_t running_ = 0;
-  bool stop_ = false;
-  std::thread worker_;
-  bool started_ = false;
-  std::exception_ptr error_;
-};
+// ------------------------------------------------------------------ native kernels (kernels.cpp)
+// Raises NotImplementedError: emu keeps only strided (dense) tensors.
+[[noreturn]] void refuse_layout(const std::string& op, c10::Layout layout);
+// A host (cpu) tensor over the same bytes as an emu tensor, with its conj/neg bits; valid while a
+// MemoryGuard holds it open.
+at::Tensor host_alias(const at::Tensor& t);
+// Gives an emu tensor these sizes, strides and storage offset, growing its storage when needed.
+void take_geometry(const at::Tensor& t, c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t offset);
+// emu's copy kernel (aten::_copy_from): queued on the current stream or run now.
+at::Tensor emu_copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking);
 
-StreamQueue& stream_queue(c10::DeviceIndex device, c10::StreamId id);
-c10::Stream current_stream(c10::DeviceIndex device);
-c10::Stream exchange_stream(c10::Stream s);
-c10::Stream new_stream(c10::DeviceIndex device);
-// A stream from the per-device pool (round robin), as getStreamFromGlobalPool hands out.
-c10::Stream pool_stream(c10::DeviceIndex device);
-void synchronize_device(c10::DeviceIndex device);
-// Waits for the current stream of `device` (work queued before a synchronous kernel).
-void wait_current_stream(c10::DeviceIndex device);
-
-void record_event(Event* ev, const c10::Stream& s, bool timing);
-void block_on_event(Event* ev, const c10::Stream& s);
-bool query_event(Event* ev);
-void synchronize_event(Event* ev);
-double elapsed_ms(Event* start, Event* end);
-
-// ------------------------------------------------------------------ generators
-const at::Generator& default_generator(c10::DeviceIndex device);
-at::Generator new_generator(c10::DeviceIndex device);
-// The host (CPU) generator that draws numbers for an emu generator.
-at::Generator host_generator_of(const at::Generator& emu_gen);
-
-// ------------------------------------------------------------------ host fallback statistics
+// ------------------------------------------------------------------ host fallback (fallback.cpp)
 // Operators that ran through the host fallback since the last reset: name, whether they took the
 // direct path (host aliases of device memory) or the copying one, and how many calls.
 struct FallbackCount {
@@ -190,7 +129,7 @@ void reset_fallback_calls();
 // otherwise bypass on emu (once, when the module loads); returns their names.
 std::vector<std::string> route_composites_to_host();
 
-// ------------------------------------------------------------------ profiler activity (emu_profiler.cpp)
+// ------------------------------------------------------------------ profiler activity (profiler.cpp)
 // While torch.profiler traces emu's activity, kernels and copies the device runs are recorded with
 // their times (activity_clock), device, stream and the correlation id of the operator that launched
 // them (activity_correlation, on the launching thread). activity_tracing() is one atomic load.
@@ -200,9 +139,9 @@ uint64_t activity_correlation();
 void record_activity(bool copy, std::string name, c10::DeviceIndex device, c10::StreamId stream, int64_t start_ns,
                      int64_t end_ns, uint64_t correlation);
 
-// ------------------------------------------------------------------ process state
-bool in_bad_fork();
-bool is_initialized();
-void mark_initialized();
+
+// ------------------------------------------------------------------ collectives (collectives.cpp)
+// Adds the emu_ccl backend's class (EmuCCL) to the extension module.
+void define_collectives(pybind11::module_& m);
 
 }  // namespace emu

@@ -1,0 +1,127 @@
+// The emu "driver": the runtime a vendor's device library provides, simulated on the host.
+//
+// Everything PyTorch-facing (the allocator PyTorch calls, the device guard, hooks, kernels) lives in
+// ../adapter and reaches the device only through this header. A vendor keeps the adapter's shape and
+// replaces these functions with calls into its own runtime (see the plug-in README's Layout).
+//
+// Device memory is host memory mapped without access rights; it is opened (read/write) only while a
+// kernel or a copy runs on it.
+#pragma once
+
+#include <c10/core/Device.h>
+#include <c10/core/Stream.h>
+#include <ATen/core/Generator.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace emu {
+
+// ------------------------------------------------------------------ devices and configuration (devices.cpp)
+// Number of devices this process sees (after EMU_VISIBLE_DEVICES).
+c10::DeviceIndex device_count();
+// Physical index of a visible device (EMU_VISIBLE_DEVICES remaps like CUDA_VISIBLE_DEVICES).
+int physical_index(c10::DeviceIndex index);
+// Capacity of one device in bytes (ACCEL_EMU_MEMORY).
+uint64_t capacity_bytes();
+// True when device memory is mapped PROT_NONE outside kernels and copies (ACCEL_EMU_PROTECT).
+bool protection_enabled();
+void check_device(c10::DeviceIndex index);
+// The calling thread's current device.
+c10::DeviceIndex current_device();
+void set_current_device(c10::DeviceIndex index);
+// Process state: whether the device was used, and whether this is a child forked after that.
+bool in_bad_fork();
+bool is_initialized();
+void mark_initialized();
+// Called in a forked child: marks it a bad fork when the parent had used the device.
+void note_forked_child();
+
+// ------------------------------------------------------------------ device memory (memory.cpp)
+// The granularity of device memory: reservations are multiples of it.
+size_t page_size();
+// Bytes mapped after every block, beyond what it reserves (see memory.cpp for why).
+size_t kernel_tail_bytes();
+// Maps `length` bytes of device memory, without access while protection is on; nullptr when the
+// host refuses.
+void* map_memory(size_t length);
+void unmap_memory(void* base, size_t length);
+// Gives kernels and copies access to device memory, or takes it away.
+void open_memory(void* base, size_t length);
+void close_memory(void* base, size_t length);
+// Moves a mapping, at the same address and keeping its access (`accessible`), onto a memory file
+// another process can map; returns the file's descriptor.
+int share_memory(void* base, size_t length, bool accessible);
+// Maps a memory file another process shared (takes ownership of `fd`).
+void* import_memory(int fd, size_t length);
+
+// ------------------------------------------------------------------ streams and events (streams.cpp)
+struct Event {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool recorded = false;
+  bool completed = true;
+  uint64_t generation = 0;
+  int64_t time_ns = 0;
+  c10::DeviceIndex device = -1;
+  bool timing = false;
+};
+
+class StreamQueue {
+ public:
+  StreamQueue(c10::DeviceIndex device, c10::StreamId id) : device_(device), id_(id) {}
+  ~StreamQueue();
+  void enqueue(std::function<void()> task);
+  void synchronize();  // waits until every queued task ran; rethrows a task's error
+  bool query();
+  c10::StreamId id() const { return id_; }
+  c10::DeviceIndex device() const { return device_; }
+  void reset_after_fork();
+
+ private:
+  void run();
+  c10::DeviceIndex device_;
+  c10::StreamId id_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+  // Finished tasks, destroyed later by a caller of synchronize()/enqueue() rather than by the
+  // worker: a task's captures may hold the last reference to a tensor with a Python object,
+  // whose release needs the GIL, which a thread waiting for this stream may hold.
+  std::vector<std::function<void()>> retired_;
+  size_t running_ = 0;
+  bool stop_ = false;
+  std::thread worker_;
+  bool started_ = false;
+  std::exception_ptr error_;
+};
+
+StreamQueue& stream_queue(c10::DeviceIndex device, c10::StreamId id);
+c10::Stream current_stream(c10::DeviceIndex device);
+c10::Stream exchange_stream(c10::Stream s);
+c10::Stream new_stream(c10::DeviceIndex device);
+// A stream from the per-device pool (round robin), as getStreamFromGlobalPool hands out.
+c10::Stream pool_stream(c10::DeviceIndex device);
+void synchronize_device(c10::DeviceIndex device);
+// Waits for the current stream of `device` (work queued before a synchronous kernel).
+void wait_current_stream(c10::DeviceIndex device);
+
+void record_event(Event* ev, const c10::Stream& s, bool timing);
+void block_on_event(Event* ev, const c10::Stream& s);
+bool query_event(Event* ev);
+void synchronize_event(Event* ev);
+double elapsed_ms(Event* start, Event* end);
+
+// ------------------------------------------------------------------ generators (generators.cpp)
+const at::Generator& default_generator(c10::DeviceIndex device);
+at::Generator new_generator(c10::DeviceIndex device);
+// The host (CPU) generator that draws numbers for an emu generator.
+at::Generator host_generator_of(const at::Generator& emu_gen);
+
+}  // namespace emu
