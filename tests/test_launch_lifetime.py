@@ -4,10 +4,10 @@ is already gone exits at once. Real processes (Linux only: elsewhere nothing is 
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import sys
 
-import psutil
 import pytest
 
 from accel.launch import lifetime
@@ -15,35 +15,45 @@ from _waits import SAFETY_NET_S
 
 LINUX = sys.platform.startswith("linux")
 
-# the parent starts a child that arms the signal, prints the child's pid once armed, and waits for ever
-PARENT = """
-import subprocess, sys
-child = subprocess.Popen([sys.executable, "-c", '''
-import os, sys, time
+CHILD = """
+import os, time
 from accel.launch.lifetime import die_with_parent
-print(os.getpid() if die_with_parent(os.getppid()) else "unarmed", flush=True)
+print("armed" if die_with_parent(os.getppid()) else "unarmed", flush=True)
 while True:
     time.sleep(60)
-'''], stdout=subprocess.PIPE, text=True)
+"""
+
+# the parent starts the child, which inherits the write end of the test's pipe (its fd in argv); the parent
+# closes its own copy, passes on whether the child armed the signal, and waits for ever
+PARENT = """
+import os, subprocess, sys, time
+fd = int(sys.argv[1])
+child = subprocess.Popen([sys.executable, "-c", sys.argv[2]], stdout=subprocess.PIPE, text=True, pass_fds=(fd,))
+os.close(fd)
 print(child.stdout.readline().strip(), flush=True)
 while True:
-    import time; time.sleep(60)
+    time.sleep(60)
 """
 
 
 @pytest.mark.skipif(not LINUX, reason="[backend-unavailable] the parent-death signal is Linux's")
 def test_a_child_dies_with_its_parent():
-    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
+    read_end, write_end = os.pipe()
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(write_end), CHILD], stdout=subprocess.PIPE, text=True,
+                              pass_fds=(write_end,))
+    os.close(write_end)
     try:
-        line = parent.stdout.readline().strip()
-        assert line.isdigit(), f"the child did not arm the signal: {line!r}"
-        child = psutil.Process(int(line))
+        assert parent.stdout.readline().strip() == "armed"
         parent.kill()  # SIGKILL: the parent runs nothing on its way out
         parent.wait(SAFETY_NET_S)
-        child.wait(SAFETY_NET_S)  # raises TimeoutExpired if the child outlived its parent
-        assert not child.is_running()
+        # the pipe reaches its end once the child, its last writer, is gone
+        ready, _, _ = select.select([read_end], [], [], SAFETY_NET_S)
+        assert ready == [read_end], "the child outlived its parent"
+        assert os.read(read_end, 1) == b""
     finally:
         parent.kill()
+        parent.stdout.close()
+        os.close(read_end)
 
 
 @pytest.mark.skipif(not LINUX, reason="[backend-unavailable] the parent-death signal is Linux's")
