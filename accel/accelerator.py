@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
 
+from .backends import is_host_device
 from .facade.accumulation import accumulation_block, advance
 from .facade.delegates import AcceleratorIOMixin
 from .facade.options import accumulation_plugin, sort_kwargs_handlers
@@ -238,7 +239,7 @@ class Accelerator(AcceleratorIOMixin):
     @property
     def multi_device(self) -> bool:
         """Whether several processes run on accelerator devices (not the CPU)."""
-        return self.use_distributed and self.device.type != "cpu"
+        return self.use_distributed and not is_host_device(self.device)
 
     @property
     def gradient_accumulation_steps(self) -> int:

@@ -26,10 +26,7 @@ SCANNED = ("accel", "accel_harness", "accel_reports")
 HOME = "accel/backends/"
 
 #: (path, the comparison) -> why it stays for now; matched by text, so edits elsewhere in the file do not move it
-PENDING: dict[tuple[str, str], str] = {
-    ("accel/accelerator.py", "self.device.type != 'cpu'"):
-        "the facade module, being reshaped by the facade change in the same round; to ask is_host_device there",
-}
+PENDING: dict[tuple[str, str], str] = {}
 
 
 def test_the_host_is_the_cpu_device_and_nothing_else():
