@@ -1,7 +1,7 @@
 """Text a record derives from a test's report: device-neutral ids, failure signatures, truncation.
 
 Pure string functions, apart from the writer and reader, because the reports group and match
-results with them too (:mod:`accel_reports.load_junit`, :mod:`accel_harness.known_issues`).
+results with them too (:mod:`accel_reports.load.junit`, :mod:`accel_harness.known_issues`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Qualification reports: many runs' results in, one HTML page and one Markdown summary out.
 
-``accel_reports.loaders`` reads harness JSON Lines, pytest ``--junitxml`` files and pytest-benchmark JSON
+``accel_reports.load.loaders`` reads harness JSON Lines, pytest ``--junitxml`` files and pytest-benchmark JSON
 into tidy pandas frames (one row per test per run); ``accel_reports.analysis`` computes the summary
 matrix, the per-test grid, failure clusters, skip groups and the diff against a baseline;
 ``accel_reports.benchmarks`` compares benchmark samples with a noise-aware rule; ``accel_reports.render`` turns

@@ -1,4 +1,4 @@
-"""Analyses of loaded results: pure functions from frames (see :mod:`accel_reports.loaders`) to frames.
+"""Analyses of loaded results: pure functions from frames (see :mod:`accel_reports.load.loaders`) to frames.
 
 A **cell** is one (backend, torch version, accel version) combination. Counts add up every record
 of the runs in a cell (shards of one run add up; pass the runs you want reported, e.g. one nightly
@@ -31,8 +31,8 @@ from accel_harness.known_issues import KnownIssues
 
 from . import benchmarks as bench
 from .groups import CELL, FAILING, SKIP_NEEDS, cell_label, failure_clusters, skip_groups
-from .loaders import Loaded, Problem
-from .operators import parse_operator_id
+from .load.loaders import Loaded, Problem
+from .load.ops_records import parse_operator_id
 
 __all__ = [
     "CELL",

@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .benchmark_rows import _number
+from .load.benchmark_rows import _number
 from .noise import NOISY_SPREAD, row_spread
 
 __all__ = [

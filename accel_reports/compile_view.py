@@ -1,52 +1,24 @@
 """The report's torch.compile section: per cell, what the compile suite compiled and where the graph broke.
 
 The compile suite (``suites/test_compile.py``) trains a model eagerly and through ``torch.compile`` with
-the backend's compile backend and puts what Dynamo counted into its record (``extra["compile"]``: the
-compile backend, the number of graphs, the number of graph breaks and each break's reason). This module
-reads those records only; a malformed block is left out rather than guessed at.
+the backend's compile backend; the loader keeps what Dynamo counted (:mod:`accel_reports.load.compile_records`).
+This module reads those checked blocks only.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import pandas as pd
 
 from .groups import cell_label
+from .load.compile_records import is_compile_id
 
-__all__ = ["COMPILE_TEST", "compile_detail", "compile_view", "is_compile_id"]
+__all__ = ["compile_view"]
 
-#: the compile suite's test function
-COMPILE_TEST = "suites/test_compile.py::test_compiled_training_matches_eager"
-#: at most this many graph-break reasons are kept from one record
-REASON_LIMIT = 20
 #: outcome -> what the table says
 _STATUS = {"passed": "passed", "failed": "failed", "error": "error", "xfailed": "expected failure",
            "xpassed": "passed (marked to fail)", "skipped": "not run"}
-
-
-def is_compile_id(test_id: Any) -> bool:
-    """Whether ``test_id`` is the compile suite's test."""
-    return isinstance(test_id, str) and (test_id == COMPILE_TEST or test_id.startswith(COMPILE_TEST + "["))
-
-
-def _count(value: Any) -> int | None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
-    return int(value) if ok else None
-
-
-def compile_detail(extra: Any) -> dict[str, Any] | None:
-    """The checked ``compile`` block of a record's ``extra``: backend, graphs, graph breaks, their reasons."""
-    block = extra.get("compile") if isinstance(extra, dict) else None
-    if not isinstance(block, dict):
-        return None
-    reasons = block.get("break_reasons")
-    reasons = reasons if isinstance(reasons, dict) else {}
-    kept = {str(k): n for k, v in list(reasons.items())[:REASON_LIMIT] if (n := _count(v)) is not None}
-    backend = block.get("backend")
-    return {"backend": str(backend) if isinstance(backend, str) else None, "graphs": _count(block.get("graphs")),
-            "graph_breaks": _count(block.get("graph_breaks")), "break_reasons": kept}
 
 
 def compile_view(tests: pd.DataFrame) -> list[dict[str, Any]] | None:

@@ -70,7 +70,7 @@ from .history_db import (BUSY_TIMEOUT, POSTGRES_EXTRA, SCHEMA_VERSION, _SCHEMA, 
                          HistoryError, IngestResult, _connect, _is_operational, is_database_url, shown_location)
 from .history_rows import (_RUN_TYPES, _clean_benchmarks, _clean_rows, _clean_tests, _clip_texts, _digest, _dumps,
                            _failure_facts, _object, _plain, _records, _text, _truncated)
-from .loaders import RUN_COLUMNS, TEST_COLUMNS, Loaded, Problem, _benchmark_frame, _frame, tests_frame
+from .load.loaders import RUN_COLUMNS, TEST_COLUMNS, Loaded, Problem, _benchmark_frame, _frame, tests_frame
 
 __all__ = ["BUSY_TIMEOUT", "POSTGRES_EXTRA", "SCHEMA_VERSION", "History", "HistoryConflict", "HistoryError", "IngestResult",
            "append_results", "is_database_url", "open_history", "shown_location"]
@@ -362,7 +362,7 @@ class History:
         return kept
 
     def load(self, *, last: int | None = None) -> Loaded:
-        """The stored runs as :func:`accel_reports.loaders.load_results` frames (every run, or the
+        """The stored runs as :func:`accel_reports.load.loaders.load_results` frames (every run, or the
         ``last`` N runs of each cell, by start time), so a report can be rendered from the store.
         Read in one transaction (a consistent snapshot); no file a row names is opened."""
         problems: list[Problem] = []
@@ -407,7 +407,7 @@ class History:
         return _benchmark_frame(rows)
 
     def benchmarks_frame(self) -> pd.DataFrame:
-        """Every stored benchmark row of every run (columns of :data:`~accel_reports.loaders.BENCH_COLUMNS`,
+        """Every stored benchmark row of every run (columns of :data:`~accel_reports.load.loaders.BENCH_COLUMNS`,
         raw ``samples`` included), oldest run first: the ``history`` of
         :func:`accel_reports.benchmarks.compare_benchmarks`."""
         with self._transaction(write=False):
@@ -552,7 +552,7 @@ def append_results(db: str | os.PathLike[str], paths: Iterable[str | os.PathLike
     """Load the result files under ``paths`` (those that exist) and append their runs to the history
     ``db`` (a file or a ``postgresql://`` URL; ``accel qualify --history``). Raises :class:`HistoryError`
     when the history cannot take them."""
-    from .loaders import load_results
+    from .load.loaders import load_results
 
     existing = [p for p in paths if Path(p).exists()]
     loaded = load_results(existing) if existing else None

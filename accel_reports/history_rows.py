@@ -14,7 +14,7 @@ import pandas as pd
 
 from accel_harness.records import MESSAGE_LIMIT, SIGNATURE_LIMIT, TRACEBACK_LIMIT, truncate
 
-from .loaders import BENCH_COLUMNS, RUN_COLUMNS, TEST_COLUMNS
+from .load.loaders import BENCH_COLUMNS, RUN_COLUMNS, TEST_COLUMNS
 
 #: the longest text a test record keeps per field (characters), as the harness writes it: a longer
 #: one (a results file from elsewhere, an edited history) is stored and read back truncated, its head

@@ -13,7 +13,6 @@ one-process and DDP modes; records without figures show their status only.
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any
 
@@ -23,13 +22,11 @@ from accel.facts.model_gates import MODE_LABELS, MODEL_MODES
 from accel.facts.reasons import OPT_IN
 
 from .groups import cell_label
+from .load.model_records import is_model_id
 from .loss_curves import loss_curve_svg
 
-__all__ = ["MODEL_TEST", "MODEL_TESTS", "is_model_id", "model_run_detail", "models_view"]
+__all__ = ["OPT_IN_NOTE", "models_view"]
 
-#: the model suite's test functions (one process; two ranks)
-MODEL_TEST = "suites/test_models.py::test_model_trains_to_target_like_the_host_reference"
-MODEL_TESTS = (MODEL_TEST, "suites/test_models.py::test_model_trains_to_target_at_two_ranks")
 #: the parameter id ends with the world size, the model and (since modes exist) the mode: ``[cpu-ws1-llama-bf16]``
 _PARAMS = re.compile(r"\[(?:.*-)?ws(?P<world>\d+)-(?P<model>[^\]-]+)(?:-(?P<mode>[^\]-]+))?\]$")
 #: outcome -> (what the table says, css class)
@@ -37,53 +34,8 @@ _STATUS = {"passed": ("passed", "ok"), "failed": ("failed", "bad"), "error": ("e
            "xfailed": ("expected failure", "mute"), "xpassed": ("passed (marked to fail)", "warn"),
            "skipped": ("not run", "mute")}
 MESSAGE_CHARS = 160
-#: at most this many loss values of a curve are read from a record (the suite keeps at most 100)
-CURVE_LIMIT = 1000
-
 #: what an opt-in skip of the model suite means: the row is in the full set only
 OPT_IN_NOTE = "in the full set only (accel qualify --models full, or RUN_SLOW=1)"
-
-
-def is_model_id(test_id: Any) -> bool:
-    """Whether ``test_id`` is one of the model suite's tests."""
-    return isinstance(test_id, str) and test_id.startswith(tuple(t + "[" for t in MODEL_TESTS))
-
-
-def _number(value: Any) -> float | None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    return float(value) if ok else None
-
-
-def _curve(block: dict[str, Any]) -> tuple[list[float | None], int]:
-    losses = block.get("losses")
-    every = block.get("loss_every")
-    every = every if isinstance(every, int) and not isinstance(every, bool) and every >= 1 else 1
-    if not isinstance(losses, list):
-        return [], every
-    return [_number(v) for v in losses[:CURVE_LIMIT]], every
-
-
-def _figures(block: Any) -> dict[str, Any] | None:
-    if not isinstance(block, dict):
-        return None
-    losses, every = _curve(block)
-    out: dict[str, Any] = {key: _number(block.get(key)) for key in (
-        "steps", "steps_to_target", "seconds_to_target", "final_accuracy", "samples_per_second", "peak_memory_bytes",
-        "seconds")}
-    out.update(losses=losses, loss_every=every)
-    return out
-
-
-def model_run_detail(extra: Any) -> dict[str, Any] | None:
-    """The figures of a model suite record's ``extra["model_run"]``, every value checked (numbers finite or
-    None, curves lists of such numbers, with the reference's under ``reference``); None when absent."""
-    block = extra.get("model_run") if isinstance(extra, dict) else None
-    run = _figures(block)
-    if run is None:
-        return None
-    run["mode"] = block.get("mode") if isinstance(block.get("mode"), str) else None
-    run["reference"] = _figures(block.get("reference"))
-    return run
 
 
 def _mode(world_size: int, mode: str | None) -> str:

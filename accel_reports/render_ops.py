@@ -41,7 +41,7 @@ def without_operators(report: Report) -> Report:
     """``report`` without operator rows in the tables drawn per test (grid, failure details, root
     causes, skips, headline); the same report when it has none."""
     from .analysis import headline
-    from .operators import is_operator_id
+    from .load.ops_records import is_operator_id
 
     ops, rest = split_tests(report.tests)
     if ops.empty:

@@ -67,7 +67,7 @@ def append_history(db: str, inputs: Sequence[str]) -> str:
     """Append the runs under ``inputs`` to the history ``db``; the line to print. Raises
     :class:`accel_reports.history.HistoryError` when the history cannot take them."""
     from accel_reports.history import open_history
-    from accel_reports.loaders import load_results
+    from accel_reports.load.loaders import load_results
 
     loaded = load_results(inputs)
     with open_history(db) as history:

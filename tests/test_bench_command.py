@@ -111,7 +111,7 @@ def test_quick_bench_writes_json_with_the_extra_info_schema(quick_run):
 
 def test_the_report_loader_reads_the_json(quick_run):
     pytest.importorskip("pandas")
-    from accel_reports.loaders import load_benchmark_json
+    from accel_reports.load.loaders import load_benchmark_json
 
     _proc, files = quick_run
     rows, problems = load_benchmark_json(files[0])

@@ -18,7 +18,7 @@ from accel_reports.analysis import (
     skip_groups,
     summary_matrix,
 )
-from accel_reports.loaders import load_results
+from accel_reports.load.loaders import load_results
 
 from _report_data import KNOWN_YAML, bench_file, clustered, oom, rec, run_file
 

@@ -19,7 +19,7 @@ from accel_reports.benchmarks import (
     mann_whitney_greater,
     summarise_benchmarks,
 )
-from accel_reports.loaders import load_results
+from accel_reports.load.loaders import load_results
 from _synthetic_results import bench_entry
 
 from _report_data import bench_file

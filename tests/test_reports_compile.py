@@ -6,8 +6,9 @@ from _report_data import XSS_SCRIPT, run_file
 
 from accel_harness.records import make_record
 from accel_reports.analysis import build_report
-from accel_reports.compile_view import COMPILE_TEST, compile_detail, compile_view
-from accel_reports.loaders import load_results
+from accel_reports.compile_view import compile_view
+from accel_reports.load.compile_records import COMPILE_TEST, compile_detail
+from accel_reports.load.loaders import load_results
 from accel_reports.render import render_html, render_markdown
 
 

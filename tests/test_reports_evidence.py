@@ -11,7 +11,7 @@ from accel.commands.cli import main
 from accel_harness.known_issues import KnownIssues
 from accel_reports.analysis import build_report
 from accel_reports.history import History
-from accel_reports.loaders import load_results
+from accel_reports.load.loaders import load_results
 from accel_reports.render import render_html, render_markdown
 
 from _report_data import rec, run_file

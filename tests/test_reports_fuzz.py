@@ -29,7 +29,7 @@ from hypothesis import strategies as st  # noqa: E402
 from accel.commands import report as report_command  # noqa: E402
 from accel.commands.cli import main  # noqa: E402
 from accel_harness.records import PROBLEM_KINDS, RecordWriter, RunHeader, SCHEMA  # noqa: E402
-from accel_reports.loaders import load_results  # noqa: E402
+from accel_reports.load.loaders import load_results  # noqa: E402
 
 FAST = settings(max_examples=25, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -10,7 +10,7 @@ import pytest
 
 from accel_reports.benchmarks import compare_benchmarks
 from accel_reports.history import SCHEMA_VERSION, History, HistoryConflict, HistoryError, open_history
-from accel_reports.loaders import BENCH_COLUMNS, RUN_COLUMNS, TEST_COLUMNS, load_results
+from accel_reports.load.loaders import BENCH_COLUMNS, RUN_COLUMNS, TEST_COLUMNS, load_results
 
 from _report_data import bench_file, longrepr, rec, run_file
 from _report_postgres import postgres_server  # noqa: F401  (fixture)

@@ -1,4 +1,4 @@
-"""accel_reports.loaders: harness JSONL, JUnit XML and pytest-benchmark JSON into tidy frames, tolerantly."""
+"""accel_reports.load.loaders: harness JSONL, JUnit XML and pytest-benchmark JSON into tidy frames, tolerantly."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from accel_harness.records import SCHEMA
-from accel_reports.loaders import SchemaVersionError, TEST_COLUMNS, load_benchmark_json, load_junit, load_results
+from accel_reports.load.loaders import SchemaVersionError, TEST_COLUMNS, load_benchmark_json, load_junit, load_results
 
 from _report_data import bench_file, clustered, rec, run_file
 
@@ -325,7 +325,7 @@ def test_benchmark_fields_of_a_wrong_type_are_named(tmp_path):
 
 
 def test_a_loader_failure_on_one_file_is_a_problem_not_a_crash(tmp_path, monkeypatch):
-    from accel_reports import loaders
+    from accel_reports.load import loaders
 
     run_file(tmp_path, "good", "cpu", [rec("good", "test_a", "cpu", "passed")])
     (tmp_path / "odd.xml").write_text(JUNIT)
@@ -343,7 +343,7 @@ def test_a_loader_failure_on_one_file_is_a_problem_not_a_crash(tmp_path, monkeyp
 def test_display_names_of_non_utf8_files(tmp_path):
     import os
 
-    from accel_reports.loaders import display_path, display_text
+    from accel_reports.load.loaders import display_path, display_text
 
     assert display_path(b"a\xffb.jsonl") == "a\ufffdb.jsonl"
     assert display_text("x\udcff") == "x\ufffd" and display_text("plain ✓") == "plain ✓" and display_text(None) is None

@@ -302,7 +302,7 @@ def _print_vendor_lines(results: Path, known_issues: str | None) -> None:
     """Print the report's upstream headline sentences (the vendor table in words)."""
     try:
         from accel_reports.analysis import build_report
-        from accel_reports.loaders import load_results
+        from accel_reports.load.loaders import load_results
 
         known = None
         if known_issues:

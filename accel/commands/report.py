@@ -12,7 +12,7 @@ it to ``$GITHUB_STEP_SUMMARY``), prints the Markdown path, and lists input probl
 (they are also in the report), each as ``PATH:LINE: MESSAGE`` of one of three kinds:
 
 * invalid: a line or field breaks the format (garbage, a field of a wrong type, a missing
-  field); the record was left out or the field left empty (see :mod:`accel_reports.loaders`);
+  field); the record was left out or the field left empty (see :mod:`accel_reports.load.loaders`);
 * unreadable: a file, or its end, could not be read or parsed (empty, cut short, no header);
 * note: nothing was lost (a duplicate copy, the empty file pytest-benchmark leaves under xdist,
   a file name that is not valid UTF-8, a known-issue id the known-issues file does not define).
@@ -163,7 +163,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _shown(path: object) -> str:
-    from accel_reports.loaders import display_path
+    from accel_reports.load.loaders import display_path
 
     return display_path(path)  # type: ignore[arg-type]
 
@@ -225,7 +225,7 @@ def _run(args: argparse.Namespace) -> int:
     from accel_harness.known_issues import KnownIssuesError, load_known_issues
     from accel_reports.analysis import build_report
     from accel_reports.benchmarks import DEFAULT_THRESHOLD
-    from accel_reports.loaders import SchemaVersionError, load_results
+    from accel_reports.load.loaders import SchemaVersionError, load_results
     from accel_reports.render import write_report
 
     strict = strict_default() if args.strict is None else bool(args.strict)

@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 
 from accel_reports.benchmarks import compare_benchmarks  # noqa: E402
 from accel_reports.history import History  # noqa: E402
-from accel_reports.loaders import load_results  # noqa: E402
+from accel_reports.load.loaders import load_results  # noqa: E402
 
 
 def run_bench(out: Path, count: int, keyword: str | None, quick: bool, threads: int | None = None) -> None:

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from accel_harness.known_issues import load_known_issues
         from accel_reports.analysis import build_report
-        from accel_reports.loaders import load_results
+        from accel_reports.load.loaders import load_results
         from accel_reports.render import write_report
 
         from accel_reports.history import open_history

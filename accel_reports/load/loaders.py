@@ -5,7 +5,7 @@ Three inputs are understood:
 * harness JSON Lines (``*.jsonl``, :mod:`accel_harness.records`): read with
   :func:`accel_harness.records.read_records`; an unknown schema (major) version raises
   :class:`accel_harness.records.SchemaVersionError` (the file is refused, never half-understood);
-* pytest ``--junitxml`` files (``*.xml``), read by :mod:`accel_reports.load_junit`;
+* pytest ``--junitxml`` files (``*.xml``), read by :mod:`accel_reports.load.junit`;
 * pytest-benchmark JSON (``*.json`` with a ``benchmarks`` list), see :mod:`accel_reports.benchmarks` for
   the ``extra_info`` keys read. The empty file pytest-benchmark leaves under pytest-xdist is noted
   and skipped.
@@ -17,7 +17,7 @@ whole). Every field is checked against the format's types: a record whose requir
 out, an optional field of a wrong type is left empty and the record kept; both are ``"invalid"``
 problems naming file, line and field. A file that cannot be opened or parsed (or is cut short) is
 ``"unreadable"``; harmless findings are ``"note"``. ``accel report`` turns the kinds into exit
-codes. Text that UTF-8 cannot encode is shown with U+FFFD (:mod:`accel_reports.display`).
+codes. Text that UTF-8 cannot encode is shown with U+FFFD (:mod:`accel_reports.load.display`).
 
 Frames (columns in :data:`TEST_COLUMNS`, :data:`RUN_COLUMNS`, :data:`BENCH_COLUMNS`):
 
@@ -27,10 +27,10 @@ Frames (columns in :data:`TEST_COLUMNS`, :data:`RUN_COLUMNS`, :data:`BENCH_COLUM
   flake_rate (``extra["flake"]["flake_rate"]`` of a failure re-run with ``--flake-runs``, else None),
   expired_issue (``extra["expired_known_issue"]``: the expired known issue that used to cover it),
   operator (an operator sweep's row: the fields of its ``extra`` the report reads, see
-  :func:`accel_reports.operators.operator_detail`; None for any other test), model_run (a model suite
-  run's figures, ``extra["model_run"]`` checked by :func:`accel_reports.models_view.model_run_detail`;
+  :func:`accel_reports.load.ops_records.operator_detail`; None for any other test), model_run (a model suite
+  run's figures, ``extra["model_run"]`` checked by :func:`accel_reports.load.model_records.model_run_detail`;
   None for any other test or an older record), compile_run (the compile suite's graphs and graph breaks,
-  ``extra["compile"]`` checked by :func:`accel_reports.compile_view.compile_detail`);
+  ``extra["compile"]`` checked by :func:`accel_reports.load.compile_records.compile_detail`);
 * ``runs``: run_id, source, format, backends, torch_version, torch_build, accel_version, host,
   start_time, end_time, interrupted, records, device_models, git_commit, upstream (the header's
   ``extra["upstream"]`` block of an upstream-suite run, else None; such a run's ``accel_version``
@@ -41,7 +41,7 @@ Frames (columns in :data:`TEST_COLUMNS`, :data:`RUN_COLUMNS`, :data:`BENCH_COLUM
   ``extra["profile"]`` without its local path), profile_coverage (the ``run_end`` line's) and
   expired_known_issues (id, expires, issue of each entry the run found expired), ops (an operator
   sweep's headline figures, the header's ``extra["ops"]``, checked by
-  :func:`accel_reports.operators.header_figures`; a wrong one is an ``"invalid"`` problem),
+  :func:`accel_reports.load.ops_records.header_figures`; a wrong one is an ``"invalid"`` problem),
   command_line (the header's ``extra["command_line"]``, None in files written before it was kept);
 * ``benchmarks``: see :data:`BENCH_COLUMNS`.
 """
@@ -67,12 +67,12 @@ from accel_harness.records import (
     read_records,
 )
 
+from .compile_records import compile_detail, is_compile_id
 from .display import display_deep, display_path, display_text, line_of, short
 from .headers import subject_label, upstream_block
-from .compile_view import compile_detail, is_compile_id
-from .load_junit import ROW_TEXT, load_junit
-from .models_view import is_model_id, model_run_detail
-from .operators import header_figures, is_operator_id, operator_detail
+from .junit import ROW_TEXT, load_junit
+from .model_records import is_model_id, model_run_detail
+from .ops_records import header_figures, is_operator_id, operator_detail
 
 __all__ = [
     "BENCH_COLUMNS",
