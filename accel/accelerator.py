@@ -32,7 +32,6 @@ from .utils.dataclasses import (
     AutocastKwargs,
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
-    DistributedType,
     GradientAccumulationPlugin,
     GradScalerKwargs,
     InitProcessGroupKwargs,
@@ -379,7 +378,7 @@ class Accelerator(AcceleratorIOMixin):
                 loss.backward()
                 return
         elif (kwargs.get("learning_rate") is not None and self.scaler is None
-              and self.distributed_type != DistributedType.DEEPSPEED and self.has_lomo_optimizer):
+              and self.strategy.supports_lomo and self.has_lomo_optimizer):
             steps = self.gradient_accumulation_steps
             self.lomo_backward(loss / steps if steps > 1 else loss, kwargs["learning_rate"])
             return
@@ -458,9 +457,8 @@ class Accelerator(AcceleratorIOMixin):
     # ------------------------------------------------------------------ FSDP and ParallelismConfig
     @property
     def is_fsdp2(self) -> bool:
-        """True when this run shards with FSDP2 (``fully_shard``)."""
-        plugin = getattr(self.state, "fsdp_plugin", None)
-        return self.distributed_type == DistributedType.FSDP and plugin is not None and plugin.fsdp_version == 2
+        """True when this run shards with FSDP2 (``fully_shard``), as the strategy answers."""
+        return self.strategy.is_fsdp2
 
     @property
     def is_composable_parallelism_enabled(self) -> bool:

@@ -25,12 +25,13 @@ __all__ = ["ParallelismConfig"]
 
 
 class _RunView(Protocol):
-    """What the validation reads of the Accelerator: its state and process layout (a Protocol, not an import,
-    so this module stays below the Accelerator in the import graph)."""
+    """What the validation reads of the Accelerator: its state, process layout and whether its strategy shards
+    with FSDP2 (a Protocol, not an import, so this module stays below the Accelerator in the import graph)."""
 
     state: Any
     num_processes: int
     is_main_process: bool
+    is_fsdp2: bool
 
 
 _ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
@@ -245,8 +246,7 @@ class ParallelismConfig:
         """Check the configuration against the run: sizes multiply to the process count, FSDP has a shard dimension."""
         state = accelerator.state
         distributed_type = state.distributed_type
-        plugin = getattr(state, "fsdp_plugin", None)
-        is_fsdp2 = distributed_type == DistributedType.FSDP and plugin is not None and plugin.fsdp_version == 2
+        is_fsdp2 = accelerator.is_fsdp2  # the strategy's answer
         multi = accelerator.num_processes > 1 and distributed_type not in (DistributedType.NO, DistributedType.FSDP,
                                                                           DistributedType.DEEPSPEED)
         if accelerator.num_processes == 1 and self.total_size == 1:

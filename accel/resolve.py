@@ -128,6 +128,11 @@ class RunPlan:
         """The precision as people read it: "fp8 (emulated)" where torchao emulates fp8."""
         return self.precision.label if self.precision is not None else self.mixed_precision
 
+    @property
+    def is_fsdp2(self) -> bool:
+        """Whether this run shards with FSDP2, as the chosen strategy answers for this plan's FSDP plugin."""
+        return strategy_class(self.strategy).shards_with_fsdp2(self.fsdp_plugin)
+
     def describe(self) -> str:
         """The reasons on one line."""
         return "; ".join(f"{k}: {v}" for k, v in self.reasons.items())

@@ -471,9 +471,9 @@ class AcceleratorState:
 
     @property
     def is_fsdp2(self) -> bool:
-        """Whether this run shards with FSDP2 (``fully_shard``)."""
-        plugin = self.__dict__.get("fsdp_plugin")
-        return self.distributed_type == DistributedType.FSDP and plugin is not None and getattr(plugin, "fsdp_version", 1) == 2
+        """Whether this run shards with FSDP2 (``fully_shard``): the resolved plan's answer, which its strategy gives."""
+        plan = self.__dict__.get("run_plan")
+        return plan is not None and plan.is_fsdp2
 
     @property
     def device_mesh(self) -> Any:

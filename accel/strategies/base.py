@@ -12,7 +12,10 @@ What only some strategies do is an override, not a flag: a strategy that stores 
 itself in a checkpoint (DeepSpeed's engine files, FSDP's DCP shards) overrides ``save_checkpoint`` /
 ``load_checkpoint`` and names what it stored; one whose ``get_state_dict`` is a collective (ZeRO-3,
 FSDP) sets ``state_dict_is_collective``; one that runs the precision itself (DeepSpeed) overrides
-``plan_precision``. A strategy holds no reference to the Accelerator: it gets a
+``plan_precision``. Abilities the Accelerator asks about are answered here too, so it need not ask
+the distributed type: ``supports_lomo`` (whether LOMO's fused backward may replace this strategy's),
+``is_fsdp2`` (whether models are sharded with FSDP2, by :meth:`Strategy.shards_with_fsdp2`, which the
+resolved plan asks as well). A strategy holds no reference to the Accelerator: it gets a
 :class:`~accel.strategies.context.StrategyContext` when built and a
 :class:`~accel.strategies.context.PreparedObjects` with every call that needs what was prepared.
 """
@@ -59,6 +62,9 @@ class Strategy(abc.ABC):
     compiles_models = True
     #: the engine wrapper of the last engine built (DeepSpeed), for ``Accelerator.deepspeed_engine_wrapped``
     engine_wrapper: Any = None
+    #: whether ``Accelerator.backward(loss, learning_rate=...)`` may hand the loss to a prepared LOMO/AdaLomo
+    #: optimizer's fused backward instead of this strategy's backward (not where an engine owns backward)
+    supports_lomo = True
 
     def __init__(self, context: StrategyContext):
         self.context = context
@@ -78,6 +84,20 @@ class Strategy(abc.ABC):
     def describe(self) -> str:
         """One line for ``accel env`` and ``Accelerator.state``."""
         return self.name
+
+    @classmethod
+    def shards_with_fsdp2(cls, fsdp_plugin: Any) -> bool:
+        """Whether a run of this strategy with ``fsdp_plugin`` shards its models with FSDP2 (``fully_shard``).
+
+        The one rule behind every ``is_fsdp2`` (the strategy's, the resolved plan's, the state's and the
+        Accelerator's): never, except for the FSDP strategy, which overrides it.
+        """
+        return False
+
+    @property
+    def is_fsdp2(self) -> bool:
+        """Whether this run shards its models with FSDP2 (``Accelerator.is_fsdp2`` asks this)."""
+        return self.shards_with_fsdp2(getattr(self.state, "fsdp_plugin", None))
 
     @classmethod
     def plan_precision(cls, requested: str, backend: Any, *, deepspeed_plugin: Any = None, fsdp_plugin: Any = None,
@@ -220,15 +240,17 @@ class Strategy(abc.ABC):
         """Check the run's ``ParallelismConfig`` against the process count (called once, after the strategy is built)."""
         config = self.state.parallelism_config
         if config is not None:
-            validate_parallelism_config(config, self.state)
+            validate_parallelism_config(config, self.state, is_fsdp2=self.is_fsdp2)
 
 
-def validate_parallelism_config(config: Any, state: Any) -> None:
-    """Check ``config`` against the run ``state`` describes (sizes multiply to the process count, ...)."""
+def validate_parallelism_config(config: Any, state: Any, *, is_fsdp2: bool) -> None:
+    """Check ``config`` against the run ``state`` describes (sizes multiply to the process count, FSDP2 has a
+    dimension to shard, ...); ``is_fsdp2`` is the strategy's answer."""
     from types import SimpleNamespace
 
     # ParallelismConfig's check takes Accelerate's accelerator; these are the attributes it reads
-    run = SimpleNamespace(state=state, num_processes=state.num_processes, is_main_process=state.is_main_process)
+    run = SimpleNamespace(state=state, num_processes=state.num_processes, is_main_process=state.is_main_process,
+                          is_fsdp2=is_fsdp2)
     config._validate_accelerator(run)
 
 

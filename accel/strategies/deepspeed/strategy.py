@@ -131,6 +131,7 @@ class DeepSpeedStrategy(Strategy):
 
     name = "deepspeed"
     compiles_models = False  # DeepSpeed compiles through its config ("compile" section)
+    supports_lomo = False  # the engine owns backward and the step; a fused LOMO backward would bypass both
 
     def __init__(self, context: StrategyContext):
         super().__init__(context)

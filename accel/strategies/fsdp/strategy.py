@@ -77,10 +77,10 @@ class FSDPStrategy(FSDPWrapping, Strategy):
         """The FullyShardedDataParallelPlugin of this run."""
         return self.state.fsdp_plugin
 
-    @property
-    def is_fsdp2(self) -> bool:
-        """Whether this run shards with FSDP2 (``fully_shard``)."""
-        return self.plugin.fsdp_version == 2
+    @classmethod
+    def shards_with_fsdp2(cls, fsdp_plugin: Any) -> bool:
+        """Whether ``fsdp_plugin`` asks for FSDP2 (``fully_shard``, ``fsdp_version=2``) rather than FSDP1."""
+        return fsdp_plugin is not None and getattr(fsdp_plugin, "fsdp_version", 1) == 2
 
     def describe(self) -> str:
         """``fsdp<version> (how it reshards, state_dict_type, mesh)``."""
@@ -113,7 +113,8 @@ class FSDPStrategy(FSDPWrapping, Strategy):
             return
         if not self.is_fsdp2 and config.total_size > 1:
             raise ValueError("ParallelismConfig (HSDP/TP meshes) needs FSDP2: pass FullyShardedDataParallelPlugin(fsdp_version=2)")
-        validate_parallelism_config(config, self.state)  # sizes against the process count, before any group is made
+        # sizes against the process count, before any group is made
+        validate_parallelism_config(config, self.state, is_fsdp2=self.is_fsdp2)
         if self.state.num_processes > 1 or config.total_size > 1:
             config.get_device_mesh(self.backend.device_type)
 
