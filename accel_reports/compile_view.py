@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from .groups import cell_label
+from .analyse.groups import cell_label
 from .load.compile_records import is_compile_id
 
 __all__ = ["compile_view"]

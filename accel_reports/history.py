@@ -48,9 +48,9 @@ Importing is idempotent: a run whose id is already stored with the same digest i
 with *different* content raises :class:`HistoryConflict` naming the run and both sources, and
 nothing of that import is written: silently keeping either copy would make the history lie.
 
-A **cell** is (backend, torch version, accel version), as in :mod:`accel_reports.analysis`. For
+A **cell** is (backend, torch version, accel version), as in :mod:`accel_reports.analyse.analysis`. For
 the benchmark noise band the accel version is *not* part of the key (comparing accel versions is
-the point); see :mod:`accel_reports.benchmarks`.
+the point); see :mod:`accel_reports.analyse.benchmarks`.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ from typing import Any, Iterable, Iterator
 
 import pandas as pd
 
-from .groups import CELL, FAILING
+from .analyse.groups import CELL, FAILING
 from .history_db import (BUSY_TIMEOUT, POSTGRES_EXTRA, SCHEMA_VERSION, _SCHEMA, _STORED_SINCE_2, HistoryConflict,
                          HistoryError, IngestResult, _connect, _is_operational, is_database_url, shown_location)
 from .history_rows import (_RUN_TYPES, _clean_benchmarks, _clean_rows, _clean_tests, _clip_texts, _digest, _dumps,
@@ -409,7 +409,7 @@ class History:
     def benchmarks_frame(self) -> pd.DataFrame:
         """Every stored benchmark row of every run (columns of :data:`~accel_reports.load.loaders.BENCH_COLUMNS`,
         raw ``samples`` included), oldest run first: the ``history`` of
-        :func:`accel_reports.benchmarks.compare_benchmarks`."""
+        :func:`accel_reports.analyse.benchmarks.compare_benchmarks`."""
         with self._transaction(write=False):
             rows = self._rows("benchmarks", [r for r, _ in self._runs("benchmarks", None)])
         _clean_benchmarks(rows)
@@ -509,11 +509,11 @@ class History:
     def trends(self, *, window: int | None = None, threshold: float | None = None) -> pd.DataFrame:
         """Per benchmark and cell, one row per run, oldest first: ``median``, the noise band the run
         was judged against (from the earlier runs of the same kind, see
-        :mod:`accel_reports.benchmarks`), ``history_runs``, ``status`` of the run against it
+        :mod:`accel_reports.analyse.benchmarks`), ``history_runs``, ``status`` of the run against it
         (``unchanged``, ``suspect``, ``too noisy``, ``regression``, ``improvement``, ``no reference``),
         ``host_relative`` (judged relative to the host probe) and ``quick``. Quick and full runs are
         separate series."""
-        from . import benchmarks as bench
+        from .analyse import benchmarks as bench
 
         window = bench.DEFAULT_WINDOW if window is None else window
         threshold = bench.DEFAULT_THRESHOLD if threshold is None else threshold

@@ -1,4 +1,4 @@
-"""Render a :class:`accel_reports.analysis.Report` as one self-contained HTML file and as Markdown.
+"""Render a :class:`accel_reports.analyse.analysis.Report` as one self-contained HTML file and as Markdown.
 
 HTML (``templates/report.html.j2``): inline CSS, one small inline script (sorting, filtering,
 opening a failure's details from the grid), inline SVG charts; no network request is needed to
@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from . import render_text as _text
-from .analysis import Report, cell_label
-from .noise import NOISY_SPREAD
+from .analyse.analysis import Report, cell_label
+from .analyse.noise import NOISY_SPREAD
 from .render_bench import _benchmark_view
 from .render_env import _ENV_FIELDS, _environment_view, _path_scrubber, _shown_path
 from .render_text import (GLYPHS, SKIP_LETTERS, TREND_POINTS, _md_link, _pct, _present, _records, md_escape,

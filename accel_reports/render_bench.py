@@ -13,9 +13,9 @@ import pandas as pd
 
 from . import charts
 from . import render_text as _text
-from .analysis import Report
-from .claims import claimed_ratio, slow_kernel_note
-from .noise import is_too_noisy, row_spread, spread_text  # the one noise measure (console, gate and report)
+from .analyse.analysis import Report
+from .analyse.claims import claimed_ratio, slow_kernel_note
+from .analyse.noise import is_too_noisy, row_spread, spread_text  # the one noise measure (console, gate and report)
 from .render_text import _fmt_number, _pct, _present, _quantity, _records, _slug
 
 
@@ -76,7 +76,7 @@ def _id_params(name: Any, backend: Any, dtype: Any) -> list[str]:
 
 
 def _hardware_notes(rows: list[dict[str, Any]]) -> None:
-    """Check each note that claims a dtype has no fast kernels (:func:`accel_reports.claims.claimed_ratio`)
+    """Check each note that claims a dtype has no fast kernels (:func:`accel_reports.analyse.claims.claimed_ratio`)
     against the figures the table shows: the row's own spread and that of the float32 row of the same
     benchmark; a claim they do not support becomes "too noisy to conclude" with both spreads."""
     # the float32 figure of each benchmark in this table (the same run and cell)

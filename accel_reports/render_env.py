@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from .analysis import Report
+from .analyse.analysis import Report
 from .render_text import _records, _short_time, _version_sort_key
 
 

@@ -1,5 +1,5 @@
 """The report's Operators section (part of :mod:`accel_reports.render`): the view of
-:func:`accel_reports.operators.operator_cells` for the templates, the support list as CSV, and the
+:func:`accel_reports.analyse.operators.operator_cells` for the templates, the support list as CSV, and the
 report without operator rows that the per-test tables are drawn from.
 
 An operator sweep has thousands of rows: in the per-test grid, the failure details, the root-cause
@@ -17,9 +17,9 @@ import io
 from dataclasses import replace
 from typing import Any
 
-from .analysis import Report
-from .groups import failure_clusters, skip_groups
-from .operators import operator_cells, split_tests
+from .analyse.analysis import Report
+from .analyse.groups import failure_clusters, skip_groups
+from .analyse.operators import operator_cells, split_tests
 from .render_text import _pct, _plural, _slug
 
 __all__ = ["GRADES", "MD_OPS_ROWS", "headline_with_operators", "operators_view", "support_csv", "without_operators"]
@@ -40,7 +40,7 @@ TITLE_OPERATORS = 10
 def without_operators(report: Report) -> Report:
     """``report`` without operator rows in the tables drawn per test (grid, failure details, root
     causes, skips, headline); the same report when it has none."""
-    from .analysis import headline
+    from .analyse.analysis import headline
     from .load.ops_records import is_operator_id
 
     ops, rest = split_tests(report.tests)

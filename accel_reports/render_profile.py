@@ -1,15 +1,15 @@
 """The report's evidence views (part of :mod:`accel_reports.render`): each run's fingerprint and what
 it says about comparing with the baseline, the device profile's applicable coverage per area,
 expired known issues (their failures count as untracked) and flaky failures, shown as "flaky (rate)"
-and never as new failures (see :mod:`accel_reports.evidence`); and the facts shown under the verdict at
+and never as new failures (see :mod:`accel_reports.analyse.evidence`); and the facts shown under the verdict at
 the top: each run's exact command line, versions and fingerprint."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from .analysis import Report, cell_label
-from .evidence import coverage_rows, fingerprint_rows
+from .analyse.analysis import Report, cell_label
+from .analyse.evidence import coverage_rows, fingerprint_rows
 from .render_text import _pct, _records, safe_url
 
 

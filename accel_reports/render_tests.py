@@ -1,6 +1,6 @@
 """The report's test views (part of :mod:`accel_reports.render`): the summary matrix, the per-test
 grid and failure details, pass-rate tables, the baseline diff, upstream suites, the title, the verdict
-line and the per-area table. Each function turns a :class:`~accel_reports.analysis.Report` into plain
+line and the per-area table. Each function turns a :class:`~accel_reports.analyse.analysis.Report` into plain
 rows for the templates."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from accel.facts.reasons import UNSPECIFIED
 
 from . import charts
 from . import render_text as _text
-from .analysis import FAILING, Report, cell_label, cell_positions
+from .analyse.analysis import FAILING, Report, cell_label, cell_positions
 from .render_text import (GLYPHS, SKIP_LETTERS, _joined, _pct, _plural, _records, _version_sort_key, safe_url)
 
 #: failure details (distinct test + signature) rendered with tracebacks in the HTML
@@ -257,7 +257,7 @@ def _diff_view(report: Report) -> dict[str, Any] | None:
 
 def _upstream_view(report: Report) -> dict[str, Any] | None:
     """The vendor table and compatibility comparisons of upstream suites (None without any)."""
-    from .vendor import vendor_lines
+    from .analyse.vendor import vendor_lines
 
     if report.vendor is None or report.vendor.empty:
         return None
@@ -408,9 +408,9 @@ def _skip_codes(report: Report) -> dict[tuple[str, int], str]:
 
 
 def _area_view(report: Report, skip_codes: dict[tuple[str, int], str]) -> list[dict[str, Any]]:
-    """Per feature area (:mod:`accel_reports.areas`): the latest outcome of each test in each cell,
+    """Per feature area (:mod:`accel_reports.analyse.areas`): the latest outcome of each test in each cell,
     counted, with the most common skip reasons (code and count)."""
-    from .areas import AREA_ORDER, area_of
+    from .analyse.areas import AREA_ORDER, area_of
 
     grid = report.grid
     if grid.empty:

@@ -14,8 +14,8 @@ import io
 from pathlib import Path
 from typing import Any
 
-from .analysis import Report
-from .groups import cell_label
+from .analyse.analysis import Report
+from .analyse.groups import cell_label
 
 __all__ = ["FILES", "matrix_entries", "support_matrix_csv", "support_matrix_markdown", "write_support_matrix"]
 
@@ -49,7 +49,7 @@ def _software(report: Report, cell: tuple) -> list[tuple[str, str]]:
 
 def _features(report: Report, position: int) -> list[dict[str, str]]:
     """Each feature area's status in the cell at ``position`` of the per-test grid (operators apart)."""
-    from .areas import AREA_ORDER, area_of
+    from .analyse.areas import AREA_ORDER, area_of
     from .render_ops import without_operators
 
     grid = without_operators(report).grid
@@ -105,7 +105,7 @@ def _models(models: dict[str, Any] | None, label: str) -> list[dict[str, str]]:
 def matrix_entries(report: Report, context: dict[str, Any]) -> list[dict[str, Any]]:
     """Per cell: its label, software facts and the entries of each section (``context``: the report's
     render context, whose model view is reused so both documents say the same)."""
-    from .operators import operator_cells
+    from .analyse.operators import operator_cells
 
     sweeps = operator_cells(report.tests, report.loaded.runs)
     cells = []

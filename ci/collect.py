@@ -26,7 +26,7 @@ over them alone (``DIR/bench-gate/report.md``).
 ``--history DB`` appends every cell's test runs and benchmark runs to the run history (SQLite file or PostgreSQL URL)
 (:mod:`accel_reports.history`; a run already stored is skipped, so re-running the collection is
 harmless) before the reports, and passes ``--history DB`` on to ``accel report``: the benchmarks are then judged against their own last runs (the noise band of
-:mod:`accel_reports.benchmarks`) instead of one baseline run. Keep the file between nightlies (a
+:mod:`accel_reports.analyse.benchmarks`) instead of one baseline run. Keep the file between nightlies (a
 CI cache or artifact). A history that cannot be used (another schema version, a run id stored
 with other content) is reported and the collection exits 2 when nothing else failed.
 """

@@ -42,9 +42,9 @@ def build_command(upstream: str, out: Path, *, project: str | None, workers: int
 
 def summarise(results: Path, report_md: Path | None = None) -> tuple[list[str], list[float | None]]:
     """The compatibility sentences for ``results`` (a qualify results folder) and each comparison's share."""
-    from accel_reports.analysis import build_report
+    from accel_reports.analyse.analysis import build_report
     from accel_reports.load.loaders import load_results
-    from accel_reports.vendor import vendor_lines
+    from accel_reports.analyse.vendor import vendor_lines
 
     report = build_report(load_results([results]))
     lines = vendor_lines(report.vendor, report.compat)

@@ -234,7 +234,7 @@ def bench_entry(
     sizes: Mapping[str, Any] | None = None,
     work_unit: str | None = None,
 ) -> dict[str, Any]:
-    """One pytest-benchmark entry with the ``extra_info`` keys :mod:`accel_reports.benchmarks` reads.
+    """One pytest-benchmark entry with the ``extra_info`` keys :mod:`accel_reports.analyse.benchmarks` reads.
 
     ``host`` = (``host_bound`` kind, host probe figure) adds the host reference of that kind.
     """

@@ -267,8 +267,8 @@ def test_a_benchmark_too_noisy_to_judge_is_marked_and_warned_about():
 def test_console_and_report_give_one_spread_for_the_same_record():
     """The console (accel bench), the gate and the report read one noise measure: the stored spread,
     or, for a record without it, the same function over the record's rounds."""
-    from accel_reports import benchmarks as report_benchmarks
-    from accel_reports.noise import relative_iqr, spread_of
+    from accel_reports.analyse import benchmarks as report_benchmarks
+    from accel_reports.analyse.noise import relative_iqr, spread_of
 
     rounds = [1.0, 1.1, 1.3, 0.9, 1.0, 2.0, 1.05, 0.95]
     record = {"name": "test_x[cpu]", "stats": {"data": rounds, "median": 1.025, "iqr": 0.9}}  # pytest-benchmark's own iqr differs

@@ -1,4 +1,4 @@
-"""accel_reports.analysis: summary matrix, clustering, skips, per-test grid, baseline diff, known issues."""
+"""accel_reports.analyse.analysis: summary matrix, clustering, skips, per-test grid, baseline diff, known issues."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from accel_harness.known_issues import KnownIssues
-from accel_reports.analysis import (
+from accel_reports.analyse.analysis import (
     apply_known_issues,
     build_report,
     diff_runs,
@@ -175,7 +175,7 @@ def test_cells_without_baseline_are_listed_not_compared(tmp_path):
 
 # ---------------------------------------------------------------------------- known-issue ids the file does not define
 def test_an_id_in_the_results_counts_only_when_the_known_issues_file_defines_it(tmp_path, known):
-    from accel_reports.analysis import undefined_known_issues
+    from accel_reports.analyse.analysis import undefined_known_issues
 
     path = run_file(tmp_path, "u", "xpu", [
         rec("u", "test_all_gather_a", "xpu", "failed", "RuntimeError: UR", module="suites/test_collectives.py", issue="pytorch-135550"),

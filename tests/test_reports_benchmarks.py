@@ -1,4 +1,4 @@
-"""accel_reports.benchmarks: the noise-aware regression rule, directions, tables and geometric means."""
+"""accel_reports.analyse.benchmarks: the noise-aware regression rule, directions, tables and geometric means."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 import pandas as pd
 import pytest
 
-from accel_reports.benchmarks import (
+from accel_reports.analyse.benchmarks import (
     benchmark_row,
     compare_benchmarks,
     compare_samples,
@@ -220,7 +220,7 @@ def test_a_slowdown_the_host_probe_shares_is_host_drift_not_a_regression(tmp_pat
 
 
 # ---------------------------------------------------------------------------- the history rule
-from accel_reports.benchmarks import judge_against_history, judge_series, noise_band  # noqa: E402
+from accel_reports.analyse.benchmarks import judge_against_history, judge_series, noise_band  # noqa: E402
 
 
 def _series(values, host=None, spread=0.02, up=True):

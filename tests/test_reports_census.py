@@ -1,4 +1,4 @@
-"""accel_reports.census: the per-step census of two benchmark runs compared (synthetic runs)."""
+"""accel_reports.analyse.census: the per-step census of two benchmark runs compared (synthetic runs)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from accel_reports.census import CensusChange, census_of_run, diff_census, format_changes, load_census, main
+from accel_reports.analyse.census import CensusChange, census_of_run, diff_census, format_changes, load_census, main
 
 
 def _census(operators=None, kernels=None, allocations=None, schema=1):
@@ -89,3 +89,23 @@ def test_the_command_compares_two_files(tmp_path, capsys):
     assert main([str(last), str(this)]) == 2
     assert "not valid JSON" in capsys.readouterr().err
     assert load_census(last).keys() == census_of_run(LAST).keys()
+
+
+def test_the_documented_command_still_runs_from_its_old_place(tmp_path):
+    """``python -m accel_reports.census`` (the command the docs give) runs the comparison of
+    :mod:`accel_reports.analyse.census`: the same exit codes, the same output."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    last = tmp_path / "last.json"
+    last.write_text(json.dumps(LAST))
+    root = Path(__file__).resolve().parents[1]
+    same = subprocess.run([sys.executable, "-m", "accel_reports.census", str(last), str(last)], cwd=root,
+                          capture_output=True, text=True, timeout=120)
+    assert same.returncode == 0, same.stderr
+    assert "no operator, kernel or allocation count per step changed" in same.stdout
+    usage = subprocess.run([sys.executable, "-m", "accel_reports.census", str(last)], cwd=root,
+                           capture_output=True, text=True, timeout=120)
+    assert usage.returncode == 2
+    assert "usage: python -m accel_reports.census" in usage.stderr

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from accel_harness.known_issues import KnownIssues
-from accel_reports.analysis import build_report
+from accel_reports.analyse.analysis import build_report
 from accel_reports.load.loaders import load_results
 from accel_reports.render import write_report
 

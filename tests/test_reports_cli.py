@@ -244,7 +244,7 @@ def test_non_utf8_file_name_loads_with_a_display_safe_name(tmp_path, capsys):
 
 
 def test_an_unexpected_exception_is_exit_5_with_the_traceback_never_1(tmp_path, green, capsys, monkeypatch):
-    from accel_reports import analysis
+    from accel_reports.analyse import analysis
 
     def broken(*args, **kwargs):
         raise KeyError("a bug")

@@ -9,7 +9,7 @@ import pytest
 from accel.commands import report as report_command
 from accel.commands.cli import main
 from accel_harness.known_issues import KnownIssues
-from accel_reports.analysis import build_report
+from accel_reports.analyse.analysis import build_report
 from accel_reports.history import History
 from accel_reports.load.loaders import load_results
 from accel_reports.render import render_html, render_markdown
@@ -167,7 +167,7 @@ def test_the_history_keeps_flake_rates_and_a_later_report_uses_them(tmp_path):
 
 
 def test_is_flaky_rate_bounds():
-    from accel_reports.evidence import is_flaky_rate
+    from accel_reports.analyse.evidence import is_flaky_rate
 
     assert [is_flaky_rate(v) for v in (0, 0.1, 0.99, 1, 1.0, None, True, "0.5")] == [False, True, True, False, False,
                                                                                     False, False, False]

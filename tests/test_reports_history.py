@@ -8,7 +8,7 @@ import sqlite3
 import pandas as pd
 import pytest
 
-from accel_reports.benchmarks import compare_benchmarks
+from accel_reports.analyse.benchmarks import compare_benchmarks
 from accel_reports.history import SCHEMA_VERSION, History, HistoryConflict, HistoryError, open_history
 from accel_reports.load.loaders import BENCH_COLUMNS, RUN_COLUMNS, TEST_COLUMNS, load_results
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from _report_data import XSS_SCRIPT, run_file
 
 from accel_harness.records import make_record
-from accel_reports.analysis import build_report
+from accel_reports.analyse.analysis import build_report
 from accel_reports.load.loaders import load_results
 from accel_reports.load.model_records import MODEL_TEST
 from accel_reports.models_view import OPT_IN_NOTE, models_view

@@ -23,11 +23,11 @@ from accel_harness.ops.output import headline_lines, nodeid_of
 from accel_harness.ops.plan import Row
 from accel_harness.ops.summary import headline, support_list
 from accel_harness.records import RecordWriter, RunHeader, make_record
-from accel_reports.analysis import build_report
-from accel_reports.areas import area_of
+from accel_reports.analyse.analysis import build_report
+from accel_reports.analyse.areas import area_of
 from accel_reports.load.loaders import load_results
 from accel_reports.load.ops_records import parse_operator_id
-from accel_reports.operators import family_of
+from accel_reports.analyse.operators import family_of
 from accel_reports.render import render_html, render_markdown, write_report
 from accel_reports.render_ops import operators_view
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from accel_harness.known_issues import KnownIssues
-from accel_reports.analysis import build_report
+from accel_reports.analyse.analysis import build_report
 from accel_reports.load.loaders import load_results
 from accel_reports.render import md_escape, render_html, render_markdown, safe_url, write_report
 
@@ -377,7 +377,7 @@ def test_synthetic_history_layout(tmp_path):
 def test_suspect_benchmarks_are_counted_apart(tmp_path):
     report = _nightly(tmp_path)
     table = report.bench_table.copy()
-    table.loc[table.index[0], "status"] = "suspect"  # outside the history's band, unconfirmed (accel_reports.benchmarks)
+    table.loc[table.index[0], "status"] = "suspect"  # outside the history's band, unconfirmed (accel_reports.analyse.benchmarks)
     report.bench_table = table
     html, md = render_html(report), render_markdown(report)
     assert 'id="gate-suspect"' in html and "<b>1</b>suspect benchmark</div>" in html

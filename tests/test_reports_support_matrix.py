@@ -9,7 +9,7 @@ from _report_data import XSS_SCRIPT, run_file
 
 from accel.commands.cli import main
 from accel_harness.records import make_record
-from accel_reports.analysis import build_report
+from accel_reports.analyse.analysis import build_report
 from accel_reports.load.loaders import load_results
 from accel_reports.load.model_records import MODEL_TEST
 from accel_reports.render import write_report

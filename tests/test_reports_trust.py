@@ -17,8 +17,8 @@ import pytest
 from accel.commands import bench as bench_command
 from accel.commands.qualify import _tally
 from accel_harness.fingerprint import COMMAND_LINE_ENV, command_line
-from accel_reports import claims, noise
-from accel_reports.analysis import build_report
+from accel_reports.analyse import claims, noise
+from accel_reports.analyse.analysis import build_report
 from accel_reports.load.loaders import load_results
 from accel_reports.render import render_html, render_markdown
 from _report_data import rec, run_file

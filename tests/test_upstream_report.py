@@ -1,13 +1,13 @@
-"""accel_reports.vendor: the vendor table and the compatibility comparison of upstream-suite runs, through
+"""accel_reports.analyse.vendor: the vendor table and the compatibility comparison of upstream-suite runs, through
 the existing loaders, analysis and renderers."""
 
 from __future__ import annotations
 
 from accel_harness.records import RecordWriter, RunHeader, make_record
-from accel_reports.analysis import build_report, cell_label
+from accel_reports.analyse.analysis import build_report, cell_label
 from accel_reports.load.loaders import load_results
 from accel_reports.render import render_html, render_markdown
-from accel_reports.vendor import subject_label, vendor_lines
+from accel_reports.analyse.vendor import subject_label, vendor_lines
 
 
 def _run(folder, name, against, records, *, status="completed", torch="2.13.0", backend="cpu", version="1.15.0",

@@ -9,7 +9,7 @@ rounds, for smoke runs; the JSON records it (``extra_info["quick"]``), the outpu
 every table, and ``accel report`` never compares a quick run with a full one.
 
 A benchmark whose rounds spread too wide to judge (interquartile range of the round times over
-their median above :data:`accel_reports.benchmarks.NOISY_SPREAD`, 25 %) is marked ``!`` in the
+their median above :data:`accel_reports.analyse.benchmarks.NOISY_SPREAD`, 25 %) is marked ``!`` in the
 table and named in a warning on stderr, with the load average: its median is not a figure to
 compare on its own (the history rule in ``accel report`` needs a second run to confirm it). The exit status is pytest's when it failed (a benchmark failed, nothing
 matched ``-k``, ...), 1 when no benchmark recorded anything, else 0.
@@ -163,7 +163,7 @@ def _pct(value: float | None) -> str:
 
 
 def _relative_iqr(bench: dict[str, Any]) -> float | None:
-    from accel_reports.noise import spread_of
+    from accel_reports.analyse.noise import spread_of
 
     return spread_of(bench)
 
@@ -174,15 +174,15 @@ def _is_quick(benches: list[dict[str, Any]]) -> bool:
 
 def too_noisy(benches: list[dict[str, Any]]) -> list[tuple[str, float]]:
     """``(name, spread)`` of the benchmarks of one run whose rounds spread too wide to judge, noisiest
-    first (:func:`accel_reports.noise.noisy_benchmarks`, the count the report gives too)."""
-    from accel_reports.noise import noisy_benchmarks
+    first (:func:`accel_reports.analyse.noise.noisy_benchmarks`, the count the report gives too)."""
+    from accel_reports.analyse.noise import noisy_benchmarks
 
     return noisy_benchmarks(benches)
 
 
 def noise_warning(runs: list[list[dict[str, Any]]], loadavg: str | None = None) -> str | None:
     """The warning printed when benchmarks of the last run spread too wide to judge (None when none did)."""
-    from accel_reports.noise import NOISY_SPREAD, spread_text
+    from accel_reports.analyse.noise import NOISY_SPREAD, spread_text
 
     if not runs:
         return None
@@ -204,8 +204,8 @@ def summary_table(runs: list[list[dict[str, Any]]]) -> str:
     far the probe moved between the runs (``host``) and the spread of their throughput relative to
     the probe (``vs host``): a large raw spread with a small ``vs host`` one is the machine drifting.
     """
-    from accel_reports.benchmarks import host_reference_value
-    from accel_reports.noise import NOISY_SPREAD as noisy_limit, is_too_noisy, spread_text
+    from accel_reports.analyse.benchmarks import host_reference_value
+    from accel_reports.analyse.noise import NOISY_SPREAD as noisy_limit, is_too_noisy, spread_text
 
     names: dict[str, None] = {}
     by_run: list[dict[str, dict[str, Any]]] = []

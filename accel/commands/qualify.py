@@ -301,7 +301,7 @@ def run_upstream(args: argparse.Namespace, backends: list[str], out: Path) -> in
 def _print_vendor_lines(results: Path, known_issues: str | None) -> None:
     """Print the report's upstream headline sentences (the vendor table in words)."""
     try:
-        from accel_reports.analysis import build_report
+        from accel_reports.analyse.analysis import build_report
         from accel_reports.load.loaders import load_results
 
         known = None
@@ -310,7 +310,7 @@ def _print_vendor_lines(results: Path, known_issues: str | None) -> None:
 
             known = load_known_issues(known_issues)
         report = build_report(load_results([results]), known=known)
-        from accel_reports.vendor import vendor_lines
+        from accel_reports.analyse.vendor import vendor_lines
 
         for line in vendor_lines(report.vendor, report.compat):
             print(f"  {line}")

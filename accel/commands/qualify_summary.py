@@ -59,7 +59,7 @@ def tally(results: Path, bench: Path | None, ops: list[Path] | None = None) -> s
             shown = ", ".join(f"{per[o]} {o}" for o in ("passed", "failed", "error", "skipped", "xfailed", "xpassed") if per.get(o))
             parts.append(f"{backend}: {sum(per.values())} {label} ({shown})")
     if bench is not None and bench.is_dir():
-        from accel_reports.noise import noisy_benchmarks  # the count the report gives
+        from accel_reports.analyse.noise import noisy_benchmarks  # the count the report gives
 
         measured = noisy = 0
         for path in bench.rglob("*.json"):

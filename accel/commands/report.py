@@ -29,7 +29,7 @@ Exit codes (the first that applies, in this order):
      --strict (without it: a warning). For input problems the report is written and lists them.
   1  new-failures: failures without a known issue that are new against the baseline
      (with no --baseline: any failure without a known issue)
-  3  regressions: a confirmed benchmark regression (see accel_reports.benchmarks for the rule)
+  3  regressions: a confirmed benchmark regression (see accel_reports.analyse.benchmarks for the rule)
   4  collection-drop (only when asked with --fail-on): more than --collection-threshold (default 5 %)
      of the baseline's tests no longer collected
   0  none of the above
@@ -223,8 +223,8 @@ def _print_problems(problems: list) -> dict[str, int]:
 
 def _run(args: argparse.Namespace) -> int:
     from accel_harness.known_issues import KnownIssuesError, load_known_issues
-    from accel_reports.analysis import build_report
-    from accel_reports.benchmarks import DEFAULT_THRESHOLD
+    from accel_reports.analyse.analysis import build_report
+    from accel_reports.analyse.benchmarks import DEFAULT_THRESHOLD
     from accel_reports.load.loaders import SchemaVersionError, load_results
     from accel_reports.render import write_report
 

@@ -1,6 +1,6 @@
 """Reading pytest-benchmark entries into report rows: direction, samples and host probe.
 
-Kept apart from the regression rule (:mod:`accel_reports.benchmark_stats`) so that loaders can read
+Kept apart from the regression rule (:mod:`accel_reports.analyse.benchmark_stats`) so that loaders can read
 results without the statistics; the ``extra_info`` keys read are listed in docs/reports.md.
 """
 

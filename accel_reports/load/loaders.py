@@ -6,7 +6,7 @@ Three inputs are understood:
   :func:`accel_harness.records.read_records`; an unknown schema (major) version raises
   :class:`accel_harness.records.SchemaVersionError` (the file is refused, never half-understood);
 * pytest ``--junitxml`` files (``*.xml``), read by :mod:`accel_reports.load.junit`;
-* pytest-benchmark JSON (``*.json`` with a ``benchmarks`` list), see :mod:`accel_reports.benchmarks` for
+* pytest-benchmark JSON (``*.json`` with a ``benchmarks`` list), see :mod:`accel_reports.analyse.benchmarks` for
   the ``extra_info`` keys read. The empty file pytest-benchmark leaves under pytest-xdist is noted
   and skipped.
 
@@ -34,7 +34,7 @@ Frames (columns in :data:`TEST_COLUMNS`, :data:`RUN_COLUMNS`, :data:`BENCH_COLUM
 * ``runs``: run_id, source, format, backends, torch_version, torch_build, accel_version, host,
   start_time, end_time, interrupted, records, device_models, git_commit, upstream (the header's
   ``extra["upstream"]`` block of an upstream-suite run, else None; such a run's ``accel_version``
-  is its subject, e.g. ``accelerate 1.15.0 tests → accel 0.1.0``, see :mod:`accel_reports.vendor`),
+  is its subject, e.g. ``accelerate 1.15.0 tests → accel 0.1.0``, see :mod:`accel_reports.analyse.vendor`),
   os, kernel, python, driver_versions, runtime_versions, device_count, devices (the environment),
   fingerprint (the header's ``extra["fingerprint"]``), selection (the ``run_end`` line's
   ``fingerprint_tests``: count and hash of the selected test ids), profile (the header's

@@ -37,7 +37,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from accel_reports.benchmarks import compare_benchmarks  # noqa: E402
+from accel_reports.analyse.benchmarks import compare_benchmarks  # noqa: E402
 from accel_reports.history import History  # noqa: E402
 from accel_reports.load.loaders import load_results  # noqa: E402
 

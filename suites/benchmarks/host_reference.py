@@ -44,7 +44,7 @@ KINDS = ("compute", "memory")
 
 COMPUTE_SIDE = 256
 COPY_BYTES = 64 * 2**20
-#: value keys in ``extra_info["host_reference"]`` per kind (``accel_reports.benchmarks.HOST_REFERENCE_KEYS`` reads the same)
+#: value keys in ``extra_info["host_reference"]`` per kind (``accel_reports.analyse.benchmarks.HOST_REFERENCE_KEYS`` reads the same)
 VALUE_KEYS = {"compute": "compute_gflops", "memory": "memory_gbs"}
 #: ``extra_info`` key of a memory probe timed interleaved with the benchmark (see :func:`paired`)
 PAIRED_KEY = "host_reference_paired"

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
               f"in {time.perf_counter() - start:.1f} s ({sum(p.stat().st_size for p in results.iterdir()) / 2**20:.1f} MiB)")
 
         from accel_harness.known_issues import load_known_issues
-        from accel_reports.analysis import build_report
+        from accel_reports.analyse.analysis import build_report
         from accel_reports.load.loaders import load_results
         from accel_reports.render import write_report
 

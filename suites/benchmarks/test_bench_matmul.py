@@ -8,11 +8,11 @@ power of two from the host's side up whose float32 call is expected to stay unde
 (``extra_info["sizes"]["limited_by_speed"]`` says so), so a round still times in seconds.
 
 A dtype other than float32 whose matmul runs far slower than a float32 matmul of the same size on
-the same device (:data:`accel_reports.claims.SLOW_FACTOR`) has no fast kernels there (half precision
+the same device (:data:`accel_reports.analyse.claims.SLOW_FACTOR`) has no fast kernels there (half precision
 on a CPU without half-precision units falls back to a slow path): the device is asked by timing a few
 rounds of float32 calls beside the benchmark. That is a claim about the hardware, so the record makes
 it (``extra_info["note"]``, shown beside the figure) only when both figures are steady; otherwise the
-note says the figure is too noisy to conclude (:func:`accel_reports.claims.slow_kernel_note`). The
+note says the figure is too noisy to conclude (:func:`accel_reports.analyse.claims.slow_kernel_note`). The
 ratio is ``extra_info["float32_ratio"]`` and the reference's spread ``extra_info["float32_spread"]``,
 from which the report draws the claim again.
 """
@@ -27,8 +27,8 @@ import torch
 
 import timing
 from accel_harness import markers
-from accel_reports.claims import SLOW_FACTOR, slow_kernel_note
-from accel_reports.noise import relative_iqr
+from accel_reports.analyse.claims import SLOW_FACTOR, slow_kernel_note
+from accel_reports.analyse.noise import relative_iqr
 
 __all__ = ["MAX_CALL_S", "SLOW_FACTOR", "float32_seconds_per_call", "matrix_side", "matrix_side_of_class", "slow_dtype_note"]
 
@@ -84,7 +84,7 @@ def _seconds_per_float32_call(backend, n: int) -> float:
 
 def float32_seconds_per_call(backend, n: int) -> tuple[float, float | None]:
     """Seconds one float32 ``n x n`` matmul takes on the backend's device (the median of a few short
-    rounds, warm-up first) and the rounds' spread (:func:`accel_reports.noise.relative_iqr`)."""
+    rounds, warm-up first) and the rounds' spread (:func:`accel_reports.analyse.noise.relative_iqr`)."""
     device = backend.device(0)
     a = torch.randn(n, n, generator=torch.Generator().manual_seed(1)).to(device=device)
     out = torch.empty_like(a)

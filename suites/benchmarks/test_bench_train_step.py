@@ -15,7 +15,7 @@ Accelerate-style loop (``accelerator.prepare`` of model, optimizer and loader,
 
 The ``accel`` instance also takes the step's kernel census (``census.py``: operators, device-side
 events and allocations per step, from a profiled step outside the timed rounds) into
-``extra_info["census"]``, which ``accel_reports.census`` compares between runs. It also times the hand-written loop, round by round in alternating order, and
+``extra_info["census"]``, which ``accel_reports.analyse.census`` compares between runs. It also times the hand-written loop, round by round in alternating order, and
 records ``overhead_ratio``: the median over rounds of (accel round time / hand-written round time
 of the same round pair), 1.00 = no overhead, > 1 = accel is slower. Pairing rounds cancels drift
 on a shared machine; ``overhead_ratio_of_medians`` (ratio of the two median round times) is kept

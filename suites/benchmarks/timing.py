@@ -59,7 +59,7 @@ Written by :func:`extra_info` into every benchmark entry:
 ``work_per_round``    work done by one round, in ``work_unit``
 ``work_unit``         the numerator of ``unit`` (``TFLOP``, ``GB``, ``MB``, ``steps``,
                       ``samples``), so ``throughput == work_per_round / median``
-``work_size``         same value as ``work_per_round`` (the name ``accel_reports.benchmarks`` reads)
+``work_size``         same value as ``work_per_round`` (the name ``accel_reports.analyse.benchmarks`` reads)
 ``sizes``             dict of problem sizes (matrix side, bytes, batch, ...)
 ``iterations``        calls per round; ``rounds`` / ``warmup_rounds`` as measured
 ``median_s``          median round time in seconds (equal to ``stats.median``)

@@ -39,8 +39,8 @@ class Measurement:
 
     def relative_iqr(self) -> float:
         """Interquartile range of the round times over their median (0 with fewer than 4 rounds): the
-        report's and the console's one noise measure (:mod:`accel_reports.noise`)."""
-        from accel_reports.noise import relative_iqr
+        report's and the console's one noise measure (:mod:`accel_reports.analyse.noise`)."""
+        from accel_reports.analyse.noise import relative_iqr
 
         return relative_iqr(self.samples) or 0.0
 

@@ -1,6 +1,6 @@
 """The statistics of the regression rule: significance test, noise band and judgement of a series.
 
-Apart from the tables (:mod:`accel_reports.benchmarks`) so that each can be read on its own; the rule
+Apart from the tables (:mod:`accel_reports.analyse.benchmarks`) so that each can be read on its own; the rule
 and why it is built this way are in docs/reports.md.
 """
 
@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .load.benchmark_rows import _number
+from ..load.benchmark_rows import _number
 from .noise import NOISY_SPREAD, row_spread
 
 __all__ = [

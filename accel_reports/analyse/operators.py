@@ -27,7 +27,7 @@ import pandas as pd
 from accel_harness.records import failure_signature
 
 from .groups import CELL, FAILING, cell_label
-from .load.ops_records import checked_figures, is_operator_id, parse_operator_id
+from ..load.ops_records import checked_figures, is_operator_id, parse_operator_id
 
 __all__ = ["CORE", "FAMILY_ORDER", "NAMESPACES", "family_of", "operator_cells", "operator_rows", "split_tests"]
 

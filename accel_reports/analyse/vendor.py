@@ -30,7 +30,7 @@ from accel.facts import reasons
 from accel_harness.known_issues import KnownIssues
 
 from .groups import failure_clusters, skip_groups
-from .load.headers import side as _side, subject_label, upstream_block  # re-exported: the vendor table's vocabulary
+from ..load.headers import side as _side, subject_label, upstream_block  # re-exported: the vendor table's vocabulary
 
 __all__ = ["VENDOR_COLUMNS", "COMPAT_COLUMNS", "compatibility", "subject_label", "upstream_block", "vendor_lines", "vendor_table"]
 

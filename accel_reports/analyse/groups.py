@@ -5,7 +5,7 @@ vendor table share (a module below both, so neither imports the other for them).
   noise-stripped first error line, :func:`accel_harness.records.failure_signature`);
 * :func:`skip_groups`: skips by reason code, with what the skipped tests need (:data:`SKIP_NEEDS`).
 
-:mod:`accel_reports.analysis` re-exports all of them.
+:mod:`accel_reports.analyse.analysis` re-exports all of them.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 noise band from earlier runs' medians; only a confirmed excursion is a regression) or, without a
 history, against a baseline (a threshold plus a significance test), because on a shared machine
 one fixed threshold is wrong both ways. Reading entries lives in :mod:`accel_reports.load.benchmark_rows`,
-the statistics in :mod:`accel_reports.benchmark_stats`; the rules, the ``extra_info`` keys read
+the statistics in :mod:`accel_reports.analyse.benchmark_stats`; the rules, the ``extra_info`` keys read
 and the measurements behind them are in docs/reports.md.
 """
 
@@ -16,7 +16,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from .load.benchmark_rows import HOST_REFERENCE_KEYS, _number, benchmark_row, higher_is_better, host_reference_value
+from ..load.benchmark_rows import HOST_REFERENCE_KEYS, _number, benchmark_row, higher_is_better, host_reference_value
 from .benchmark_stats import (
     BAND_K,
     DEFAULT_ALPHA,

@@ -2,7 +2,7 @@
 
 A dtype's matmul far slower than float32's on the same device means the device has no fast kernels
 for that dtype. That is a statement about the hardware, so it is made only from two figures that are
-each steady: both spreads known and at most :data:`accel_reports.noise.NOISY_SPREAD` (the same
+each steady: both spreads known and at most :data:`accel_reports.analyse.noise.NOISY_SPREAD` (the same
 threshold that calls a benchmark too noisy to judge). Otherwise the figure is said to be too noisy
 to conclude, with the spreads. The matmul benchmark writes its note with :func:`slow_kernel_note`
 (against its own float32 reference timing); the report finds the claim in a note
@@ -33,7 +33,7 @@ def slow_kernel_note(dtype: str, ratio: Any, spread: Any, float32_spread: Any) -
     """The note on a dtype's matmul figure: the claim that the device has no fast kernels for it when
     it is at least :data:`SLOW_FACTOR` times slower per call than float32 and both figures are steady;
     "too noisy to conclude" with the spreads when it looks that slow but either spread is past
-    :data:`~accel_reports.noise.NOISY_SPREAD` or unknown; None when it does not look that slow (or
+    :data:`~accel_reports.analyse.noise.NOISY_SPREAD` or unknown; None when it does not look that slow (or
     for float32 itself, or without a ratio)."""
     ratio = _number(ratio)
     if dtype == "float32" or ratio is None or ratio < SLOW_FACTOR:

@@ -31,8 +31,8 @@ from accel_harness.known_issues import KnownIssues
 
 from . import benchmarks as bench
 from .groups import CELL, FAILING, SKIP_NEEDS, cell_label, failure_clusters, skip_groups
-from .load.loaders import Loaded, Problem
-from .load.ops_records import parse_operator_id
+from ..load.loaders import Loaded, Problem
+from ..load.ops_records import parse_operator_id
 
 __all__ = [
     "CELL",
@@ -291,7 +291,7 @@ def diff_runs(current: pd.DataFrame, baseline: pd.DataFrame, collection_threshol
     the baseline has no such cell at all; ``was`` says which). Fixed: failing in the baseline, passing now. Disappeared: in the baseline
     cell, absent now. Collection: tests per cell now and in the baseline, ``drop_share`` (the share
     of the baseline's tests missing now) and ``dropped`` when that share exceeds
-    ``collection_threshold`` (default :data:`accel_reports.evidence.DEFAULT_COLLECTION_DROP`, 5 %;
+    ``collection_threshold`` (default :data:`accel_reports.analyse.evidence.DEFAULT_COLLECTION_DROP`, 5 %;
     0 makes any drop count).
     """
     from .evidence import DEFAULT_COLLECTION_DROP
@@ -409,7 +409,7 @@ class Report:
     known: KnownIssues | None = None
     baseline_files: list[str] = field(default_factory=list)
     threshold: float = bench.DEFAULT_THRESHOLD
-    #: upstream suites (accel_reports.vendor): the vendor table and the compatibility comparisons
+    #: upstream suites (accel_reports.analyse.vendor): the vendor table and the compatibility comparisons
     vendor: pd.DataFrame = field(default_factory=pd.DataFrame)
     compat: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: from a run history (accel_reports.history), else empty: every stored benchmark run (trend lines),
@@ -417,11 +417,11 @@ class Report:
     history_benchmarks: pd.DataFrame = field(default_factory=pd.DataFrame)
     flakiness: pd.DataFrame = field(default_factory=pd.DataFrame)
     first_failed: pd.DataFrame = field(default_factory=pd.DataFrame)
-    #: failures that are flaky, not broken (accel_reports.evidence.flaky_failures): never new failures
+    #: failures that are flaky, not broken (accel_reports.analyse.evidence.flaky_failures): never new failures
     flaky: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: known issues past their expiry date and the untracked failures they used to cover
     expired: pd.DataFrame = field(default_factory=pd.DataFrame)
-    #: what the fingerprints say about comparing with the baseline (accel_reports.evidence.comparison_notes)
+    #: what the fingerprints say about comparing with the baseline (accel_reports.analyse.evidence.comparison_notes)
     comparison: list = field(default_factory=list)
     #: the share of the baseline's tests that may go missing before the collection gate fails
     collection_threshold: float | None = None

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Mapping, Sequence
 __all__ = ["NOISY_SPREAD", "is_too_noisy", "noisy_benchmarks", "relative_iqr", "row_spread", "spread_of", "spread_text"]
 
 #: a benchmark whose rounds spread more than this (IQR over median) is too noisy to judge on its own,
-#: and too noisy to support a claim about the hardware (:mod:`accel_reports.claims`)
+#: and too noisy to support a claim about the hardware (:mod:`accel_reports.analyse.claims`)
 NOISY_SPREAD = 0.25
 
 
@@ -48,7 +48,7 @@ def spread_of(record: Mapping[str, Any]) -> float | None:
 
 
 def row_spread(row: Mapping[str, Any]) -> float | None:
-    """The spread of one report row (:func:`accel_reports.benchmarks.benchmark_row`, also as a history
+    """The spread of one report row (:func:`accel_reports.analyse.benchmarks.benchmark_row`, also as a history
     stores it): a ``spread`` it carries, else the same measure as :func:`spread_of` over the round
     times its ``samples`` stand for. A throughput sample is work over a round's time and the measure
     does not change with scale, so it is taken over the samples' inverses: the very figure the
