@@ -24,7 +24,7 @@ report but never fail the gate. The full-mode benchmarks are judged by a second 
 over them alone (``DIR/bench-gate/report.md``).
 
 ``--history DB`` appends every cell's test runs and benchmark runs to the run history (SQLite file or PostgreSQL URL)
-(:mod:`accel_reports.history`; a run already stored is skipped, so re-running the collection is
+(:mod:`accel_reports.history.store`; a run already stored is skipped, so re-running the collection is
 harmless) before the reports, and passes ``--history DB`` on to ``accel report``: the benchmarks are then judged against their own last runs (the noise band of
 :mod:`accel_reports.analyse.benchmarks`) instead of one baseline run. Keep the file between nightlies (a
 CI cache or artifact). A history that cannot be used (another schema version, a run id stored
@@ -65,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def append_history(db: str, inputs: Sequence[str]) -> str:
     """Append the runs under ``inputs`` to the history ``db``; the line to print. Raises
-    :class:`accel_reports.history.HistoryError` when the history cannot take them."""
-    from accel_reports.history import open_history
+    :class:`accel_reports.history.store.HistoryError` when the history cannot take them."""
+    from accel_reports.history.store import open_history
     from accel_reports.load.loaders import load_results
 
     loaded = load_results(inputs)
@@ -255,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     history_failed = False
     history = None
     if args.history:
-        from accel_reports.history import HistoryError
+        from accel_reports.history.store import HistoryError
 
         try:
             print(append_history(args.history, inputs))

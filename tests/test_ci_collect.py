@@ -128,7 +128,7 @@ def test_only_full_mode_benchmarks_gate_on_regressions(tmp_path, capsys):
 
 @pytest.mark.usefixtures("report_here")
 def test_history_appends_every_cell_once_and_refuses_a_conflicting_run(tmp_path, capsys):
-    from accel_reports.history import History
+    from accel_reports.history.store import History
 
     cells_root = tmp_path / "cells"
     cell(cells_root, "cpu-torch2.13.0-py3.11", "2.13.0", records("night-1"))
@@ -243,7 +243,7 @@ def test_an_operator_row_that_passed_in_the_baseline_and_fails_now_fails_the_gat
     report = (tmp_path / "report" / "report.md").read_text()
     assert "mul\\[op-function-float32-forward\\]" in report
     assert "full: 7 rows, 1 failed (exit 1)" in (tmp_path / "report" / "summary.md").read_text()
-    from accel_reports.history import History
+    from accel_reports.history.store import History
 
     with History(db) as history:
         tests = history.load().tests

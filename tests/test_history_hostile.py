@@ -11,8 +11,8 @@ import sqlite3
 import pytest
 
 from accel_harness.records import MESSAGE_LIMIT, TRACEBACK_LIMIT
-from accel_reports.history import History, HistoryError, open_history
-from accel_reports.history_db import CONNECT_TIMEOUT, CONNECT_TIMEOUT_ENV
+from accel_reports.history.store import History, HistoryError, open_history
+from accel_reports.history.db import CONNECT_TIMEOUT, CONNECT_TIMEOUT_ENV
 from accel_reports.load.loaders import load_results
 
 from _report_data import longrepr, rec, run_file

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from accel.commands import qualify
 from accel.commands.cli import main
-from accel_reports.history import History
+from accel_reports.history.store import History
 
 from _report_data import bench_file, rec, run_file
 

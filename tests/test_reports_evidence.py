@@ -10,7 +10,7 @@ from accel.commands import report as report_command
 from accel.commands.cli import main
 from accel_harness.known_issues import KnownIssues
 from accel_reports.analyse.analysis import build_report
-from accel_reports.history import History
+from accel_reports.history.store import History
 from accel_reports.load.loaders import load_results
 from accel_reports.render import render_html, render_markdown
 

@@ -1,4 +1,4 @@
-"""accel_reports.history: the SQLite run store, idempotent imports, flakiness, first failure, trends."""
+"""accel_reports.history.store: the SQLite run store, idempotent imports, flakiness, first failure, trends."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from accel_reports.analyse.benchmarks import compare_benchmarks
-from accel_reports.history import SCHEMA_VERSION, History, HistoryConflict, HistoryError, open_history
+from accel_reports.history.store import SCHEMA_VERSION, History, HistoryConflict, HistoryError, open_history
 from accel_reports.load.loaders import BENCH_COLUMNS, RUN_COLUMNS, TEST_COLUMNS, load_results
 
 from _report_data import bench_file, longrepr, rec, run_file
@@ -408,7 +408,7 @@ def test_a_postgres_url_that_cannot_connect_is_one_clear_error_without_the_passw
 
 
 def test_a_write_lock_not_obtained_in_time_is_a_history_error(tmp_path, monkeypatch):
-    import accel_reports.history_db as history_db
+    import accel_reports.history.db as history_db
 
     _run(tmp_path / "r", 1, {"test_a": "passed"})
     path = tmp_path / "h.db"

@@ -41,7 +41,7 @@ def _runs(folder: Path, count: int) -> list[Path]:
 
 def _worker(target: str, files: list[str]) -> int:
     """One worker: ready, wait for go, then one import per file, one JSON line per import."""
-    from accel_reports.history import append_results
+    from accel_reports.history.store import append_results
 
     print("ready", flush=True)
     if sys.stdin.readline().strip() != "go":
@@ -83,7 +83,7 @@ def _round(target: str, files: list[Path]) -> list[dict]:
 
 
 def _check(target: str, files: list[Path], results: list[dict]) -> None:
-    from accel_reports.history import History
+    from accel_reports.history.store import History
 
     expected = {f"run-{i:04d}" for i in range(len(files))}
     added = [run_id for r in results for run_id in r["added"]]
@@ -127,7 +127,7 @@ def test_concurrent_accel_report_history_commands_all_exit_0(tmp_path):
         assert proc.returncode == 0, err
     added = sum(int(re.search(r"(\d+) run\(s\) added", err).group(1)) for _, err in outputs)
     assert added == 6
-    from accel_reports.history import History
+    from accel_reports.history.store import History
 
     with History(db) as history:
         assert sorted(history.run_ids()) == [f"run-{i:04d}" for i in range(6)]

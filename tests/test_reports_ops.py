@@ -316,7 +316,7 @@ def test_known_issue_ops_patterns_track_operator_failures_at_report_time(tmp_pat
 
 
 def test_the_section_renders_the_same_from_a_run_history(tmp_path):
-    from accel_reports.history import open_history
+    from accel_reports.history.store import open_history
 
     sweep_file(tmp_path / "ops.jsonl", sample_rows(), run_id="sweep-1", census=CENSUS, trace=TRACE)
     loaded = load_results([tmp_path / "ops.jsonl"])

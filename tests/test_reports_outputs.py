@@ -1,5 +1,5 @@
 """Output paths that cannot be made or written: `accel report -o` and `--history` say so in one
-line and exit 2, before anything is imported or rendered (accel_reports.outputs)."""
+line and exit 2, before anything is imported or rendered (accel_reports.history.outputs)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from accel_reports.outputs import OutputPathError, writable_folder
+from accel_reports.history.outputs import OutputPathError, writable_folder
 
 from _report_data import rec, run_file
 

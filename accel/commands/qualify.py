@@ -201,7 +201,7 @@ def _fresh_output(args: argparse.Namespace) -> Path:
     out = Path(args.output or default_output("qualify")).resolve()
     if out.exists() and any(out.iterdir()):
         raise UsageError(f"{out} already exists and is not empty: qualify writes into a fresh folder")
-    from accel_reports.outputs import OutputPathError, writable_folder
+    from accel_reports.history.outputs import OutputPathError, writable_folder
 
     try:
         writable_folder(out, label="--output", purpose="qualify writes its results and report into it")
@@ -531,7 +531,7 @@ def default_workers() -> int:
 def _append_history(db: str, paths: list[Path]) -> int:
     """``--history DB``: append the run's suite results and benchmarks to the run history; 2 (bad input, as
     ``accel report --history`` exits) when it cannot."""
-    from accel_reports.history import HistoryError, append_results
+    from accel_reports.history.store import HistoryError, append_results
 
     try:
         result = append_results(db, paths)

@@ -170,7 +170,7 @@ def _shown(path: object) -> str:
 
 def _check_output(output: str) -> Path:
     """``-o``: a folder, made if absent, in which files can be written; else exit 2 in one line."""
-    from accel_reports.outputs import OutputPathError, writable_folder
+    from accel_reports.history.outputs import OutputPathError, writable_folder
 
     try:
         return writable_folder(output, label="-o", purpose="report.html and report.md go into it")
@@ -180,7 +180,7 @@ def _check_output(output: str) -> Path:
 
 def _history_shown(target: str) -> str:
     """The --history argument as printed: a file path, or a database URL without its password."""
-    from accel_reports.history import is_database_url, shown_location
+    from accel_reports.history.store import is_database_url, shown_location
 
     return shown_location(target) if is_database_url(target) else _shown(target)
 
@@ -252,7 +252,7 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"{_shown(str(exc))}; upgrade accel to read it") from None
     history = None
     if args.history:
-        from accel_reports.history import HistoryError, open_history
+        from accel_reports.history.store import HistoryError, open_history
 
         try:
             history = open_history(args.history, read_only=loaded is None)  # a render alone writes nothing

@@ -106,7 +106,7 @@ _ROWS: tuple[EnvVar, ...] = (
     _one("ACCEL_COMMAND_LINE", "the command line a person typed, handed by accel qualify to its pytest children so "
          "their run headers record it", "accel.commands.qualify", "accel_harness.fingerprint"),
     _one("ACCEL_HISTORY_CONNECT_TIMEOUT", "seconds to wait for a PostgreSQL run history to answer (default 10; the "
-         "URL's connect_timeout wins)", USER, "accel_reports.history_db"),
+         "URL's connect_timeout wins)", USER, "accel_reports.history.db"),
     _one("ACCEL_PROFILE_HOOK_TIMEOUT", "seconds a device profile's hook may run without progress in the hook check "
          "before it counts as hung", USER, "accel.backends.hook_check"),
     _one("ACCEL_PROFILE_HOOKS_CHECKED", "device profiles (path and content hash) whose hooks this run checked already",

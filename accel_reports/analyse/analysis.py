@@ -412,7 +412,7 @@ class Report:
     #: upstream suites (accel_reports.analyse.vendor): the vendor table and the compatibility comparisons
     vendor: pd.DataFrame = field(default_factory=pd.DataFrame)
     compat: pd.DataFrame = field(default_factory=pd.DataFrame)
-    #: from a run history (accel_reports.history), else empty: every stored benchmark run (trend lines),
+    #: from a run history (accel_reports.history.store), else empty: every stored benchmark run (trend lines),
     #: per-test flakiness across runs, and where each current failure's streak began
     history_benchmarks: pd.DataFrame = field(default_factory=pd.DataFrame)
     flakiness: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -467,7 +467,7 @@ def build_report(
 ) -> Report:
     """Run every analysis on ``loaded`` (and ``baseline``) and collect the results.
 
-    ``history`` (an :class:`accel_reports.history.History`) judges benchmarks against the noise band
+    ``history`` (an :class:`accel_reports.history.store.History`) judges benchmarks against the noise band
     of their own stored runs and adds trends, flakiness and first failures to the report.
     ``collection_threshold``: see :func:`diff_runs`."""
     from .evidence import comparison_notes, expired_issues, flaky_failures

@@ -135,7 +135,7 @@ def compare_benchmarks(
     change, speedup, p-value, status and evidence, with ``quick``, the noise band (``band_low``,
     ``band_high``, ``history_runs``) and the latest run's ``spread``.
 
-    With ``history`` (every stored run, :meth:`accel_reports.history.History.benchmarks_frame`) a
+    With ``history`` (every stored run, :meth:`accel_reports.history.store.History.benchmarks_frame`) a
     benchmark that has earlier runs there is judged by the history rule; otherwise by the baseline
     rule. Both rules are described in docs/reports.md.
     """

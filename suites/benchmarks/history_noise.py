@@ -5,7 +5,7 @@
 
 ``--run N`` makes N full ``accel bench --backend cpu`` runs (same code, one after the other) into
 ``OUT/full`` and ``--quick-run`` one ``--quick`` run into ``OUT/quick``. Then, with the runs sorted
-by time, three experiments, each on its own fresh history database (:mod:`accel_reports.history`):
+by time, three experiments, each on its own fresh history database (:mod:`accel_reports.history.store`):
 
 1. **identical code**: each full run is ingested in turn and compared with the runs stored before
    it (``compare_benchmarks(run, history=...)``, what ``accel report --history`` does); every
@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from accel_reports.analyse.benchmarks import compare_benchmarks  # noqa: E402
-from accel_reports.history import History  # noqa: E402
+from accel_reports.history.store import History  # noqa: E402
 from accel_reports.load.loaders import load_results  # noqa: E402
 
 

@@ -8,7 +8,7 @@ HTML file under 5 MB (pytest-html needs about 40 s to open 4,000 tests).
 ``--history N`` (default 10) makes the runs a nightly history: N consecutive runs of each cell
 (50 runs = 5 cells × 10 nights, across backends and torch versions); ``--history 1`` is the flat
 layout: 50 distinct cells, one run each. The runs are also stored in a run history (SQLite,
-:mod:`accel_reports.history`; the import is timed once), and each repeat times both paths of
+:mod:`accel_reports.history.store`; the import is timed once), and each repeat times both paths of
 ``accel report``: from the files, and from the history store (``--history DB`` without RESULTS:
 load every stored run, judge the benchmarks by the history rule, flakiness, first failures,
 trend lines).
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         from accel_reports.load.loaders import load_results
         from accel_reports.render import write_report
 
-        from accel_reports.history import open_history
+        from accel_reports.history.store import open_history
 
         db = Path(tmp) / "history.db"
         t0 = time.perf_counter()

@@ -1,4 +1,4 @@
-"""The two databases a run history lives in (part of :mod:`accel_reports.history`): an SQLite file
+"""The two databases a run history lives in (part of :mod:`accel_reports.history.store`): an SQLite file
 or a PostgreSQL database, behind one small interface (connecting, locking, a few SQL spellings), with
 the schema, the errors and the helpers that recognise and print a database URL."""
 

@@ -1,5 +1,5 @@
 """Stored history rows as JSON, and the checks that every value read back has the type it should
-(part of :mod:`accel_reports.history`): a history is input, not trusted state, so a wrong value is
+(part of :mod:`accel_reports.history.store`): a history is input, not trusted state, so a wrong value is
 left empty and a record without a valid outcome left out."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pandas as pd
 
 from accel_harness.records import MESSAGE_LIMIT, SIGNATURE_LIMIT, TRACEBACK_LIMIT, truncate
 
-from .load.loaders import BENCH_COLUMNS, RUN_COLUMNS, TEST_COLUMNS
+from ..load.loaders import BENCH_COLUMNS, RUN_COLUMNS, TEST_COLUMNS
 
 #: the longest text a test record keeps per field (characters), as the harness writes it: a longer
 #: one (a results file from elsewhere, an edited history) is stored and read back truncated, its head

@@ -33,9 +33,9 @@ Layout (schema version :data:`SCHEMA_VERSION`, recorded in ``meta`` and, in SQLi
 A command that only reads (``accel report --history DB`` without results) opens the history
 ``read_only``: an SQLite file ``mode=ro`` (no write permission needed, nothing written), a history
 that does not exist is an error and is not created. A PostgreSQL server that does not answer fails
-after :data:`~accel_reports.history_db.CONNECT_TIMEOUT` seconds (``ACCEL_HISTORY_CONNECT_TIMEOUT``,
+after :data:`~accel_reports.history.db.CONNECT_TIMEOUT` seconds (``ACCEL_HISTORY_CONNECT_TIMEOUT``,
 or the URL's ``connect_timeout``). A test record's message, traceback and signature are stored (and
-read back) truncated to the harness's limits (:data:`~accel_reports.history_rows.TEXT_LIMITS`).
+read back) truncated to the harness's limits (:data:`~accel_reports.history.rows.TEXT_LIMITS`).
 
 The history holds everything a report shows: rendering from it reads no other file. It is input,
 not trusted state (a CI cache restores it): nothing a row names is opened, and every stored value
@@ -65,12 +65,12 @@ from typing import Any, Iterable, Iterator
 
 import pandas as pd
 
-from .analyse.groups import CELL, FAILING
-from .history_db import (BUSY_TIMEOUT, POSTGRES_EXTRA, SCHEMA_VERSION, _SCHEMA, _STORED_SINCE_2, HistoryConflict,
+from ..analyse.groups import CELL, FAILING
+from .db import (BUSY_TIMEOUT, POSTGRES_EXTRA, SCHEMA_VERSION, _SCHEMA, _STORED_SINCE_2, HistoryConflict,
                          HistoryError, IngestResult, _connect, _is_operational, is_database_url, shown_location)
-from .history_rows import (_RUN_TYPES, _clean_benchmarks, _clean_rows, _clean_tests, _clip_texts, _digest, _dumps,
+from .rows import (_RUN_TYPES, _clean_benchmarks, _clean_rows, _clean_tests, _clip_texts, _digest, _dumps,
                            _failure_facts, _object, _plain, _records, _text, _truncated)
-from .load.loaders import RUN_COLUMNS, TEST_COLUMNS, Loaded, Problem, _benchmark_frame, _frame, tests_frame
+from ..load.loaders import RUN_COLUMNS, TEST_COLUMNS, Loaded, Problem, _benchmark_frame, _frame, tests_frame
 
 __all__ = ["BUSY_TIMEOUT", "POSTGRES_EXTRA", "SCHEMA_VERSION", "History", "HistoryConflict", "HistoryError", "IngestResult",
            "append_results", "is_database_url", "open_history", "shown_location"]
@@ -513,7 +513,7 @@ class History:
         (``unchanged``, ``suspect``, ``too noisy``, ``regression``, ``improvement``, ``no reference``),
         ``host_relative`` (judged relative to the host probe) and ``quick``. Quick and full runs are
         separate series."""
-        from .analyse import benchmarks as bench
+        from ..analyse import benchmarks as bench
 
         window = bench.DEFAULT_WINDOW if window is None else window
         threshold = bench.DEFAULT_THRESHOLD if threshold is None else threshold
@@ -552,7 +552,7 @@ def append_results(db: str | os.PathLike[str], paths: Iterable[str | os.PathLike
     """Load the result files under ``paths`` (those that exist) and append their runs to the history
     ``db`` (a file or a ``postgresql://`` URL; ``accel qualify --history``). Raises :class:`HistoryError`
     when the history cannot take them."""
-    from .load.loaders import load_results
+    from ..load.loaders import load_results
 
     existing = [p for p in paths if Path(p).exists()]
     loaded = load_results(existing) if existing else None
