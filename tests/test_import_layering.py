@@ -246,10 +246,32 @@ def test_the_checker_sees_a_cycle_and_a_function_level_import():
     ("accel.launch.heartbeat", 1), ("accel.launch.execution", 1), ("accel.strategies.fsdp.plugin", 2),
     ("accel.sysinfo", 2), ("accel.precision.fp8", 2),
     ("accel.quantization.bnb_params", 2), ("accel.accelerator", 3), ("accel.facade.preparation", 3), ("accel.test_utils", 4),
-    ("accel_harness.plugin", 5), ("accel_reports.render", 6), ("accel.commands.qualify", 7), ("accel", None),
+    ("accel_harness.plugin", 5), ("accel_reports.render.report", 6), ("accel.commands.qualify", 7), ("accel", None),
 ])
 def test_layer_of(module, expected):
     assert layer(module) == expected
+
+
+#: the stages of a report inside the reports layer, lowest first (history and render both stand on analyse and
+#: neither imports the other: a report drawn from a history is handed its rows)
+REPORT_STAGES = {"accel_reports.load": 0, "accel_reports.analyse": 1, "accel_reports.history": 2, "accel_reports.render": 2}
+#: the reports modules outside the stages: the package root and the runner of ``python -m accel_reports.census``
+REPORT_ROOT = {"accel_reports", "accel_reports.census"}
+
+
+def _stage(module: str) -> str | None:
+    return next((s for s in REPORT_STAGES if module == s or module.startswith(s + ".")), None)
+
+
+def test_report_stages_point_one_way():
+    """Each module of accel_reports is in one stage (load, analyse, history, render) and imports only its own
+    stage or a lower one, so a stage can be read, tested and replaced without the ones after it."""
+    graph = import_graph(lazy=True)
+    reports = {m for m in graph if m == "accel_reports" or m.startswith("accel_reports.")}
+    assert {m for m in reports if _stage(m) is None} == REPORT_ROOT
+    wrong = sorted((a, b) for a in reports for b in graph[a] if _stage(a) and _stage(b) and _stage(b) != _stage(a)
+                   and REPORT_STAGES[_stage(b)] >= REPORT_STAGES[_stage(a)])
+    assert not wrong, wrong
 
 
 #: the module names Accelerate 1.x has in accelerate/utils/ (accel.utils may have these and no others)

@@ -1,4 +1,4 @@
-"""accel_reports.loss_curves: the run's and the reference's loss curves as one small inline SVG."""
+"""accel_reports.render.loss_curves: the run's and the reference's loss curves as one small inline SVG."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from accel_reports.loss_curves import HEIGHT, PAD, WIDTH, loss_curve_svg
+from accel_reports.render.loss_curves import HEIGHT, PAD, WIDTH, loss_curve_svg
 
 
 def _points(svg: str, css: str) -> list[tuple[float, float]]:

@@ -20,7 +20,7 @@ import yaml
 from accel_harness.known_issues import KnownIssues
 from accel_reports.analyse.analysis import build_report
 from accel_reports.load.loaders import load_results
-from accel_reports.render import write_report
+from accel_reports.render.report import write_report
 
 from _report_data import KNOWN_YAML, XSS_IMG, XSS_MARKER, XSS_SCRIPT, bench_file, clustered, rec, run_file
 from _waits import SAFETY_NET_S

@@ -6,10 +6,10 @@ from _report_data import XSS_SCRIPT, run_file
 
 from accel_harness.records import make_record
 from accel_reports.analyse.analysis import build_report
-from accel_reports.compile_view import compile_view
+from accel_reports.render.compile_view import compile_view
 from accel_reports.load.compile_records import COMPILE_TEST, compile_detail
 from accel_reports.load.loaders import load_results
-from accel_reports.render import render_html, render_markdown
+from accel_reports.render.report import render_html, render_markdown
 
 
 def _report(tmp_path, cells):

@@ -12,7 +12,7 @@ from accel_harness.known_issues import KnownIssues
 from accel_reports.analyse.analysis import build_report
 from accel_reports.history.store import History
 from accel_reports.load.loaders import load_results
-from accel_reports.render import render_html, render_markdown
+from accel_reports.render.report import render_html, render_markdown
 
 from _report_data import rec, run_file
 

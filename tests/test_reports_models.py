@@ -8,8 +8,8 @@ from accel_harness.records import make_record
 from accel_reports.analyse.analysis import build_report
 from accel_reports.load.loaders import load_results
 from accel_reports.load.model_records import MODEL_TEST
-from accel_reports.models_view import OPT_IN_NOTE, models_view
-from accel_reports.render import render_html, render_markdown
+from accel_reports.render.models_view import OPT_IN_NOTE, models_view
+from accel_reports.render.report import render_html, render_markdown
 
 GATE = "llama at world size 2 on cpu: failed: steps-to-target: 42.4 steps vs 1.05 x reference 22.0 = 23.0"
 

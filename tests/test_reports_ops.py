@@ -28,8 +28,8 @@ from accel_reports.analyse.areas import area_of
 from accel_reports.load.loaders import load_results
 from accel_reports.load.ops_records import parse_operator_id
 from accel_reports.analyse.operators import family_of
-from accel_reports.render import render_html, render_markdown, write_report
-from accel_reports.render_ops import operators_view
+from accel_reports.render.report import render_html, render_markdown, write_report
+from accel_reports.render.ops_view import operators_view
 
 CENSUS = [{"operator": f"aten::k{i}", "kind": kind, "host_kernel": True}
           for i, kind in enumerate(["device-kernel"] * 6 + ["fallback"] * 3 + ["missing"] + ["composite-implicit"] * 4)]

@@ -1,4 +1,4 @@
-"""accel_reports.render: everything escaped (HTML and Markdown), self-contained HTML, Markdown tables intact."""
+"""accel_reports.render.report: everything escaped (HTML and Markdown), self-contained HTML, Markdown tables intact."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import yaml
 from accel_harness.known_issues import KnownIssues
 from accel_reports.analyse.analysis import build_report
 from accel_reports.load.loaders import load_results
-from accel_reports.render import md_escape, render_html, render_markdown, safe_url, write_report
+from accel_reports.render.report import md_escape, render_html, render_markdown, safe_url, write_report
 
 from _report_data import KNOWN_YAML, XSS_IMG, XSS_MARKER, XSS_SCRIPT, bench_file, clustered, rec, run_file
 
@@ -205,7 +205,7 @@ def test_pass_rate_table_is_backend_by_torch_version_and_comes_first(nightly):
     assert [h for h in re.findall(r"<th[^>]*>([^<]*)</th>", table)] == ["accel 0.2.0", "torch 2.8.0", "torch 2.9.0", "cuda", "hpu", "xpu"]
     assert table.count("not run") == 3  # cuda 2.9.0, hpu 2.8.0, xpu 2.8.0 are not in the matrix
     # the latest result of each test per cell: the figures the grid shows
-    from accel_reports.render import _cell_counts
+    from accel_reports.render.tests_view import _cell_counts
 
     counts = {(c["backend"], c["torch_version"]): c for c in _cell_counts(report)}
     cuda = counts[("cuda", "2.8.0")]
@@ -221,7 +221,7 @@ def test_each_cell_of_the_pass_rate_table_shows_its_trend_over_runs(nightly):
     table = html[html.index('id="rates-1"'):]
     table = table[:table.index("</table>")]
     assert table.count("<polyline") == 3  # one pass-rate line per cell, each over its 4 nights
-    from accel_reports.render import _pass_rate_series
+    from accel_reports.render.tests_view import _pass_rate_series
 
     series = _pass_rate_series(report.tests)
     assert {len(points) for points in series.values()} == {4}
@@ -315,7 +315,7 @@ def test_charts_escape_benchmark_and_cell_names(tmp_path):
 def test_chart_builders():
     from markupsafe import Markup
 
-    from accel_reports import charts
+    from accel_reports.render import charts
 
     bars = charts.stacked_bars([("a<b", [3, 1, 0, 0])], [("passed", "ok"), ("failed", "bad"), ("skipped", "skip"), ("x", "xf")])
     assert isinstance(bars, Markup) and "a&lt;b" in bars and bars.count("<rect") == 2  # no empty segment
@@ -329,7 +329,7 @@ def test_chart_builders():
 
 
 def test_write_report_is_atomic(tmp_path, monkeypatch):
-    from accel_reports import render
+    from accel_reports.render import report as render
 
     report = build_report(load_results(clustered(tmp_path / "in")))
     out = tmp_path / "out"
@@ -411,7 +411,7 @@ def test_nightly_commits_share_one_environment_row(tmp_path):
 
 
 def test_trend_keeps_the_newest_runs(tmp_path, monkeypatch):
-    from accel_reports import render_text
+    from accel_reports.render import text as render_text
 
     monkeypatch.setattr(render_text, "TREND_POINTS", 3)
     report = _nightly(tmp_path)

@@ -12,7 +12,7 @@ from accel_harness.records import make_record
 from accel_reports.analyse.analysis import build_report
 from accel_reports.load.loaders import load_results
 from accel_reports.load.model_records import MODEL_TEST
-from accel_reports.render import write_report
+from accel_reports.render.report import write_report
 
 
 def _records():

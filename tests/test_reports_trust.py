@@ -20,7 +20,7 @@ from accel_harness.fingerprint import COMMAND_LINE_ENV, command_line
 from accel_reports.analyse import claims, noise
 from accel_reports.analyse.analysis import build_report
 from accel_reports.load.loaders import load_results
-from accel_reports.render import render_html, render_markdown
+from accel_reports.render.report import render_html, render_markdown
 from _report_data import rec, run_file
 from _synthetic_results import bench_entry, write_benchmarks
 from _waits import SAFETY_NET_S

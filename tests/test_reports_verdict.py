@@ -13,7 +13,7 @@ from accel_reports.analyse import noise
 from accel_reports.analyse.analysis import build_report
 from accel_reports.analyse.areas import AREA_ORDER, OTHER, SUITE_AREAS, area_of
 from accel_reports.load.loaders import load_results
-from accel_reports.render import render_html, render_markdown, write_report
+from accel_reports.render.report import render_html, render_markdown, write_report
 from _synthetic_results import DEVICE_MODEL, bench_entry, write_benchmarks
 
 from _report_data import rec, run_file

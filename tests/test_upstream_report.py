@@ -6,7 +6,7 @@ from __future__ import annotations
 from accel_harness.records import RecordWriter, RunHeader, make_record
 from accel_reports.analyse.analysis import build_report, cell_label
 from accel_reports.load.loaders import load_results
-from accel_reports.render import render_html, render_markdown
+from accel_reports.render.report import render_html, render_markdown
 from accel_reports.analyse.vendor import subject_label, vendor_lines
 
 

@@ -43,11 +43,11 @@ def test_the_wheel_ships_library_harness_suites_and_templates(wheel_names):
     for expected in ("accel/accelerator.py", "accel/facts/environment.py", "accel_harness/plugin.py",
                      "accel_harness/upstream_skips.yaml", "accel_harness/suites/test_training.py",
                      "accel_harness/suites/benchmarks/test_bench_matmul.py",
-                     "accel_harness/suites/benchmarks/timing.py", "accel_reports/render.py"):
+                     "accel_harness/suites/benchmarks/timing.py", "accel_reports/render/report.py"):
         assert expected in names, expected
     for module in (REPO / "suites" / "benchmarks").glob("timing*.py"):  # the timing library's parts
         assert f"accel_harness/suites/benchmarks/{module.name}" in names, module.name
-    assert any(n.startswith("accel_reports/templates/") for n in names)
+    assert any(n.startswith("accel_reports/render/templates/") for n in names)
 
 
 def test_development_benchmarks_generators_and_tests_stay_in_the_repository(wheel_names):

@@ -226,7 +226,7 @@ def _run(args: argparse.Namespace) -> int:
     from accel_reports.analyse.analysis import build_report
     from accel_reports.analyse.benchmarks import DEFAULT_THRESHOLD
     from accel_reports.load.loaders import SchemaVersionError, load_results
-    from accel_reports.render import write_report
+    from accel_reports.render.report import write_report
 
     strict = strict_default() if args.strict is None else bool(args.strict)
     for path in [*args.results, *(args.baseline or [])]:
@@ -309,7 +309,7 @@ def _run(args: argparse.Namespace) -> int:
     for fmt in ("html", "md"):
         if fmt in written:
             print(f"{'HTML report' if fmt == 'html' else 'Markdown summary'}: {_shown(written[fmt])}")
-    from accel_reports.support_matrix import FILES as MATRIX_FILES
+    from accel_reports.render.support_matrix import FILES as MATRIX_FILES
 
     for name, path in written.items():  # an operator sweep's support list and the support matrix, beside the report
         if name not in FORMATS:

@@ -67,9 +67,9 @@ import pandas as pd
 
 from ..analyse.groups import CELL, FAILING
 from .db import (BUSY_TIMEOUT, POSTGRES_EXTRA, SCHEMA_VERSION, _SCHEMA, _STORED_SINCE_2, HistoryConflict,
-                         HistoryError, IngestResult, _connect, _is_operational, is_database_url, shown_location)
+                 HistoryError, IngestResult, _connect, _is_operational, is_database_url, shown_location)
 from .rows import (_RUN_TYPES, _clean_benchmarks, _clean_rows, _clean_tests, _clip_texts, _digest, _dumps,
-                           _failure_facts, _object, _plain, _records, _text, _truncated)
+                   _failure_facts, _object, _plain, _records, _text, _truncated)
 from ..load.loaders import RUN_COLUMNS, TEST_COLUMNS, Loaded, Problem, _benchmark_frame, _frame, tests_frame
 
 __all__ = ["BUSY_TIMEOUT", "POSTGRES_EXTRA", "SCHEMA_VERSION", "History", "HistoryConflict", "HistoryError", "IngestResult",

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         from accel_harness.known_issues import load_known_issues
         from accel_reports.analyse.analysis import build_report
         from accel_reports.load.loaders import load_results
-        from accel_reports.render import write_report
+        from accel_reports.render.report import write_report
 
         from accel_reports.history.store import open_history
 

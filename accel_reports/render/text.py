@@ -1,5 +1,5 @@
 """Text helpers shared by the report's views: escaping for Markdown, safe links, numbers, units and
-percentages as a person writes them, and a few list helpers (part of :mod:`accel_reports.render`)."""
+percentages as a person writes them, and a few list helpers (part of :mod:`accel_reports.render.report`)."""
 
 from __future__ import annotations
 

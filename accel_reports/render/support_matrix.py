@@ -14,8 +14,8 @@ import io
 from pathlib import Path
 from typing import Any
 
-from .analyse.analysis import Report
-from .analyse.groups import cell_label
+from ..analyse.analysis import Report
+from ..analyse.groups import cell_label
 
 __all__ = ["FILES", "matrix_entries", "support_matrix_csv", "support_matrix_markdown", "write_support_matrix"]
 
@@ -49,8 +49,8 @@ def _software(report: Report, cell: tuple) -> list[tuple[str, str]]:
 
 def _features(report: Report, position: int) -> list[dict[str, str]]:
     """Each feature area's status in the cell at ``position`` of the per-test grid (operators apart)."""
-    from .analyse.areas import AREA_ORDER, area_of
-    from .render_ops import without_operators
+    from ..analyse.areas import AREA_ORDER, area_of
+    from .ops_view import without_operators
 
     grid = without_operators(report).grid
     counts: dict[str, dict[str, int]] = {}
@@ -105,7 +105,7 @@ def _models(models: dict[str, Any] | None, label: str) -> list[dict[str, str]]:
 def matrix_entries(report: Report, context: dict[str, Any]) -> list[dict[str, Any]]:
     """Per cell: its label, software facts and the entries of each section (``context``: the report's
     render context, whose model view is reused so both documents say the same)."""
-    from .analyse.operators import operator_cells
+    from ..analyse.operators import operator_cells
 
     sweeps = operator_cells(report.tests, report.loaded.runs)
     cells = []
@@ -140,7 +140,7 @@ def _safe(values: tuple) -> tuple:
 
 def support_matrix_markdown(cells: list[dict[str, Any]], title: str) -> str:
     """The matrix as GitHub-flavoured Markdown: per cell, the software, then each section's table."""
-    from .render_text import md_escape as md
+    from .text import md_escape as md
 
     lines = [f"# Support matrix: {md(title)}", "",
              "Built only from the runs' records; \"not run\" where nothing ran. Evidence: the sections of report.html.", ""]

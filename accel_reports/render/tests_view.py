@@ -1,4 +1,4 @@
-"""The report's test views (part of :mod:`accel_reports.render`): the summary matrix, the per-test
+"""The report's test views (part of :mod:`accel_reports.render.report`): the summary matrix, the per-test
 grid and failure details, pass-rate tables, the baseline diff, upstream suites, the title, the verdict
 line and the per-area table. Each function turns a :class:`~accel_reports.analyse.analysis.Report` into plain
 rows for the templates."""
@@ -12,9 +12,9 @@ import pandas as pd
 from accel.facts.reasons import UNSPECIFIED
 
 from . import charts
-from . import render_text as _text
-from .analyse.analysis import FAILING, Report, cell_label, cell_positions
-from .render_text import (GLYPHS, SKIP_LETTERS, _joined, _pct, _plural, _records, _version_sort_key, safe_url)
+from . import text as _text
+from ..analyse.analysis import FAILING, Report, cell_label, cell_positions
+from .text import (GLYPHS, SKIP_LETTERS, _joined, _pct, _plural, _records, _version_sort_key, safe_url)
 
 #: failure details (distinct test + signature) rendered with tracebacks in the HTML
 MAX_DETAILS = 400
@@ -105,7 +105,7 @@ def _grid_rows(report: Report, anchors: dict[tuple[str, int], int]) -> tuple[lis
     tracked = tests[tests["outcome"].isin(FAILING) & tests["known_issue"].notna()]
     tracked_pairs = set(zip(tracked["test_id"], cell_positions(tracked, report.cells))) if not tracked.empty else set()
     skip_codes = _skip_codes(report)
-    from .render_profile import flaky_keys
+    from .evidence_view import flaky_keys
 
     measured: dict[str, set[int]] = {}  # failures whose re-runs or history call them flaky
     for (backend, torch_version, accel_version, test_id) in flaky_keys(report):
@@ -227,7 +227,7 @@ def _diff_view(report: Report) -> dict[str, Any] | None:
     new = _records(diff.new_failures)
     for row in new:
         row["cell"] = cell_label(row["backend"], row["torch_version"], row["accel_version"])
-    from .render_profile import flaky_keys, flaky_text
+    from .evidence_view import flaky_keys, flaky_text
 
     flaky = flaky_keys(report)
     for row in new:
@@ -257,7 +257,7 @@ def _diff_view(report: Report) -> dict[str, Any] | None:
 
 def _upstream_view(report: Report) -> dict[str, Any] | None:
     """The vendor table and compatibility comparisons of upstream suites (None without any)."""
-    from .analyse.vendor import vendor_lines
+    from ..analyse.vendor import vendor_lines
 
     if report.vendor is None or report.vendor.empty:
         return None
@@ -410,7 +410,7 @@ def _skip_codes(report: Report) -> dict[tuple[str, int], str]:
 def _area_view(report: Report, skip_codes: dict[tuple[str, int], str]) -> list[dict[str, Any]]:
     """Per feature area (:mod:`accel_reports.analyse.areas`): the latest outcome of each test in each cell,
     counted, with the most common skip reasons (code and count)."""
-    from .analyse.areas import AREA_ORDER, area_of
+    from ..analyse.areas import AREA_ORDER, area_of
 
     grid = report.grid
     if grid.empty:

@@ -11,8 +11,8 @@ from typing import Any
 
 import pandas as pd
 
-from .analyse.groups import cell_label
-from .load.compile_records import is_compile_id
+from ..analyse.groups import cell_label
+from ..load.compile_records import is_compile_id
 
 __all__ = ["compile_view"]
 

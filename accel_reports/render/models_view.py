@@ -21,8 +21,8 @@ import pandas as pd
 from accel.facts.model_gates import MODE_LABELS, MODEL_MODES
 from accel.facts.reasons import OPT_IN
 
-from .analyse.groups import cell_label
-from .load.model_records import is_model_id
+from ..analyse.groups import cell_label
+from ..load.model_records import is_model_id
 from .loss_curves import loss_curve_svg
 
 __all__ = ["OPT_IN_NOTE", "models_view"]

@@ -1,4 +1,4 @@
-"""The report's benchmark view (part of :mod:`accel_reports.render`): one table per backend and torch
+"""The report's benchmark view (part of :mod:`accel_reports.render.report`): one table per backend and torch
 version with problem sizes, spreads, references, noise bands and trend lines, the summary per cell,
 and the charts that compare backends."""
 
@@ -12,11 +12,11 @@ from typing import Any
 import pandas as pd
 
 from . import charts
-from . import render_text as _text
-from .analyse.analysis import Report
-from .analyse.claims import claimed_ratio, slow_kernel_note
-from .analyse.noise import is_too_noisy, row_spread, spread_text  # the one noise measure (console, gate and report)
-from .render_text import _fmt_number, _pct, _present, _quantity, _records, _slug
+from . import text as _text
+from ..analyse.analysis import Report
+from ..analyse.claims import claimed_ratio, slow_kernel_note
+from ..analyse.noise import is_too_noisy, row_spread, spread_text  # the one noise measure (console, gate and report)
+from .text import _fmt_number, _pct, _present, _quantity, _records, _slug
 
 
 # ---------------------------------------------------------------------------- benchmarks

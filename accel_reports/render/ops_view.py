@@ -1,4 +1,4 @@
-"""The report's Operators section (part of :mod:`accel_reports.render`): the view of
+"""The report's Operators section (part of :mod:`accel_reports.render.report`): the view of
 :func:`accel_reports.analyse.operators.operator_cells` for the templates, the support list as CSV, and the
 report without operator rows that the per-test tables are drawn from.
 
@@ -17,10 +17,10 @@ import io
 from dataclasses import replace
 from typing import Any
 
-from .analyse.analysis import Report
-from .analyse.groups import failure_clusters, skip_groups
-from .analyse.operators import operator_cells, split_tests
-from .render_text import _pct, _plural, _slug
+from ..analyse.analysis import Report
+from ..analyse.groups import failure_clusters, skip_groups
+from ..analyse.operators import operator_cells, split_tests
+from .text import _pct, _plural, _slug
 
 __all__ = ["GRADES", "MD_OPS_ROWS", "headline_with_operators", "operators_view", "support_csv", "without_operators"]
 
@@ -40,8 +40,8 @@ TITLE_OPERATORS = 10
 def without_operators(report: Report) -> Report:
     """``report`` without operator rows in the tables drawn per test (grid, failure details, root
     causes, skips, headline); the same report when it has none."""
-    from .analyse.analysis import headline
-    from .load.ops_records import is_operator_id
+    from ..analyse.analysis import headline
+    from ..load.ops_records import is_operator_id
 
     ops, rest = split_tests(report.tests)
     if ops.empty:

@@ -1,4 +1,4 @@
-"""The report's environment block and its path handling (part of :mod:`accel_reports.render`): the
+"""The report's environment block and its path handling (part of :mod:`accel_reports.render.report`): the
 distinct machines and software of the runs, and file names and free text written relative to the
 report folder, never as local absolute paths."""
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import pandas as pd
 
-from .analyse.analysis import Report
-from .render_text import _records, _short_time, _version_sort_key
+from ..analyse.analysis import Report
+from .text import _records, _short_time, _version_sort_key
 
 
 # ---------------------------------------------------------------------------- environment block

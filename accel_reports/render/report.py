@@ -12,10 +12,10 @@ summaries): text is escaped for table cells (``\\ | ` * _ [ ] $`` get a backslas
 become entities, newlines spaces) and only http(s) URLs become links. Long lists are cut
 (see ``MD_ROWS``), pointing to the HTML report.
 
-The views are built in :mod:`accel_reports.render_tests` (tests, verdict, areas),
-:mod:`accel_reports.render_bench` (benchmarks), :mod:`accel_reports.render_env` (environment and
-paths), :mod:`accel_reports.render_profile` (fingerprints, profile coverage, expired known issues,
-flaky tests) and :mod:`accel_reports.render_ops` (operator sweeps: the Operators section, and the
+The views are built in :mod:`accel_reports.render.tests_view` (tests, verdict, areas),
+:mod:`accel_reports.render.bench_view` (benchmarks), :mod:`accel_reports.render.env_view` (environment and
+paths), :mod:`accel_reports.render.evidence_view` (fingerprints, profile coverage, expired known issues,
+flaky tests) and :mod:`accel_reports.render.ops_view` (operator sweeps: the Operators section, and the
 per-test tables without their rows); this module puts them together and writes the files.
 """
 
@@ -28,21 +28,19 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
-from . import render_text as _text
-from .analyse.analysis import Report, cell_label
-from .analyse.noise import NOISY_SPREAD
-from .render_bench import _benchmark_view
-from .render_env import _ENV_FIELDS, _environment_view, _path_scrubber, _shown_path
-from .render_text import (GLYPHS, SKIP_LETTERS, TREND_POINTS, _md_link, _pct, _present, _records, md_escape,
-                          safe_url)
+from . import text as _text
+from ..analyse.analysis import Report, cell_label
+from ..analyse.noise import NOISY_SPREAD
+from .bench_view import _benchmark_view
 from .compile_view import compile_view
+from .env_view import _ENV_FIELDS, _environment_view, _path_scrubber, _shown_path
+from .evidence_view import evidence_context, flaky_keys, flaky_text
 from .models_view import models_view
+from .ops_view import headline_with_operators, operators_view, support_csv, without_operators
 from .support_matrix import write_support_matrix
-from .render_ops import headline_with_operators, operators_view, support_csv, without_operators
-from .render_profile import evidence_context, flaky_keys, flaky_text
-from .render_tests import (_area_view, _cell_counts, _diff_view, _failure_details, _grid_rows, _history_view,
-                           _matrix_rows, _pass_rate_series, _pass_rate_view, _report_title, _skip_codes,
-                           _upstream_view, _verdict)
+from .tests_view import (_area_view, _diff_view, _failure_details, _grid_rows, _history_view, _matrix_rows,
+                         _pass_rate_view, _report_title, _skip_codes, _upstream_view, _verdict)
+from .text import GLYPHS, SKIP_LETTERS, TREND_POINTS, _md_link, _pct, _present, _records, md_escape, safe_url
 
 __all__ = ["GLYPHS", "MD_ROWS", "SKIP_LETTERS", "TREND_POINTS", "md_code", "md_escape", "render_html", "render_markdown", "safe_url",
            "write_report"]
@@ -52,8 +50,6 @@ TEMPLATES = Path(__file__).with_name("templates")
 MD_ROWS = 25
 #: rows of the Markdown throughput table before "... and N more"
 MD_BENCH_ROWS = 200
-#: kept importable from here for callers of the older single module
-_REEXPORTED = (_cell_counts, _pass_rate_series)
 
 
 def _context(report: Report, out_dir: str | Path | None = None) -> dict[str, Any]:
@@ -219,7 +215,7 @@ def write_report(report: Report, out_dir: str | Path, formats: Iterable[str] = (
                  support_matrix: bool = False) -> dict[str, Path]:
     """Write ``report.html`` and/or ``report.md`` into ``out_dir``, and beside them one operator support
     list (CSV) per cell with operator rows and, with ``support_matrix``, the support matrix
-    (:mod:`accel_reports.support_matrix`); returns format (or file name) -> path."""
+    (:mod:`accel_reports.render.support_matrix`); returns format (or file name) -> path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     formats = list(formats)

@@ -1,4 +1,4 @@
-"""The report's evidence views (part of :mod:`accel_reports.render`): each run's fingerprint and what
+"""The report's evidence views (part of :mod:`accel_reports.render.report`): each run's fingerprint and what
 it says about comparing with the baseline, the device profile's applicable coverage per area,
 expired known issues (their failures count as untracked) and flaky failures, shown as "flaky (rate)"
 and never as new failures (see :mod:`accel_reports.analyse.evidence`); and the facts shown under the verdict at
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .analyse.analysis import Report, cell_label
-from .analyse.evidence import coverage_rows, fingerprint_rows
-from .render_text import _pct, _records, safe_url
+from ..analyse.analysis import Report, cell_label
+from ..analyse.evidence import coverage_rows, fingerprint_rows
+from .text import _pct, _records, safe_url
 
 
 def flaky_text(rate: Any) -> str:
