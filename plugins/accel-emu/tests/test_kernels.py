@@ -30,6 +30,17 @@ def test_ops_match_cpu(emu):
         torch.testing.assert_close(dev.cpu(), host, rtol=0, atol=0)
 
 
+def test_histc_counts_integer_tensors_as_a_device_does(emu):
+    """transformers' MoE routers call torch.histc on int32 expert indices off the host; the host's kernel has no
+    integer version, CUDA's has (counts in the input's dtype)."""
+    experts = torch.tensor([0, 3, 3, 1, 0, 3, 2, 2, 3], dtype=torch.int32)
+    counts = torch.histc(experts.to("emu"), bins=4, min=0, max=3)
+    assert counts.device.type == "emu" and counts.dtype == torch.int32
+    assert counts.cpu().tolist() == [2, 1, 2, 4]
+    values, device_values = _pair(64, seed=3)
+    torch.testing.assert_close(torch.histc(device_values, bins=7).cpu(), torch.histc(values, bins=7), rtol=0, atol=0)
+
+
 def test_conv_matches_cpu(emu):
     x, ex = _pair(2, 3, 8, 8, seed=3)
     w, ew = _pair(4, 3, 3, 3, seed=4)

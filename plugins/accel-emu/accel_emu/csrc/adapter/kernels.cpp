@@ -272,6 +272,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> emu_convolution_backward(
   return {back(gi), back(gw), back(gb)};
 }
 
+// The host's histc counts floating-point tensors only; a device's (CUDA's) counts integer tensors too,
+// in their own dtype, and transformers' mixture-of-experts routers count expert indices that way off the
+// host. Integers are counted on the host in double (exact up to 2**53) and the counts cast back.
+at::Tensor emu_histc(const at::Tensor& self, int64_t bins, const at::Scalar& min, const at::Scalar& max) {
+  check_same_device("aten::histc", {&self});
+  c10::DeviceGuard guard(self.device());
+  const auto dtype = self.scalar_type();
+  auto counts = at::isFloatingType(dtype) ? at::histc(host(self), bins, min, max)
+                                          : at::histc(host(self).to(at::kDouble), bins, min, max).to(dtype);
+  return counts.to(self.device());
+}
+
 std::tuple<at::Tensor, at::Tensor> emu_native_dropout(const at::Tensor& input, double p, std::optional<bool> train) {
   TORCH_CHECK(p >= 0 && p <= 1, "dropout probability has to be between 0 and 1, but got ", p);
   if (input.numel() == 0) return {input.clone(), at::empty_like(input, input.options().dtype(at::kBool))};
@@ -322,6 +334,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("convolution_overrideable", emu_convolution);
   m.impl("convolution_backward_overrideable", emu_convolution_backward);
   m.impl("native_dropout", emu_native_dropout);
+  m.impl("histc", emu_histc);
   m.impl("_has_compatible_shallow_copy_type", emu_has_compatible_shallow_copy_type);
 }
 
