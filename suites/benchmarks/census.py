@@ -9,7 +9,9 @@ counts per step:
 * ``kernels``: device-side activities by name (kernels, copies, ...), what the device ran; none
   on the host backend, where operators run on the host itself;
 * ``allocations``: allocator requests by device type (``cpu``, ``cuda``, ``emu``, ...), as the
-  profiler's memory records show them.
+  profiler's memory records show them;
+* ``device_us``: the device's busy time per step in microseconds, the sum of its activities' durations
+  as the profiler recorded them (0 on the host backend). A figure beside the counts, not compared as one.
 
 The train-step benchmark stores it in ``extra_info["census"]`` (:data:`CENSUS_KEY`), so a nightly run
 can compare it with the last one (``accel_reports.census``): a change in what a step does (an extra
@@ -42,7 +44,7 @@ def take_census(backend: Any, step: Callable[[], Any], steps: int = CENSUS_STEPS
     """Profile ``steps`` calls of ``step`` on ``backend`` (after one warm-up call) and count per step.
 
     Returns a JSON-ready dict: ``schema``, ``steps``, ``activities``, ``operators``, ``kernels``,
-    ``allocations`` (name -> calls per step) and ``totals`` (the three sums per step).
+    ``allocations`` (name -> calls per step), ``totals`` (the three sums per step) and ``device_us``.
     """
     from torch.autograd import DeviceType
     from torch.profiler import profile
@@ -59,6 +61,7 @@ def take_census(backend: Any, step: Callable[[], Any], steps: int = CENSUS_STEPS
     operators: Counter = Counter()
     kernels: Counter = Counter()
     allocations: Counter = Counter()
+    device_ns = 0
     for event in prof.profiler.kineto_results.events():
         name = event.name()
         device_type = event.device_type()
@@ -67,6 +70,7 @@ def take_census(backend: Any, step: Callable[[], Any], steps: int = CENSUS_STEPS
                 allocations[_device_name(device_type, backend)] += 1
         elif device_type != DeviceType.CPU:
             kernels[name] += 1
+            device_ns += max(int(event.duration_ns()), 0)
         elif event.scope() == _FUNCTION_SCOPE and "::" in name and not name.startswith("autograd::"):
             operators[name] += 1
     census = {
@@ -78,6 +82,7 @@ def take_census(backend: Any, step: Callable[[], Any], steps: int = CENSUS_STEPS
         "allocations": _per_step(allocations, steps),
     }
     census["totals"] = {key: round(sum(census[key].values()), 3) for key in ("operators", "kernels", "allocations")}
+    census["device_us"] = round(device_ns / 1000 / steps, 3)
     return census
 
 
