@@ -105,3 +105,26 @@ def timer_clock(monkeypatch):
     fake = FakeClock()
     monkeypatch.setattr(base, "time", fake)
     return fake
+
+
+@pytest.fixture
+def fake_lomo(monkeypatch):
+    """A stand-in ``lomo_optim`` (the real one needs transformers): its fused backward records its learning rates."""
+    import types
+
+    import torch
+
+    calls = []
+
+    class Lomo(torch.optim.SGD):
+        def fused_backward(self, loss, lr):
+            calls.append(lr)
+            loss.backward()
+
+    module = types.ModuleType("lomo_optim")
+    module.Lomo, module.AdaLomo = Lomo, type("AdaLomo", (Lomo,), {})
+    monkeypatch.setitem(sys.modules, "lomo_optim", module)
+    import accel.utils.imports as imports
+
+    monkeypatch.setattr(imports, "is_lomo_available", lambda: True)
+    return module, calls

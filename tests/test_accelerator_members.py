@@ -3,8 +3,6 @@ the device-map check of ``prepare`` and LOMO's fused backward."""
 
 from __future__ import annotations
 
-import sys
-import types
 
 import pytest
 import torch
@@ -88,24 +86,6 @@ def test_a_model_spread_by_a_device_map_is_refused_in_a_distributed_run(monkeypa
 
     refuse_device_mapped_model(fresh, DistributedType.MULTI_CPU)  # bypassed: no error
 
-
-@pytest.fixture
-def fake_lomo(monkeypatch):
-    """A stand-in ``lomo_optim`` (the real one needs transformers): its fused backward records its calls."""
-    calls = []
-
-    class Lomo(torch.optim.SGD):
-        def fused_backward(self, loss, lr):
-            calls.append(lr)
-            loss.backward()
-
-    module = types.ModuleType("lomo_optim")
-    module.Lomo, module.AdaLomo = Lomo, type("AdaLomo", (Lomo,), {})
-    monkeypatch.setitem(sys.modules, "lomo_optim", module)
-    import accel.utils.imports as imports
-
-    monkeypatch.setattr(imports, "is_lomo_available", lambda: True)
-    return module, calls
 
 
 def test_backward_with_a_learning_rate_runs_lomos_fused_backward(fake_lomo):

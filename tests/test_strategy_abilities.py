@@ -4,8 +4,6 @@ strategy, the resolved plan, the state, the Accelerator and the ParallelismConfi
 
 from __future__ import annotations
 
-import sys
-import types
 from types import SimpleNamespace
 
 import pytest
@@ -36,24 +34,6 @@ def test_only_deepspeed_refuses_lomos_fused_backward():
     answers = {name: strategy_class(name).supports_lomo for name in ("single", "ddp", "fsdp", "deepspeed")}
     assert answers == {"single": True, "ddp": True, "fsdp": True, "deepspeed": False}
 
-
-@pytest.fixture
-def fake_lomo(monkeypatch):
-    """A stand-in ``lomo_optim`` whose fused backward records its learning rates."""
-    calls = []
-
-    class Lomo(torch.optim.SGD):
-        def fused_backward(self, loss, lr):
-            calls.append(lr)
-            loss.backward()
-
-    module = types.ModuleType("lomo_optim")
-    module.Lomo, module.AdaLomo = Lomo, type("AdaLomo", (Lomo,), {})
-    monkeypatch.setitem(sys.modules, "lomo_optim", module)
-    import accel.utils.imports as imports
-
-    monkeypatch.setattr(imports, "is_lomo_available", lambda: True)
-    return module, calls
 
 
 def test_backward_asks_the_strategy_before_running_lomo(fake_lomo, monkeypatch):
