@@ -96,16 +96,19 @@ def _fsdp2_accelerator() -> Accelerator:
 
 
 def _shared_folder(rank: int) -> list[str]:
-    """A fresh folder made by rank 0 and known to every rank (removed when the process exits)."""
-    import atexit
+    """A fresh folder made by rank 0 and known to every rank (removed when the process exits).
+
+    A rank is a multiprocessing child, which ends with ``os._exit`` after multiprocessing's own exit
+    handlers: ``atexit`` handlers never run there, a multiprocessing finalizer with an exit priority does."""
     import shutil
     import tempfile
+    from multiprocessing import util
 
     from accel.utils.operations import broadcast_object_list
 
     folder = [tempfile.mkdtemp(prefix="peft_ckpt_") if rank == 0 else None]
     if rank == 0:
-        atexit.register(shutil.rmtree, folder[0], True)
+        util.Finalize(None, shutil.rmtree, args=(folder[0], True), exitpriority=10)
     broadcast_object_list(folder, from_process=0)
     return folder
 
