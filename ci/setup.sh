@@ -57,7 +57,10 @@ fi
 prebuilt="$VENV/.accel-prebuilt"
 if [ "$(cat "$prebuilt" 2>/dev/null)" != "$fingerprint" ]; then
     echo "setup: building the emu extension and DeepSpeed's shared-memory op for this torch (first set-up, about 2 min)"
-    if TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$(cd "$VENV" && pwd)/torch_extensions}" "$PY" -c "
+    # the environment's own tools first (its ninja): the tests run there, and a build log written by another
+    # ninja version (a system one) is discarded by theirs, which then compiles every object again
+    if PATH="$(cd "$VENV" && pwd)/bin:$PATH" \
+        TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$(cd "$VENV" && pwd)/torch_extensions}" "$PY" -c "
 import accel_emu._extension as emu
 emu.load_extension()
 from deepspeed.accelerator import get_accelerator
