@@ -40,11 +40,7 @@ pytestmark = pytest.mark.models
 #: the cheapest reduced-precision check
 QUICK_EXTRA = {("cnn", "bf16")}
 #: (model, mode) -> why it fails its gate (a finding about the tiny model, not a bug): strict xfails
-EXPECTED_FAILURES: dict[tuple[str, str], str] = {
-    ("t5", "zero3"): "t5 reaches the target late in a long run (first at about step 610 of 1000 on the host), "
-                     "so ZeRO-3's partitioned reductions, which round differently, move the crossing past the "
-                     "1.05x steps gate (about 1.06x on cpu) while the final accuracy is higher than the host's",
-}
+EXPECTED_FAILURES: dict[tuple[str, str], str] = {}
 
 
 def _quick(model: str, mode: str) -> bool:

@@ -168,7 +168,9 @@ def _table() -> dict[str, ModelSpec]:
         ModelSpec("vit", "vision transformer, image classification", "pattern-images", _vit,
                   steps=72, batch=32, lr=2e-3, target=0.9, quick=True, extra={"needs": "ViTConfig"}),
         ModelSpec("t5", "encoder-decoder (relative attention buckets)", "copy-seq2seq", _t5,
-                  steps=1000, batch=32, lr=3e-3, target=0.9, extra={"needs": "T5Config"}),
+                  steps=160, batch=32, lr=3e-3, target=0.9,
+                  extra={"needs": "T5Config", "untuned": "the host reference stays near 0.5 accuracy in its budget: "
+                                                         "the task or the configuration still needs tuning"}),
         ModelSpec("mixtral", "mixture of experts decoder (top-2 of 4 experts, router loss)", "copy", _mixtral,
                   steps=120, batch=32, lr=3e-3, target=0.9, extra={"needs": "MixtralConfig"}),
         ModelSpec("cnn", "convolutional network (batch norm, pooling)", "pattern-images", _cnn,
