@@ -22,6 +22,7 @@ from ..strategies.base import Strategy
 from ..strategies.context import PreparedObjects
 from ..io.files import fsync_dir
 from . import serialization
+from .context import CheckpointContext
 from .layout import (
     CHECKPOINT_DIR,
     CHECKPOINTS_FOLDER,
@@ -74,17 +75,17 @@ class LoadedState:
     iteration: int | None = None
 
 
-def save_state(accelerator: Any, prepared: PreparedObjects, output_dir: str | os.PathLike | None = None,
+def save_state(ctx: CheckpointContext, prepared: PreparedObjects, output_dir: str | os.PathLike | None = None,
                safe_serialization: bool = True, pre_hooks: Sequence[Callable[..., None]] = (),
                **save_model_func_kwargs: Any) -> SavedState:
     """Save models, optimizers, schedulers, data loader positions, scaler, registered objects and RNG states.
 
-    ``accelerator`` gives the process layout, the project configuration, the strategy and state dicts;
+    ``ctx`` gives the process layout, the project configuration, the strategy and state dicts;
     ``prepared`` what to save; ``pre_hooks`` run before the models are written (Accelerate's protocol).
     """
-    cfg = accelerator.project_configuration
+    cfg = ctx.project_configuration
     automatic = cfg.automatic_checkpoint_naming
-    strategy = accelerator.strategy
+    strategy = ctx.strategy
     doomed: list[Path] = []  # checkpoints total_limit retires once this one is in place
     if save_model_func_kwargs and type(strategy).save_checkpoint is Strategy.save_checkpoint:
         warnings.warn(
@@ -106,7 +107,7 @@ def save_state(accelerator: Any, prepared: PreparedObjects, output_dir: str | os
         if target.exists() and target.name not in {p.name for p in doomed}:
             raise ValueError(
                 f"checkpoint directory {target} already exists (iteration {cfg.iteration}); set "
-                "accelerator.project_configuration.iteration to the number to continue from"
+                "ctx.project_configuration.iteration to the number to continue from"
             )
         in_scope: Callable[[str], bool] = lambda name: CHECKPOINT_DIR.fullmatch(name) is not None  # noqa: E731
     else:
@@ -124,31 +125,31 @@ def save_state(accelerator: Any, prepared: PreparedObjects, output_dir: str | os
     returned = str(target)
     target = Path(os.path.abspath(target))
     parent = target.parent
-    writer = is_writer(accelerator)
+    writer = is_writer(ctx)
 
     if writer:
         parent.mkdir(parents=True, exist_ok=True)
         clean_leftovers(parent, in_scope)
-    accelerator.wait_for_everyone()  # nobody creates the new temp dir while a writer is still cleaning up
-    token = shared_token(accelerator)
+    ctx.wait_for_everyone()  # nobody creates the new temp dir while a writer is still cleaning up
+    token = shared_token(ctx)
     tmp = parent / f".{target.name}.tmp-{token}"
     try:
         tmp.mkdir(parents=True, exist_ok=True)
         # what the strategy stores itself (DeepSpeed engine files, FSDP shards), on every process
         part = strategy.save_checkpoint(tmp, prepared, **save_model_func_kwargs)
         owns = set(part.owns) if part is not None else set()
-        weights = [] if "models" in owns else [accelerator.get_state_dict(model) for model in prepared.models]
+        weights = [] if "models" in owns else [ctx.get_state_dict(model) for model in prepared.models]
         # hooks get the directory being written, so whatever they save is part of the atomic checkpoint;
         # a hook that saves a model itself pops its entry from `weights` (Accelerate's protocol)
         for hook in pre_hooks:
             hook(list(prepared.models), weights, str(tmp))
-        manifest = write_state_files(accelerator, prepared, tmp, weights, safe_serialization, writer, owns)
+        manifest = write_state_files(ctx, prepared, tmp, weights, safe_serialization, writer, owns)
         if part is not None:
             manifest["strategy"] = part.to_manifest()
-        snapshot = rng_snapshot(accelerator, prepared.dataloaders)
-        json_save(rng_json(accelerator, snapshot), tmp / f"{RNG_STATE_NAME}_{accelerator.process_index}.json")
-        serialization.torch_save(rng_for_accelerate(accelerator, snapshot), tmp / f"{RNG_STATE_NAME}_{accelerator.process_index}.pkl")
-        accelerator.wait_for_everyone()  # every rank's files are in before the manifest marks it complete
+        snapshot = rng_snapshot(ctx, prepared.dataloaders)
+        json_save(rng_json(ctx, snapshot), tmp / f"{RNG_STATE_NAME}_{ctx.process_index}.json")
+        serialization.torch_save(rng_for_accelerate(ctx, snapshot), tmp / f"{RNG_STATE_NAME}_{ctx.process_index}.pkl")
+        ctx.wait_for_everyone()  # every rank's files are in before the manifest marks it complete
         if writer:
             if checksums_enabled():
                 manifest["checksums"] = compute_checksums(tmp)
@@ -160,15 +161,15 @@ def save_state(accelerator: Any, prepared: PreparedObjects, output_dir: str | os
         if writer:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
-    accelerator.wait_for_everyone()
-    if automatic and cfg.total_limit is not None and accelerator.is_main_process:
+    ctx.wait_for_everyone()
+    if automatic and cfg.total_limit is not None and ctx.is_main_process:
         retire(doomed, target, cfg.total_limit, token)
-    accelerator.wait_for_everyone()
+    ctx.wait_for_everyone()
     logger.info("state saved in %s", target)
     return SavedState(returned, cfg.iteration + 1)
 
 
-def write_state_files(accelerator: Any, prepared: PreparedObjects, out: Path, weights: list[dict[str, torch.Tensor]],
+def write_state_files(ctx: CheckpointContext, prepared: PreparedObjects, out: Path, weights: list[dict[str, torch.Tensor]],
                       safe_serialization: bool, writer: bool, owned: set[str] = frozenset()) -> dict[str, Any]:
     """Write the shared files (on the writer only) and return the manifest describing them."""
     manifest: dict[str, Any] = {
@@ -176,9 +177,9 @@ def write_state_files(accelerator: Any, prepared: PreparedObjects, out: Path, we
         "version": FORMAT_VERSION,
         "accel_version": accel_version(),
         "torch_version": torch.__version__,
-        "num_processes": accelerator.num_processes,
-        "iteration": accelerator.project_configuration.iteration,
-        "step": int(accelerator.step),
+        "num_processes": ctx.num_processes,
+        "iteration": ctx.project_configuration.iteration,
+        "step": int(ctx.step),
         "safe_serialization": bool(safe_serialization),
         "models": [],
         "optimizers": [],
@@ -186,9 +187,9 @@ def write_state_files(accelerator: Any, prepared: PreparedObjects, out: Path, we
         "dataloaders": [],
         "custom_objects": [],
         "scaler": None,
-        "random_states": [f"{RNG_STATE_NAME}_{r}.json" for r in range(accelerator.num_processes)],
+        "random_states": [f"{RNG_STATE_NAME}_{r}.json" for r in range(ctx.num_processes)],
         # the same states in Accelerate's format, for accelerate.Accelerator.load_state (accel reads the JSON)
-        "accelerate_random_states": [f"{RNG_STATE_NAME}_{r}.pkl" for r in range(accelerator.num_processes)],
+        "accelerate_random_states": [f"{RNG_STATE_NAME}_{r}.pkl" for r in range(ctx.num_processes)],
     }
     for i, state_dict in enumerate(weights):
         if safe_serialization:
@@ -231,9 +232,9 @@ def write_state_files(accelerator: Any, prepared: PreparedObjects, out: Path, we
     return manifest
 
 
-def resolve_input_dir(accelerator: Any, input_dir: str | os.PathLike | None) -> Path:
+def resolve_input_dir(ctx: CheckpointContext, input_dir: str | os.PathLike | None) -> Path:
     """The checkpoint folder to load: ``input_dir`` (or the copy an interrupted save moved aside), else the newest ``checkpoint_N``."""
-    cfg = accelerator.project_configuration
+    cfg = ctx.project_configuration
     if input_dir is not None:
         path = Path(os.path.expanduser(os.fspath(input_dir)))
         if path.is_dir():
@@ -257,16 +258,16 @@ def resolve_input_dir(accelerator: Any, input_dir: str | os.PathLike | None) -> 
     return (complete or found)[-1][1]
 
 
-def pick_input_dir(accelerator: Any, input_dir: str | os.PathLike | None) -> Path:
+def pick_input_dir(ctx: CheckpointContext, input_dir: str | os.PathLike | None) -> Path:
     """The main process decides (so every rank loads the same checkpoint); errors are raised everywhere."""
-    if not accelerator.use_distributed:
-        return resolve_input_dir(accelerator, input_dir)
+    if not ctx.use_distributed:
+        return resolve_input_dir(ctx, input_dir)
     from ..utils.operations import broadcast_object_list
 
     choice: list[Any] = [None]
-    if accelerator.is_main_process:
+    if ctx.is_main_process:
         try:
-            choice[0] = ("ok", str(resolve_input_dir(accelerator, input_dir)))
+            choice[0] = ("ok", str(resolve_input_dir(ctx, input_dir)))
         except Exception as exc:  # noqa: BLE001
             choice[0] = ("error", f"{type(exc).__name__}: {exc}")
     broadcast_object_list(choice, from_process=0)
@@ -276,7 +277,7 @@ def pick_input_dir(accelerator: Any, input_dir: str | os.PathLike | None) -> Pat
     return Path(value)
 
 
-def load_state(accelerator: Any, prepared: PreparedObjects, input_dir: str | os.PathLike | None = None,
+def load_state(ctx: CheckpointContext, prepared: PreparedObjects, input_dir: str | os.PathLike | None = None,
                load_kwargs: dict | None = None, pre_hooks: Sequence[Callable[..., None]] = (),
                **load_model_func_kwargs: Any) -> LoadedState:
     """Restore what ``save_state`` saved into ``prepared``; returns the step and iteration the Accelerator applies.
@@ -285,7 +286,7 @@ def load_state(accelerator: Any, prepared: PreparedObjects, input_dir: str | os.
     """
     verify = load_model_func_kwargs.pop("verify_checksums", None)
     verify = checksums_enabled() if verify is None else bool(verify)
-    folder = pick_input_dir(accelerator, input_dir)
+    folder = pick_input_dir(ctx, input_dir)
     logger.info("loading state from %s", folder)
     manifest_path = entry_path(folder, MANIFEST_NAME, "the manifest")  # a link to a file outside is refused
     models = list(prepared.models)
@@ -303,18 +304,18 @@ def load_state(accelerator: Any, prepared: PreparedObjects, input_dir: str | os.
             )
     else:
         # lexists: a link is judged by check_entries, never by whether what it points to exists
-        if os.path.lexists(folder / f"{RNG_STATE_NAME}_{accelerator.process_index}.json"):
+        if os.path.lexists(folder / f"{RNG_STATE_NAME}_{ctx.process_index}.json"):
             raise CheckpointError(
                 f"{manifest_path} is missing: {folder} is an incomplete accel checkpoint (the manifest is written last)"
             )
         warnings.warn(f"{folder} has no {MANIFEST_NAME}: reading it as a checkpoint written by Accelerate", stacklevel=3)
         manifest = accelerate_manifest(folder, models, len(prepared.optimizers), len(prepared.schedulers))
     check_entries(folder, manifest)  # before any file the manifest names is opened
-    check_integrity(accelerator, folder, manifest, verify)
+    check_integrity(ctx, folder, manifest, verify)
 
     # --- the strategy's own part: the same strategy must load it
     saved_strategy = manifest.get("strategy")
-    strategy = accelerator.strategy
+    strategy = ctx.strategy
     probe = type(strategy).save_checkpoint is not Strategy.save_checkpoint
     if saved_strategy is not None and saved_strategy.get("name") != strategy.name:
         raise CheckpointError(
@@ -386,13 +387,13 @@ def load_state(accelerator: Any, prepared: PreparedObjects, input_dir: str | os.
         logger.warning("%s: the checkpoint has a grad scaler state but this run has no scaler; ignored", folder)
     # a strategy whose shards reshard (FSDP's DCP) may resume at another world size; the per-process RNG
     # files belong to the old layout then, and every rank decides this alike from the manifest
-    resharding = (saved_processes is not None and saved_processes != accelerator.num_processes
+    resharding = (saved_processes is not None and saved_processes != ctx.num_processes
                   and bool(saved_strategy and saved_strategy.get("reshardable")))
-    rng = None if resharding else read_rng(accelerator, folder, saved_processes)
-    if resharding and accelerator.is_main_process:
+    rng = None if resharding else read_rng(ctx, folder, saved_processes)
+    if resharding and ctx.is_main_process:
         warnings.warn(
             f"{folder} was saved by {plural(saved_processes, 'process')} and is resumed by "
-            f"{plural(accelerator.num_processes, 'process')}: the {saved_strategy.get('name')} shards are resharded, "
+            f"{plural(ctx.num_processes, 'process')}: the {saved_strategy.get('name')} shards are resharded, "
             "but per-process RNG states are not restored", stacklevel=3,
         )
 
@@ -400,7 +401,7 @@ def load_state(accelerator: Any, prepared: PreparedObjects, input_dir: str | os.
     if saved_strategy is not None:
         strategy.load_checkpoint(folder, saved_strategy, prepared, **load_model_func_kwargs)
     for i, (model, state) in enumerate(zip(models, model_states)):
-        target = accelerator.unwrap_model(model)
+        target = ctx.unwrap_model(model)
         try:
             target.load_state_dict(state, strict=strict, **load_model_func_kwargs)
         except RuntimeError as exc:
@@ -418,10 +419,10 @@ def load_state(accelerator: Any, prepared: PreparedObjects, input_dir: str | os.
         restore_dataloader(loader, state)
     for obj, state in zip(prepared.custom_objects, custom_states):
         obj.load_state_dict(state)
-    step = restore_rng(accelerator, rng, folder, prepared.dataloaders) if rng is not None else None
+    step = restore_rng(ctx, rng, folder, prepared.dataloaders) if rng is not None else None
 
     iteration = None
-    cfg = accelerator.project_configuration
+    cfg = ctx.project_configuration
     if cfg.automatic_checkpoint_naming and cfg.project_dir is not None:
         existing = list_checkpoints(Path(os.path.expanduser(cfg.project_dir)) / CHECKPOINTS_FOLDER)
         if existing:

@@ -13,6 +13,7 @@ import torch
 
 from ..io.files import atomic_write
 from . import serialization
+from .context import CheckpointContext
 from .layout import MODEL_NAME, SAFE_MODEL_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_INDEX_NAME
 from .serialization import json_save, tensors_for_safetensors
 from .transaction import is_writer
@@ -20,9 +21,9 @@ from .transaction import is_writer
 logger = logging.getLogger(__name__)
 
 
-def save(accelerator: Any, obj: Any, f: Any, safe_serialization: bool = False) -> None:
+def save(ctx: CheckpointContext, obj: Any, f: Any, safe_serialization: bool = False) -> None:
     """``torch.save`` (or safetensors for a dict of tensors) on the process that writes, atomically."""
-    if not is_writer(accelerator):
+    if not is_writer(ctx):
         return
     if safe_serialization:
         tensors = tensors_for_safetensors(obj, "the object to save")
@@ -78,7 +79,7 @@ def _shard(tensors: dict[str, torch.Tensor], limit: int) -> list[dict[str, torch
     return shards
 
 
-def save_model(accelerator: Any, model: torch.nn.Module, save_directory: str | os.PathLike,
+def save_model(ctx: CheckpointContext, model: torch.nn.Module, save_directory: str | os.PathLike,
                max_shard_size: int | str = "10GB", safe_serialization: bool = True) -> None:
     """The unwrapped model's weights in the Hugging Face layout (sharded with an index above max_shard_size)."""
     limit = parse_size(max_shard_size)
@@ -87,8 +88,8 @@ def save_model(accelerator: Any, model: torch.nn.Module, save_directory: str | o
         raise ValueError(f"save_model: {directory} is a file, not a directory")
     # under ZeRO-3/FSDP the full state dict is a gather every process joins, so it comes before the
     # writer check (a non-writer returning first would leave the writer waiting forever)
-    state_dict = accelerator.get_state_dict(model)
-    if not is_writer(accelerator):
+    state_dict = ctx.get_state_dict(model)
+    if not is_writer(ctx):
         return
     directory.mkdir(parents=True, exist_ok=True)
     if safe_serialization:

@@ -11,6 +11,7 @@ from typing import Any
 from ..facts.environment import env_flag
 from ..launch import heartbeat
 from ..io.files import file_digest
+from .context import CheckpointContext
 from .layout import (
     CHECKSUM_ALGORITHM,
     CHECKSUM_ENV,
@@ -75,13 +76,13 @@ def verify_checksums(folder: Path, checksums: Any) -> str | None:
     return None
 
 
-def check_integrity(accelerator: Any, folder: Path, manifest: dict[str, Any], verify: bool) -> None:
+def check_integrity(ctx: CheckpointContext, folder: Path, manifest: dict[str, Any], verify: bool) -> None:
     """Verify the manifest's checksums on each node's local main process; a mismatch is raised on every process."""
     checksums = manifest.get("checksums")
     if not verify or checksums is None:
         return
-    problem = verify_checksums(folder, checksums) if accelerator.is_local_main_process else None
-    if accelerator.use_distributed:
+    problem = verify_checksums(folder, checksums) if ctx.is_local_main_process else None
+    if ctx.use_distributed:
         from ..utils.operations import gather_object
 
         problem = next((p for p in gather_object([problem]) if p), None)

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 import torch
 
+from .context import CheckpointContext
 from .layout import FORMAT, FORMAT_VERSION, RNG_STATE_NAME, CheckpointError, plural
 from .loaders import generator_of
 from .manifest import entry_path
@@ -18,10 +19,10 @@ from .serialization import b64decode_tensor, b64encode_tensor, load_json, torch_
 logger = logging.getLogger(__name__)
 
 
-def rng_snapshot(accelerator: Any, dataloaders: Sequence[Any] = ()) -> dict[str, Any]:
+def rng_snapshot(ctx: CheckpointContext, dataloaders: Sequence[Any] = ()) -> dict[str, Any]:
     """This process's RNG states (and those of ``dataloaders``' generators), taken once so that accel's JSON
     file and Accelerate's pkl agree exactly."""
-    snapshot: dict[str, Any] = {"step": int(accelerator.step), "python": random.getstate(),
+    snapshot: dict[str, Any] = {"step": int(ctx.step), "python": random.getstate(),
                                 "torch": torch.get_rng_state(), "numpy": None, "device": None, "generators": {}}
     try:
         import numpy as np
@@ -29,11 +30,11 @@ def rng_snapshot(accelerator: Any, dataloaders: Sequence[Any] = ()) -> dict[str,
         snapshot["numpy"] = np.random.get_state()
     except ImportError:
         pass
-    backend = accelerator.backend
+    backend = ctx.backend
     if not backend.is_host:
         # the process's own device for accel; every visible device for Accelerate (its get_rng_state_all)
-        snapshot["device"] = {"index": accelerator.device.index,
-                              "current": backend.get_rng_state(accelerator.device.index),
+        snapshot["device"] = {"index": ctx.device.index,
+                              "current": backend.get_rng_state(ctx.device.index),
                               "all": [backend.get_rng_state(i) for i in range(backend.device_count())]}
     for i, loader in enumerate(dataloaders):
         generator = generator_of(loader)
@@ -42,13 +43,13 @@ def rng_snapshot(accelerator: Any, dataloaders: Sequence[Any] = ()) -> dict[str,
     return snapshot
 
 
-def rng_json(accelerator: Any, snapshot: dict[str, Any]) -> dict[str, Any]:
+def rng_json(ctx: CheckpointContext, snapshot: dict[str, Any]) -> dict[str, Any]:
     """accel's own RNG file (``random_states_N.json``): plain JSON, read back without any unpickling."""
     version, internal, gauss = snapshot["python"]
     state: dict[str, Any] = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
-        "process_index": accelerator.process_index,
+        "process_index": ctx.process_index,
         "step": snapshot["step"],
         "python": {"version": version, "state": list(internal), "gauss_next": gauss},
         "torch": b64encode_tensor(snapshot["torch"]),
@@ -59,13 +60,13 @@ def rng_json(accelerator: Any, snapshot: dict[str, Any]) -> dict[str, Any]:
                           "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
     device = snapshot["device"]
     if device is not None:
-        state["device"] = {"backend": accelerator.backend.name, "index": device["index"],
+        state["device"] = {"backend": ctx.backend.name, "index": device["index"],
                            "state": b64encode_tensor(device["current"])}
     state["generators"] = {key: b64encode_tensor(value) for key, value in snapshot["generators"].items()}
     return state
 
 
-def rng_for_accelerate(accelerator: Any, snapshot: dict[str, Any]) -> dict[str, Any]:
+def rng_for_accelerate(ctx: CheckpointContext, snapshot: dict[str, Any]) -> dict[str, Any]:
     """Accelerate's RNG file (``random_states_N.pkl``), so that ``accelerate.Accelerator.load_state`` resumes
     the same draws: its keys, and only types its weights-only loader accepts (tensors, python's state tuple,
     numpy's state tuple with its uint32 array). accel itself reads the JSON twin."""
@@ -77,9 +78,9 @@ def rng_for_accelerate(accelerator: Any, snapshot: dict[str, Any]) -> dict[str, 
     if device is not None:
         if _is_seed(device["current"]):
             # a generator whose state is one integer seed (XLA): Accelerate keeps that integer, for this device
-            state[accelerate_device_key(accelerator.backend)] = int(device["current"].reshape(-1)[0])
+            state[accelerate_device_key(ctx.backend)] = int(device["current"].reshape(-1)[0])
         else:
-            state[accelerate_device_key(accelerator.backend)] = device["all"]
+            state[accelerate_device_key(ctx.backend)] = device["all"]
     return state
 
 
@@ -137,13 +138,13 @@ def read_accelerate_rng(path: Path, backend: Any, index: int | None) -> dict[str
     return state
 
 
-def read_rng(accelerator: Any, folder: Path, saved_processes: int | None) -> dict[str, Any]:
+def read_rng(ctx: CheckpointContext, folder: Path, saved_processes: int | None) -> dict[str, Any]:
     """This process's RNG states: accel's JSON file, or (a checkpoint written by Accelerate) its pkl."""
-    rank = accelerator.process_index
+    rank = ctx.process_index
     path = entry_path(folder, f"{RNG_STATE_NAME}_{rank}.json", "the RNG state file")
     legacy = entry_path(folder, f"{RNG_STATE_NAME}_{rank}.pkl", "the RNG state file")
     if not path.exists() and legacy.exists():
-        return read_accelerate_rng(legacy, accelerator.backend, accelerator.device.index)
+        return read_accelerate_rng(legacy, ctx.backend, ctx.device.index)
     if not path.exists() and saved_processes is not None and rank >= saved_processes:
         raise CheckpointError(
             f"{path} is missing: the checkpoint was saved by {plural(saved_processes, 'process')} and this is "
@@ -164,7 +165,7 @@ def read_rng(accelerator: Any, folder: Path, saved_processes: int | None) -> dic
     return state
 
 
-def restore_rng(accelerator: Any, state: dict[str, Any], folder: Path, dataloaders: Sequence[Any] = ()) -> int | None:
+def restore_rng(ctx: CheckpointContext, state: dict[str, Any], folder: Path, dataloaders: Sequence[Any] = ()) -> int | None:
     """Apply the RNG states ``read_rng`` returned to this process, its device and ``dataloaders``' generators.
 
     Returns the step saved with them (None when the file has none), for the Accelerator to apply.
@@ -182,10 +183,10 @@ def restore_rng(accelerator: Any, state: dict[str, Any], folder: Path, dataloade
     if state.get("torch_tensor") is not None:
         torch.set_rng_state(state["torch_tensor"])
     device = state.get("device")
-    backend = accelerator.backend
+    backend = ctx.backend
     if device is not None:
         if device.get("backend") == backend.name and not backend.is_host:
-            backend.set_rng_state(device["tensor"], accelerator.device.index)
+            backend.set_rng_state(device["tensor"], ctx.device.index)
         else:
             logger.warning("%s: device RNG state of backend %r not restored on backend %r",
                            folder, device.get("backend"), backend.name)

@@ -12,22 +12,23 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..io.files import fsync_dir, remove_tree
+from .context import CheckpointContext
 from .layout import CHECKPOINT_DIR, LEFTOVER, STATE_FILE, CheckpointError
 
 logger = logging.getLogger(__name__)
 
 
-def is_writer(accelerator: Any) -> bool:
+def is_writer(ctx: CheckpointContext) -> bool:
     """The process that writes shared files: the main one, or each node's local main with save_on_each_node."""
-    if accelerator.project_configuration.save_on_each_node:
-        return accelerator.is_local_main_process
-    return accelerator.is_main_process
+    if ctx.project_configuration.save_on_each_node:
+        return ctx.is_local_main_process
+    return ctx.is_main_process
 
 
-def shared_token(accelerator: Any) -> str:
+def shared_token(ctx: CheckpointContext) -> str:
     """A token every process agrees on (the main process's, broadcast), naming this save's hidden working folders."""
     token = [f"{os.getpid():x}-{secrets.token_hex(4)}"]
-    if accelerator.use_distributed:
+    if ctx.use_distributed:
         from ..utils.operations import broadcast_object_list
 
         broadcast_object_list(token, from_process=0)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 if TYPE_CHECKING:
+    from ..checkpointing.context import CheckpointContext
     from ..strategies.context import PreparedObjects
 
 __all__ = ["AcceleratorIOMixin"]
@@ -146,14 +147,14 @@ class AcceleratorIOMixin:
         """Save ``obj`` to ``f`` once per node (main process), through a temporary file (safetensors with ``safe_serialization``)."""
         from ..checkpointing import save
 
-        save(self, obj, f, safe_serialization=safe_serialization)
+        save(self._checkpoint_context(), obj, f, safe_serialization=safe_serialization)
 
     def save_model(self, model: torch.nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB",
                    safe_serialization: bool = True) -> None:
         """Write the unwrapped model's weights (sharded with an index above ``max_shard_size``); collective under ZeRO-3/FSDP."""
         from ..checkpointing import save_model
 
-        save_model(self, model, save_directory, max_shard_size=max_shard_size, safe_serialization=safe_serialization)
+        save_model(self._checkpoint_context(), model, save_directory, max_shard_size=max_shard_size, safe_serialization=safe_serialization)
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Save and restore these objects (anything with ``state_dict``/``load_state_dict``) with ``save_state``."""
@@ -175,7 +176,7 @@ class AcceleratorIOMixin:
         """Save models, optimizers, schedulers, loaders, scaler, RNG and registered objects atomically; collective."""
         from ..checkpointing import save_state
 
-        saved = save_state(self, self.prepared_objects(), output_dir, safe_serialization=safe_serialization,
+        saved = save_state(self._checkpoint_context(), self.prepared_objects(), output_dir, safe_serialization=safe_serialization,
                            pre_hooks=list(self._save_model_state_pre_hook.values()), **save_model_func_kwargs)
         self.project_configuration.iteration = saved.iteration
         return saved.path
@@ -189,12 +190,24 @@ class AcceleratorIOMixin:
         """
         from ..checkpointing import load_state
 
-        loaded = load_state(self, self.prepared_objects(), input_dir, load_kwargs=load_kwargs,
+        loaded = load_state(self._checkpoint_context(), self.prepared_objects(), input_dir, load_kwargs=load_kwargs,
                             pre_hooks=list(self._load_model_state_pre_hook.values()), **load_model_func_kwargs)
         if loaded.step is not None:
             self.step = loaded.step
         if loaded.iteration is not None:
             self.project_configuration.iteration = loaded.iteration
+
+    def _checkpoint_context(self) -> CheckpointContext:
+        """What checkpointing reads of this Accelerator, as values of the moment (it never holds the Accelerator)."""
+        from ..checkpointing.context import CheckpointContext
+
+        return CheckpointContext(
+            project_configuration=self.project_configuration, strategy=self.strategy, backend=self.backend,
+            device=self.device, process_index=self.process_index, num_processes=self.num_processes,
+            is_main_process=self.is_main_process, is_local_main_process=self.is_local_main_process,
+            use_distributed=self.use_distributed, step=int(self.step), wait_for_everyone=self.wait_for_everyone,
+            get_state_dict=self.get_state_dict, unwrap_model=self.unwrap_model,
+        )
 
     def prepared_objects(self) -> PreparedObjects:
         """A frozen snapshot of what this Accelerator prepared (and registered for checkpointing), with its scaler.
