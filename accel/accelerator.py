@@ -350,18 +350,22 @@ class Accelerator(AcceleratorIOMixin):
     def prepare_data_loader(self, data_loader: torch.utils.data.DataLoader, device_placement: bool | None = None,
                             slice_fn_for_dispatch: Callable[..., Any] | None = None) -> Any:
         """Shard a data loader over the processes (or dispatch from the main one) and move batches to the device."""
-        from .data_loader import prepare_data_loader
+        from .data_loader.prepare import shard_data_loader
 
         if device_placement is None:
             device_placement = self.device_placement
         cfg = self.dataloader_config
-        prepared = prepare_data_loader(
-            data_loader, self.device, num_processes=self.num_processes, process_index=self.process_index,
+        mesh = getattr(self, "torch_device_mesh", None)
+        # the strategy says which ranks read the same data under a device mesh
+        shards, shard = ((self.num_processes, self.process_index) if mesh is None
+                         else self.strategy.data_layout(mesh, self.num_processes, self.process_index))
+        prepared = shard_data_loader(
+            data_loader, self.device, shards, shard,
             split_batches=cfg.split_batches, put_on_device=device_placement, rng_types=list(self.rng_types),
             dispatch_batches=cfg.dispatch_batches, even_batches=cfg.even_batches,
             slice_fn_for_dispatch=slice_fn_for_dispatch, use_seedable_sampler=cfg.use_seedable_sampler,
             data_seed=cfg.data_seed, non_blocking=cfg.non_blocking, use_stateful_dataloader=cfg.use_stateful_dataloader,
-            torch_device_mesh=getattr(self, "torch_device_mesh", None),
+            torch_device_mesh=mesh,
         )
         return self._prepared.add("dataloader", prepared)
 

@@ -13,6 +13,7 @@ from ..state import PartialState
 from ..utils.dataclasses import DistributedType, RNGType
 from .adapter import _stateful_dataloader_class
 from .dispatch import DataLoaderDispatcher
+from .layout import data_parallel_layout, tensor_parallel_layout
 from .samplers import (
     BatchSamplerShard,
     IterableDatasetShard,
@@ -43,20 +44,6 @@ def _copied_loader_kwargs(dataloader: Any) -> dict[str, Any]:
     return {name: getattr(dataloader, name, default) for name, default in _dataloader_arg_defaults().items()}
 
 
-def _mesh_layout(torch_device_mesh: Any, state: PartialState, num_processes: int, process_index: int) -> tuple[int, int]:
-    """Data-parallel (num_processes, process_index): ranks that share tp/cp coordinates read the same data."""
-    names = tuple(torch_device_mesh.mesh_dim_names or ())
-
-    def size(name: str) -> int:
-        return torch_device_mesh[name].size() if name in names else 1
-
-    if state.distributed_type == DistributedType.DEEPSPEED:
-        tp = size("tp")
-        return num_processes // tp, process_index // tp
-    replicated = size("tp") * size("cp")
-    return size("dp_replicate") * size("dp_shard"), process_index // replicated
-
-
 def prepare_data_loader(
     dataloader: DataLoader,
     device: torch.device | None = None,
@@ -82,6 +69,43 @@ def prepare_data_loader(
     by the number of processes. ``even_batches`` repeats samples from the start so all processes get the
     same number of batches. ``rng_types`` are synchronised from the main process at every iteration.
     """
+    state = PartialState()
+    if num_processes is None:
+        num_processes = state.num_processes
+    if process_index is None:
+        process_index = state.process_index
+    if torch_device_mesh is not None:
+        # called directly, Accelerate's rule for the process state's type; the Accelerator asks its strategy
+        rule = tensor_parallel_layout if state.distributed_type == DistributedType.DEEPSPEED else data_parallel_layout
+        num_processes, process_index = rule(torch_device_mesh, num_processes, process_index)
+    return shard_data_loader(
+        dataloader, device, num_processes, process_index, split_batches=split_batches, put_on_device=put_on_device,
+        rng_types=rng_types, dispatch_batches=dispatch_batches, even_batches=even_batches,
+        slice_fn_for_dispatch=slice_fn_for_dispatch, use_seedable_sampler=use_seedable_sampler, data_seed=data_seed,
+        non_blocking=non_blocking, use_stateful_dataloader=use_stateful_dataloader, torch_device_mesh=torch_device_mesh,
+    )
+
+
+def shard_data_loader(
+    dataloader: DataLoader,
+    device: torch.device | None,
+    num_processes: int,
+    process_index: int,
+    *,
+    split_batches: bool = False,
+    put_on_device: bool = False,
+    rng_types: list[str | RNGType] | None = None,
+    dispatch_batches: bool | None = None,
+    even_batches: bool = True,
+    slice_fn_for_dispatch: Callable | None = None,
+    use_seedable_sampler: bool = False,
+    data_seed: int | None = None,
+    non_blocking: bool = False,
+    use_stateful_dataloader: bool = False,
+    torch_device_mesh: Any = None,
+) -> DataLoader:
+    """``prepare_data_loader`` for a layout already decided: ``num_processes`` shards, this rank reading shard
+    ``process_index`` (the mesh, if any, only goes on to the wrappers)."""
     if dispatch_batches is None:
         dispatch_batches = put_on_device and isinstance(dataloader.dataset, IterableDataset)
     if dispatch_batches and not put_on_device:
@@ -89,12 +113,6 @@ def prepare_data_loader(
     if use_stateful_dataloader:
         _stateful_dataloader_class()  # fails here, naming torchdata, when it is missing
     state = PartialState()
-    if num_processes is None:
-        num_processes = state.num_processes
-    if process_index is None:
-        process_index = state.process_index
-    if torch_device_mesh is not None:
-        num_processes, process_index = _mesh_layout(torch_device_mesh, state, num_processes, process_index)
 
     if split_batches:
         size = dataloader.batch_size

@@ -136,6 +136,13 @@ class Strategy(abc.ABC):
         DeepSpeed Ulysses hands each rank its sequence shard)."""
         return dataloader
 
+    def data_layout(self, mesh: Any, num_processes: int, process_index: int) -> tuple[int, int]:
+        """(shards, this rank's shard) of the data under a ParallelismConfig's device mesh: ranks that share
+        their tp and cp coordinates read the same batches."""
+        from ..data_loader.layout import data_parallel_layout
+
+        return data_parallel_layout(mesh, num_processes, process_index)
+
     def setup_model(self, model: torch.nn.Module, device_placement: bool, evaluation_mode: bool = False) -> torch.nn.Module:
         """Place the model, give it the precision's forward, and wrap it for this scheme."""
         if device_placement:

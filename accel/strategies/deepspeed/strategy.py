@@ -337,6 +337,13 @@ class DeepSpeedStrategy(Strategy):
             return dataloader
         return ulysses_dataloader(dataloader, self.mpu, self.device)
 
+    def data_layout(self, mesh: Any, num_processes: int, process_index: int) -> tuple[int, int]:
+        """Only tensor parallelism replicates the input under DeepSpeed: the other ranks are its data-parallel
+        ranks, whose optimizer sharing its config decides."""
+        from ...data_loader.layout import tensor_parallel_layout
+
+        return tensor_parallel_layout(mesh, num_processes, process_index)
+
     def _plugin_name(self, plugin: DeepSpeedPlugin) -> str:
         for name, candidate in self.state.deepspeed_plugins.items():
             if candidate is plugin:
