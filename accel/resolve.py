@@ -24,6 +24,7 @@ __all__ = [
     "RunPlan",
     "STRATEGIES",
     "plugin_dict",
+    "launched_for_deepspeed",
     "resolve",
     "resolve_backend",
     "resolve_parallelism_config",
@@ -67,6 +68,11 @@ def _first_set(*names: str) -> tuple[str, str] | None:
         if value is not None:
             return name, value
     return None
+
+
+def launched_for_deepspeed() -> bool:
+    """Whether the launcher asked for DeepSpeed (``accel launch --use_deepspeed`` sets ``ACCELERATE_USE_DEEPSPEED``)."""
+    return _flag(*USE_DEEPSPEED_ENV) is not None
 
 
 def resolve_parallelism_config(parallelism_config: Any = None) -> tuple[Any, str | None]:

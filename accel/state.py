@@ -31,7 +31,7 @@ from ._state_setup import split_inputs as _split
 from .backends import Backend, is_host_device
 from .facts.environment import env_flag, env_text
 from .facts.network import DEFAULT_PORT
-from .resolve import plugin_dict, resolve, resolve_backend
+from .resolve import launched_for_deepspeed, plugin_dict, resolve, resolve_backend
 from .utils.dataclasses import DistributedType, GradientAccumulationPlugin
 
 GradientState.__module__ = __name__  # where Accelerate's lives and users import it from (repr, pickling by reference)
@@ -175,6 +175,9 @@ class PartialState:
                     f"which cannot run several processes: {backend.comm_backend_reason()}"
                 )
             self.distributed_type = DistributedType(backend.distributed_type)
+            if not cpu and launched_for_deepspeed():
+                # as Accelerate's process state: a DeepSpeed launch is a DeepSpeed run from the first state on
+                self.distributed_type = DistributedType.DEEPSPEED
         else:
             kwargs.pop("backend", None)
             self.distributed_type = DistributedType.NO

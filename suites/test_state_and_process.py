@@ -67,6 +67,22 @@ def test_process_layout_and_device(backend, device, rank, world_size):
     assert layouts == [(r, world_size, str(state.distributed_type)) for r in range(world_size)]
 
 
+@pytest.mark.world_size(2)
+def test_a_deepspeed_launch_makes_a_deepspeed_process_state(backend, rank, world_size, monkeypatch):
+    """As Accelerate's PartialState: ranks launched with --use_deepspeed report DistributedType.DEEPSPEED
+    (cpu=True keeps the backend's type), so prepare_data_loader applies DeepSpeed's mesh rule."""
+    PartialState._reset_state()
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    try:
+        state = PartialState()
+        assert state.distributed_type == DistributedType.DEEPSPEED and state.use_distributed
+        assert state.num_processes == world_size and state.process_index == rank
+        PartialState._reset_state()
+        assert PartialState(cpu=True).distributed_type != DistributedType.DEEPSPEED
+    finally:
+        PartialState._reset_state()
+
+
 @pytest.mark.world_size(*WORLD_SIZES)
 def test_wait_for_everyone_and_main_process_first(backend, rank, world_size, tmp_path):
     state = PartialState()
