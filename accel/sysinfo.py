@@ -250,7 +250,7 @@ def _config_backend(config_file: str | None) -> tuple[str, str | None]:
     """The config file in use and the backend it names (``backend``, or cpu by ``use_cpu``/MULTI_CPU)."""
     from pathlib import Path
 
-    from accel.commands.config_file import ConfigError, config_file_in_use, load_config
+    from accel.launch.config_file import ConfigError, config_file_in_use, load_config
 
     path, exists = (Path(config_file).expanduser(), True) if config_file else config_file_in_use()
     if not exists or not path.is_file():
@@ -364,7 +364,7 @@ def _config_file(config_file: str | None = None) -> dict[str, Any]:
     """Which config file is in use, whether it exists, and its contents (or why it cannot be used)."""
     from pathlib import Path
 
-    from accel.commands.config_file import ConfigError, config_file_in_use, load_config
+    from accel.launch.config_file import ConfigError, config_file_in_use, load_config
 
     if config_file:
         path = Path(config_file).expanduser()

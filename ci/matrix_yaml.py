@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from accel.commands.config_file import FileValueError  # stdlib-only: usable before accel is installed
+from accel.launch.config_file import FileValueError  # stdlib-only: usable before accel is installed
 
 #: a value without spaces (the default a checked text must match)
 WORD_PATTERN = re.compile(r"^\S+$")

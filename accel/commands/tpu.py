@@ -65,7 +65,7 @@ def _install_spec(version: str) -> str:
 def build_gcloud_command(args: argparse.Namespace) -> list[str]:
     """The gcloud command for ``args`` (flags first, then the config file); ValueError when something is missing."""
     from accel.commands.config.config_args import load_config_from_file
-    from accel.commands.config_file import CONFIG_ENV, default_config_path
+    from accel.launch.config_file import CONFIG_ENV, default_config_path
 
     # a missing file named by --config_file or $ACCEL_CONFIG_FILE is an error (FileNotFoundError naming it)
     if args.config_file is not None or default_config_path().is_file() or os.environ.get(CONFIG_ENV):

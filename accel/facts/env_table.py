@@ -114,7 +114,7 @@ _ROWS: tuple[EnvVar, ...] = (
     _one("ACCELERATE_BYPASS_DEVICE_MAP", "let prepare() take a model spread over devices by a device map in a "
          "distributed run", USER, "accel.facade.model_wrappers"),
     _one("ACCEL_CPU_COMM_BACKEND", "collective backend on the host: gloo, ccl or mpi", USER, "accel.backends.cpu"),
-    _one("ACCEL_CONFIG_FILE", "the launch config file", USER, "accel.commands.config_file", "accel.sysinfo"),
+    _one("ACCEL_CONFIG_FILE", "the launch config file", USER, "accel.launch.config_file", "accel.sysinfo"),
     _one("ACCEL_HANG_TIMEOUT", "seconds without progress before a launch is called hung (0 never)", USER,
          "accel.commands.launch"),
     _one("ACCEL_LAUNCH_NODE_TIMEOUT", "seconds another node's launcher may stay silent before a launch on several "

@@ -349,8 +349,8 @@ def write_basic_config(mixed_precision: str = "no", save_location: str | os.Path
     """
     from pathlib import Path
 
-    from ..commands.config import default_config
-    from ..commands.config_file import default_config_path, save_config
+    from ..launch.config_file import default_config_path, save_config
+    from ..launch.machine_config import default_config
 
     mixed_precision = check_precision(mixed_precision, "`mixed_precision`")
     path = Path(save_location) if save_location is not None else default_config_path()

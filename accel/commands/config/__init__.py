@@ -3,7 +3,7 @@
 ``config`` (the command: questions, value flags, ``show``), ``config_args`` (Accelerate's config
 dataclasses and ``load_config_from_file``), ``default`` (``write_basic_config``), ``update``,
 ``cluster`` (the questions), ``sagemaker`` and ``config_utils``. The checks behind all of them live
-once, in :mod:`accel.commands.config_file`.
+once, in :mod:`accel.launch.config_file`.
 """
 
 from __future__ import annotations

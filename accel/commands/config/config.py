@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from accel.commands import UsageError
 from accel.commands.config.config_utils import _ask, _choice, _convert_yes_no_to_bool
-from accel.commands.config_file import (
+from accel.launch.config_file import (
     DISTRIBUTED_TYPES,
     FIELDS,
     MIXED_PRECISIONS,
@@ -38,6 +38,9 @@ from accel.commands.config_file import (
     load_config,
     save_config,
 )
+from accel.launch.machine_config import MachineConfigError, check_multiprocess, collective_backend, config_backend
+from accel.launch.machine_config import default_config as machine_default_config
+from accel.launch.machine_config import devices_per_machine, distributed_type_for
 from accel.facts.network import DEFAULT_PORT
 
 __all__ = ["add_arguments", "add_flag", "ask_questions", "default_config", "run"]
@@ -231,7 +234,7 @@ def changed_config(current: LaunchConfig, values: dict[str, Any]) -> LaunchConfi
     if config.distributed_type in _DERIVED_TYPES and ({"num_processes", "backend", "use_cpu"} & set(values)):
         backend = _resolve_backend(config.backend, config.use_cpu)
         _check_multiprocess(backend, config.num_processes)
-        config.distributed_type = _distributed_type(backend, config.num_processes or 1)
+        config.distributed_type = distributed_type_for(backend, config.num_processes or 1)
     if config.num_machines > 1 and not config.main_process_ip:
         raise UsageError(f"{config.num_machines} machines need --main_process_ip (the address of the machine of rank 0)")
     try:
@@ -269,20 +272,11 @@ def _show(path: Path) -> int:
 
 # ---------------------------------------------------------------------------- defaults
 def _resolve_backend(name: str | None, use_cpu: bool) -> Any:
-    """The backend object for ``name`` (or the detected one). Unknown names are errors; an
-    unavailable one only warns, since a config may be written for another machine."""
-    from accel.backends import BackendUnavailableError, UnknownBackendError, get_registry
-
-    if use_cpu:
-        if name not in (None, "cpu"):
-            raise UsageError(f"--cpu contradicts backend {name!r}")
-        name = "cpu"
-    registry = get_registry()
+    """The backend object for ``name`` (or the detected one); an unavailable one only warns, since a config
+    may be written for another machine."""
     try:
-        if name is None:
-            return registry.select()
-        backend = registry.get(name)
-    except (UnknownBackendError, BackendUnavailableError) as exc:
+        backend = config_backend(name, use_cpu)
+    except MachineConfigError as exc:
         raise UsageError(str(exc)) from None
     if not backend.is_available():
         print(f"accel config: warning: backend {backend.name!r} is not available on this machine "
@@ -290,62 +284,20 @@ def _resolve_backend(name: str | None, use_cpu: bool) -> Any:
     return backend
 
 
-def _comm_backend(backend: Any) -> str | None:
-    try:
-        return backend.comm_backend
-    except Exception:
-        return None
-
-
-def _devices_per_machine(backend: Any) -> int:
-    if backend.is_host or not backend.is_available():
-        return 1
-    try:
-        return max(int(backend.device_count()), 1)
-    except Exception:
-        return 1
-
-
-def _distributed_type(backend: Any, num_processes: int) -> str:
-    if num_processes <= 1:
-        return "NO"
-    kind = str(getattr(backend, "distributed_type", "MULTI_GPU")).upper()
-    return kind if kind in DISTRIBUTED_TYPES and kind != "NO" else "MULTI_GPU"
-
-
 def _check_multiprocess(backend: Any, num_processes: int | None) -> None:
-    if num_processes and num_processes > 1 and _comm_backend(backend) is None:
-        reason = backend.comm_backend_reason() or "it has no collective backend"
-        raise UsageError(f"backend {backend.name!r} cannot run {num_processes} processes: {reason}")
+    try:
+        check_multiprocess(backend, num_processes)
+    except MachineConfigError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def default_config(**values: Any) -> LaunchConfig:
-    """The default config for this machine's backend (or ``values['backend']``), with ``values`` applied.
-
-    ``num_processes`` defaults to the devices per machine times ``num_machines`` (1 per machine on
-    cpu); ``distributed_type`` follows from the backend and the process count.
-    """
-    backend = _resolve_backend(values.get("backend"), bool(values.get("use_cpu")))
-    config = LaunchConfig(backend=backend.name, use_cpu=backend.is_host)
-    for key, value in values.items():
-        if key not in ("backend", "use_cpu"):
-            setattr(config, key, value)
-    if config.num_processes is None:
-        per_machine = _devices_per_machine(backend) if _comm_backend(backend) else 1
-        if config.gpu_ids not in (None, "all"):
-            per_machine = len(config.gpu_ids.split(","))
-        config.num_processes = per_machine * config.num_machines
-    _check_multiprocess(backend, config.num_processes)
-    if "distributed_type" not in values:
-        config.distributed_type = _distributed_type(backend, config.num_processes)
-    if config.num_machines > 1:
-        if not config.main_process_ip:
-            raise UsageError(f"{config.num_machines} machines need --main_process_ip (the address of the machine of rank 0)")
-        if config.main_process_port is None:
-            config.main_process_port = DEFAULT_PORT
+    """The default config for this machine's backend (or ``values['backend']``), with ``values`` applied
+    (:func:`accel.launch.machine_config.default_config`); a problem is a one-line usage error."""
+    _resolve_backend(values.get("backend"), bool(values.get("use_cpu")))  # warns about an unavailable backend
     try:
-        return config.validate()
-    except ConfigError as exc:
+        return machine_default_config(**values)
+    except MachineConfigError as exc:
         raise UsageError(str(exc)) from None
 
 
@@ -386,7 +338,7 @@ def _ask_strategy(config: LaunchConfig, old: LaunchConfig, has_current: bool) ->
     config.extra.pop("fsdp_config", None)
     if strategy == "ddp":
         if config.distributed_type in _STRATEGIES.values():
-            config.distributed_type = _distributed_type(_resolve_backend(config.backend, config.use_cpu), config.num_processes)
+            config.distributed_type = distributed_type_for(_resolve_backend(config.backend, config.use_cpu), config.num_processes)
         return
     config.distributed_type = _STRATEGIES[strategy]
     was = dict(old.extra.get(f"{strategy}_config") or {}) if has_current and current == strategy else {}
@@ -489,7 +441,7 @@ def ask_questions(current: LaunchConfig | None = None) -> LaunchConfig:
         config.rdzv_backend = _ask(f"Which rendezvous backend? ({', '.join(RDZV_BACKENDS)})", _field("rdzv_backend"), was("rdzv_backend", "static"))
         config.same_network = _ask("Are all the machines on the same local network? (yes/no)", _yes_no, yes_no(was("same_network", False)))
 
-    multiprocess = _comm_backend(backend) is not None
+    multiprocess = collective_backend(backend) is not None
 
     def processes_answer(text: str) -> int:
         count = _field("num_processes")(text)
@@ -501,7 +453,7 @@ def ask_questions(current: LaunchConfig | None = None) -> LaunchConfig:
             raise ValueError(f"backend {backend.name!r} runs one process only: {backend.comm_backend_reason()}")
         return count
 
-    default_count = (_devices_per_machine(backend) if multiprocess else 1) * config.num_machines
+    default_count = (devices_per_machine(backend) if multiprocess else 1) * config.num_machines
     if current is not None and current.num_processes and current.num_processes % config.num_machines == 0 and (
             multiprocess or current.num_processes == 1):
         default_count = current.num_processes
@@ -514,7 +466,7 @@ def ask_questions(current: LaunchConfig | None = None) -> LaunchConfig:
         )
     config.mixed_precision = _ask(f"Mixed precision? ({', '.join(MIXED_PRECISIONS)})", _field("mixed_precision"), was("mixed_precision", "no"))
     config.debug = _ask("Enable debug mode (ACCEL_DEBUG_MODE, full failure reports)? (yes/no)", _yes_no, yes_no(was("debug", False)))
-    config.distributed_type = _distributed_type(backend, config.num_processes)
+    config.distributed_type = distributed_type_for(backend, config.num_processes)
     if current is not None and current.distributed_type not in _DERIVED_TYPES:
         config.distributed_type = current.distributed_type  # e.g. FSDP or DEEPSPEED chosen earlier: kept
     if multiprocess:

@@ -1,5 +1,5 @@
 """Accelerate's config dataclasses (``BaseConfig``, ``ClusterConfig``, ``SageMakerConfig``) and
-``load_config_from_file``, on top of accel's one config loader (:mod:`accel.commands.config_file`).
+``load_config_from_file``, on top of accel's one config loader (:mod:`accel.launch.config_file`).
 
 A file goes through accel's checks first (file, line and key in every error; unknown keys refused with
 a did-you-mean; old Accelerate keys upgraded), then becomes the dataclass Accelerate's code expects:
@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from accel.commands.config_file import CONFIG_ENV, ConfigError, LaunchConfig, default_config_path, load_config
+from accel.launch.config_file import CONFIG_ENV, ConfigError, LaunchConfig, default_config_path, load_config
 from accel.utils.dataclasses import ComputeEnvironment, DistributedType
 from accel.io.files import atomic_write
 

@@ -14,7 +14,7 @@ def write_basic_config(mixed_precision: str = "no", save_location: str | os.Path
     ``mixed_precision``; returns the path written, or False (with a message) when a file is already
     there, as Accelerate does. ``save_location`` defaults to the default config file."""
     from accel.commands.config.config import default_config
-    from accel.commands.config_file import MIXED_PRECISIONS, default_config_path, save_config
+    from accel.launch.config_file import MIXED_PRECISIONS, default_config_path, save_config
 
     path = Path(save_location) if save_location is not None else default_config_path()
     if path.exists():

@@ -23,7 +23,7 @@ def add_update_arguments(parser: argparse.ArgumentParser) -> None:
 
 def update_config(args: argparse.Namespace) -> str:
     """Accelerate's function: update ``args.config_file`` (None: the default file) in place; returns its path."""
-    from accel.commands.config_file import default_config_path
+    from accel.launch.config_file import default_config_path
 
     path = Path(args.config_file) if getattr(args, "config_file", None) else default_config_path()
     if not path.exists():
@@ -34,7 +34,7 @@ def update_config(args: argparse.Namespace) -> str:
 
 def _rewrite(path: Path) -> list[str]:
     """Load ``path`` (upgrading old keys), write it back; the list of changes made."""
-    from accel.commands.config_file import load_config, save_config
+    from accel.launch.config_file import load_config, save_config
     from accel.facts import yaml_safe
     from accel.facts.yaml_safe import preview
 
@@ -52,7 +52,7 @@ def _rewrite(path: Path) -> list[str]:
 def run_update(path: Path) -> int:
     """`accel config update`: rewrite ``path`` and print what changed."""
     from accel.commands import UsageError
-    from accel.commands.config_file import ConfigError
+    from accel.launch.config_file import ConfigError
 
     if not path.is_file():
         raise UsageError(f"no config file at {path} to update (create one with `accel config` or `accel config default`)")

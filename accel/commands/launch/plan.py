@@ -81,7 +81,7 @@ def build_plan(args: argparse.Namespace) -> LaunchPlan:
     if num_machines > 1 and not main_ip:
         raise UsageError(f"--num_machines {num_machines} needs --main_process_ip (the address of the machine of rank 0)")
 
-    from accel.commands.config_file import RDZV_BACKENDS
+    from accel.launch.config_file import RDZV_BACKENDS
 
     if args.rdzv_backend not in RDZV_BACKENDS:
         raise UsageError(f"--rdzv_backend must be one of {', '.join(RDZV_BACKENDS)}, got {args.rdzv_backend!r}")
@@ -258,7 +258,7 @@ def _env_debug() -> bool:
 
 
 def _config_path_text() -> str:
-    from accel.commands.config_file import default_config_path
+    from accel.launch.config_file import default_config_path
 
     return str(default_config_path())
 
@@ -315,7 +315,7 @@ def _comm_backend(backend: Any) -> str | None:
 
 
 def _gpu_ids(text: Any) -> str | None:
-    from accel.commands.config_file import FIELDS
+    from accel.launch.config_file import FIELDS
 
     try:
         return FIELDS["gpu_ids"](text)

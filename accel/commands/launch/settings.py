@@ -15,7 +15,7 @@ from .options import _MEGATRON, _REFUSED_FLAG, _TPU, REFUSED, _given, _triple
 def _load_defaults(args: argparse.Namespace) -> Any:
     """The config file as Accelerate's dataclass (None when there is none); errors name the file."""
     from accel.commands.config.config_args import load_config_from_file
-    from accel.commands.config_file import CONFIG_ENV, ConfigError, default_config_path
+    from accel.launch.config_file import CONFIG_ENV, ConfigError, default_config_path
 
     if args.config_file:
         path = os.path.expanduser(args.config_file)
