@@ -71,6 +71,11 @@ from .db import (BUSY_TIMEOUT, POSTGRES_EXTRA, SCHEMA_VERSION, _SCHEMA, _STORED_
 from .rows import (_RUN_TYPES, _clean_benchmarks, _clean_rows, _clean_tests, _clip_texts, _digest, _dumps,
                    _failure_facts, _object, _plain, _records, _text, _truncated)
 from ..load.loaders import RUN_COLUMNS, TEST_COLUMNS, Loaded, Problem, _benchmark_frame, _frame, tests_frame
+from ..load.model_records import MODEL_TEST
+from .model_trends import model_regressions
+
+#: the model suite's module (its records' test ids start with it)
+MODEL_SUITE = MODEL_TEST.split("::")[0]
 
 __all__ = ["BUSY_TIMEOUT", "POSTGRES_EXTRA", "SCHEMA_VERSION", "History", "HistoryConflict", "HistoryError", "IngestResult",
            "append_results", "is_database_url", "open_history", "shown_location"]
@@ -414,6 +419,25 @@ class History:
             rows = self._rows("benchmarks", [r for r, _ in self._runs("benchmarks", None)])
         _clean_benchmarks(rows)
         return self._bench_frame(rows)
+
+    def model_records(self) -> pd.DataFrame:
+        """Every stored record of the model suite (a tests frame, oldest run first, each value checked as
+        :meth:`load` does): what :func:`accel_reports.history.model_trends.model_regressions` sets a run against."""
+        with self._transaction(write=False):
+            texts = self._db.execute(
+                "SELECT t.\"row\" FROM tests t JOIN runs r ON r.run_id = t.run_id WHERE t.test_id LIKE ? "
+                f"ORDER BY COALESCE(r.start_time, ''), r.seq, t.{self._db.rowkey}", (MODEL_SUITE + "::%",)).fetchall()
+        rows = [row for row in (_object(text) for (text,) in texts) if row is not None]
+        columns = {c: [row.get(c) for row in rows] for c in TEST_COLUMNS}
+        columns["tracked_pass"] = [tuple(v) if isinstance(v, list) else v for v in columns["tracked_pass"]]
+        _clean_tests(columns)
+        return tests_frame(columns)
+
+    def model_regressions(self, current: pd.DataFrame) -> pd.DataFrame:
+        """The model suite records of ``current`` (a tests frame) that regressed against their latest earlier
+        stored record (:func:`accel_reports.history.model_trends.model_regressions`: fails now, target not
+        reached, steps to target or final accuracy past the mode's gate), with both runs' loss curves."""
+        return model_regressions(current, self.model_records())
 
     # -- analyses
     def _per_test(self) -> tuple[dict[tuple, list[list]], dict[tuple, str]]:
