@@ -12,7 +12,7 @@ One subpackage per stage, each importing only the stages before it:
   and the support matrix.
 
 The generator of realistic results for the report's tests and benchmark stays in the repository
-(``tests/_synthetic_results.py``); it is not part of the package.
+(``tests/support/_synthetic_results.py``); it is not part of the package.
 
 Importing this package imports nothing else (pandas and jinja2 load with the module that needs them).
 """

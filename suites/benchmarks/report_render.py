@@ -1,6 +1,6 @@
 """Time `accel report` at scale: 50 runs × 2,000 tests (100,000 records) plus benchmark files.
 
-Generates the results once with ``tests/_synthetic_results.py`` (not timed), then times the whole report
+Generates the results once with ``tests/support/_synthetic_results.py`` (not timed), then times the whole report
 (load every file, apply the known issues, analyse, render HTML and Markdown) ``--repeats`` times
 and prints the median with its parts and the sizes of the files written. Targets: under 5 s and an
 HTML file under 5 MB (pytest-html needs about 40 s to open 4,000 tests).
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", dest="json_path", help="write the figures here")
     args = parser.parse_args(argv)
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the generator lives with the tests
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))  # the generator lives with the tests
     from _synthetic_results import generate
 
     with tempfile.TemporaryDirectory(prefix="accel-report-bench-") as tmp:

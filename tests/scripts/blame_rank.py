@@ -1,4 +1,4 @@
-"""Launched by tests/test_launch_faults.py: rank 1 raises while rank 0 waits for it in a collective, so
+"""Launched by tests/lib/launch/test_faults.py: rank 1 raises while rank 0 waits for it in a collective, so
 rank 0 fails too (its collective breaks when rank 1 exits). The launcher must name rank 1 every time.
 
 ``slow-exit``: rank 1's exit then takes up to half a minute (an atexit handler, as a tracker flushing its

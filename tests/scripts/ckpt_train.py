@@ -1,4 +1,4 @@
-"""A small training run that checkpoints with automatic naming, for tests/test_checkpointing.py.
+"""A small training run that checkpoints with automatic naming, for tests/lib/checkpointing/test_crashes.py.
 
     python ckpt_train.py PROJECT_DIR LOSSES_FILE --steps N --save-every K [--kill-at S] [--resume]
 

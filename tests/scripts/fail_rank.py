@@ -1,4 +1,4 @@
-"""Launched by tests/test_launch.py: rank 1 fails (``raise`` or ``exit N``), rank 0 would wait long.
+"""Launched by tests/lib/launch/test_launch.py: rank 1 fails (``raise`` or ``exit N``), rank 0 would wait long.
 
 Rank 0 sleeping for a minute shows that the launcher stops the other ranks as soon as one fails.
 """

@@ -1,4 +1,4 @@
-"""Launched by tests/test_launch_faults.py: every rank trains a small DDP model in a loop (each backward
+"""Launched by tests/lib/launch/test_faults.py: every rank trains a small DDP model in a loop (each backward
 runs DDP's gradient allreduce) until the test stops, kills or freezes one of them from outside.
 
 Each rank writes its pid into ``$ACCEL_TEST_OUT/pid-{RANK}`` and, after a few steps, ``ready-{RANK}``

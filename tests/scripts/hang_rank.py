@@ -1,4 +1,4 @@
-"""Launched by tests/test_launch_faults.py: two ranks train a few steps, then rank 1 hangs (sleeps in
+"""Launched by tests/lib/launch/test_faults.py: two ranks train a few steps, then rank 1 hangs (sleeps in
 ``stuck_forever``) while rank 0 waits for it in a collective: ``gather`` (an accel collective) or
 ``barrier`` (``wait_for_everyone``, which passes no progress point). Each rank writes its pid, and rank 1
 the wall-clock time it started hanging, into $ACCEL_TEST_OUT.

@@ -1,4 +1,4 @@
-"""Launched by tests/test_launch.py: each rank writes what it saw to $ACCEL_TEST_OUT/rank<RANK>.json.
+"""Launched by tests/lib/launch/test_launch.py: each rank writes what it saw to $ACCEL_TEST_OUT/rank<RANK>.json.
 
 With ``--collective`` it also builds accel's PartialState and all-reduces a tensor, proving the
 ranks really formed a group of the reported size. It leaves the group open, as most scripts do, and

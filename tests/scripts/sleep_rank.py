@@ -1,4 +1,4 @@
-"""Launched by tests/test_launch_faults.py: each rank writes its pid into $ACCEL_TEST_OUT and sleeps."""
+"""Launched by tests/lib/launch/test_faults.py: each rank writes its pid into $ACCEL_TEST_OUT and sleeps."""
 
 import os
 import time

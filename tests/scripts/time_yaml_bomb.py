@@ -1,6 +1,6 @@
 """Time every YAML reader of accel on an anchor bomb (the figures of docs/limits.md's YAML item).
 
-For each reader of tests/test_yaml_safety.py (profile, known issues, launch config, ...) writes that test's
+For each reader of tests/project/test_yaml_safety.py (profile, known issues, launch config, ...) writes that test's
 bomb (nine anchored lists of nine aliases each: 9**9 strings once expanded) and loads it in a subprocess
 whose address space may grow by at most 1 GiB; prints, per reader and run, the error, the seconds the
 load took and the growth of the process's peak RSS.
@@ -17,9 +17,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the YAML safety tests' bomb and runner
+TESTS = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(TESTS.parent), str(TESTS / "support")]  # the YAML safety tests' bomb and runner, and their helpers
 
-from test_yaml_safety import READERS, _bomb_file, _load_bounded  # noqa: E402
+from tests.project.test_yaml_safety import READERS, _bomb_file, _load_bounded  # noqa: E402
 
 
 def main() -> None:
