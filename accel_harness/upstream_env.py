@@ -53,12 +53,16 @@ def _cache_root() -> Path:
     return cache_dir() / "upstream-envs"
 
 
+#: the way an environment is made (its .pth hook); a change makes every cached environment stale
+ENVIRONMENT_LAYOUT = "site-dirs+package-links"
+
+
 def environment_key(label: str, requirements: Sequence[str], constraints: Sequence[str]) -> str:
     """A digest of everything that makes two upstream environments different."""
     from accel import __version__
 
     blob = json.dumps({"suite": label, "requirements": sorted(requirements), "constraints": sorted(constraints),
-                       "accel": __version__, "python": sys.version, "prefix": sys.prefix}, sort_keys=True)
+                       "accel": __version__, "python": sys.version, "prefix": sys.prefix, "layout": ENVIRONMENT_LAYOUT}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -71,13 +75,35 @@ def _active_site_dirs() -> list[str]:
     return [d for d in dict.fromkeys(dirs) if os.path.isdir(d)]
 
 
+#: the packages a suite environment must import from a checkout of accel that no site folder installs
+ACCEL_PACKAGES = ("accel", "accel_harness", "accel_reports")
+
+
 def _running_accel_root() -> str | None:
-    """The folder that holds the running ``accel`` package when no site folder provides it (a checkout on PYTHONPATH)."""
+    """The folder that holds the running ``accel`` package when no site folder provides it (a checkout on
+    PYTHONPATH); None when accel is installed there, editable installs included (their own finder imports it)."""
+    import importlib.metadata
+
     import accel
 
     parent = str(Path(accel.__file__).resolve().parents[1])
     site_dirs = [str(Path(d).resolve()) for d in _active_site_dirs()]
-    return None if parent in site_dirs else parent
+    if parent in site_dirs:
+        return None
+    installed = {str(Path(d.locate_file("")).resolve()) for d in importlib.metadata.distributions(name="accel")}
+    return None if installed & set(site_dirs) else parent
+
+
+def _package_links(root: Path, checkout: str) -> Path:
+    """A folder in the venv holding links to accel's packages in ``checkout``, to put on the path instead of the
+    checkout itself: the checkout's other folders (its own ``tests`` package) must not shadow the suite's."""
+    folder = root / "accel-checkout"
+    folder.mkdir(exist_ok=True)
+    for name in ACCEL_PACKAGES:
+        source = Path(checkout) / name
+        if source.is_dir():
+            (folder / name).symlink_to(source, target_is_directory=True)
+    return folder
 
 
 def _venv_python(root: Path) -> Path:
@@ -111,9 +137,9 @@ def _create(root: Path) -> Path:
     hook = ["import site"]
     for folder in _active_site_dirs():
         hook.append(f"site.addsitedir({folder!r})")  # runs that folder's own .pth files too (editable installs)
-    extra = _running_accel_root()
-    if extra:
-        hook.append(f"import sys; sys.path.append({extra!r})")
+    checkout = _running_accel_root()
+    if checkout:
+        hook.append(f"import sys; sys.path.append({str(_package_links(root, checkout))!r})")
     # a .pth line that starts with "import" is executed: one line, the active environment behind this one
     (_venv_site(root) / "_accel_upstream_base.pth").write_text("; ".join(hook) + "\n", encoding="utf-8")
     return _venv_python(root)
