@@ -64,6 +64,10 @@ class TaskSpec:
 SYMBOLS = 8          # distinct symbols in a sequence (ids FIRST_SYMBOL .. FIRST_SYMBOL + SYMBOLS - 1)
 VOCAB = FIRST_SYMBOL + SYMBOLS
 LENGTH = 6           # symbols per copy/reverse sequence
+#: symbols per encoder-decoder sequence: shorter, because an encoder-decoder must learn where each answer
+#: symbol sits from relative position biases alone (cross-attention carries no position), which at six
+#: symbols took T5 hundreds of steps more than the decoder-only rows (docs/models.md, t5)
+SEQ2SEQ_LENGTH = 4
 MODULUS = 11         # modular addition: a + b mod MODULUS
 
 
@@ -99,12 +103,12 @@ def _modular_addition_lm(n: int, g: torch.Generator) -> dict[str, torch.Tensor]:
 
 def _reverse_seq2seq(n: int, g: torch.Generator) -> dict[str, torch.Tensor]:
     """The encoder reads ``x``, the decoder writes ``x`` reversed (every decoder position scored)."""
-    x = _symbols(n, g)
+    x = _symbols(n, g, length=SEQ2SEQ_LENGTH)
     return {"input_ids": x, "labels": x.flip(1).clone()}
 
 
 def _copy_seq2seq(n: int, g: torch.Generator) -> dict[str, torch.Tensor]:
-    x = _symbols(n, g)
+    x = _symbols(n, g, length=SEQ2SEQ_LENGTH)
     return {"input_ids": x, "labels": x.clone()}
 
 
@@ -154,9 +158,9 @@ TASKS: dict[str, TaskSpec] = {
                         {"vocab": VOCAB}),
     "modular-addition": TaskSpec("modular-addition", "causal", f"a + b mod {MODULUS}", _modular_addition_lm,
                                  {"vocab": FIRST_SYMBOL + MODULUS}),
-    "reverse-seq2seq": TaskSpec("reverse-seq2seq", "seq2seq", f"encode {LENGTH} symbols, decode them reversed",
+    "reverse-seq2seq": TaskSpec("reverse-seq2seq", "seq2seq", f"encode {SEQ2SEQ_LENGTH} symbols, decode them reversed",
                                 _reverse_seq2seq, {"vocab": VOCAB}),
-    "copy-seq2seq": TaskSpec("copy-seq2seq", "seq2seq", f"encode {LENGTH} symbols, decode them in order",
+    "copy-seq2seq": TaskSpec("copy-seq2seq", "seq2seq", f"encode {SEQ2SEQ_LENGTH} symbols, decode them in order",
                              _copy_seq2seq, {"vocab": VOCAB}),
     "majority": TaskSpec("majority", "classify", f"is most of {2 * LENGTH + 1} symbols in the upper half",
                          _majority_classify, {"vocab": VOCAB, "classes": 2}),

@@ -148,6 +148,21 @@ def _crossing(evals: list[tuple[int, float, float]], target: float) -> float:
     return before + (step - before) * (target - previous) / (accuracy - previous)
 
 
+def _decay(step: int, start: int, steps: int) -> float:
+    """The learning rate's share at ``step`` (1-based): 1 before ``start``, then falling linearly to
+    ``1 / (steps - start + 1)`` at the last step (it never reaches zero: every step still moves)."""
+    if step < start:
+        return 1.0
+    return (steps - step + 1) / (steps - start + 1)
+
+
+def _set_lr(optimizer: Any, lr: float) -> None:
+    """Set every parameter group's learning rate: set by hand rather than by a prepared scheduler, which
+    Accelerate steps once per rank per step (a two-rank run would decay twice as fast as the host's)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
 def train(name: str, accelerator: Any = None, *, steps: int | None = None, seed: int = 0, eval_every: int = 4,
           dropout: float = DROPOUT, mode: str | None = None,
           optimizer_factory: Callable[[Any, float], torch.optim.Optimizer] | None = None) -> RunRecord:
@@ -193,6 +208,8 @@ def train(name: str, accelerator: Any = None, *, steps: int | None = None, seed:
         else:
             accelerator.backward(loss)
             accelerator.clip_grad_norm_(model.parameters(), MAX_NORM)
+        if spec.decay_from is not None:
+            _set_lr(optimizer, spec.lr * _decay(step, spec.decay_from, steps))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         mean = loss.detach() if accelerator is None else accelerator.reduce(loss.detach(), reduction="mean")

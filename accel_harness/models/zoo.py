@@ -48,6 +48,10 @@ class ModelSpec:
     #: evaluation accuracy that counts as "learned" (the task's optimum is 1.0)
     target: float
     quick: bool = False
+    #: the step from which the learning rate falls linearly to zero at the last step (None: constant). A
+    #: row that ends while its accuracy still swings (t5) settles onto its plateau, so the quality gate
+    #: compares two converged runs instead of two points of a noisy curve
+    decay_from: int | None = None
     notes: str = ""
     #: ``needs``: the transformers class the row needs; ``untuned``: why the row does not learn yet
     extra: dict[str, Any] = field(default_factory=dict)
@@ -168,9 +172,7 @@ def _table() -> dict[str, ModelSpec]:
         ModelSpec("vit", "vision transformer, image classification", "pattern-images", _vit,
                   steps=72, batch=32, lr=2e-3, target=0.9, quick=True, extra={"needs": "ViTConfig"}),
         ModelSpec("t5", "encoder-decoder (relative attention buckets)", "copy-seq2seq", _t5,
-                  steps=160, batch=32, lr=3e-3, target=0.9,
-                  extra={"needs": "T5Config", "untuned": "the host reference stays near 0.5 accuracy in its budget: "
-                                                         "the task or the configuration still needs tuning"}),
+                  steps=360, batch=128, lr=3e-3, target=0.9, decay_from=240, extra={"needs": "T5Config"}),
         ModelSpec("mixtral", "mixture of experts decoder (top-2 of 4 experts, router loss)", "copy", _mixtral,
                   steps=120, batch=32, lr=3e-3, target=0.9, extra={"needs": "MixtralConfig"}),
         ModelSpec("cnn", "convolutional network (batch norm, pooling)", "pattern-images", _cnn,
