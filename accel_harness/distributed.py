@@ -50,6 +50,7 @@ from accel.launch.lifetime import die_with_parent
 
 from .pool_hygiene import (POOL_DIR_PREFIX, ChildWatch, RankBaseline, descendants, end_processes, remove_stale_pool_dirs,
                            write_owner)
+from .pool_preload import fork_server_modules
 
 # kwargs the rank resolves itself instead of receiving them from the controller
 RANK_LOCAL_ARGS = ("backend", "device", "rank", "world_size")
@@ -135,8 +136,8 @@ class RankPool:
         import multiprocessing as mp
 
         ctx = mp.get_context(self.start_method)
-        if self.start_method == "forkserver":  # the server imports torch once; each rank forks from it
-            ctx.set_forkserver_preload(["torch"])
+        if self.start_method == "forkserver":  # the server imports once what every rank needs; ranks fork from it
+            ctx.set_forkserver_preload(fork_server_modules())
         remove_stale_pool_dirs()
         self.tmpdir = tempfile.mkdtemp(prefix=f"{POOL_DIR_PREFIX}{self.backend_name}-{self.world_size}-")
         write_owner(self.tmpdir)

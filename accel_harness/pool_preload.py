@@ -1,0 +1,27 @@
+"""What a rank pool's fork server imports before it forks ranks, so that no rank imports it again.
+
+A rank forked from a fork server starts with the server's modules already imported. Every rank of
+every pool would otherwise import them itself, several ranks at once on the same cores, and a test
+that is a fresh rank's first would carry that cost (a pool is started again after a failure, so this
+happens more than once a session). None of these modules touches a device: the server must stay fit
+to fork ranks of a spawn-only device.
+"""
+
+from __future__ import annotations
+
+import sys
+
+__all__ = ["ALWAYS", "WHEN_IMPORTED", "fork_server_modules"]
+
+#: what every rank imports: torch; ``torch._dynamo``, which torch's optimizers import when one is built
+#: (about eight hundred modules, sympy's among them); the process group's package; pytest, through which
+#: a rank reports skips and expected failures; accel's facade and the harness's rank side
+ALWAYS = ("torch", "torch._dynamo", "torch.distributed", "pytest", "accel.accelerator", "accel_harness.distributed")
+#: libraries whose import takes seconds and touches no device, imported by the server only when the
+#: process that starts it has imported them (the session's tests use them)
+WHEN_IMPORTED = ("transformers", "peft")
+
+
+def fork_server_modules() -> list[str]:
+    """The modules a fork server started now imports before it forks its first rank."""
+    return [*ALWAYS, *(name for name in WHEN_IMPORTED if name in sys.modules)]
