@@ -9,7 +9,9 @@
 # busy the stages run in two lanes at once: the project's tests in one, the suites and the plug-in's
 # tests one after the other in the other. Each stage's output is printed when it ends; the last
 # lines are one tally, counted from each stage's JUnit XML file: per stage and in all, passed,
-# failed, skipped and errors, with wall times. The exit status is non-zero when any stage failed.
+# failed, skipped and errors, with wall times and CPU times (user + sys of every process the stage
+# started: xdist workers, rank pools, fork servers, launched ranks), and emu's suites against cpu's.
+# The exit status is non-zero when any stage failed.
 #
 # Arguments go to every stage (e.g. `bash ci/test.sh -x`). Slow tests (marker `slow`) run only with
 # RUN_SLOW=1, as the nightly workflow does. ACCEL_TEST_WORKERS sets the project tests' workers (2).
@@ -41,13 +43,43 @@ trap 'stop INT' INT
 trap 'stop TERM' TERM
 
 order=()   # stage names in the order the tally lists them
-# stage NAME ARGS...: one pytest run; its output, exit status, start and end go into $work; the output
-# is printed (whole, under a header) as soon as the run ends
+# cpu_time OUT CMD...: runs CMD and writes to OUT the CPU time (user and sys seconds) of every process below
+# it, then exits with CMD's status. It is a child subreaper (Linux), so processes whose parent ended
+# without waiting for them (a fork server and the ranks it forked) are waited for here and counted too;
+# one still running a few seconds after CMD ended is left alone and not counted. A signal does not end it
+# before CMD: the lane's process group gets it, CMD with it.
+cpu_time='
+import ctypes, os, resource, signal, subprocess, sys, time
+out, cmd = sys.argv[1], sys.argv[2:]
+for sig in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(sig, lambda *_: None)  # a handler, not SIG_IGN: the command gets default handling back
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+except (OSError, AttributeError):
+    pass
+code = subprocess.Popen(cmd).wait()
+deadline = time.monotonic() + 5
+while True:
+    try:
+        pid, _ = os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:  # nothing left below this process
+        break
+    if not pid:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+with open(out, "w") as fh:
+    fh.write(f"{usage.ru_utime:.2f} {usage.ru_stime:.2f}\n")
+sys.exit(code if code >= 0 else 128 - code)
+'
+# stage NAME ARGS...: one pytest run; its output, exit status, start, end and CPU time go into $work; the
+# output is printed (whole, under a header) as soon as the run ends
 stage() {
     local name=$1
     shift
     date +%s.%N > "$work/$name.start"
-    "$PYTHON" -m pytest "$@" --junitxml="$work/$name.xml" > "$work/$name.log" 2>&1
+    "$PYTHON" -c "$cpu_time" "$work/$name.cpu" "$PYTHON" -m pytest "$@" --junitxml="$work/$name.xml" > "$work/$name.log" 2>&1
     echo $? > "$work/$name.rc"
     date +%s.%N > "$work/$name.end"
     {
@@ -134,16 +166,30 @@ def count(xml_path):
     return counts
 
 
-def line(counts, seconds):
+def line(counts, seconds, cpu=None):
     parts = [f"{counts[key]} {key}" for key in ("passed", "failed", "skipped", "errors")]
     if counts["xfailed"]:
         parts.append(f"{counts['xfailed']} xfailed")
-    return ", ".join(parts) + f" in {seconds:.1f}s"
+    text = ", ".join(parts) + f" in {seconds:.1f}s"
+    if cpu is not None:
+        text += f", CPU {sum(cpu):.1f}s (user {cpu[0]:.1f}s + sys {cpu[1]:.1f}s)"
+    return text
+
+
+def cpu_of(name):
+    """(user, sys) seconds of the stage's whole process tree, or None when it wrote none."""
+    try:
+        user, system = read(os.path.join(work, f"{name}.cpu")).split()
+        return float(user), float(system)
+    except (OSError, ValueError):
+        return None
 
 
 total = dict.fromkeys(KEYS, 0)
+total_cpu = [0.0, 0.0]
 status = 0
 rows = []
+walls, cpus = {}, {}
 for name in names:
     rc = int(read(os.path.join(work, f"{name}.rc"))) if os.path.exists(os.path.join(work, f"{name}.rc")) else None
     seconds = float(read(os.path.join(work, f"{name}.end"))) - float(read(os.path.join(work, f"{name}.start"))) \
@@ -162,9 +208,18 @@ for name in names:
         status = 1
     for key in KEYS:
         total[key] += counts[key]
-    rows.append(f"  {name:<14} {line(counts, seconds)}  [exit {rc}]{note}")
+    cpu = cpu_of(name)
+    walls[name], cpus[name] = seconds, cpu
+    if cpu is not None:
+        total_cpu = [total_cpu[0] + cpu[0], total_cpu[1] + cpu[1]]
+    rows.append(f"  {name:<14} {line(counts, seconds, cpu)}  [exit {rc}]{note}")
 print("==================== ci/test.sh: tally (stages ran in two lanes at once; the total is the wall time of all)")
 print("\n".join(rows))
-print(line(total, ended - started))
+print(line(total, ended - started, total_cpu))
+if walls.get("suites-cpu") and walls.get("suites-emu"):  # the emulated device's cost against the host's
+    ratio = f"  suites-emu / suites-cpu: wall {walls['suites-emu'] / walls['suites-cpu']:.2f}x"
+    if cpus.get("suites-cpu") and cpus.get("suites-emu"):
+        ratio += f", CPU {sum(cpus['suites-emu']) / sum(cpus['suites-cpu']):.2f}x"
+    print(ratio)
 sys.exit(status)
 EOF
