@@ -29,7 +29,8 @@ Exit codes (the first that applies, in this order):
      --strict (without it: a warning). For input problems the report is written and lists them.
   1  new-failures: failures without a known issue that are new against the baseline
      (with no --baseline: any failure without a known issue)
-  3  regressions: a confirmed benchmark regression (see accel_reports.analyse.benchmarks for the rule)
+  3  regressions: a confirmed benchmark regression (see accel_reports.analyse.benchmarks for the rule), or a model
+     that learned in the history's last run and does not now (accel_reports.history.model_trends; needs --history)
   4  collection-drop (only when asked with --fail-on): more than --collection-threshold (default 5 %)
      of the baseline's tests no longer collected
   0  none of the above
@@ -75,7 +76,7 @@ exit codes (the first that applies):
      input (a wrong type, a missing field, garbage) always;
      an unreadable input (cannot be parsed, cut short) only under --strict
   1  new failures not covered by a known issue (vs --baseline; without one, any such failure)
-  3  benchmark regressions
+  3  benchmark or model regressions
   4  more than --collection-threshold (default 5%) of the baseline's tests no longer collected
      (only with --fail-on collection-drop)
   0  none of the above
@@ -288,14 +289,16 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"-o {_shown(out)}: cannot write the report: {exc.strerror or exc}") from None
     counts = _print_problems(report.problems)
     untracked = len(report.untracked_failures)
-    regressions = len(report.regressions)
+    model_regressions = len(report.model_regressions)
+    regressions = len(report.regressions) + model_regressions
     drops = len(report.diff.collection_drops) if report.diff is not None else 0
 
     def n(count: int, noun: str) -> str:
         return f"{count} {noun}{'' if count == 1 else 's'}"
 
     print(f"{n(len(loaded.runs), 'run')}, {n(len(report.tests), 'test record')}, {n(report.failures, 'failure')} "
-          f"({untracked} {'new ' if report.diff is not None else ''}not covered by a known issue), {n(regressions, 'benchmark regression')}"
+          f"({untracked} {'new ' if report.diff is not None else ''}not covered by a known issue), {n(regressions - model_regressions, 'benchmark regression')}"
+          + (f", {n(model_regressions, 'model regression')}" if model_regressions else "")
           + (f", {n(drops, 'cell')} collected fewer tests than the baseline" if drops else ""))
     for note in report.comparison:
         print(f"accel report: baseline: {'' if note['fair'] else 'not like for like: '}{note['text']}", file=sys.stderr)
@@ -303,6 +306,11 @@ def _run(args: argparse.Namespace) -> int:
         for row in report.diff.collection_drops.to_dict("records"):
             print(f"accel report: baseline: {row['backend']} · torch {row['torch_version']}: {row['current']} tests "
                   f"collected, {row['baseline']} in the baseline ({row['drop_share']:.1%} fewer)", file=sys.stderr)
+    if model_regressions:
+        from accel_reports.history.model_trends import regression_text
+
+        for row in report.model_regressions.to_dict("records"):
+            print(f"accel report: model regression: {regression_text(row)}", file=sys.stderr)
     if not report.flaky.empty:
         print(f"accel report: {n(len(report.flaky), 'flaky failure')} (passed in some re-runs): shown as flaky, not "
               "counted as new failures", file=sys.stderr)

@@ -417,6 +417,9 @@ class Report:
     history_benchmarks: pd.DataFrame = field(default_factory=pd.DataFrame)
     flakiness: pd.DataFrame = field(default_factory=pd.DataFrame)
     first_failed: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: model suite records that regressed against their latest earlier stored record (a model that learned last
+    #: time and does not now; accel_reports.history.model_trends), with the curves; a regression for the gate
+    model_regressions: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: failures that are flaky, not broken (accel_reports.analyse.evidence.flaky_failures): never new failures
     flaky: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: known issues past their expiry date and the untracked failures they used to cover
@@ -468,7 +471,8 @@ def build_report(
     """Run every analysis on ``loaded`` (and ``baseline``) and collect the results.
 
     ``history`` (an :class:`accel_reports.history.store.History`) judges benchmarks against the noise band
-    of their own stored runs and adds trends, flakiness and first failures to the report.
+    of their own stored runs, sets model suite runs against their last stored run, and adds trends, flakiness
+    and first failures to the report.
     ``collection_threshold``: see :func:`diff_runs`."""
     from .evidence import comparison_notes, expired_issues, flaky_failures
 
@@ -515,6 +519,7 @@ def build_report(
         history_benchmarks=history_benchmarks,
         flakiness=flakiness,
         first_failed=history.first_failed() if history is not None else pd.DataFrame(),
+        model_regressions=history.model_regressions(tests) if history is not None else pd.DataFrame(),
         flaky=flaky_failures(tests, flakiness),
         expired=expired_issues(loaded.runs, tests, known),
         comparison=comparison_notes(loaded.runs, baseline.runs) if baseline is not None else [],

@@ -41,20 +41,23 @@ def _path(losses: Sequence[Any], every: int, x_of: Any, y_of: Any) -> str:
 
 def loss_curve_svg(run: Sequence[Any], reference: Sequence[Any] | None, *, run_every: int = 1,
                    reference_every: int = 1, steps: int | None = None, run_target: Any = None,
-                   reference_target: Any = None, label: str = "loss curve") -> Markup:
+                   reference_target: Any = None, earlier: Sequence[Any] | None = None, earlier_every: int = 1,
+                   label: str = "loss curve") -> Markup:
     """One ``<svg>``: ``run``'s losses (every ``run_every``-th step from step 1) over ``reference``'s.
 
     ``steps`` is the x range (default: the longer curve); ``run_target`` / ``reference_target`` the
     steps at which each reached the accuracy target (a tick at the bottom), None where it did not.
+    ``earlier``: the same model's curve from an earlier run (dashed), for a regression across runs.
     Empty curves give an empty frame; the label says what is drawn (screen readers, tooltips)."""
-    for name, every in (("run_every", run_every), ("reference_every", reference_every)):
+    for name, every in (("run_every", run_every), ("reference_every", reference_every), ("earlier_every", earlier_every)):
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"{name} must be a positive integer, got {every!r}")
     reference = list(reference or [])
     run = list(run or [])
-    last = max(len(run) * run_every, len(reference) * reference_every, 1)
+    earlier = list(earlier or [])
+    last = max(len(run) * run_every, len(reference) * reference_every, len(earlier) * earlier_every, 1)
     span = steps if _finite(steps) and steps and steps > 0 else last
-    top = max([v for v in run + reference if _finite(v)] + [0.0])
+    top = max([v for v in run + reference + earlier if _finite(v)] + [0.0])
     top = top if top > 0 else 1.0
 
     def x_of(step: float) -> float:
@@ -64,7 +67,7 @@ def loss_curve_svg(run: Sequence[Any], reference: Sequence[Any] | None, *, run_e
         return HEIGHT - PAD - (HEIGHT - 2 * PAD) * max(0.0, min(loss, top)) / top
 
     body = [f'<rect class="frame" x="0.5" y="0.5" width="{WIDTH - 1}" height="{HEIGHT - 1}" fill="none"/>']
-    for curve, every, css in ((reference, reference_every, "ref"), (run, run_every, "cur")):
+    for curve, every, css in ((reference, reference_every, "ref"), (earlier, earlier_every, "prev"), (run, run_every, "cur")):
         d = _path(curve, every, x_of, y_of)
         if d:
             body.append(f'<path class="{css}" d="{d}" fill="none"/>')

@@ -13,6 +13,8 @@ one-process and DDP modes; records without figures show their status only.
 
 from __future__ import annotations
 
+import math
+
 import re
 from typing import Any
 
@@ -55,7 +57,8 @@ def _reason(row: pd.Series) -> str:
 
 
 def _fmt(value: float | None, digits: int = 1, unit: str = "") -> str:
-    return "–" if value is None else f"{value:,.{digits}f}{unit}"
+    missing = value is None or (isinstance(value, float) and math.isnan(value))  # a frame's empty cell is NaN
+    return "–" if missing else f"{value:,.{digits}f}{unit}"
 
 
 def _figure_row(model: str, mode: str, entry: dict[str, str], run: dict[str, Any]) -> dict[str, Any]:
@@ -79,9 +82,27 @@ def _figure_row(model: str, mode: str, entry: dict[str, str], run: dict[str, Any
     }
 
 
-def models_view(tests: pd.DataFrame) -> dict[str, Any] | None:
+def _regression_row(row: dict[str, Any]) -> dict[str, Any]:
+    """One row of the regressions table: texts formatted here, the three curves as one inline SVG."""
+    mode = MODE_LABELS.get(row["mode"], row["mode"])
+    label = (f"{row['model']} in {mode}: loss per step, this run (blue), the earlier run (orange, dashed) and the "
+             "host reference (grey)")
+    return {
+        "model": row["model"], "mode": mode, "reasons": row["reasons"],
+        "cell": cell_label(row["backend"], row["torch_version"], row["accel_version"]),
+        "ratio_text": f"{_fmt(row['steps_ratio'], 2, '×')} / {_fmt(row['previous_steps_ratio'], 2, '×')}",
+        "accuracy_text": f"{_fmt(row['final_accuracy'], 3)} / {_fmt(row['previous_final_accuracy'], 3)}",
+        "previous": f"{row['previous_run']} (accel {row['previous_accel_version']}, {row['previous_outcome']})",
+        "curve": loss_curve_svg(row["losses"], row["reference_losses"], run_every=int(row["loss_every"]),
+                                reference_every=int(row["reference_loss_every"]), earlier=row["previous_losses"],
+                                earlier_every=int(row["previous_loss_every"]), label=label),
+    }
+
+
+def models_view(tests: pd.DataFrame, regressions: pd.DataFrame | None = None) -> dict[str, Any] | None:
     """Per cell (backend · torch): model rows × mode columns with status and reason, and a figures row per
-    model × mode whose record has them; None when no record of the model suite is in the report."""
+    model × mode whose record has them; ``regressions`` (model runs worse than their last stored run) as a
+    table with the three curves. None when no record of the model suite is in the report."""
     if tests.empty or "test_id" not in tests:
         return None
     rows = tests[tests["test_id"].map(is_model_id)]
@@ -115,4 +136,7 @@ def models_view(tests: pd.DataFrame) -> dict[str, Any] | None:
         cells.append({"label": cell_label(backend, torch_version, accel_version),
                       "modes": [MODE_LABELS.get(m, m) for m in modes], "rows": table, "figures": figures,
                       "passed": counts["passed"], "failed": counts["failed"], "entries": len(found)})
-    return {"cells": cells} if cells else None
+    if not cells:
+        return None
+    rows = regressions.to_dict("records") if regressions is not None and not regressions.empty else []
+    return {"cells": cells, "regressions": [_regression_row(row) for row in rows]}

@@ -122,7 +122,7 @@ def _context(report: Report, out_dir: str | Path | None = None) -> dict[str, Any
         "matrix": _matrix_rows(report),
         "headline": headline_with_operators(generic.headline, ops),
         "ops": ops,
-        "models": models_view(report.tests),
+        "models": models_view(report.tests, report.model_regressions),
         "compiled": compile_view(report.tests),
         "headline_url": clusters[0]["url"] if clusters and clusters[0]["kind"] == "known issue" else None,
         "clusters": clusters,
