@@ -259,6 +259,14 @@ class ProfileBackend(Backend):
     def synchronize(self, index: int | None = None) -> None:
         self._call("synchronize", index, fallback=lambda: self.base.synchronize(index), none_means=None)
 
+    # ------------------------------------------------------------------ DeepSpeed
+    @property
+    def deepspeed_accelerator(self) -> str | None:
+        """The profile's ``hooks.deepspeed_accelerator``, else the built-in backend's answer for this device type."""
+        if self.profile.deepspeed_accelerator:
+            return self.profile.deepspeed_accelerator
+        return self.base.deepspeed_accelerator if self.base is not None else None
+
     # ------------------------------------------------------------------ collectives
     @property
     def comm_backend(self) -> str | None:

@@ -186,11 +186,16 @@ def _validate(data: Any, lines: Mapping[tuple, int], path: Path | None, fmt: str
         extra["ranks_share_device"] = flag(("device", "ranks_share_device"), device["ranks_share_device"])
 
     hooks: dict[str, Any] = {}
-    comm_backend = None
+    comm_backend = deepspeed_accelerator = None
     for key, value in mapping(("hooks",), top.get("hooks") or {}, HOOKS + _STRING_HOOKS).items():
         where = ("hooks", key)
         if key == "comm_backend":
             comm_backend = text(where, value)
+            continue
+        if key == "deepspeed_accelerator":  # named, never imported here (that would import DeepSpeed)
+            deepspeed_accelerator = text(where, value)
+            if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", deepspeed_accelerator):
+                raise fail(where, f"expected 'module:Class' (a DeepSpeedAccelerator subclass), got {preview(deepspeed_accelerator)}")
             continue
         hooks[key] = text(where, value)
     if path is not None:  # a profile is code: its hooks run in a child first (see hook_check)
@@ -250,7 +255,7 @@ def _validate(data: Any, lines: Mapping[tuple, int], path: Path | None, fmt: str
         raise fail(("version",), f"expected a version string, got {preview(version)}")
     return DeviceProfile(
         name=name, device_type=device_type, module=module, device_extra=extra, hooks=hooks,
-        comm_backend=comm_backend, capabilities=capabilities, tolerances=tolerances, op_tolerances=op_tolerances,
+        comm_backend=comm_backend, deepspeed_accelerator=deepspeed_accelerator, capabilities=capabilities, tolerances=tolerances, op_tolerances=op_tolerances,
         known_issues=[dict(i) if isinstance(i, Mapping) else i for i in issues],
         known_issue_lines=[_line(lines, ("known_issues", i)) for i in range(len(issues))], model_gates=model_gates,
         version=None if version is None else str(version), format=fmt,

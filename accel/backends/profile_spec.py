@@ -19,10 +19,11 @@ from .base import BackendError
 
 __all__ = ["CAPABILITY_AREAS", "HOOKS", "DeviceProfile", "ProfileError", "canonical_dtype", "resolve_callable"]
 
-#: the hooks a profile may name (``comm_backend`` is a collective backend's name, the rest callables)
+#: the hooks a profile may name (``comm_backend`` is a collective backend's name, ``deepspeed_accelerator`` the
+#: ``"module:Class"`` of the DeepSpeed accelerator the device brings, the rest callables)
 HOOKS = ("seed", "empty_cache", "device_count", "synchronize", "memory_allocated", "max_memory_allocated",
          "reset_peak_memory_stats", "get_rng_state", "set_rng_state", "is_available")
-_STRING_HOOKS = ("comm_backend",)
+_STRING_HOOKS = ("comm_backend", "deepspeed_accelerator")
 
 #: capability areas a profile can claim, and the key of ``capabilities`` each comes from
 CAPABILITY_AREAS = ("fp16", "bf16", "fp8", "fp16_autocast", "bf16_autocast", "fp8_autocast", "collectives",
@@ -101,6 +102,8 @@ class DeviceProfile:
     #: hook name -> importable name (str) or, from a spec file, the callable itself (None: explicitly none)
     hooks: dict[str, Any] = field(default_factory=dict)
     comm_backend: str | None = None
+    #: ``"module:Class"`` of the device's own DeepSpeed accelerator (``Backend.deepspeed_accelerator``), or None
+    deepspeed_accelerator: str | None = None
     #: the declared claims: dtypes, autocast, collectives, compile, memory_stats, deterministic, device_count
     capabilities: dict[str, Any] = field(default_factory=dict)
     #: canonical dtype -> kind -> {"rtol": ..., "atol": ...}
