@@ -155,8 +155,8 @@ class Backend(abc.ABC):
     #: multiprocessing start method for worker processes
     start_method: str = "spawn"
     #: True when a spawn-only device's worker processes may instead fork from a fork server (multiprocessing's
-    #: ``forkserver``) that imported torch but never touched the device: each rank then starts without a
-    #: fresh torch import. Only for devices whose runtime is documented (or tested) to work there.
+    #: ``forkserver``) that imported torch (and what every rank imports) but never touched the device: each rank
+    #: then starts without fresh imports. Only for devices whose runtime is documented (or tested) to work there.
     fork_server_ranks: bool = False
     #: probe order: lower is tried first (cpu is last)
     priority: int = 100
