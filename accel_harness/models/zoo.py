@@ -49,7 +49,7 @@ class ModelSpec:
     target: float
     quick: bool = False
     #: the step from which the learning rate falls linearly to zero at the last step (None: constant). A
-    #: row that ends while its accuracy still swings (t5) settles onto its plateau, so the quality gate
+    #: row that ends while its accuracy still swings (t5, vit) settles onto its plateau, so the quality gate
     #: compares two converged runs instead of two points of a noisy curve
     decay_from: int | None = None
     notes: str = ""
@@ -170,7 +170,7 @@ def _table() -> dict[str, ModelSpec]:
         ModelSpec("bert", "encoder, sequence classification", "majority", _bert,
                   steps=160, batch=32, lr=2e-3, target=0.9, extra={"needs": "BertConfig"}),
         ModelSpec("vit", "vision transformer, image classification", "pattern-images", _vit,
-                  steps=72, batch=32, lr=2e-3, target=0.9, quick=True, extra={"needs": "ViTConfig"}),
+                  steps=80, batch=32, lr=7e-4, target=0.9, quick=True, decay_from=56, extra={"needs": "ViTConfig"}),
         ModelSpec("t5", "encoder-decoder (relative attention buckets)", "copy-seq2seq", _t5,
                   steps=360, batch=128, lr=3e-3, target=0.9, decay_from=240, extra={"needs": "T5Config"}),
         ModelSpec("mixtral", "mixture of experts decoder (top-2 of 4 experts, router loss)", "copy", _mixtral,
