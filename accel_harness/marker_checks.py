@@ -438,6 +438,32 @@ def _check_slow(mark: _Mark) -> list[_Check]:
     return []
 
 
+#: the largest ``rank_timeout`` scale: a test that needs more is too slow for the suites, not for its limit
+MAX_RANK_TIMEOUT_SCALE = 10.0
+
+
+def _rank_timeout_scale(mark: _Mark) -> float:
+    mark.only_kwargs("scale")
+    values = list(mark.args) + ([mark.kwargs["scale"]] if "scale" in mark.kwargs else [])
+    if len(values) != 1:
+        raise mark.error("(none)" if not values else repr(values), "rank_timeout takes one scale, e.g. rank_timeout(2)")
+    value = values[0]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value <= MAX_RANK_TIMEOUT_SCALE:
+        raise mark.error(repr(value), f"expected a number from 1 to {MAX_RANK_TIMEOUT_SCALE:g} (times --dist-timeout)")
+    return float(value)
+
+
+def _check_rank_timeout(mark: _Mark) -> list[_Check]:
+    _rank_timeout_scale(mark)  # a bad scale is an error when the test is collected, not when its ranks time out
+    return []
+
+
+def rank_timeout_scale(item: Any) -> float:
+    """How many times ``--dist-timeout`` this test's ranks may run: its closest ``rank_timeout`` mark's scale, else 1."""
+    mark = item.get_closest_marker("rank_timeout")
+    return 1.0 if mark is None else _rank_timeout_scale(_Mark(mark, getattr(item, "nodeid", None)))
+
+
 _PARSERS: dict[str, Callable[[_Mark], list[_Check]]] = {
     "require_backend": _check_require_backend,
     "known_limitation": _check_known_limitation,
@@ -454,6 +480,7 @@ _PARSERS: dict[str, Callable[[_Mark], list[_Check]]] = {
     "require_fp8": _dtype_check("fp8", "supports_fp8", None),
     "slow": _check_slow,
     "models": _check_slow,  # a selection label, like slow: no condition
+    "rank_timeout": _check_rank_timeout,  # a time limit, not a condition
 }
 
 

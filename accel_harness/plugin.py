@@ -154,8 +154,9 @@ def uses_harness(item: pytest.Item) -> bool:
     return bool(_requirement_marks(item))
 
 
-#: harness marks that are not requirements (``slow`` is everyone's; ``world_size`` parametrizes instead)
-_NOT_REQUIREMENTS = frozenset({"slow", "world_size"})
+#: harness marks that are not requirements (``slow`` is everyone's; ``world_size`` parametrizes instead;
+#: ``rank_timeout`` sets a time limit)
+_NOT_REQUIREMENTS = frozenset({"slow", "world_size", "rank_timeout"})
 
 
 def _requirement_marks(item: pytest.Item) -> list[Any]:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from .harness_context import HarnessContext
+from .marker_checks import rank_timeout_scale
 
 
 class LeftoverProcessWarning(pytest.PytestWarning):
@@ -39,7 +40,8 @@ def run_in_ranks(ctx: HarnessContext, item: pytest.Function, backend_name: str, 
     backend = ctx.backend(backend_name)
     env = visible_devices_env(backend, world)
     pool = ctx.pool_manager().get(backend_name, world, pool_start_method(ctx, backend), env=env)
-    result = pool.run(task)
+    timeout = ctx.timeout * rank_timeout_scale(item)
+    result = pool.run(task, timeout=timeout)
     for rank, leftovers in sorted(result.leftovers.items()):
         warnings.warn(LeftoverProcessWarning(
             f"rank {rank} of {world}: the test left {len(leftovers)} process(es) running; killed: " + "; ".join(leftovers)))
@@ -57,7 +59,8 @@ def run_in_ranks(ctx: HarnessContext, item: pytest.Function, backend_name: str, 
         pytest.fail(f"{result.message} (world size {world}, backend {backend_name})" + (f"\n{stacks}" if stacks else ""),
                     pytrace=False)
     stacks = "\n".join(f"--- rank {r} ---\n{text}" for r, text in sorted(result.stacks.items()))
-    pytest.fail(f"timeout: {result.message} (--dist-timeout={ctx.timeout:g})\n{stacks}", pytrace=False)
+    limit = f"--dist-timeout={ctx.timeout:g}" + (f" x rank_timeout {timeout / ctx.timeout:g} = {timeout:g} s" if timeout != ctx.timeout else "")
+    pytest.fail(f"timeout: {result.message} ({limit})\n{stacks}", pytrace=False)
 
 
 def pool_start_method(ctx: HarnessContext, backend: Any) -> str:
