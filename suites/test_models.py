@@ -39,6 +39,9 @@ pytestmark = pytest.mark.models
 #: (model, mode) pairs beyond the quick models' 1-process and DDP runs that the default run keeps:
 #: the cheapest reduced-precision check
 QUICK_EXTRA = {("cnn", "bf16")}
+#: model -> how many times --dist-timeout its rows' ranks may run: t5 trains 360 steps, and its two-rank
+#: ZeRO-3 row took 95 s of the 120 s limit on emu on a loaded 2-core machine (docs/models.md)
+RANK_TIMEOUT_SCALE = {"t5": 2}
 #: (model, mode) -> why it fails its gate (a finding about the tiny model, not a bug): strict xfails
 EXPECTED_FAILURES: dict[tuple[str, str], str] = {}
 
@@ -52,6 +55,8 @@ def _marks(model: str, mode: str) -> list:
     marks = [] if _quick(model, mode) else [pytest.mark.slow, pytest.mark.require_opt_in("RUN_SLOW")]
     for marker, kwargs in MODES[mode].needs:
         marks.append(getattr(pytest.mark, marker)(**dict(kwargs)))
+    if model in RANK_TIMEOUT_SCALE:
+        marks.append(pytest.mark.rank_timeout(RANK_TIMEOUT_SCALE[model]))
     if mode == "fp8":
         from accel.facts import versions
 
