@@ -29,6 +29,11 @@ export TORCH_EXTENSIONS_DIR
 WORKERS="${ACCEL_TEST_WORKERS:-2}"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/accel-test.XXXXXX")
+# Inductor's compiled kernels go into this run's own folder, not the cache every job on the machine shares
+# (/tmp/torchinductor_$USER): a kernel file cut short there by another job's killed compile failed a
+# compiled model row here with "file too short"
+TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$work/inductor}"
+export TORCHINDUCTOR_CACHE_DIR
 trap 'rm -rf "$work"' EXIT
 lanes=()   # each lane runs in a process group of its own, so an interrupt reaches every pytest of it
 stop() {
