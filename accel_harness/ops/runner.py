@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any, Callable
 
+from ..pool_preload import fork_server_modules
 from . import outcomes as oc
 from .fold import fold_task
 from .plan import DATABASES, Row, SampleResult, Selection, Task
@@ -103,7 +104,9 @@ def run_sweep(backend: str, selection: Selection, *, workers: int = 2, timeout: 
     check_requirements()
     started = time.monotonic()
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "accel_harness.ops.catalog", "accel.backends",
+    # one fork server per process serves the sweep and the rank pools, and whichever starts it sets what it
+    # imports: the pools' list first, so a rank forked from a server the sweep started has it too
+    ctx.set_forkserver_preload([*fork_server_modules(), "accel_harness.ops.catalog", "accel.backends",
                                 *{m for m, _ in _databases(selection)},
                                 *{spec.partition(":")[0] for spec in selection.extra_opinfos}])
     workers = max(1, workers)

@@ -43,6 +43,12 @@ def free_port() -> str:
 
 
 def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, store: str, args: tuple, queue: Any) -> None:
+    import faulthandler
+    import signal
+
+    # on a timeout the parent asks each rank still alive for every thread's stack (into a file beside the store)
+    stacks = open(f"{store}.stacks.{rank}", "w")
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     try:
         os.environ.update(
             RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
@@ -70,6 +76,28 @@ def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, store: str, a
         queue.put((rank, "error", traceback.format_exc()))
 
 
+def _stacks(procs: list[Any], alive: list[int], store: str) -> str:
+    """Every thread's stack of each rank in ``alive`` (faulthandler, asked with SIGUSR1), for a timeout's message."""
+    import signal
+
+    for rank in alive:
+        try:
+            os.kill(procs[rank].pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+    texts = []
+    for rank in alive:
+        path = f"{store}.stacks.{rank}"
+        text = ""
+        for _ in range(50):  # the rank writes them from its signal handler; give it up to 5 s
+            text = open(path).read() if os.path.exists(path) else ""
+            if text.strip():
+                break
+            time.sleep(0.1)
+        texts.append(f"--- rank {rank} ---\n{text.strip() or '(no stack written)'}")
+    return "\n".join(texts)
+
+
 def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float | None = None) -> list[Any]:
     """Run ``fn(*args)`` on ``world_size`` forked ranks; return the per-rank results in rank order.
 
@@ -91,7 +119,8 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout
                     rank, status, payload = queue.get(timeout=max(0.0, deadline - time.monotonic()))
                 except Exception:
                     alive = [r for r, p in enumerate(procs) if p.is_alive()]
-                    raise TimeoutError(f"ranks {alive} did not finish within {timeout:g}s") from None
+                    raise TimeoutError(f"ranks {alive} did not finish within {timeout:g}s\n"
+                                       + _stacks(procs, alive, store)) from None
                 if status == "error":
                     raise AssertionError(f"rank {rank} failed:\n{payload}")
                 results[rank] = pickle.loads(payload)
