@@ -16,6 +16,7 @@ A failing worker stops the others; the error names the rank and carries its trac
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import tempfile
@@ -23,6 +24,7 @@ from typing import Any, Callable
 
 from accel.facts.network import DEFAULT_PORT, is_port_in_use
 from accel.facts.precision import PRECISIONS
+from accel.launch.forking import garbage_frozen_for_fork
 
 __all__ = ["debug_launcher", "notebook_launcher"]
 
@@ -165,7 +167,9 @@ def notebook_launcher(
             log_line_prefix_template=log_line_prefix_template,
             logs_specs=DefaultLogsSpecs(log_dir=log_dir),
         )
-        elastic_launch(config=config, entrypoint=_ElasticWorker(function))(*args)
+        forking = garbage_frozen_for_fork() if backend.start_method == "fork" else contextlib.nullcontext()
+        with forking:  # a forked worker must not collect this notebook's garbage (accel.launch.forking)
+            elastic_launch(config=config, entrypoint=_ElasticWorker(function))(*args)
     return None
 
 
@@ -230,7 +234,8 @@ def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes
         )
     with tempfile.TemporaryDirectory(prefix="accel_debug_") as tmp:
         worker = _DebugWorker(function, num_processes, os.path.join(tmp, "store"), loopback_interface())
-        start_processes(worker, args=tuple(args), nprocs=num_processes, start_method="fork")
+        with garbage_frozen_for_fork():  # the workers must not collect this process's garbage (see the module)
+            start_processes(worker, args=tuple(args), nprocs=num_processes, start_method="fork")
 
 
 def test_launch() -> None:

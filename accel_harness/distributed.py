@@ -32,6 +32,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import math
+import contextlib
 import os
 import pickle
 import select
@@ -46,6 +47,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import ForkingPickler as _ForkingPickler
 from typing import Any
 
+from accel.launch.forking import garbage_frozen_for_fork
 from accel.launch.lifetime import die_with_parent
 
 from .pool_hygiene import (POOL_DIR_PREFIX, ChildWatch, RankBaseline, descendants, end_processes, remove_stale_pool_dirs,
@@ -145,20 +147,21 @@ class RankPool:
         # a rank forked from the server inherits the server's environment, which is the one this process had
         # when the server started; it gets this process's environment of now, as a spawned rank would
         env = {**os.environ, **self.env} if self.start_method == "forkserver" else self.env
-        for rank in range(self.world_size):
-            parent, child = ctx.Pipe()
-            stack_file = os.path.join(self.tmpdir, f"stack-{rank}.txt")
-            proc = ctx.Process(
-                target=_rank_main,
-                args=(rank, self.world_size, self.backend_name, store, child, stack_file, env, list(sys.path),
-                      self.start_method == "forkserver"),
-                daemon=True,
-                name=f"accel-rank-{self.backend_name}-{rank}/{self.world_size}",
-            )
-            proc.start()
-            child.close()
-            self.procs.append(proc)
-            self.conns.append(parent)
+        with garbage_frozen_for_fork() if self.start_method == "fork" else contextlib.nullcontext():
+            for rank in range(self.world_size):
+                parent, child = ctx.Pipe()
+                stack_file = os.path.join(self.tmpdir, f"stack-{rank}.txt")
+                proc = ctx.Process(
+                    target=_rank_main,
+                    args=(rank, self.world_size, self.backend_name, store, child, stack_file, env, list(sys.path),
+                          self.start_method == "forkserver"),
+                    daemon=True,
+                    name=f"accel-rank-{self.backend_name}-{rank}/{self.world_size}",
+                )
+                proc.start()
+                child.close()
+                self.procs.append(proc)
+                self.conns.append(parent)
         deadline = time.monotonic() + self.start_timeout
         ready: set[int] = set()
         while len(ready) < self.world_size:

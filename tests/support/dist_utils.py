@@ -18,6 +18,7 @@ import traceback
 from typing import Any, Callable
 
 from _waits import SAFETY_NET_S
+from accel.launch.forking import garbage_frozen_for_fork
 
 
 #: where test ports are drawn from: below Linux's ephemeral range (32768-60999), so a port checked free
@@ -110,8 +111,11 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout
     with tempfile.TemporaryDirectory() as tmp:
         store = os.path.join(tmp, "store")
         procs = [ctx.Process(target=_rank_main, args=(fn, r, world_size, store, args, queue), daemon=True) for r in range(world_size)]
-        for p in procs:
-            p.start()
+        # a rank that collected an inherited process group (garbage of an earlier test of this worker) waited in
+        # its destructor for threads a forked child does not have, and hung
+        with garbage_frozen_for_fork():
+            for p in procs:
+                p.start()
         results: dict[int, Any] = {}
         try:
             for _ in range(world_size):
