@@ -9,7 +9,7 @@ import secrets
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from ..io.files import fsync_dir, remove_tree
 from .context import CheckpointContext

@@ -28,7 +28,6 @@ from typing import Any, Callable
 from accel.commands import UsageError
 from accel.commands.config.config_utils import _ask, _choice, _convert_yes_no_to_bool
 from accel.launch.config_file import (
-    DISTRIBUTED_TYPES,
     FIELDS,
     MIXED_PRECISIONS,
     RDZV_BACKENDS,
