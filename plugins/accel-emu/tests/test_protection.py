@@ -1,4 +1,5 @@
-"""Host code may not read device memory: it is mapped without access outside kernels and copies."""
+"""Host code may not read device memory: device addresses are mapped without access; the device's
+kernels and copies reach the same pages through a host window of their own."""
 
 from __future__ import annotations
 
@@ -48,7 +49,34 @@ _READ_PAST_THE_END = """
 
 def test_kernel_may_load_a_vector_past_the_end_of_a_block():
     """Inductor's vectorised C++ kernels load a whole vector at a tensor's end and use only its first
-    lanes; a block ending at a page boundary stays readable for that while a kernel has it open."""
+    lanes; a block ending at a page boundary stays readable for that in the kernel's host window."""
     result = run_python(_READ_PAST_THE_END)
     assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
     assert "last element 3.0" in result.stdout
+
+
+_READ_DEVICE_ADDRESS_DURING_A_KERNEL = """
+    import ctypes, torch, accel_emu
+    from accel_emu._extension import load_extension
+    accel_emu.load()
+    t = torch.full((4,), 7.0, device="emu")
+    address = t.data_ptr()
+    def kernel(host):
+        ctypes.c_float.from_address(host.data_ptr() + 4).value = 9.0  # the kernel writes through its window
+        print("kernel sees", ctypes.c_float.from_address(host.data_ptr()).value, host.device, host.data_ptr() != address,
+              flush=True)
+    load_extension().launch(kernel, t)
+    print("value", t.cpu().tolist(), flush=True)
+    print("device address during a kernel", load_extension().launch(
+        lambda host: ctypes.c_float.from_address(address).value, t), flush=True)
+"""
+
+
+def test_device_addresses_stay_closed_while_a_kernel_runs():
+    """A kernel reads and writes the tensor through its host window; the tensor's own (device) address
+    faults even while the kernel runs, so no other host code can read device memory at that moment."""
+    result = run_python(_READ_DEVICE_ADDRESS_DURING_A_KERNEL)
+    assert "kernel sees 7.0 cpu True" in result.stdout, (result.stdout, result.stderr[-2000:])
+    assert "value [7.0, 9.0, 7.0, 7.0]" in result.stdout, result.stdout
+    assert "device address during a kernel" not in result.stdout
+    assert result.returncode == -signal.SIGSEGV, (result.returncode, result.stderr[-2000:])

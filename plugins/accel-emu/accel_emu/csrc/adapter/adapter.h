@@ -24,12 +24,12 @@ constexpr auto kEmu = c10::DeviceType::PrivateUse1;
 
 // ------------------------------------------------------------------ device allocator (allocator.cpp)
 struct Block {
-  void* base = nullptr;
+  void* base = nullptr;  // device address
+  void* host = nullptr;  // host window of the same pages (kernels and copies use it)
   size_t requested = 0;  // bytes asked for
   size_t mapped = 0;     // bytes reserved for it (page-rounded), what the statistics count
   size_t tail = 0;       // bytes mapped after those (see kernel_tail_bytes); the mapping is mapped + tail
   c10::DeviceIndex device = 0;
-  int open_count = 0;    // >0 while a kernel or copy has it open
   bool live = false;     // false while parked in the cache
   int fd = -1;           // the memory file behind a block shared with other processes (else -1)
   bool imported = false; // mapped from another process's shared block (not this allocator's memory)
@@ -49,10 +49,9 @@ class EmuAllocator final : public c10::DeviceAllocator {
   void resetPeakStats(c10::DeviceIndex device) override;
   std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override;
 
-  // Opens (read/write) or closes (no access) the block holding `ptr`; reference counted, so
-  // nested and concurrent users (autograd thread, stream workers) are safe.
-  void open(const void* ptr);
-  void close(const void* ptr);
+  // Where a kernel or copy reaches the device address `ptr` (in a live or imported block): the same
+  // byte in the block's host window. nullptr stays nullptr.
+  void* host_address(const void* ptr);
   // Device of a pointer into emu memory, or -1.
   int device_of(const void* ptr);
   // Makes the block holding `ptr` shareable with other processes (moved, at the same address, onto a
@@ -66,7 +65,7 @@ class EmuAllocator final : public c10::DeviceAllocator {
 
  private:
   void release(void* ptr);
-  void* map_block(size_t mapped, c10::DeviceIndex device, size_t requested);
+  Mapping map_block(size_t mapped, c10::DeviceIndex device);
   void free_cached(c10::DeviceIndex device);  // unmaps cached blocks of `device`
   Block* find(const void* ptr);               // the block containing ptr (mutex held)
 
@@ -80,19 +79,8 @@ class EmuAllocator final : public c10::DeviceAllocator {
 
 EmuAllocator& allocator();
 
-// Holds device memory of the given tensors open for the guard's lifetime.
-class MemoryGuard {
- public:
-  MemoryGuard() = default;
-  explicit MemoryGuard(const std::vector<const at::Tensor*>& tensors);
-  void add(const at::Tensor& t);
-  ~MemoryGuard();
-  MemoryGuard(const MemoryGuard&) = delete;
-  MemoryGuard& operator=(const MemoryGuard&) = delete;
-
- private:
-  std::vector<const void*> opened_;
-};
+// The host window address of an emu tensor's first element (see EmuAllocator::host_address).
+void* host_data(const at::Tensor& t);
 
 // ------------------------------------------------------------------ pinned host memory (host_allocator.cpp)
 // torch's host allocator for emu (pinned memory).
@@ -107,8 +95,8 @@ void resize_storage_bytes(const c10::Storage& storage, size_t new_bytes);
 // ------------------------------------------------------------------ native kernels (kernels.cpp)
 // Raises NotImplementedError: emu keeps only strided (dense) tensors.
 [[noreturn]] void refuse_layout(const std::string& op, c10::Layout layout);
-// A host (cpu) tensor over the same bytes as an emu tensor, with its conj/neg bits; valid while a
-// MemoryGuard holds it open.
+// A host (cpu) tensor over the same bytes as an emu tensor (through its block's host window), with its
+// conj/neg bits; valid while the emu tensor's storage lives.
 at::Tensor host_alias(const at::Tensor& t);
 // Gives an emu tensor these sizes, strides and storage offset, growing its storage when needed.
 void take_geometry(const at::Tensor& t, c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t offset);

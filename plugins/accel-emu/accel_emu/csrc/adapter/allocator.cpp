@@ -1,7 +1,7 @@
 // The adapter's device allocator (PyTorch's c10::DeviceAllocator for emu): it caches freed blocks
 // per device, keeps CUDA's statistics, raises torch.OutOfMemoryError past the device's capacity, and
-// opens a block's memory for the kernels and copies that use it (MemoryGuard). The memory itself comes
-// from the driver (../driver/memory.cpp).
+// translates device addresses to the host windows kernels and copies use (host_address). The memory
+// itself comes from the driver (../driver/memory.cpp).
 #include "adapter.h"
 
 #include <c10/util/Exception.h>
@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 namespace emu {
@@ -76,22 +77,22 @@ Block* EmuAllocator::find(const void* ptr) {
   return nullptr;
 }
 
-void* EmuAllocator::map_block(size_t mapped, c10::DeviceIndex device, size_t requested) {
-  void* p = map_memory(mapped + kernel_tail_bytes());
-  if (p == nullptr) return nullptr;
+Mapping EmuAllocator::map_block(size_t mapped, c10::DeviceIndex device) {
+  const Mapping m = map_memory(mapped + kernel_tail_bytes());
+  if (m.device == nullptr) return m;
   auto& st = stats_[device];
   increase(st.reserved_bytes, pool_of(mapped), static_cast<int64_t>(mapped));
   increase(st.segment, pool_of(mapped), 1);
   st.num_device_alloc += 1;
-  (void)requested;
-  return p;
+  return m;
 }
 
 void EmuAllocator::free_cached(c10::DeviceIndex device) {
   auto& cache = cache_[device];
   for (auto& entry : cache) {
-    unmap_memory(entry.second, entry.first + kernel_tail_bytes());
-    blocks_.erase(reinterpret_cast<uintptr_t>(entry.second));
+    auto it = blocks_.find(reinterpret_cast<uintptr_t>(entry.second));
+    unmap_memory({it->second.base, it->second.host}, mapping_length(it->second));
+    blocks_.erase(it);
     decrease(stats_[device].reserved_bytes, pool_of(entry.first), static_cast<int64_t>(entry.first));
     decrease(stats_[device].segment, pool_of(entry.first), 1);
     stats_[device].num_device_free += 1;
@@ -110,6 +111,7 @@ c10::DataPtr EmuAllocator::allocate(size_t nbytes) {
   ensure_init();
   auto& st = stats_[device];
   void* base = nullptr;
+  void* host = nullptr;
   auto& cache = cache_[device];
   auto hit = cache.lower_bound(mapped);
   if (hit != cache.end() && hit->first < 2 * mapped && pool_of(hit->first) == pool_of(mapped)) {
@@ -121,7 +123,9 @@ c10::DataPtr EmuAllocator::allocate(size_t nbytes) {
       free_cached(device);
     }
     if (static_cast<uint64_t>(st.reserved_bytes[kAggregate].current) + mapped <= capacity) {
-      base = map_block(mapped, device, nbytes);
+      const Mapping m = map_block(mapped, device);
+      base = m.device;
+      host = m.host;
     }
     if (base == nullptr) {
       st.num_ooms += 1;
@@ -137,6 +141,7 @@ c10::DataPtr EmuAllocator::allocate(size_t nbytes) {
     }
     Block b;
     b.base = base;
+    b.host = host;
     b.mapped = mapped;
     b.tail = kernel_tail_bytes();
     b.device = device;
@@ -145,7 +150,6 @@ c10::DataPtr EmuAllocator::allocate(size_t nbytes) {
   Block& b = blocks_[reinterpret_cast<uintptr_t>(base)];
   b.requested = nbytes;
   b.live = true;
-  b.open_count = 0;
   const size_t pool = pool_of(b.mapped);
   increase(st.allocation, pool, 1);
   increase(st.active, pool, 1);
@@ -168,8 +172,8 @@ void EmuAllocator::release(void* ptr) {
   if (it == blocks_.end()) return;
   Block& b = it->second;
   if (!b.live) return;
-  if (b.imported) {  // another process's memory: only this mapping goes
-    unmap_memory(b.base, mapping_length(b));
+  if (b.imported) {  // another process's memory: only these mappings go
+    unmap_memory({b.base, b.host}, mapping_length(b));
     blocks_.erase(it);
     return;
   }
@@ -180,14 +184,12 @@ void EmuAllocator::release(void* ptr) {
   decrease(st.allocated_bytes, pool, static_cast<int64_t>(b.requested));
   decrease(st.active_bytes, pool, static_cast<int64_t>(b.requested));
   decrease(st.requested_bytes, pool, static_cast<int64_t>(b.requested));
-  if (b.open_count > 0 && protection_enabled()) close_memory(b.base, mapping_length(b));
-  b.open_count = 0;
   b.live = false;
   const c10::Device dev(c10::DeviceType::PrivateUse1, b.device);
   const auto freed = static_cast<int64_t>(b.requested);
   if (b.fd >= 0) {
     // shared with other processes, which may still use it: never handed to a new tensor here
-    unmap_memory(b.base, mapping_length(b));
+    unmap_memory({b.base, b.host}, mapping_length(b));
     ::close(b.fd);
     decrease(st.reserved_bytes, pool, static_cast<int64_t>(b.mapped));
     decrease(st.segment, pool, 1);
@@ -206,29 +208,15 @@ c10::DeleterFnPtr EmuAllocator::raw_deleter() const { return &EmuAllocator::free
 
 void EmuAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
   auto& self = const_cast<EmuAllocator&>(*this);
-  self.open(dest);
-  self.open(src);
-  std::memcpy(dest, src, count);
-  self.close(src);
-  self.close(dest);
+  std::memcpy(self.host_address(dest), self.host_address(src), count);
 }
 
-void EmuAllocator::open(const void* ptr) {
-  if (ptr == nullptr || !protection_enabled()) return;
+void* EmuAllocator::host_address(const void* ptr) {
+  if (ptr == nullptr || !protection_enabled()) return const_cast<void*>(ptr);
   std::lock_guard<std::mutex> lock(mutex_);
   Block* b = find(ptr);
-  if (b == nullptr) return;
-  if (b->open_count++ == 0) {
-    open_memory(b->base, mapping_length(*b));
-  }
-}
-
-void EmuAllocator::close(const void* ptr) {
-  if (ptr == nullptr || !protection_enabled()) return;
-  std::lock_guard<std::mutex> lock(mutex_);
-  Block* b = find(ptr);
-  if (b == nullptr || b->open_count == 0) return;
-  if (--b->open_count == 0) close_memory(b->base, mapping_length(*b));
+  TORCH_CHECK(b != nullptr, "emu: ", ptr, " is not in emu device memory");
+  return static_cast<char*>(b->host) + (static_cast<const char*>(ptr) - static_cast<const char*>(b->base));
 }
 
 int EmuAllocator::device_of(const void* ptr) {
@@ -246,23 +234,25 @@ std::tuple<int, size_t, size_t> EmuAllocator::share(const void* ptr) {
     TORCH_CHECK(!b->imported, "emu: a tensor received from another process cannot be passed on (send the original)");
     return {b->fd, mapping_length(*b), offset};
   }
-  const bool closed = protection_enabled() && b->open_count == 0;
   // the whole mapping, tail included: the receiver's kernels may read past a tensor's end as well
   const size_t length = mapping_length(*b);
-  const int fd = share_memory(b->base, length, !closed);
+  const int fd = share_memory({b->base, b->host}, length);
   b->fd = fd;
   return {fd, length, offset};
 }
 
 c10::DataPtr EmuAllocator::import_shared(int fd, size_t mapped, size_t offset, c10::DeviceIndex device) {
   check_device(device);
-  void* base = import_memory(fd, mapped);
+  if (offset >= mapped) ::close(fd);
   TORCH_CHECK(offset < mapped, "emu: a shared tensor's offset ", offset, " lies outside its block of ", mapped, " bytes");
+  const Mapping m = import_memory(fd, mapped);
+  void* base = m.device;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     ensure_init();
     Block b;
     b.base = base;
+    b.host = m.host;
     b.mapped = mapped;
     b.device = device;
     b.live = true;
@@ -328,20 +318,12 @@ EmuAllocator& allocator() {
   return *a;
 }
 
-MemoryGuard::MemoryGuard(const std::vector<const at::Tensor*>& tensors) {
-  for (const auto* t : tensors) add(*t);
-}
-
-void MemoryGuard::add(const at::Tensor& t) {
-  if (!t.defined() || !t.has_storage() || t.device().type() != c10::DeviceType::PrivateUse1) return;
-  const void* p = t.storage().data();
-  if (p == nullptr) return;
-  allocator().open(p);
-  opened_.push_back(p);
-}
-
-MemoryGuard::~MemoryGuard() {
-  for (auto it = opened_.rbegin(); it != opened_.rend(); ++it) allocator().close(*it);
+void* host_data(const at::Tensor& t) {
+  // through the storage's start, which always lies in its block (an empty view may point at its end)
+  const void* start = t.storage().data();
+  if (start == nullptr) return nullptr;
+  const auto offset = static_cast<const char*>(t.data_ptr()) - static_cast<const char*>(start);
+  return static_cast<char*>(allocator().host_address(start)) + offset;
 }
 
 }  // namespace emu

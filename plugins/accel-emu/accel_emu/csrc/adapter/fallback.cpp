@@ -1,5 +1,5 @@
 // The adapter's boxed host fallback: every operator without a native kernel runs on the host over the
-// device memory of its operands (opened for the call), with emu's device checks, generators and streams;
+// device memory of its operands (through their host windows), with emu's device checks, generators and streams;
 // sparse layouts are refused; conjugate and negative views are copied with their bits.
 #include "adapter.h"
 
@@ -96,12 +96,12 @@ FallbackPath path_for(const c10::OperatorHandle& op) {
 
 void keep_device_memory(void*) {}  // the device storage owns the bytes
 
-// A host tensor over an emu tensor's storage (its memory must be open): same offset, sizes, strides
+// A host tensor over an emu tensor's storage (its block's host window): same offset, sizes, strides
 // and conj/neg bits. Its storage is resizable with the host allocator, so a kernel that resizes an
 // `out=` argument gets new host memory instead of failing; direct_fallback copies that back.
 at::Tensor host_view_of(const at::Tensor& t) {
   const c10::Storage& device_storage = t.storage();
-  void* base = device_storage.mutable_data();
+  void* base = allocator().host_address(device_storage.data());
   c10::Storage storage(c10::Storage::use_byte_size_t(), device_storage.nbytes(),
                        c10::DataPtr(base, base, &keep_device_memory, c10::Device(c10::DeviceType::CPU)),
                        c10::GetCPUAllocator(), /*resizable=*/true);
@@ -119,7 +119,7 @@ at::Tensor host_view_of(const at::Tensor& t) {
 bool alias_moved(const at::Tensor& alias, const at::Tensor& original) {
   return alias.sizes() != original.sizes() || alias.strides() != original.strides() ||
          alias.storage_offset() != original.storage_offset() ||
-         alias.storage().data() != original.storage().data() || alias.is_conj() != original.is_conj() ||
+         alias.storage().data() != allocator().host_address(original.storage().data()) || alias.is_conj() != original.is_conj() ||
          alias.is_neg() != original.is_neg();
 }
 
@@ -130,8 +130,6 @@ at::Tensor to_device_memory(const at::Tensor& result, c10::DeviceIndex device) {
   at::Tensor dst = dense ? at::empty_strided(result.sizes(), result.strides(), result.options().device(kEmu))
                          : at::empty(result.sizes(), result.options().device(kEmu));
   if (result.numel() == 0) return dst;
-  MemoryGuard open;
-  open.add(dst);
   at::Tensor view = host_alias(dst);
   if (result.is_conj() || result.is_neg()) {
     view.copy_(result.resolve_conj().resolve_neg());
@@ -146,13 +144,11 @@ void direct_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, c1
   const auto num_args = schema.arguments().size();
   const auto begin = stack->size() - num_args;
 
-  MemoryGuard open;
   // host aliases handed to the kernel, and the device tensors they stand for
   std::vector<std::pair<at::Tensor, at::Tensor>> originals;
   std::vector<size_t> mutated;  // indices into `originals` of arguments the operator writes
   auto swap_in = [&](const at::Tensor& t, bool written) -> at::Tensor {
     if (!t.defined() || t.device().type() != kEmu) return t;
-    open.add(t);
     at::Tensor alias = host_view_of(t);
     if (written) mutated.push_back(originals.size());
     originals.emplace_back(alias, t);

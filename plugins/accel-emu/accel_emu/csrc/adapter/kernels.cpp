@@ -123,10 +123,10 @@ at::Tensor& emu_set_source_tensor(at::Tensor& self, const at::Tensor& source) {
 
 }  // namespace
 
-// A host (cpu) tensor over the same bytes as an emu tensor, with its conj/neg bits; valid while a
-// MemoryGuard holds it open.
+// A host (cpu) tensor over the same bytes as an emu tensor, through its block's host window, with its
+// conj/neg bits.
 at::Tensor host_alias(const at::Tensor& t) {
-  at::Tensor out = at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options().device(c10::DeviceType::CPU));
+  at::Tensor out = at::from_blob(host_data(t), t.sizes(), t.strides(), t.options().device(c10::DeviceType::CPU));
   if (t.is_conj()) out._set_conj(true);
   if (t.is_neg()) out._set_neg(true);
   return out;
@@ -140,9 +140,6 @@ bool is_pinned_host(const at::Tensor& t) {
 }
 
 void copy_now(const at::Tensor& self, const at::Tensor& dst) {
-  MemoryGuard guard;
-  guard.add(self);
-  guard.add(dst);
   at::Tensor src_view = self.device().type() == kEmu ? host_alias(self) : self;
   at::Tensor dst_view = dst.device().type() == kEmu ? host_alias(dst) : dst;
   dst_view.copy_(src_view);
@@ -225,8 +222,6 @@ void emu_record_stream(at::Tensor& self, c10::Stream stream) {
 
 at::Scalar emu_local_scalar_dense(const at::Tensor& self) {
   wait_current_stream(self.device().index());
-  MemoryGuard guard;
-  guard.add(self);
   return at::native::_local_scalar_dense_cpu(host_alias(self));
 }
 

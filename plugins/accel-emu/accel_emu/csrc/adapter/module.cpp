@@ -165,24 +165,27 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("reset_fallback_calls", [] { emu::reset_fallback_calls(); });
   // Calls kernel(*args) as a host kernel over emu memory, the way the fallback runs one: after the
-  // current stream of each emu tensor's device, with that memory open until the call returns
-  // (Inductor's generated C++ kernels read and write tensors through their data pointers).
+  // current stream of each emu tensor's device, with each emu tensor handed over as a host tensor over
+  // its block's host window (Inductor's generated C++ kernels read and write tensors through their
+  // data pointers, and device addresses are not host-accessible).
   m.def("launch", [](const py::function& kernel, const py::args& args) {
-    emu::MemoryGuard open;
     std::vector<c10::DeviceIndex> waited;
+    py::list hosted;
     for (const auto& arg : args) {
-      if (!THPVariable_Check(arg.ptr())) continue;
+      if (!THPVariable_Check(arg.ptr()) || THPVariable_Unpack(arg.ptr()).device().type() != emu::kEmu) {
+        hosted.append(arg);
+        continue;
+      }
       const at::Tensor& t = THPVariable_Unpack(arg.ptr());
-      if (t.device().type() != c10::DeviceType::PrivateUse1) continue;
       const auto device = t.device().index();
       if (std::find(waited.begin(), waited.end(), device) == waited.end()) {
         py::gil_scoped_release nogil;
         emu::wait_current_stream(device);
         waited.push_back(device);
       }
-      open.add(t);
+      hosted.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(emu::host_alias(t))));
     }
-    return kernel(*args);
+    return kernel(*py::tuple(hosted));
   });
   m.def("is_initialized", [] { return emu::is_initialized(); });
   m.def("in_bad_fork", [] { return emu::in_bad_fork(); });

@@ -4,8 +4,9 @@
 // ../adapter and reaches the device only through this header. A vendor keeps the adapter's shape and
 // replaces these functions with calls into its own runtime (see the plug-in README's Layout).
 //
-// Device memory is host memory mapped without access rights; it is opened (read/write) only while a
-// kernel or a copy runs on it.
+// Device memory is host memory mapped twice: at its device address without access rights (what tensors
+// hold, so host code that dereferences a device pointer faults as on a discrete device), and at a host
+// window only the adapter's kernels and copies use (a device's own view of its memory).
 #pragma once
 
 #include <c10/core/Device.h>
@@ -30,7 +31,8 @@ c10::DeviceIndex device_count();
 int physical_index(c10::DeviceIndex index);
 // Capacity of one device in bytes (ACCEL_EMU_MEMORY).
 uint64_t capacity_bytes();
-// True when device memory is mapped PROT_NONE outside kernels and copies (ACCEL_EMU_PROTECT).
+// True when device addresses are mapped PROT_NONE and kernels reach memory through host windows
+// (ACCEL_EMU_PROTECT); false: device addresses are readable and are their own windows.
 bool protection_enabled();
 void check_device(c10::DeviceIndex index);
 // The calling thread's current device.
@@ -48,18 +50,21 @@ void note_forked_child();
 size_t page_size();
 // Bytes mapped after every block, beyond what it reserves (see memory.cpp for why).
 size_t kernel_tail_bytes();
-// Maps `length` bytes of device memory, without access while protection is on; nullptr when the
-// host refuses.
-void* map_memory(size_t length);
-void unmap_memory(void* base, size_t length);
-// Gives kernels and copies access to device memory, or takes it away.
-void open_memory(void* base, size_t length);
-void close_memory(void* base, size_t length);
-// Moves a mapping, at the same address and keeping its access (`accessible`), onto a memory file
-// another process can map; returns the file's descriptor.
-int share_memory(void* base, size_t length, bool accessible);
+// A block of device memory: its device address and the host window the device's kernels reach it
+// through (the same address while protection is off).
+struct Mapping {
+  void* device = nullptr;
+  void* host = nullptr;
+};
+// Maps `length` bytes of device memory (device address without access while protection is on, and
+// its host window); {nullptr, nullptr} when the host refuses.
+Mapping map_memory(size_t length);
+void unmap_memory(const Mapping& m, size_t length);
+// Moves both mappings of a block, at the same addresses, onto a memory file another process can
+// map; returns the file's descriptor.
+int share_memory(const Mapping& m, size_t length);
 // Maps a memory file another process shared (takes ownership of `fd`).
-void* import_memory(int fd, size_t length);
+Mapping import_memory(int fd, size_t length);
 
 // ------------------------------------------------------------------ streams and events (streams.cpp)
 struct Event {
