@@ -74,7 +74,7 @@ def load() -> ModuleType:
 def fallback_calls() -> list[tuple[str, str, int]]:
     """Operators computed by the host fallback since the last reset: ``(name, path, calls)``.
 
-    ``path`` is ``"direct"`` (the kernel ran on host aliases of the opened device memory) or
+    ``path`` is ``"direct"`` (the kernel ran on host tensors over the operands' host windows) or
     ``"copying"`` (operands copied to the host and results back: view operators and resizing ones).
     A profiling aid: an operator that copies where it could run directly shows here.
     """

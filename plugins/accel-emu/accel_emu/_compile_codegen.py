@@ -7,8 +7,8 @@ host memory, so they compute on it directly. The wrapper differs from the CPU's 
 - buffers are allocated on the emu device the graph runs on (``device='emu:N'``, not the CPU nor
   whichever emu device happens to be current);
 - every kernel is called as ``emu_launch(kernel, *args)`` (:func:`accel_emu.compiler.kernel_launcher`),
-  which waits for the current stream and opens the operands' device memory for the call, as emu's
-  host fallback does around an eager kernel. Operators Inductor leaves to ATen (``extern_kernels.mm``
+  which waits for the current stream and hands the kernel host tensors over the operands' host
+  windows, as emu's host fallback does for an eager kernel. Operators Inductor leaves to ATen (``extern_kernels.mm``
   and other fallbacks) dispatch to emu as in eager mode.
 """
 

@@ -3,9 +3,9 @@
 emu memory is host memory, so Inductor generates host C++ kernels for emu exactly as it does for the
 CPU (its ``CppScheduling``), and a Python wrapper that allocates buffers on emu and launches each
 kernel through :func:`kernel_launcher`: the launch waits for the current stream of each emu tensor's
-device and opens that device memory for the call, as emu's host fallback does around every eager
-kernel. Without it a generated kernel reading a protected block (``ACCEL_EMU_PROTECT``) would die
-with SIGSEGV.
+device and hands the kernel each emu tensor as a host tensor over its block's host window, as emu's
+host fallback does for every eager kernel. Without it a generated kernel reading a device address
+(mapped without access while ``ACCEL_EMU_PROTECT`` is on) would die with SIGSEGV.
 
 Registration costs nothing at :func:`accel_emu.load`: importing Dynamo takes about a second, so the
 device interface is registered right after ``torch._dynamo.device_interface`` is first imported, and
@@ -119,8 +119,8 @@ def is_registered() -> dict[str, bool]:
 
 def kernel_launcher() -> Callable[..., Any]:
     """The callable Inductor's generated wrapper launches every emu kernel through:
-    ``launch(kernel, *args)`` waits for the current stream of each emu tensor's device, opens that
-    memory, calls ``kernel(*args)`` and closes it again."""
+    ``launch(kernel, *args)`` waits for the current stream of each emu tensor's device and calls
+    ``kernel`` with each emu tensor replaced by a host tensor over its block's host window."""
     from ._extension import load_extension
 
     return load_extension().launch
