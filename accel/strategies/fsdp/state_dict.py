@@ -26,12 +26,63 @@ def _options(full: bool, model: Any = None, **kwargs: Any) -> Any:
 
     FSDP1 frees the gathered storage it would copy from, so when its parameters already live in host
     memory the "copy to host" is skipped there (it would return tensors over freed storage); the
-    tensors are cloned instead.
+    tensors are cloned instead. FSDP1's sharded state dicts of a model on a device are copied to host
+    memory by :func:`_to_host`, not by torch (see :func:`_host_copy_is_accels`).
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    offload = not (model is not None and _is_fsdp1(model) and _on_host(model))
+    offload = not (model is not None and _is_fsdp1(model) and (_on_host(model) or _host_copy_is_accels(full, model)))
     return StateDictOptions(full_state_dict=full, cpu_offload=offload, **kwargs)
+
+
+def _host_copy_is_accels(full: bool, model: Any) -> bool:
+    """True for FSDP1's sharded state dicts of a model on a device: torch's copy to host moves each
+    ShardedTensor with ``ShardedTensor.to``, which asks ``torch.cuda`` for the current device on a rank
+    that holds no shard of it (a small parameter lives on one rank only) unless the group is plain
+    gloo, and so fails on every accelerator but CUDA; ``ShardedTensor.cpu`` has no such branch."""
+    return model is not None and not full and _is_fsdp1(model) and not _on_host(model)
+
+
+def _to_host(value: Any) -> Any:
+    """``value`` (a state dict, or anything in one) with every tensor copied to host memory; a
+    ShardedTensor stays sharded the same way, its shards on the host and, where it was sharded over
+    the whole world, over the world's host (gloo) group: a rank that holds no shard of it asks its
+    group for the device it lives on (``ShardedTensor.device``, which DCP's loading reads), and
+    torch answers "cpu" only for a gloo group, ``torch.cuda.current_device()`` otherwise."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    if isinstance(value, ShardedTensor):
+        return value.cpu(process_group=_host_group(value))
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {key: _to_host(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_host(item) for item in value)
+    return value
+
+
+_world_host_group: list[Any] = []  # [(the world group it was made for, the gloo group)]
+
+
+def _host_group(sharded: Any) -> Any:
+    """The process group for ``sharded``'s host copy: its own when that is gloo or not the whole world
+    (a subgroup's gloo twin would have to be made by every rank of the world), else a gloo group over
+    the world, made once per world group (every rank copies the same state dict, so every rank makes it)."""
+    import torch.distributed as dist
+
+    group = sharded._process_group
+    world = dist.GroupMember.WORLD
+    if group is not world or dist.get_backend(group) == "gloo":
+        return group
+    if not _world_host_group or _world_host_group[0][0] is not world:
+        _world_host_group[:] = [(world, dist.new_group(backend="gloo"))]
+    return _world_host_group[0][1]
+
+
+def _host_state(state: Any, full: bool, model: Any) -> Any:
+    """``state`` as :func:`_options` promised it: in host memory (see :func:`_host_copy_is_accels`)."""
+    return _to_host(state) if _host_copy_is_accels(full, model) else state
 
 
 def _on_host(model: torch.nn.Module) -> bool:
@@ -90,7 +141,7 @@ def save_fsdp_model(fsdp_plugin: Any, accelerator: Any, model: torch.nn.Module, 
     get_state = get_adapter_state_dict if adapter_only else get_model_state_dict
     output_dir = Path(output_dir)
     sharded = fsdp_plugin.is_sharded_state_dict
-    state = get_state(model, options=_options(full=not sharded, model=model))
+    state = _host_state(get_state(model, options=_options(full=not sharded, model=model)), not sharded, model)
     target = _write(state, "model", output_dir, FSDP_MODEL_NAME, model_index, sharded)
     logger.info("FSDP model %d saved to %s", model_index, target)
     return target.name
@@ -111,7 +162,7 @@ def load_fsdp_model(fsdp_plugin: Any, accelerator: Any, model: torch.nn.Module, 
         folder = input_dir if (input_dir / ".metadata").is_file() else input_dir / f"{FSDP_MODEL_NAME}_{model_index}"
         if not (folder / ".metadata").is_file():
             raise FileNotFoundError(f"no sharded FSDP model checkpoint (DCP .metadata) in {folder}")
-        state = get_state(model, options=_options(full=False, model=model))
+        state = _host_state(get_state(model, options=_options(full=False, model=model)), False, model)
         dcp.load({"model": state}, checkpoint_id=str(folder))
         return set_state(model, state, options=_options(full=False, model=model))
     path = input_dir / _checkpoint_name(FSDP_MODEL_NAME, model_index, ".bin")
@@ -129,7 +180,7 @@ def save_fsdp_optimizer(fsdp_plugin: Any, accelerator: Any, optimizer: Any, mode
     output_dir = Path(output_dir)
     sharded = fsdp_plugin.is_sharded_state_dict
     options = _options(full=not sharded, model=model, **({"flatten_optimizer_state_dict": True} if sharded else {}))
-    state = get_optimizer_state_dict(model, _torch_optimizer(optimizer), options=options)
+    state = _host_state(get_optimizer_state_dict(model, _torch_optimizer(optimizer), options=options), not sharded, model)
     return _write(state, "optimizer", output_dir, OPTIMIZER_NAME, optimizer_index, sharded).name
 
 
@@ -148,7 +199,7 @@ def load_fsdp_optimizer(fsdp_plugin: Any, accelerator: Any, optimizer: Any, mode
             raise FileNotFoundError(f"no sharded FSDP optimizer checkpoint (DCP .metadata) in {folder}")
         # flat keys (state.<param>.<name>, param_groups.<param>.<name>): DCP reshards each entry on its own
         options = _options(full=False, model=model, flatten_optimizer_state_dict=True)
-        state = get_optimizer_state_dict(model, torch_optimizer, options=options)
+        state = _host_state(get_optimizer_state_dict(model, torch_optimizer, options=options), False, model)
         dcp.load({"optimizer": state}, checkpoint_id=str(folder))
         set_optimizer_state_dict(model, torch_optimizer, state, options=options)
         return
