@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-__all__ = ["ALWAYS", "WHEN_IMPORTED", "fork_server_modules"]
+__all__ = ["ALWAYS", "FREEZE", "WHEN_IMPORTED", "fork_server_modules"]
 
 #: what every rank imports: torch; ``torch._dynamo``, which torch's optimizers import when one is built
 #: (about eight hundred modules, sympy's among them); the process group's package; pytest, through which
@@ -20,8 +20,11 @@ ALWAYS = ("torch", "torch._dynamo", "torch.distributed", "pytest", "accel.accele
 #: libraries whose import takes seconds and touches no device, imported by the server only when the
 #: process that starts it has imported them (the session's tests use them)
 WHEN_IMPORTED = ("transformers", "peft")
+#: imported last: freezes everything imported before it out of the forked ranks' garbage collections
+FREEZE = "accel_harness.pool_freeze"
 
 
-def fork_server_modules() -> list[str]:
-    """The modules a fork server started now imports before it forks its first rank."""
-    return [*ALWAYS, *(name for name in WHEN_IMPORTED if name in sys.modules)]
+def fork_server_modules(*extra: str) -> list[str]:
+    """The modules a fork server started now imports before it forks its first rank: the lists above,
+    then ``extra`` (what one user of the server needs besides), then :data:`FREEZE`."""
+    return [*ALWAYS, *(name for name in WHEN_IMPORTED if name in sys.modules), *extra, FREEZE]

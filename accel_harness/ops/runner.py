@@ -106,9 +106,9 @@ def run_sweep(backend: str, selection: Selection, *, workers: int = 2, timeout: 
     ctx = multiprocessing.get_context("forkserver")
     # one fork server per process serves the sweep and the rank pools, and whichever starts it sets what it
     # imports: the pools' list first, so a rank forked from a server the sweep started has it too
-    ctx.set_forkserver_preload([*fork_server_modules(), "accel_harness.ops.catalog", "accel.backends",
-                                *{m for m, _ in _databases(selection)},
-                                *{spec.partition(":")[0] for spec in selection.extra_opinfos}])
+    ctx.set_forkserver_preload(fork_server_modules("accel_harness.ops.catalog", "accel.backends",
+                                                   *{m for m, _ in _databases(selection)},
+                                                   *{spec.partition(":")[0] for spec in selection.extra_opinfos}))
     workers = max(1, workers)
     threads = max(1, (os.cpu_count() or 1) // workers)
     result = SweepResult(backend=backend, workers=workers)

@@ -3,16 +3,17 @@
 import pickle
 import sys
 
-from accel_harness.pool_preload import ALWAYS, WHEN_IMPORTED, fork_server_modules
+from accel_harness.pool_preload import ALWAYS, FREEZE, WHEN_IMPORTED, fork_server_modules
 
 
 def test_the_server_imports_the_base_modules_and_the_libraries_this_process_has_imported(monkeypatch):
     for name in WHEN_IMPORTED:
         monkeypatch.delitem(sys.modules, name, raising=False)
-    assert fork_server_modules() == list(ALWAYS)
+    assert fork_server_modules() == [*ALWAYS, FREEZE]
     imported = WHEN_IMPORTED[-1]
     monkeypatch.setitem(sys.modules, imported, sys)  # any module object: only the name is looked up
-    assert fork_server_modules() == [*ALWAYS, imported]
+    assert fork_server_modules() == [*ALWAYS, imported, FREEZE]
+    assert fork_server_modules("a.b") == [*ALWAYS, imported, "a.b", FREEZE], "the freeze comes after every import"
 
 
 def test_the_base_modules_name_no_device_package():
@@ -22,13 +23,18 @@ def test_the_base_modules_name_no_device_package():
 
 
 def _rank_reports_preloaded(rank, names):
+    import gc
+
     missing = [name for name in names if name not in sys.modules]
     assert not missing, f"the rank imported these itself: {missing}"
+    # the server's imports (torch alone makes more than a hundred thousand objects) are frozen
+    assert gc.get_freeze_count() > 100_000, f"only {gc.get_freeze_count()} objects are frozen in the rank"
 
 
 def test_a_rank_forked_from_the_server_starts_with_what_every_rank_imports():
     """torch._dynamo (what every torch optimizer imports) is in a rank before its first test without the rank
-    having imported it: a spawned rank, which imports only what it starts with, does not have it."""
+    having imported it: a spawned rank, which imports only what it starts with, does not have it. What the
+    server imported is frozen out of the rank's garbage collections."""
     from accel_harness.distributed import RankPool, Task
 
     task = Task(__name__, __file__, _rank_reports_preloaded.__qualname__,
