@@ -1,6 +1,6 @@
 """The host fallback's two paths, and tensor-type compatibility between emu and the host.
 
-The direct path computes on host aliases of the (opened) device memory: in-place and ``out=``
+The direct path computes on host tensors over the operands' host windows: in-place and ``out=``
 results must land in the device tensors themselves, an ``out=`` tensor of the wrong shape must be
 resized on the device, and nothing may hand out a host tensor that aliases device memory.
 """
