@@ -10,12 +10,16 @@
 #include <ATen/native/transformers/attention.h>
 #include <ATen/native/transformers/sdp_utils_cpp.h>
 
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
 #include <optional>
 
 namespace emu {
 namespace {
 
 // A host tensor over `t`'s memory that asks for gradients as `t` does (the host's choice depends on it).
+// Under tracing `t` is a fake tensor without memory: the host tensor then has none either (the choice
+// reads sizes, strides, dtypes and flags only).
 at::Tensor host_like(const at::Tensor& t) {
   if (t.device().type() != kEmu) return t;
   at::Tensor out = host_alias(t);
@@ -29,7 +33,10 @@ int64_t emu_fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, con
   if (dropout_p > 0.0) return static_cast<int64_t>(sdp::SDPBackend::math);
   std::optional<at::Tensor> mask;
   if (attn_mask.has_value() && attn_mask->defined()) mask = host_like(*attn_mask);
-  // host tensors: the operator dispatches to the host's choice
+  // host tensors, and no Python dispatch (a tracer's fake tensor mode would refuse real tensors): the
+  // operator dispatches to the host's choice
+  c10::impl::ExcludeDispatchKeyGuard no_python(
+      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
   return at::_fused_sdp_choice(host_like(query), host_like(key), host_like(value), mask, dropout_p, is_causal, scale,
                                enable_gqa);
 }

@@ -251,7 +251,9 @@ at::Tensor emu_convolution(const at::Tensor& input, const at::Tensor& weight, co
   if (b) host_bias = host(*b);
   auto out = at::convolution(host(input), host(weight), host_bias, stride, padding, dilation, transposed,
                              output_padding, groups);
-  return out.to(input.device());
+  // contiguous, whatever the host's kernel chose: torch lays a convolution out contiguous on a device that
+  // overrides the operator (its shape functions say so, and compiled code checks the strides against them)
+  return out.to(input.device(), out.scalar_type(), /*non_blocking=*/false, /*copy=*/false, at::MemoryFormat::Contiguous);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> emu_convolution_backward(
