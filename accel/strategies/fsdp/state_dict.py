@@ -31,13 +31,13 @@ def _options(full: bool, model: Any = None, **kwargs: Any) -> Any:
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    offload = not (model is not None and _is_fsdp1(model) and (_on_host(model) or _host_copy_is_accels(full, model)))
+    offload = not (model is not None and _is_fsdp1(model) and (_on_host(model) or not full))
     return StateDictOptions(full_state_dict=full, cpu_offload=offload, **kwargs)
 
 
 def _host_copy_is_accels(full: bool, model: Any) -> bool:
     """True for FSDP1's sharded state dicts of a model on a device: torch's copy to host moves each
-    ShardedTensor with ``ShardedTensor.to``, which asks ``torch.cuda`` for the current device on a rank
+    ShardedTensor with ``ShardedTensor.to``, which asks CUDA's runtime for the current device on a rank
     that holds no shard of it (a small parameter lives on one rank only) unless the group is plain
     gloo, and so fails on every accelerator but CUDA; ``ShardedTensor.cpu`` has no such branch."""
     return model is not None and not full and _is_fsdp1(model) and not _on_host(model)
@@ -48,7 +48,7 @@ def _to_host(value: Any) -> Any:
     ShardedTensor stays sharded the same way, its shards on the host and, where it was sharded over
     the whole world, over the world's host (gloo) group: a rank that holds no shard of it asks its
     group for the device it lives on (``ShardedTensor.device``, which DCP's loading reads), and
-    torch answers "cpu" only for a gloo group, ``torch.cuda.current_device()`` otherwise."""
+    torch answers "cpu" only for a gloo group and CUDA's current device otherwise."""
     from torch.distributed._shard.sharded_tensor import ShardedTensor
 
     if isinstance(value, ShardedTensor):
