@@ -32,6 +32,7 @@ from .marker_lines import (  # noqa: F401
     BUILTIN_BACKEND_NAMES, PLUGIN_GROUP, STASH_MARKER_LINES as _STASH_MARKER_LINES, add_marker_line as _add_marker_line,
     backend_marker_line as _backend_marker_line, marker_backend_names, project_markers,
 )
+from .session_freeze import freeze_collected_session
 from .params import BACKEND_PARAM, WORLD_SIZE_PARAM  # noqa: F401  (also imported from here by tests and suites)
 from .params import item_backend as _item_backend
 from .rank_runs import (  # noqa: F401
@@ -182,6 +183,15 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     ctx.markexpr_counts = True
     if ctx.markexpr_backends():
         _ = ctx.selected
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Once a harness session has collected its tests, what it holds is frozen out of garbage collection
+    (:mod:`accel_harness.session_freeze`); rank pools forked from this process keep the freeze."""
+    if session.config.stash.get(_STASH_CONTEXT, None) is None or not any(uses_harness(i) for i in session.items):
+        return
+    freeze_collected_session()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

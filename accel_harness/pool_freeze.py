@@ -11,7 +11,6 @@ The server runs nothing after its imports but forks, so the freeze stays for its
 
 from __future__ import annotations
 
-import gc
+from .session_freeze import freeze_collected_session
 
-gc.collect()
-gc.freeze()
+freeze_collected_session()

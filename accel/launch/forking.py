@@ -18,10 +18,14 @@ __all__ = ["garbage_frozen_for_fork"]
 @contextlib.contextmanager
 def garbage_frozen_for_fork() -> Iterator[None]:
     """Around forking children: collect this process's garbage first (its destructors work here), then keep
-    what is left out of the children's collections (``gc.freeze``); the parent's collections resume after."""
+    what is left out of the children's collections (``gc.freeze``). Afterwards the parent's collections
+    resume over everything, unless the parent had frozen objects of its own before: ``gc.unfreeze`` cannot
+    tell them apart, so they stay frozen, with what this call froze besides."""
+    frozen_before = gc.get_freeze_count()
     gc.collect()
     gc.freeze()
     try:
         yield
     finally:
-        gc.unfreeze()
+        if not frozen_before:
+            gc.unfreeze()

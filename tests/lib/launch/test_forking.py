@@ -41,3 +41,32 @@ def test_forked_workers_do_not_collect_an_inherited_process_group(tmp_path):
     proc = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=SAFETY_NET_S)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "workers done ['0', '1']" in proc.stdout
+
+
+def _frozen_after_fork_context(freeze_first: bool) -> tuple[int, int]:
+    """(objects frozen inside the context, objects frozen after it), in a fresh interpreter."""
+    code = textwrap.dedent(f"""
+        import gc
+        from accel.launch.forking import garbage_frozen_for_fork
+        if {freeze_first}:
+            gc.freeze()
+        with garbage_frozen_for_fork():
+            inside = gc.get_freeze_count()
+        print(inside, gc.get_freeze_count())
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=SAFETY_NET_S)
+    assert proc.returncode == 0, proc.stderr
+    inside, after = map(int, proc.stdout.split())
+    return inside, after
+
+
+def test_the_parents_collections_resume_after_forking():
+    inside, after = _frozen_after_fork_context(freeze_first=False)
+    assert inside > 0 and after == 0
+
+
+def test_a_parent_that_froze_its_objects_keeps_them_frozen():
+    # a pytest session freezes what it collected; a rank pool forked from it must not undo that
+    inside, after = _frozen_after_fork_context(freeze_first=True)
+    # the context's own frames were frozen too and are gone once it ends; everything else is still frozen
+    assert inside > 0 and after > inside // 2
