@@ -12,7 +12,8 @@ from __future__ import annotations
 import threading
 from types import ModuleType
 
-__all__ = ["DEVICE_TYPE", "COMM_BACKEND", "fallback_calls", "is_loaded", "load", "reset_fallback_calls"]
+__all__ = ["DEVICE_TYPE", "COMM_BACKEND", "fallback_calls", "fallback_results_copied", "host_outputs_on_device", "is_loaded",
+           "load", "reset_fallback_calls"]
 
 #: torch device type of the emulated accelerator
 DEVICE_TYPE = "emu"
@@ -83,8 +84,29 @@ def fallback_calls() -> list[tuple[str, str, int]]:
     return [(str(name), str(path), int(calls)) for name, path, calls in load_extension().fallback_calls()]
 
 
+def fallback_results_copied() -> int:
+    """New results of the fallback's direct path copied into fresh device memory since the last reset.
+
+    A host kernel run for emu allocates its results in device memory (:func:`host_outputs_on_device`),
+    and they become emu tensors without a copy; a result whose memory cannot be taken over (another
+    tensor shares it, or the kernel made it elsewhere) is copied and counted here.
+    """
+    from ._extension import load_extension
+
+    return int(load_extension().fallback_results_copied())
+
+
+def host_outputs_on_device() -> bool:
+    """True when host kernels run for emu allocate their results in device memory: emu's host allocator,
+    installed when the extension loads, holds the host's place (a host allocator of a higher priority
+    would keep it, and results would then be copied)."""
+    from ._extension import load_extension
+
+    return bool(load_extension().host_outputs_on_device())
+
+
 def reset_fallback_calls() -> None:
-    """Set the counts of :func:`fallback_calls` back to zero."""
+    """Set the counts of :func:`fallback_calls` and :func:`fallback_results_copied` back to zero."""
     from ._extension import load_extension
 
     load_extension().reset_fallback_calls()

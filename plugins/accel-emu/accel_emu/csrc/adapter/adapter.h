@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 namespace pybind11 {
@@ -61,16 +62,28 @@ class EmuAllocator final : public c10::DeviceAllocator {
   // Maps a block another process shared (takes `fd`) as memory of `device`; freed by unmapping.
   c10::DataPtr import_shared(int fd, size_t mapped, size_t offset, c10::DeviceIndex device);
 
+  // Device memory of the current device handed to host code as host memory: a CPU DataPtr at the
+  // block's host window, freed back to this allocator (see host_outputs.cpp).
+  c10::DataPtr allocate_host_window(size_t nbytes);
+  // True when `ptr` is a DataPtr allocate_host_window made.
+  static bool is_host_window(const c10::DataPtr& ptr);
+  // Turns such a DataPtr into the block's device DataPtr (the same memory, now an emu allocation).
+  c10::DataPtr adopt_host_window(c10::DataPtr&& ptr, c10::DeviceIndex device);
+  // Frees the block whose host window starts at `host` if allocate_host_window made it; false if not.
+  bool release_host_window(void* host);
+
   static void free_ptr(void* ptr);
 
  private:
   void release(void* ptr);
+  static void free_host_window(void* host);
   Mapping map_block(size_t mapped, c10::DeviceIndex device);
   void free_cached(c10::DeviceIndex device);  // unmaps cached blocks of `device`
   Block* find(const void* ptr);               // the block containing ptr (mutex held)
 
   std::mutex mutex_;
   std::map<uintptr_t, Block> blocks_;                               // by base address
+  std::unordered_map<void*, void*> host_windows_;                   // allocate_host_window's: host -> base
   std::vector<std::multimap<size_t, void*>> cache_;                 // per device: mapped size -> base
   std::vector<c10::CachingDeviceAllocator::DeviceStats> stats_;     // per device
   bool initialized_ = false;
@@ -81,6 +94,27 @@ EmuAllocator& allocator();
 
 // The host window address of an emu tensor's first element (see EmuAllocator::host_address).
 void* host_data(const at::Tensor& t);
+
+// ------------------------------------------------------------------ host kernels' outputs (host_outputs.cpp)
+// While one is alive on a thread, host tensors allocated on that thread take device memory of `device`
+// (through its host window): a host kernel run for emu then writes its results in device memory.
+class HostOutputsOnDevice {
+ public:
+  explicit HostOutputsOnDevice(c10::DeviceIndex device);
+  ~HostOutputsOnDevice();
+  HostOutputsOnDevice(const HostOutputsOnDevice&) = delete;
+  HostOutputsOnDevice& operator=(const HostOutputsOnDevice&) = delete;
+
+ private:
+  c10::DeviceIndex previous_;
+};
+// The emu tensor over a host tensor's memory when that memory is device memory (allocated under
+// HostOutputsOnDevice) and no other tensor holds it: its sizes, strides and offset, no copy. An
+// undefined tensor otherwise (the caller copies).
+at::Tensor adopt_host_output(const at::Tensor& host, c10::DeviceIndex device);
+// Installs the host allocator HostOutputsOnDevice relies on (once, when the module loads); false when
+// another allocator of higher priority keeps the host's place (outputs are then copied).
+bool install_host_output_allocator();
 
 // ------------------------------------------------------------------ pinned host memory (host_allocator.cpp)
 // torch's host allocator for emu (pinned memory).
@@ -112,6 +146,9 @@ struct FallbackCount {
   uint64_t calls;
 };
 std::vector<FallbackCount> fallback_calls();
+// New results of the direct path that were copied into device memory rather than adopted (see
+// adopt_host_output) since the last reset.
+uint64_t fallback_results_copied();
 void reset_fallback_calls();
 // Registers the host fallback as emu's kernel for operators whose host kernel a composite would
 // otherwise bypass on emu (once, when the module loads); returns their names.

@@ -313,6 +313,49 @@ std::pair<size_t, size_t> EmuAllocator::getMemoryInfo(c10::DeviceIndex device) {
   return {static_cast<size_t>(capacity > reserved ? capacity - reserved : 0), static_cast<size_t>(capacity)};
 }
 
+c10::DataPtr EmuAllocator::allocate_host_window(size_t nbytes) {
+  c10::DataPtr block = allocate(nbytes);
+  void* base = block.get();
+  void* host = host_address(base);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    host_windows_[host] = base;
+  }
+  block.release_context();  // owned by the host DataPtr's deleter from here
+  return c10::DataPtr(host, host, &EmuAllocator::free_host_window, c10::Device(c10::DeviceType::CPU));
+}
+
+bool EmuAllocator::is_host_window(const c10::DataPtr& ptr) { return ptr.get_deleter() == &EmuAllocator::free_host_window; }
+
+c10::DataPtr EmuAllocator::adopt_host_window(c10::DataPtr&& ptr, c10::DeviceIndex device) {
+  TORCH_INTERNAL_ASSERT(is_host_window(ptr));
+  void* host = ptr.release_context();
+  void* base = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = host_windows_.find(host);
+    TORCH_INTERNAL_ASSERT(it != host_windows_.end(), "emu: ", host, " is not a host window this allocator handed out");
+    base = it->second;
+    host_windows_.erase(it);
+  }
+  return c10::DataPtr(base, base, &EmuAllocator::free_ptr, c10::Device(kEmu, device));
+}
+
+bool EmuAllocator::release_host_window(void* host) {
+  void* base = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = host_windows_.find(host);
+    if (it == host_windows_.end()) return false;
+    base = it->second;
+    host_windows_.erase(it);
+  }
+  release(base);
+  return true;
+}
+
+void EmuAllocator::free_host_window(void* host) { allocator().release_host_window(host); }
+
 EmuAllocator& allocator() {
   static EmuAllocator* a = new EmuAllocator();  // leaked: storages may outlive static destruction
   return *a;

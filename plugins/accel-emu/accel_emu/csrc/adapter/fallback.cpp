@@ -8,6 +8,7 @@
 #include <ATen/native/MathBitsFallback.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -139,6 +140,18 @@ at::Tensor to_device_memory(const at::Tensor& result, c10::DeviceIndex device) {
   return dst;
 }
 
+// A host kernel's new result as an emu tensor: the same memory when the kernel allocated it in device
+// memory and nothing else holds it, else a copy.
+std::atomic<uint64_t> results_copied{0};  // results to_device_memory copied (fallback_results_copied)
+
+at::Tensor result_on_device(const at::Tensor& out, c10::DeviceIndex device, const c10::FunctionSchema& schema) {
+  if (out.layout() != c10::Layout::Strided) refuse_layout(c10::toString(schema.operator_name()), out.layout());
+  at::Tensor adopted = adopt_host_output(out, device);
+  if (adopted.defined()) return adopted;
+  results_copied.fetch_add(1, std::memory_order_relaxed);
+  return to_device_memory(out, device);
+}
+
 void direct_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceIndex device) {
   const auto& schema = op.schema();
   const auto num_args = schema.arguments().size();
@@ -180,7 +193,10 @@ void direct_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, c1
     }
   }
 
-  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  {
+    HostOutputsOnDevice outputs_on_device(device);  // new results land in device memory (host_outputs.cpp)
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  }
 
   // A written argument the kernel resized (an `out=` tensor of the wrong shape) now has host
   // memory or other metadata: give the device tensor the same sizes and strides (the host's
@@ -216,8 +232,7 @@ void direct_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, c1
                     " returned a tensor that is not the input it mutated");
         slot = c10::IValue(*original);
       } else if (out.device().is_cpu()) {
-        if (out.layout() != c10::Layout::Strided) refuse_layout(c10::toString(schema.operator_name()), out.layout());
-        slot = c10::IValue(to_device_memory(out, device));
+        slot = c10::IValue(result_on_device(out, device, schema));
       }
     } else if (slot.isTensorList()) {
       auto list = slot.toTensorList();
@@ -228,8 +243,7 @@ void direct_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, c1
         if (original != nullptr) {
           back.push_back(*original);
         } else if (out.defined() && out.device().is_cpu()) {
-          if (out.layout() != c10::Layout::Strided) refuse_layout(c10::toString(schema.operator_name()), out.layout());
-          back.push_back(to_device_memory(out, device));
+          back.push_back(result_on_device(out, device, schema));
         }
         else {
           back.push_back(out);
@@ -360,9 +374,10 @@ std::vector<FallbackCount> fallback_calls() {
 // numerics than the host's kernel. CompositeExplicitAutograd does so at the backend (native_layer_norm
 // through batch norm, addr, group norm); CompositeImplicitAutograd does so at the autograd key
 // whenever emu has no kernel of its own (mish_backward, silu_backward). Such operators get the
-// fallback as emu's own kernel. Left alone: views, composites that are an operator's only source of
-// gradients, and operators that reach the host's `out=` kernel through
-// CompositeExplicitAutogradNonFunctional alone (the host's numerics already).
+// fallback as emu's own kernel. So do structured operators' functional and in-place forms
+// (CompositeExplicitAutogradNonFunctional): their numerics are the host's either way, but the composite
+// works the result's shape out on emu before the host kernel does it again. Left alone: views and
+// composites that are an operator's only source of gradients.
 //
 // Device-generic composites with no host kernel run on emu as they are, except those that call a
 // DispatchStub on the device's tensors: the stub has no entry for emu, and PyTorch fails with
@@ -389,7 +404,10 @@ std::vector<std::string> route_composites_to_host() {
     auto handle = dispatcher.findOp(name);
     if (!handle.has_value() || !handle->hasKernelForDispatchKey(DispatchKey::CPU)) continue;
     if (handle->hasKernelForDispatchKey(DispatchKey::PrivateUse1)) continue;
-    const bool explicit_composite = handle->hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutograd);
+    // CompositeExplicitAutogradNonFunctional: a structured operator's functional and in-place forms, which
+    // would work out the result's shape on emu and call the `out=` form; the host's kernel does both at once
+    const bool explicit_composite = handle->hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutograd) ||
+                                    handle->hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutogradNonFunctional);
     const bool implicit_composite = handle->hasKernelForDispatchKey(DispatchKey::CompositeImplicitAutograd);
     if (!explicit_composite && !(implicit_composite && handle->hasKernelForDispatchKey(DispatchKey::Autograd))) {
       continue;
@@ -402,7 +420,10 @@ std::vector<std::string> route_composites_to_host() {
   return routed;
 }
 
+uint64_t fallback_results_copied() { return results_copied.load(std::memory_order_relaxed); }
+
 void reset_fallback_calls() {
+  results_copied.store(0, std::memory_order_relaxed);
   auto& cache = path_cache();
   std::lock_guard<std::mutex> lock(cache.mutex);
   for (auto& item : cache.entries) item.second.calls = 0;

@@ -108,6 +108,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "emu device runtime (accel_emu)";
   static const std::vector<std::string> host_routed = emu::route_composites_to_host();
   m.def("host_routed_ops", [] { return host_routed; });
+  static const bool host_outputs_on_device = emu::install_host_output_allocator();
+  m.def("host_outputs_on_device", [] { return host_outputs_on_device; });
   m.def("device_count", [] { return static_cast<int>(emu::device_count()); });
   m.def("physical_index", [](int i) { return emu::physical_index(static_cast<c10::DeviceIndex>(i)); });
   m.def("current_device", [] { return static_cast<int>(emu::current_device()); });
@@ -164,6 +166,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return out;
   });
   m.def("reset_fallback_calls", [] { emu::reset_fallback_calls(); });
+  m.def("fallback_results_copied", [] { return emu::fallback_results_copied(); });
   // Calls kernel(*args) as a host kernel over emu memory, the way the fallback runs one: after the
   // current stream of each emu tensor's device, with each emu tensor handed over as a host tensor over
   // its block's host window (Inductor's generated C++ kernels read and write tensors through their
