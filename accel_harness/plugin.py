@@ -36,7 +36,8 @@ from .session_freeze import freeze_collected_session
 from .params import BACKEND_PARAM, WORLD_SIZE_PARAM  # noqa: F401  (also imported from here by tests and suites)
 from .params import item_backend as _item_backend
 from .rank_runs import (  # noqa: F401
-    LeftoverProcessWarning, _picklable, run_in_ranks as _run_in_ranks, visible_devices_env as _visible_devices_env,
+    LeftoverProcessWarning, _picklable, prestart_fork_server as _prestart_fork_server, run_in_ranks as _run_in_ranks,
+    visible_devices_env as _visible_devices_env,
 )
 
 _STASH_PROJECT_MARKERS = pytest.StashKey[set]()
@@ -188,10 +189,15 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 @pytest.hookimpl(trylast=True)
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Once a harness session has collected its tests, what it holds is frozen out of garbage collection
-    (:mod:`accel_harness.session_freeze`); rank pools forked from this process keep the freeze."""
-    if session.config.stash.get(_STASH_CONTEXT, None) is None or not any(uses_harness(i) for i in session.items):
+    (:mod:`accel_harness.session_freeze`); rank pools forked from this process keep the freeze. When a
+    collected test forks its ranks from a fork server, the server starts now, importing while the tests
+    before it run."""
+    ctx = session.config.stash.get(_STASH_CONTEXT, None)
+    if ctx is None or not any(uses_harness(i) for i in session.items):
         return
     freeze_collected_session()
+    if not session.config.option.collectonly:
+        _prestart_fork_server(ctx, session.items)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-__all__ = ["ALWAYS", "FREEZE", "WHEN_IMPORTED", "fork_server_modules"]
+__all__ = ["ALWAYS", "FREEZE", "WHEN_IMPORTED", "fork_server_modules", "start_fork_server"]
 
 #: what every rank imports: torch; ``torch._dynamo``, which torch's optimizers import when one is built
 #: (about eight hundred modules, sympy's among them); the process group's package; pytest, through which
@@ -28,3 +28,15 @@ def fork_server_modules(*extra: str) -> list[str]:
     """The modules a fork server started now imports before it forks its first rank: the lists above,
     then ``extra`` (what one user of the server needs besides), then :data:`FREEZE`."""
     return [*ALWAYS, *(name for name in WHEN_IMPORTED if name in sys.modules), *extra, FREEZE]
+
+
+def start_fork_server() -> None:
+    """Start this process's fork server now, importing :func:`fork_server_modules`, without waiting for it.
+
+    The server imports in a process of its own while this one goes on; the first rank forked from it waits
+    for what is left of the imports. A server already running is kept, with what it imported."""
+    import multiprocessing
+    import multiprocessing.forkserver
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload(fork_server_modules())
+    multiprocessing.forkserver.ensure_running()

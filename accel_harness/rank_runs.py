@@ -88,6 +88,29 @@ def pool_start_method(ctx: HarnessContext, backend: Any) -> str:
     return method
 
 
+def prestart_fork_server(ctx: HarnessContext, items: list[pytest.Item]) -> str | None:
+    """Start the fork server as the session's tests begin, when one of them forks its ranks from it; returns
+    the backend it is for (None: no collected test needs one).
+
+    A rank pool would start it at its first multi-process test, which would wait for the server's imports
+    (seconds); started here, the server imports on another core while the single-process tests run."""
+    from .params import item_backend
+    from .pool_preload import start_fork_server
+
+    for item in items:
+        name, world = item_backend(item)
+        if name is None or not world or world < 2 or item.get_closest_marker("world_size") is None:
+            continue
+        if name not in ctx.selected:
+            continue
+        backend = ctx.backend(name)
+        if not backend.is_available() or pool_start_method(ctx, backend) != "forkserver":
+            continue
+        start_fork_server()
+        return name
+    return None
+
+
 def _picklable(value: Any) -> bool:
     try:
         pickle.dumps(value)

@@ -46,3 +46,85 @@ def test_a_rank_forked_from_the_server_starts_with_what_every_rank_imports():
     finally:
         pool.close()
     assert result.status == "passed", result.message
+
+
+# ---------------------------------------------------------------- starting the server as the session's tests begin
+class _Backend:
+    def __init__(self, start_method, fork_server_ranks=True, available=True):
+        self.start_method, self.fork_server_ranks, self.available, self.is_host = \
+            start_method, fork_server_ranks, available, start_method == "fork"
+
+    def is_available(self):
+        return self.available
+
+
+class _Context:
+    def __init__(self, **backends):
+        self.backends, self.selected = backends, list(backends)
+
+    def backend(self, name):
+        return self.backends[name]
+
+
+class _Item:
+    def __init__(self, backend, world, marked=True):
+        from accel_harness.params import BACKEND_PARAM, WORLD_SIZE_PARAM
+
+        self.callspec = type("CallSpec", (), {"params": {BACKEND_PARAM: backend, WORLD_SIZE_PARAM: world}})()
+        self.marked = marked
+
+    def get_closest_marker(self, name):
+        return object() if name == "world_size" and self.marked else None
+
+
+def _prestart(monkeypatch, ctx, items):
+    import accel_harness.pool_preload as preload
+    from accel_harness.rank_runs import prestart_fork_server
+
+    started = []
+    monkeypatch.setattr(preload, "start_fork_server", lambda: started.append(True))
+    return prestart_fork_server(ctx, items), len(started)
+
+
+def test_the_server_starts_early_only_for_a_multi_process_test_of_a_fork_server_backend(monkeypatch):
+    spawn_only = _Backend("spawn")
+    assert _prestart(monkeypatch, _Context(dev=spawn_only), [_Item("dev", 1), _Item("dev", 2)]) == ("dev", 1)
+    assert _prestart(monkeypatch, _Context(dev=spawn_only), [_Item("dev", 1)]) == (None, 0), "single-process tests only"
+    assert _prestart(monkeypatch, _Context(dev=spawn_only), [_Item("dev", 2, marked=False)]) == (None, 0)
+    assert _prestart(monkeypatch, _Context(dev=_Backend("spawn", fork_server_ranks=False)), [_Item("dev", 2)]) == (None, 0)
+    assert _prestart(monkeypatch, _Context(dev=_Backend("spawn", available=False)), [_Item("dev", 2)]) == (None, 0)
+    assert _prestart(monkeypatch, _Context(cpu=_Backend("fork")), [_Item("cpu", 2)]) == (None, 0), "cpu forks its ranks"
+    unselected = _Context(dev=spawn_only)
+    unselected.selected = []
+    assert _prestart(monkeypatch, unselected, [_Item("dev", 2)]) == (None, 0)
+
+
+def test_a_started_server_has_imported_torch_before_it_forks(tmp_path):
+    """start_fork_server returns at once; the first process forked from the server finds torch imported."""
+    import subprocess
+    import textwrap
+
+    from _waits import SAFETY_NET_S
+
+    code = textwrap.dedent("""
+        import multiprocessing, sys
+
+        def report(queue):
+            queue.put("torch" in sys.modules)
+
+        if __name__ == "__main__":
+            from accel_harness.pool_preload import start_fork_server
+            start_fork_server()
+            assert "torch" not in sys.modules, "the caller must not import what the server imports"
+            ctx = multiprocessing.get_context("forkserver")
+            queue = ctx.Queue()
+            proc = ctx.Process(target=report, args=(queue,))
+            proc.start()
+            print("preloaded", queue.get(timeout=300))
+            proc.join()
+    """)
+    script = tmp_path / "server.py"
+    script.write_text(code)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=SAFETY_NET_S)
+    assert proc.returncode == 0, proc.stderr
+    assert "preloaded True" in proc.stdout
