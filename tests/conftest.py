@@ -33,6 +33,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    """What the session collected is frozen out of garbage collection (:mod:`accel_harness.session_freeze`):
+    many tests collect garbage (``free_memory``, ``release_memory``, ``find_executable_batch_size``), and
+    each full collection would traverse every imported module again."""
+    from accel_harness.session_freeze import freeze_collected_session
+
+    freeze_collected_session()
+
+
 @pytest.fixture(autouse=True)
 def fresh_state():
     """Every test starts and ends without accel's process-wide state (it is a shared singleton), and
