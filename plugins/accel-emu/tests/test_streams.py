@@ -143,3 +143,17 @@ def test_a_queued_copy_keeps_the_shape_it_was_queued_with(emu):
     assert torch.equal(transposed.cpu(), x.t())
     assert torch.equal(reshaped.cpu(), x.reshape(2, 6))
     assert torch.equal(unsqueezed.cpu(), x.unsqueeze(0))
+
+
+def test_queued_copies_run_one_at_a_time_in_order_whoever_runs_them(emu):
+    """A synchronize runs the stream's queued tasks itself while the stream's worker is idle; the worker
+    must not start the next task meanwhile: a chain of copies comes out whole only in order."""
+    base = torch.arange(1024.0, device="emu")
+    chain = [torch.empty(1024, device="emu") for _ in range(6)]
+    for round_ in range(300):
+        previous = base + round_  # an operator: it waits for the stream, running what is queued
+        for buffer in chain:  # same-device copies are queued on the current stream
+            buffer.copy_(previous)
+            previous = buffer
+        total = chain[-1].sum()  # waits for the chain: its copies run here or on the worker
+        assert total.item() == 1023 * 1024 / 2 + 1024 * round_, f"round {round_}: the copies ran out of order"

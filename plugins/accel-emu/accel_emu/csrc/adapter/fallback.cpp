@@ -159,6 +159,7 @@ void direct_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, c1
 
   // host aliases handed to the kernel, and the device tensors they stand for
   std::vector<std::pair<at::Tensor, at::Tensor>> originals;
+  originals.reserve(num_args);  // one per tensor argument, unless lists hold more
   std::vector<size_t> mutated;  // indices into `originals` of arguments the operator writes
   auto swap_in = [&](const at::Tensor& t, bool written) -> at::Tensor {
     if (!t.defined() || t.device().type() != kEmu) return t;
