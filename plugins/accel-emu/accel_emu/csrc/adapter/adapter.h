@@ -77,6 +77,7 @@ class EmuAllocator final : public c10::DeviceAllocator {
  private:
   void release(void* ptr);
   static void free_host_window(void* host);
+  void* take_host_window(void* host);  // forgets an allocate_host_window block: its base, or nullptr
   Mapping map_block(size_t mapped, c10::DeviceIndex device);
   void free_cached(c10::DeviceIndex device);  // unmaps cached blocks of `device`
   Block* find(const void* ptr);               // the block containing ptr (mutex held)

@@ -327,29 +327,26 @@ c10::DataPtr EmuAllocator::allocate_host_window(size_t nbytes) {
 
 bool EmuAllocator::is_host_window(const c10::DataPtr& ptr) { return ptr.get_deleter() == &EmuAllocator::free_host_window; }
 
+void* EmuAllocator::take_host_window(void* host) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = host_windows_.find(host);
+  if (it == host_windows_.end()) return nullptr;
+  void* base = it->second;
+  host_windows_.erase(it);
+  return base;
+}
+
 c10::DataPtr EmuAllocator::adopt_host_window(c10::DataPtr&& ptr, c10::DeviceIndex device) {
   TORCH_INTERNAL_ASSERT(is_host_window(ptr));
   void* host = ptr.release_context();
-  void* base = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = host_windows_.find(host);
-    TORCH_INTERNAL_ASSERT(it != host_windows_.end(), "emu: ", host, " is not a host window this allocator handed out");
-    base = it->second;
-    host_windows_.erase(it);
-  }
+  void* base = take_host_window(host);
+  TORCH_INTERNAL_ASSERT(base != nullptr, "emu: ", host, " is not a host window this allocator handed out");
   return c10::DataPtr(base, base, &EmuAllocator::free_ptr, c10::Device(kEmu, device));
 }
 
 bool EmuAllocator::release_host_window(void* host) {
-  void* base = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = host_windows_.find(host);
-    if (it == host_windows_.end()) return false;
-    base = it->second;
-    host_windows_.erase(it);
-  }
+  void* base = take_host_window(host);
+  if (base == nullptr) return false;
   release(base);
   return true;
 }

@@ -68,7 +68,6 @@ at::Tensor adopt_host_output(const at::Tensor& host, c10::DeviceIndex device) {
 }
 
 bool install_host_output_allocator() {
-  if (installed != nullptr) return c10::GetCPUAllocator() == installed;
   c10::Allocator* host = c10::GetCPUAllocator();
   static auto* ours = new HostKernelAllocator(host);  // leaked: host storages may outlive static destruction
   c10::SetCPUAllocator(ours, /*priority=*/0);
