@@ -214,10 +214,11 @@ def _databases(selection: Selection) -> list[tuple[str, str]]:
 
 
 def _hung(worker: _Worker, timeout: float) -> bool:
+    """Whether the worker has run its current case past ``timeout`` (a start never written is no start)."""
     if worker.busy is None or not isinstance(worker.busy, Task) or not worker.process.is_alive():
         return False
     tid, _, _, _, started = decode_marker(worker.marker)
-    return tid == worker.busy.tid and time.monotonic() - started > timeout
+    return tid == worker.busy.tid and started > 0.0 and time.monotonic() - started > timeout
 
 
 def _settle(task: Task, marker: Any, cause: tuple[str, str], attempt: int) -> list[SampleResult] | None:

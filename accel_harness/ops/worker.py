@@ -49,6 +49,7 @@ def worker_main(connection: Any, marker: Any, backend_name: str, threads: int, l
     except Exception as exc:
         connection.send(("error", None, f"backend {backend_name!r} could not be used: {type(exc).__name__}: {exc}"))
         return
+    marker[4] = time.monotonic()
     marker[0] = -1.0
 
     def begin(sample: int, variant: str, direction: str) -> None:
@@ -106,8 +107,9 @@ def _run_task(task: Task, device: Any, begin: Any, marker: Any) -> list[Any]:
     from .catalog import database
 
     entry = database(task.kind, task.source)[task.index]  # importing a database is not the task's time
-    marker[0] = float(task.tid)
+    # the start time first: the parent reads a marker naming this task as a clock already running for it
     begin(-1, task.variants[0], task.directions[0])
+    marker[0] = float(task.tid)
     if task.kind == "op":
         from .execute import run_op_task
 
