@@ -53,6 +53,7 @@ from accel.launch.lifetime import die_with_parent
 from .pool_hygiene import (POOL_DIR_PREFIX, ChildWatch, RankBaseline, descendants, end_processes, remove_stale_pool_dirs,
                            write_owner)
 from .pool_preload import fork_server_modules
+from .session_freeze import freeze_new_imports
 
 # kwargs the rank resolves itself instead of receiving them from the controller
 RANK_LOCAL_ARGS = ("backend", "device", "rank", "world_size")
@@ -491,6 +492,7 @@ def _rank_main(rank: int, world_size: int, backend_name: str, store: str, conn: 
                 restore_error = ""
             except BaseException:
                 restore_error = traceback.format_exc()
+            freeze_new_imports()  # the test's modules, out of the rank's later collections
     finally:
         try:
             dist.destroy_process_group()

@@ -32,7 +32,7 @@ from .marker_lines import (  # noqa: F401
     BUILTIN_BACKEND_NAMES, PLUGIN_GROUP, STASH_MARKER_LINES as _STASH_MARKER_LINES, add_marker_line as _add_marker_line,
     backend_marker_line as _backend_marker_line, marker_backend_names, project_markers,
 )
-from .session_freeze import freeze_collected_session
+from .session_freeze import freeze_collected_session, freeze_new_imports
 from .params import BACKEND_PARAM, WORLD_SIZE_PARAM  # noqa: F401  (also imported from here by tests and suites)
 from .params import item_backend as _item_backend
 from .rank_runs import (  # noqa: F401
@@ -198,6 +198,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     freeze_collected_session()
     if not session.config.option.collectonly:
         _prestart_fork_server(ctx, session.items)
+
+
+def pytest_runtest_logfinish(nodeid: str, location: tuple) -> None:
+    """After a test's teardown, a session that froze what it collected freezes what the test imported
+    (:func:`accel_harness.session_freeze.freeze_new_imports`); any other session is left alone."""
+    freeze_new_imports()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
