@@ -464,6 +464,16 @@ def rank_timeout_scale(item: Any) -> float:
     return 1.0 if mark is None else _rank_timeout_scale(_Mark(mark, getattr(item, "nodeid", None)))
 
 
+def _check_fork_server_imports(mark: _Mark) -> list[_Check]:
+    mark.only_kwargs()
+    if not mark.args:
+        raise mark.error("(none)", "fork_server_imports names the modules, e.g. fork_server_imports('json')")
+    for module in mark.args:
+        if not isinstance(module, str) or not all(part.isidentifier() for part in module.split(".")):
+            raise mark.error(repr(module), "expected a module's dotted name")
+    return []
+
+
 _PARSERS: dict[str, Callable[[_Mark], list[_Check]]] = {
     "require_backend": _check_require_backend,
     "known_limitation": _check_known_limitation,
@@ -481,6 +491,7 @@ _PARSERS: dict[str, Callable[[_Mark], list[_Check]]] = {
     "slow": _check_slow,
     "models": _check_slow,  # a selection label, like slow: no condition
     "rank_timeout": _check_rank_timeout,  # a time limit, not a condition
+    "fork_server_imports": _check_fork_server_imports,  # what a process imports, not a condition
 }
 
 

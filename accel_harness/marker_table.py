@@ -37,6 +37,7 @@ MARKERS: dict[str, str] = {
     "slow": "takes more than a few seconds",
     "models": "the validated-models suite: real architectures trained to a target, judged against the host fp32 run (a label: no condition)",
     "rank_timeout": "rank_timeout(scale): this test's ranks may run scale times --dist-timeout (from 1 to 10: a long training run on a slow device; no condition)",
+    "fork_server_imports": "fork_server_imports(module, ...): modules the session's fork server imports before it forks, for a test that forks its own workers from that server (the operator sweep); the server then starts as the tests begin (no condition)",
     "world_size": "world_size(n) or world_size([1, 2, 4]): run the body in n processes, one test instance per size [needs-multiprocess, needs-devices]",
     "known_limitation": "known_limitation('mps', ..., reason='...', torch='<2.8'): skip on the named backends (optionally only in a torch range) [known-limitation]",
 }

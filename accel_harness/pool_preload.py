@@ -30,13 +30,14 @@ def fork_server_modules(*extra: str) -> list[str]:
     return [*ALWAYS, *(name for name in WHEN_IMPORTED if name in sys.modules), *extra, FREEZE]
 
 
-def start_fork_server() -> None:
-    """Start this process's fork server now, importing :func:`fork_server_modules`, without waiting for it.
+def start_fork_server(*extra: str) -> None:
+    """Start this process's fork server now, importing :func:`fork_server_modules` (with ``extra``), without
+    waiting for it.
 
     The server imports in a process of its own while this one goes on; the first rank forked from it waits
     for what is left of the imports. A server already running is kept, with what it imported."""
     import multiprocessing
     import multiprocessing.forkserver
 
-    multiprocessing.get_context("forkserver").set_forkserver_preload(fork_server_modules())
+    multiprocessing.get_context("forkserver").set_forkserver_preload(fork_server_modules(*extra))
     multiprocessing.forkserver.ensure_running()

@@ -88,27 +88,34 @@ def pool_start_method(ctx: HarnessContext, backend: Any) -> str:
     return method
 
 
-def prestart_fork_server(ctx: HarnessContext, items: list[pytest.Item]) -> str | None:
-    """Start the fork server as the session's tests begin, when one of them forks its ranks from it; returns
-    the backend it is for (None: no collected test needs one).
+def prestart_fork_server(ctx: HarnessContext, items: list[pytest.Item]) -> tuple[str, ...] | None:
+    """Start the fork server as the session's tests begin, when one of them forks its ranks from it or names
+    what the server should import (``fork_server_imports``); returns the modules it imports besides the
+    pools' list (None: it was not started).
 
     A rank pool would start it at its first multi-process test, which would wait for the server's imports
     (seconds); started here, the server imports on another core while the single-process tests run."""
-    from .params import item_backend
-    from .pool_preload import start_fork_server
+    from . import pool_preload
 
-    for item in items:
-        name, world = item_backend(item)
-        if name is None or not world or world < 2 or item.get_closest_marker("world_size") is None:
-            continue
-        if name not in ctx.selected:
-            continue
-        backend = ctx.backend(name)
-        if not backend.is_available() or pool_start_method(ctx, backend) != "forkserver":
-            continue
-        start_fork_server()
-        return name
-    return None
+    extra = tuple(dict.fromkeys(module for item in items for mark in item.iter_markers("fork_server_imports")
+                                for module in mark.args))
+    if not extra and not any(_forks_ranks_from_server(ctx, item) for item in items):
+        return None
+    pool_preload.start_fork_server(*extra)
+    return extra
+
+
+def _forks_ranks_from_server(ctx: HarnessContext, item: pytest.Item) -> bool:
+    """Whether ``item`` starts ranks of a selected, available backend whose pools fork from a fork server."""
+    from .params import item_backend
+
+    name, world = item_backend(item)
+    if name is None or not world or world < 2 or item.get_closest_marker("world_size") is None:
+        return False
+    if name not in ctx.selected:
+        return False
+    backend = ctx.backend(name)
+    return backend.is_available() and pool_start_method(ctx, backend) == "forkserver"
 
 
 def _picklable(value: Any) -> bool:

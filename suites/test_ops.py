@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import pytest
 
+from accel_harness.ops.plan import QUICK
+from accel_harness.ops.runner import sweep_fork_server_modules
+
 pytest.importorskip("expecttest", reason="[needs-package] torch's OpInfo database imports expecttest (pip install expecttest)")
 
 
@@ -20,9 +23,10 @@ def _known_issues(config: pytest.Config):
     return load_known_issues(path) if path else None
 
 
+# the workers fork from the session's fork server: its databases are imported there once, while other tests run
+@pytest.mark.fork_server_imports(*sweep_fork_server_modules(QUICK))
 def test_quick_operator_sweep_has_no_crash_and_no_unexplained_failure(backend, request):
     from accel_harness.ops.output import apply_known_issues
-    from accel_harness.ops.plan import QUICK
     from accel_harness.ops.runner import run_sweep
 
     result = run_sweep(backend.name, QUICK, workers=2, timeout=120, census=False)

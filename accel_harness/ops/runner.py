@@ -26,7 +26,7 @@ from .fold import fold_task
 from .plan import DATABASES, Row, SampleResult, Selection, Task
 from .worker import MARKER_SLOTS, decode_marker, worker_main
 
-__all__ = ["SweepError", "SweepResult", "run_sweep"]
+__all__ = ["SweepError", "SweepResult", "run_sweep", "sweep_fork_server_modules"]
 
 #: attempts of one task before its remaining rows are given up as crashes
 MAX_ATTEMPTS = 25
@@ -106,9 +106,7 @@ def run_sweep(backend: str, selection: Selection, *, workers: int = 2, timeout: 
     ctx = multiprocessing.get_context("forkserver")
     # one fork server per process serves the sweep and the rank pools, and whichever starts it sets what it
     # imports: the pools' list first, so a rank forked from a server the sweep started has it too
-    ctx.set_forkserver_preload(fork_server_modules("accel_harness.ops.catalog", "accel.backends",
-                                                   *{m for m, _ in _databases(selection)},
-                                                   *{spec.partition(":")[0] for spec in selection.extra_opinfos}))
+    ctx.set_forkserver_preload(fork_server_modules(*sweep_fork_server_modules(selection)))
     workers = max(1, workers)
     threads = max(1, (os.cpu_count() or 1) // workers)
     result = SweepResult(backend=backend, workers=workers)
@@ -207,6 +205,13 @@ def run_sweep(backend: str, selection: Selection, *, workers: int = 2, timeout: 
     result.cases = sum(len(r) for r in results.values())
     result.seconds = time.monotonic() - started
     return result
+
+
+def sweep_fork_server_modules(selection: Selection) -> list[str]:
+    """What a sweep of ``selection`` has its fork server import besides the rank pools' list: the backends,
+    the plan and the databases it reads (a session running a sweep names them with ``fork_server_imports``)."""
+    return ["accel_harness.ops.catalog", "accel.backends", *sorted({m for m, _ in _databases(selection)}),
+            *sorted({spec.partition(":")[0] for spec in selection.extra_opinfos})]
 
 
 def _databases(selection: Selection) -> list[tuple[str, str]]:

@@ -489,6 +489,9 @@ def test_several_marks_of_one_kind_all_count():
     (mark("known_limitation", reason="why"), "(none)"),
     (mark("known_limitation", "mps", reason="why", torch="soon"), "'soon'"),
     (mark("require_devices", count=2), "count=2"),
+    (mark("fork_server_imports"), "(none)"),
+    (mark("fork_server_imports", "json", "not a module"), "'not a module'"),
+    (mark("fork_server_imports", "json", eager=True), "eager=True"),
 ])
 def test_bad_marker_usage_raises_a_clear_value_error(bad, fragment):
     with pytest.raises(MarkerUsageError) as info:
@@ -508,6 +511,10 @@ def test_bad_usage_is_raised_on_every_backend_even_one_that_would_skip():
     with pytest.raises(MarkerUsageError):
         validate([pytest.mark.require_devices("two").mark])
     validate([pytest.mark.require_devices(2).mark, pytest.mark.parametrize("x", [1]).mark])
+
+
+def test_what_the_fork_server_imports_is_no_condition():
+    assert evaluate([mark("fork_server_imports", "json", "email.message")], FakeBackend("cuda", count=1)) is None
 
 
 def test_bad_world_size_argument_to_evaluate(cpu):

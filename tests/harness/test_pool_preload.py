@@ -3,6 +3,8 @@
 import pickle
 import sys
 
+import pytest
+
 from accel_harness.pool_preload import ALWAYS, FREEZE, WHEN_IMPORTED, fork_server_modules
 
 
@@ -67,14 +69,17 @@ class _Context:
 
 
 class _Item:
-    def __init__(self, backend, world, marked=True):
+    def __init__(self, backend, world, marked=True, imports=()):
         from accel_harness.params import BACKEND_PARAM, WORLD_SIZE_PARAM
 
         self.callspec = type("CallSpec", (), {"params": {BACKEND_PARAM: backend, WORLD_SIZE_PARAM: world}})()
-        self.marked = marked
+        self.marked, self.imports = marked, imports
 
     def get_closest_marker(self, name):
         return object() if name == "world_size" and self.marked else None
+
+    def iter_markers(self, name):
+        return [pytest.mark.fork_server_imports(*self.imports).mark] if name == "fork_server_imports" and self.imports else []
 
 
 def _prestart(monkeypatch, ctx, items):
@@ -82,13 +87,15 @@ def _prestart(monkeypatch, ctx, items):
     from accel_harness.rank_runs import prestart_fork_server
 
     started = []
-    monkeypatch.setattr(preload, "start_fork_server", lambda: started.append(True))
-    return prestart_fork_server(ctx, items), len(started)
+    monkeypatch.setattr(preload, "start_fork_server", lambda *extra: started.append(extra))
+    returned = prestart_fork_server(ctx, items)
+    assert started in ([], [returned]), "the server imports what the call reports"
+    return returned, len(started)
 
 
 def test_the_server_starts_early_only_for_a_multi_process_test_of_a_fork_server_backend(monkeypatch):
     spawn_only = _Backend("spawn")
-    assert _prestart(monkeypatch, _Context(dev=spawn_only), [_Item("dev", 1), _Item("dev", 2)]) == ("dev", 1)
+    assert _prestart(monkeypatch, _Context(dev=spawn_only), [_Item("dev", 1), _Item("dev", 2)]) == ((), 1)
     assert _prestart(monkeypatch, _Context(dev=spawn_only), [_Item("dev", 1)]) == (None, 0), "single-process tests only"
     assert _prestart(monkeypatch, _Context(dev=spawn_only), [_Item("dev", 2, marked=False)]) == (None, 0)
     assert _prestart(monkeypatch, _Context(dev=_Backend("spawn", fork_server_ranks=False)), [_Item("dev", 2)]) == (None, 0)
@@ -128,3 +135,23 @@ def test_a_started_server_has_imported_torch_before_it_forks(tmp_path):
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=SAFETY_NET_S)
     assert proc.returncode == 0, proc.stderr
     assert "preloaded True" in proc.stdout
+
+
+def test_a_test_that_names_the_servers_imports_starts_it_with_them(monkeypatch):
+    # the operator sweep forks its workers from the session's server: its databases are imported there once
+    sweep = _Item("cpu", 1, marked=False, imports=("json", "email.message"))
+    assert _prestart(monkeypatch, _Context(cpu=_Backend("fork")), [_Item("cpu", 1), sweep]) == (("json", "email.message"), 1)
+    other = _Item("dev", 1, marked=False, imports=("json", "csv"))
+    assert _prestart(monkeypatch, _Context(dev=_Backend("spawn")), [sweep, other, _Item("dev", 2)]) == \
+        (("json", "email.message", "csv"), 1), "each module once, in the order the tests name them"
+
+
+def test_a_sweep_has_its_server_import_the_databases_it_reads():
+    from accel_harness.ops.plan import QUICK, Selection
+    from accel_harness.ops.runner import sweep_fork_server_modules
+
+    quick = sweep_fork_server_modules(QUICK)
+    assert "torch.testing._internal.common_methods_invocations" in quick and "accel.backends" in quick
+    modules = sweep_fork_server_modules(Selection(kinds=("module",), extra_opinfos=("my_vendor.opinfos:op_db",)))
+    assert "torch.testing._internal.common_modules" in modules and "my_vendor.opinfos" in modules
+    assert "torch.testing._internal.common_methods_invocations" not in modules
