@@ -32,8 +32,9 @@ def test_non_blocking_copy_to_pinned_memory_needs_a_synchronize(emu):
 def test_blocking_copy_waits_for_queued_work(emu):
     src = torch.arange(16.0, device="emu")
     dst = torch.empty(16, device="emu")
-    dst.copy_(src)  # device-to-device: queued on the current stream
-    assert dst.cpu().tolist() == src.cpu().tolist()  # the copy to the host waits for it
+    with emu.stream(emu.Stream()):
+        dst.copy_(src)  # device-to-device on a side stream: queued
+        assert dst.cpu().tolist() == src.cpu().tolist()  # the copy to the host waits for it
 
 
 def test_streams_are_independent_until_waited_on(emu):
@@ -86,12 +87,13 @@ def test_queued_copies_of_dropped_tensors_do_not_deadlock():
         import torch, accel_emu
         accel_emu.load()
         total = 0.0
-        for i in range(300):
-            a = torch.full((4096,), float(i), device="emu")
-            b = torch.empty_like(a)
-            b.copy_(a)  # queued on the stream, holding a and b
-            del a
-            total += float(b.cpu()[0])  # waits for the stream with the GIL held
+        with torch.emu.stream(torch.emu.Stream()):  # a side stream queues every copy
+            for i in range(300):
+                a = torch.full((4096,), float(i), device="emu")
+                b = torch.empty_like(a)
+                b.copy_(a)  # queued on the stream, holding a and b
+                del a
+                total += float(b.cpu()[0])  # waits for the stream with the GIL held
         print("total", total)
         """,
         timeout=SUBPROCESS_TIMEOUT,
@@ -109,13 +111,14 @@ def test_storage_resize_waits_for_queued_copies():
         import torch, accel_emu
         accel_emu.load()
         ok = 0
-        for i in range(100):
-            a = torch.full((65536,), float(i), device="emu")
-            b = torch.empty_like(a)
-            b.copy_(a)                       # queued
-            a.untyped_storage().resize_(0)   # frees a's memory: must wait for the copy
-            ok += int(float(b.cpu()[-1]) == float(i))
-            a.untyped_storage().resize_(65536 * 4)
+        with torch.emu.stream(torch.emu.Stream()):  # a side stream queues every copy
+            for i in range(100):
+                a = torch.full((65536,), float(i), device="emu")
+                b = torch.empty_like(a)
+                b.copy_(a)                       # queued
+                a.untyped_storage().resize_(0)   # frees a's memory: must wait for the copy
+                ok += int(float(b.cpu()[-1]) == float(i))
+                a.untyped_storage().resize_(65536 * 4)
         print("ok", ok)
         """,
         timeout=SUBPROCESS_TIMEOUT,
@@ -145,15 +148,87 @@ def test_a_queued_copy_keeps_the_shape_it_was_queued_with(emu):
     assert torch.equal(unsqueezed.cpu(), x.unsqueeze(0))
 
 
-def test_queued_copies_run_one_at_a_time_in_order_whoever_runs_them(emu):
-    """A synchronize runs the stream's queued tasks itself while the stream's worker is idle; the worker
-    must not start the next task meanwhile: a chain of copies comes out whole only in order."""
+@pytest.mark.parametrize("side_stream", [False, True], ids=["default-stream", "side-stream"])
+def test_queued_copies_run_one_at_a_time_in_order_whoever_runs_them(emu, side_stream):
+    """A chain of copies comes out whole only in order, whether they run on the caller (an idle default
+    stream), on the stream's worker (a side stream always queues), or both."""
     base = torch.arange(1024.0, device="emu")
     chain = [torch.empty(1024, device="emu") for _ in range(6)]
-    for round_ in range(300):
-        previous = base + round_  # an operator: it waits for the stream, running what is queued
-        for buffer in chain:  # same-device copies are queued on the current stream
-            buffer.copy_(previous)
-            previous = buffer
-        total = chain[-1].sum()  # waits for the chain: its copies run here or on the worker
-        assert total.item() == 1023 * 1024 / 2 + 1024 * round_, f"round {round_}: the copies ran out of order"
+    with emu.stream(emu.Stream() if side_stream else emu.default_stream()):
+        for round_ in range(300):
+            previous = base + round_  # an operator: it waits for the stream
+            for buffer in chain:
+                buffer.copy_(previous)
+                previous = buffer
+            total = chain[-1].sum()  # waits for the chain
+            assert total.item() == 1023 * 1024 / 2 + 1024 * round_, f"round {round_}: the copies ran out of order"
+
+
+def test_a_copy_on_an_idle_default_stream_has_run_when_it_returns(emu):
+    # nothing queued: the copy runs on the calling thread, with no round trip through the stream's worker
+    src, dst = torch.arange(4096.0, device="emu"), torch.empty(4096, device="emu")
+    stream = emu.default_stream()
+    for _ in range(50):
+        dst.copy_(src)
+        assert stream.query(), "the copy was queued on an idle default stream"
+    assert torch.equal(dst.cpu(), torch.arange(4096.0))
+
+
+def test_a_copy_run_by_its_caller_and_the_streams_worker_never_overlap(emu):
+    """Two threads copy on the one default stream: one caller's copy runs on its own thread while the other's
+    is queued behind it. The stream still runs one copy at a time, so no copy reads a half-written buffer."""
+    import threading
+
+    n = 1 << 20  # copies long enough for the worker to wake while the caller's copy still runs
+    ones, twos = torch.ones(n, device="emu"), torch.full((n,), 2.0, device="emu")
+    middle, last = torch.ones(n, device="emu"), torch.ones(n, device="emu")
+    torn, reads = [], 0
+
+    def writer():
+        for i in range(600):
+            middle.copy_(twos if i % 2 else ones)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        while thread.is_alive() or reads < 50:
+            last.copy_(middle)
+            values = last.cpu()
+            reads += 1
+            if values.min() != values.max():
+                torn.append((float(values.min()), float(values.max())))
+    finally:
+        thread.join()
+    assert not torn, f"{len(torn)} of {reads} copies read a buffer another copy was writing"
+
+
+def test_a_synchronize_waits_for_the_work_queued_before_it_while_another_thread_goes_on_queuing(emu):
+    """A device's synchronize waits for the work queued before it. A thread that keeps queuing copies faster
+    than the stream runs them (a full queue holds it back) never lets the queue run empty, and must not keep
+    the synchronizing thread waiting until it stops."""
+    import threading
+
+    side = emu.Stream()
+    src, dst = torch.ones(1 << 20, device="emu"), torch.empty(1 << 20, device="emu")
+    probe = torch.ones(4, device="emu")
+    stop = threading.Event()
+    cap = 100_000  # the writer's own end, should the synchronizing thread never get through
+
+    def writer():
+        with emu.stream(side):
+            for _ in range(cap):
+                if stop.is_set():
+                    return
+                dst.copy_(src)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        with emu.stream(side):
+            for _ in range(5):
+                assert probe.cpu().tolist() == [1.0] * 4  # waits for the side stream, without the GIL
+        still_queuing = thread.is_alive()
+    finally:
+        stop.set()
+        thread.join()
+    assert still_queuing, f"the synchronizing thread waited until the other thread had queued all {cap} copies"

@@ -171,6 +171,18 @@ at::Tensor emu_copy_from(const at::Tensor& self, const at::Tensor& dst, bool non
                                      (src_emu ? is_pinned_host(dst) : is_pinned_host(self)));
   auto stream = current_stream(device);
   const char* kind = src_emu ? (dst_emu ? (same_device ? "Memcpy DtoD" : "Memcpy PtoP") : "Memcpy DtoH") : "Memcpy HtoD";
+  if (async && same_device && stream.id() == 0) {
+    // A copy that would be the only work of the default stream runs now, on this thread: an early
+    // completion, which a device may give, and no handing over to the stream's worker and back to the
+    // next kernel, which would wait for the stream anyway (emu's kernels run on their caller's thread).
+    // Side streams always queue, so a consumer on another stream that does not wait for one still races.
+    const bool traced = activity_tracing();
+    const int64_t started = traced ? activity_clock() : 0;
+    if (stream_queue(device, 0).run_now_if_idle([&] { copy_now(self, dst); })) {
+      if (traced) record_activity(true, kind, device, 0, started, activity_clock(), activity_correlation());
+      return dst;
+    }
+  }
   if (async) {
     // the task holds both storages alive, and copies the geometry the tensors have now
     at::Tensor s = geometry_snapshot(self);

@@ -83,7 +83,13 @@ class StreamQueue {
   StreamQueue(c10::DeviceIndex device, c10::StreamId id) : device_(device), id_(id) {}
   ~StreamQueue();
   void enqueue(std::function<void()> task);
-  void synchronize();  // waits until every queued task ran; rethrows a task's error
+  // Runs `task` on the calling thread when nothing is queued or running on this stream (the stream is
+  // busy with it meanwhile: the worker and synchronize() wait for it); false, without running it,
+  // when the stream has work of its own.
+  bool run_now_if_idle(const std::function<void()>& task);
+  // Waits until every task queued (or run by its caller) before the call has run, not for tasks other
+  // threads queue meanwhile, as a device's stream synchronize does; rethrows a task's error.
+  void synchronize();
   bool query();
   c10::StreamId id() const { return id_; }
   c10::DeviceIndex device() const { return device_; }
@@ -100,7 +106,9 @@ class StreamQueue {
   // worker: a task's captures may hold the last reference to a tensor with a Python object,
   // whose release needs the GIL, which a thread waiting for this stream may hold.
   std::vector<std::function<void()>> retired_;
-  size_t running_ = 0;
+  size_t running_ = 0;  // a task is running: the worker's, or one run_now_if_idle() runs
+  uint64_t submitted_ = 0;  // tasks queued or run by their caller, ever
+  uint64_t finished_ = 0;   // of those, the ones that ran
   bool stop_ = false;
   std::thread worker_;
   bool started_ = false;

@@ -15,6 +15,9 @@ namespace emu {
 namespace {
 
 constexpr c10::StreamId kPoolSize = 4;
+// Tasks a stream holds before a caller that queues one more waits: a host that queues work faster than
+// the device runs it is held back, and the tensors queued tasks keep alive stay bounded.
+constexpr size_t kMaxQueuedTasks = 1024;
 
 struct StreamTable {
   std::mutex mutex;
@@ -64,7 +67,10 @@ void StreamQueue::enqueue(std::function<void()> task) {
     std::thread t([this] { run(); });
     t.detach();
   }
+  // a full queue makes the caller wait for the device, as a device's launch queue does
+  cv_.wait(lock, [this] { return tasks_.size() < kMaxQueuedTasks || stop_; });
   tasks_.push_back(std::move(task));
+  ++submitted_;
   cv_.notify_all();
 }
 
@@ -72,7 +78,8 @@ void StreamQueue::run() {
   set_current_device(device_);
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
-    cv_.wait(lock, [this] { return stop_ || !tasks_.empty(); });
+    // a task the caller runs itself (run_now_if_idle) comes before every task queued after it
+    cv_.wait(lock, [this] { return stop_ || (!tasks_.empty() && running_ == 0); });
     if (stop_) return;
     auto task = std::move(tasks_.front());
     tasks_.pop_front();
@@ -87,14 +94,36 @@ void StreamQueue::run() {
     lock.lock();
     retired_.push_back(std::move(task));
     running_ = 0;
+    ++finished_;
     cv_.notify_all();
   }
+}
+
+bool StreamQueue::run_now_if_idle(const std::function<void()>& task) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!tasks_.empty() || running_ != 0 || error_) return false;
+    running_ = 1;
+    ++submitted_;
+  }
+  struct Done {
+    StreamQueue* queue;
+    ~Done() {
+      std::lock_guard<std::mutex> lock(queue->mutex_);
+      queue->running_ = 0;
+      ++queue->finished_;
+      queue->cv_.notify_all();
+    }
+  } done{this};
+  task();
+  return true;
 }
 
 void StreamQueue::synchronize() {
   std::vector<std::function<void()>> done;
   std::unique_lock<std::mutex> lock(mutex_);
-  cv_.wait(lock, [this] { return tasks_.empty() && running_ == 0; });
+  const uint64_t target = submitted_;
+  cv_.wait(lock, [this, target] { return finished_ >= target; });
   done.swap(retired_);
   if (error_) {
     auto e = error_;
@@ -115,6 +144,7 @@ void StreamQueue::reset_after_fork() {
   tasks_.clear();
   retired_.clear();
   running_ = 0;
+  submitted_ = finished_ = 0;
   started_ = false;
   stop_ = false;
 }
