@@ -36,13 +36,24 @@ def _trim(tb: Any) -> Any:
 
 
 def _record_error(exc: BaseException) -> None:
-    """Write ``exc`` to torch elastic's error file for this rank (TORCHELASTIC_ERROR_FILE)."""
-    if not os.environ.get("TORCHELASTIC_ERROR_FILE"):
+    """Write ``exc`` to torch elastic's error file for this rank (TORCHELASTIC_ERROR_FILE), whole or not at all.
+
+    The agent reads a failed rank's file as soon as it sees the failure, and fails the whole launch on a file
+    it cannot parse: a rank that fails while a peer dies would otherwise be read half-written. The error is
+    written to a file beside it, which then takes the error file's name."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
         return
+    partial = f"{path}.{os.getpid()}.partial"
     try:
         from torch.distributed.elastic.multiprocessing.errors import get_error_handler
 
-        get_error_handler().record_exception(exc)
+        os.environ["TORCHELASTIC_ERROR_FILE"] = partial  # where torch's handler writes
+        try:
+            get_error_handler().record_exception(exc)
+        finally:
+            os.environ["TORCHELASTIC_ERROR_FILE"] = path
+        os.replace(partial, path)
     except Exception as record_exc:  # the report must not hide the real error
         print(f"accel launch: could not record the error: {record_exc}", file=sys.stderr)
 
