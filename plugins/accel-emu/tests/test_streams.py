@@ -179,19 +179,19 @@ def test_a_copy_run_by_its_caller_and_the_streams_worker_never_overlap(emu):
     is queued behind it. The stream still runs one copy at a time, so no copy reads a half-written buffer."""
     import threading
 
-    n = 1 << 20  # copies long enough for the worker to wake while the caller's copy still runs
+    n = 1 << 23  # 32 MB: copies long enough for the other thread to queue one and the worker to wake meanwhile
     ones, twos = torch.ones(n, device="emu"), torch.full((n,), 2.0, device="emu")
     middle, last = torch.ones(n, device="emu"), torch.ones(n, device="emu")
     torn, reads = [], 0
 
     def writer():
-        for i in range(600):
+        for i in range(200):
             middle.copy_(twos if i % 2 else ones)
 
     thread = threading.Thread(target=writer)
     thread.start()
     try:
-        while thread.is_alive() or reads < 50:
+        while thread.is_alive() or reads < 40:
             last.copy_(middle)
             values = last.cpu()
             reads += 1
