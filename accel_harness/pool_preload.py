@@ -30,14 +30,24 @@ def fork_server_modules(*extra: str) -> list[str]:
     return [*ALWAYS, *(name for name in WHEN_IMPORTED if name in sys.modules), *extra, FREEZE]
 
 
-def start_fork_server(*extra: str) -> None:
+def start_fork_server(*extra: str, fork_this_process: bool = False) -> bool:
     """Start this process's fork server now, importing :func:`fork_server_modules` (with ``extra``), without
-    waiting for it.
+    waiting for it; True when the server is a fork of this process.
 
-    The server imports in a process of its own while this one goes on; the first rank forked from it waits
-    for what is left of the imports. A server already running is kept, with what it imported."""
+    With ``fork_this_process`` (the caller vouches that no device runtime started here) the server is a
+    fork of this process and has what this process imported (:mod:`accel_harness.forked_fork_server`);
+    otherwise, or where that cannot be done, it is a fresh interpreter. Either imports what is missing in a
+    process of its own while this one goes on; the first rank forked from it waits for what is left of the
+    imports. A server already running is kept, with what it imported."""
     import multiprocessing
     import multiprocessing.forkserver
 
-    multiprocessing.get_context("forkserver").set_forkserver_preload(fork_server_modules(*extra))
+    modules = fork_server_modules(*extra)
+    multiprocessing.get_context("forkserver").set_forkserver_preload(modules)
+    if fork_this_process:
+        from .forked_fork_server import start_forked_fork_server
+
+        if start_forked_fork_server(modules):
+            return True
     multiprocessing.forkserver.ensure_running()
+    return False

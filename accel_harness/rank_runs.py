@@ -94,15 +94,29 @@ def prestart_fork_server(ctx: HarnessContext, items: list[pytest.Item]) -> tuple
     pools' list (None: it was not started).
 
     A rank pool would start it at its first multi-process test, which would wait for the server's imports
-    (seconds); started here, the server imports on another core while the single-process tests run."""
+    (seconds); started here, the server imports on another core while the single-process tests run. While
+    no selected backend has started its device runtime in this process, the server is a fork of it
+    and starts with everything the collection imported."""
     from . import pool_preload
 
     extra = tuple(dict.fromkeys(module for item in items for mark in item.iter_markers("fork_server_imports")
                                 for module in mark.args))
     if not extra and not any(_forks_ranks_from_server(ctx, item) for item in items):
         return None
-    pool_preload.start_fork_server(*extra)
+    pool_preload.start_fork_server(*extra, fork_this_process=not _device_runtime_started(ctx))
     return extra
+
+
+def _device_runtime_started(ctx: HarnessContext) -> bool:
+    """Whether a selected backend's device runtime runs in this process (or might: a backend that cannot
+    tell, or cannot be looked up, counts as started)."""
+    for name in ctx.selected:
+        try:
+            if ctx.backend(name).runtime_initialized():
+                return True
+        except Exception:
+            return True
+    return False
 
 
 def _forks_ranks_from_server(ctx: HarnessContext, item: pytest.Item) -> bool:

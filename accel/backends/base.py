@@ -208,6 +208,14 @@ class Backend(abc.ABC):
         cached availability. Built-in backends need nothing here.
         """
 
+    def runtime_initialized(self) -> bool:
+        """Whether this process has done anything with the device after which a child it forks could not
+        use it (CUDA's "Cannot re-initialize CUDA in forked subprocess"). Never for a host backend. A device
+        backend answers True unless it knows better: its probe alone may have started its driver (CUDA's
+        device count initializes the driver, though ``torch.cuda.is_initialized()`` stays False), so only
+        a backend whose runtime reports every start exactly overrides this."""
+        return not self.is_host
+
     def device_environment(self) -> dict[str, str]:
         """Variables a child process needs to see this device as this process does (device counts,
         memory sizes, a build cache), kept when a run is isolated from the caller's configuration

@@ -52,12 +52,18 @@ def test_a_rank_forked_from_the_server_starts_with_what_every_rank_imports():
 
 # ---------------------------------------------------------------- starting the server as the session's tests begin
 class _Backend:
-    def __init__(self, start_method, fork_server_ranks=True, available=True):
+    def __init__(self, start_method, fork_server_ranks=True, available=True, initialized=False):
         self.start_method, self.fork_server_ranks, self.available, self.is_host = \
             start_method, fork_server_ranks, available, start_method == "fork"
+        self.initialized = initialized
 
     def is_available(self):
         return self.available
+
+    def runtime_initialized(self):
+        if isinstance(self.initialized, Exception):
+            raise self.initialized
+        return self.initialized
 
 
 class _Context:
@@ -82,14 +88,19 @@ class _Item:
         return [pytest.mark.fork_server_imports(*self.imports).mark] if name == "fork_server_imports" and self.imports else []
 
 
-def _prestart(monkeypatch, ctx, items):
+def _prestart(monkeypatch, ctx, items, forks=None):
+    """(what prestart_fork_server returned, how many servers it started); ``forks``: whether the server it
+    started must be a fork of this process (True) or a fresh interpreter (False)."""
     import accel_harness.pool_preload as preload
     from accel_harness.rank_runs import prestart_fork_server
 
-    started = []
-    monkeypatch.setattr(preload, "start_fork_server", lambda *extra: started.append(extra))
+    started, forked = [], []
+    monkeypatch.setattr(preload, "start_fork_server",
+                        lambda *extra, fork_this_process=False: started.append(extra) or forked.append(fork_this_process))
     returned = prestart_fork_server(ctx, items)
     assert started in ([], [returned]), "the server imports what the call reports"
+    if forks is not None:
+        assert forked == [forks], f"the server was {'a fork' if forked[0] else 'a fresh interpreter'}"
     return returned, len(started)
 
 
@@ -104,6 +115,17 @@ def test_the_server_starts_early_only_for_a_multi_process_test_of_a_fork_server_
     unselected = _Context(dev=spawn_only)
     unselected.selected = []
     assert _prestart(monkeypatch, unselected, [_Item("dev", 2)]) == (None, 0)
+
+
+def test_the_server_is_a_fork_of_the_session_only_while_no_selected_device_runtime_started(monkeypatch):
+    items = [_Item("dev", 2)]
+    assert _prestart(monkeypatch, _Context(dev=_Backend("spawn")), items, forks=True) == ((), 1)
+    assert _prestart(monkeypatch, _Context(dev=_Backend("spawn", initialized=True)), items, forks=False) == ((), 1)
+    broken = _Backend("spawn", initialized=RuntimeError("driver gone"))
+    assert _prestart(monkeypatch, _Context(dev=broken), items, forks=False) == ((), 1), "cannot tell: not a fork"
+    # any selected backend counts, not only the one whose ranks start first
+    both = _Context(dev=_Backend("spawn"), other=_Backend("spawn", initialized=True))
+    assert _prestart(monkeypatch, both, items, forks=False) == ((), 1)
 
 
 def test_a_started_server_has_imported_torch_before_it_forks(tmp_path):

@@ -70,6 +70,11 @@ class EmuBackend(DeviceModuleBackend):
             return Availability(True, f"{available.reason}, {mem / 2**30:.1f} GiB each (ACCEL_EMU_MEMORY)")
         return available
 
+    def runtime_initialized(self) -> bool:
+        """Exact for emu: its runtime counts as started once device memory or a stream is used, and only
+        then does a forked child lose it (its stream workers); loading and probing start nothing."""
+        return is_loaded() and bool(self.module.is_initialized())
+
     def _why_not_available(self) -> str:
         return "torch.emu.is_available() is False: EMU_VISIBLE_DEVICES hides every emu device"
 

@@ -47,6 +47,37 @@ def test_asking_by_name_loads_it():
     assert result.stdout.split() == ["emu", "2", "emu_ccl"]
 
 
+def test_probing_starts_no_runtime_a_forked_child_would_lose():
+    """The harness forks its rank server from a session that probed emu but ran nothing on it: loading,
+    probing and counting devices leave the runtime unstarted; the first device memory starts it, and a
+    child forked after that is in a bad fork."""
+    result = run_python(
+        """
+        import os, torch
+        from accel.backends import get_backend
+        b = get_backend("emu")
+        print("unused:", b.is_available(), b.device_count(), b.runtime_initialized())
+        pid = os.fork()
+        if pid == 0:
+            x = torch.ones(2, device="emu")  # a child forked before the start uses the device
+            os._exit(0 if float(x.sum()) == 2.0 else 1)
+        print("child before the start:", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        torch.ones(2, device="emu")
+        print("used:", b.runtime_initialized())
+        pid = os.fork()
+        if pid == 0:
+            os._exit(3 if torch.emu._is_in_bad_fork() else 0)
+        print("child after the start:", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        """,
+        env={"ACCEL_DEVICE": ""},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "unused: True 2 False" in result.stdout
+    assert "child before the start: 0" in result.stdout
+    assert "used: True" in result.stdout
+    assert "child after the start: 3" in result.stdout, "a child forked after the start is in a bad fork"
+
+
 def test_capabilities_are_probed(emu):
     from accel.backends import get_registry
 
