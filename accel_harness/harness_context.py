@@ -88,8 +88,41 @@ class HarnessContext:
                 self._marked.add(name)
         return names
 
-    @functools.cached_property
+    @property
     def selected(self) -> list[str]:
+        """The session's backends, resolved on first use (importing torch and probing them); an unknown or
+        unavailable requested backend raises ``pytest.UsageError``, at every use. Waits for a resolution
+        :meth:`select_in_background` started."""
+        thread, self._selecting = self._selecting, None
+        if thread is not None:
+            thread.join()
+        if self._selection is None:
+            self._selection = self._resolve_selection()
+        return self._selection
+
+    def select_in_background(self) -> None:
+        """Resolve :attr:`selected` on a thread of its own: xdist's controller, which only checks the
+        request, starts its workers meanwhile instead of after a second of torch's import; the first use
+        of :attr:`selected` waits for the thread and raises what the resolution raised."""
+        import threading
+
+        def resolve() -> None:
+            try:
+                self._selection = self._resolve_selection()
+            except BaseException:  # raised again by the first use of ``selected``, which resolves anew
+                pass
+
+        self._selecting = threading.Thread(target=resolve, name="accel-harness-select", daemon=True)
+        self._selecting.start()
+
+    def selection_pending(self) -> bool:
+        """Whether a resolution :meth:`select_in_background` started has not been waited for yet."""
+        return self._selecting is not None
+
+    _selection: list[str] | None = None
+    _selecting: Any = None  # the thread select_in_background started, until ``selected`` joins it
+
+    def _resolve_selection(self) -> list[str]:
         from accel.backends import BackendError
 
         try:

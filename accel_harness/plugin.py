@@ -83,13 +83,16 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     ctx = HarnessContext(config)
     config.stash[_STASH_CONTEXT] = ctx
+    controller = _is_xdist_controller(config)
     if ctx.explicitly_requested():
-        _ = ctx.selected  # resolving it stops the session now on unknown or unavailable requested backends
-    elif _is_xdist_controller(config) and any(n != HOST_BACKEND for n in ctx.markexpr_backends()):
+        # resolving it stops the session on unknown or unavailable requested backends: now, or in xdist's
+        # controller once its workers are starting (``pytest_collection`` below)
+        _select_now_or_in_background(ctx, controller)
+    elif controller and any(n != HOST_BACKEND for n in ctx.markexpr_backends()):
         # the xdist controller collects nothing, so ``-m xpu`` is checked here (workers cannot stop a
         # session cleanly); cpu is always available and needs no check (nor torch)
         ctx.markexpr_counts = True
-        _ = ctx.selected
+        _select_now_or_in_background(ctx, controller)
     from .reporting import ResultReporter
 
     reporter = ResultReporter(ctx)
@@ -112,6 +115,24 @@ def pytest_configure(config: pytest.Config) -> None:
         ctx.selection = TestSelection()
         config.pluginmanager.register(ctx.selection, "accel-test-selection")
     config.pluginmanager.register(reporter, "accel-result-reporter")
+
+
+def _select_now_or_in_background(ctx: HarnessContext, controller: bool) -> None:
+    """Resolve the session's backends now; xdist's controller, which runs no test, resolves them on a thread
+    while its workers start (a second of torch's import saved) and waits for the verdict at collection."""
+    if controller and ctx.profile is None:  # a profile's session probes the backend at configure
+        ctx.select_in_background()
+    else:
+        _ = ctx.selected
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection(session: pytest.Session) -> None:
+    """xdist's controller, whose workers are starting by now, stops the session here when its backend
+    check failed (``pytest.UsageError``); its workers are then shut down with the session."""
+    ctx = session.config.stash.get(_STASH_CONTEXT, None)
+    if ctx is not None and ctx.selection_pending():
+        _ = ctx.selected
 
 
 def _start_profile_session(ctx: HarnessContext, reporter: Any) -> None:

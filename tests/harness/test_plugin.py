@@ -84,6 +84,37 @@ def test_unknown_backend_is_a_usage_error(pytester):
     result.stderr.fnmatch_lines(["*unknown backend 'bogus'*known backends*cpu*"])
 
 
+def test_an_xdist_controller_stops_the_session_on_a_bad_backend_once_its_workers_start(pytester):
+    """xdist's controller checks the requested backend on a thread while its workers start: the verdict is
+    still the one usage error that names the problem, with no internal error from the started workers."""
+    pytester.makepyfile(test_suite=SUITE)
+    for args, expected in ((("--backend", "bogus"), "*unknown backend 'bogus'*known backends*cpu*"),
+                           (("-m", "xpu"), "*requested backend(s) not available*")):
+        result = _run(pytester, "-n", "1", *args)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
+        pytest.LineMatcher(result.stdout.lines + result.stderr.lines).fnmatch_lines([expected])
+        assert not any("Traceback" in line or "INTERNALERROR" in line for line in result.stderr.lines)
+
+
+def test_a_selection_resolved_in_the_background_is_the_one_resolved_at_once(pytester):
+    """``select_in_background`` then ``selected`` gives what ``selected`` alone gives, and a failed
+    resolution raises its usage error at every use, as a direct one does."""
+    from accel_harness.harness_context import HarnessContext
+
+    config = pytester.parseconfig("--backend", "cpu")
+    direct = HarnessContext(config).selected
+    ctx = HarnessContext(config)
+    ctx.select_in_background()
+    assert ctx.selection_pending()
+    assert ctx.selected == direct == ["cpu"]
+    assert not ctx.selection_pending()
+    bad = HarnessContext(pytester.parseconfig("--backend", "bogus"))
+    bad.select_in_background()
+    for _ in range(2):
+        with pytest.raises(pytest.UsageError, match="unknown backend 'bogus'"):
+            _ = bad.selected
+
+
 MULTI = textwrap.dedent(
     """
     import os, time
