@@ -50,6 +50,13 @@ PROTOCOL_NAMES = {
     "_rand": "NumPy's global RandomState has no public accessor",
     "_bit_generator": "the bit generator behind NumPy's global RandomState has no public accessor",
     "_exit": "os._exit: a bootstrap process ends without running the parent's clean-up",
+    # multiprocessing's fork server record, which a server forked from the test session fills in as
+    # ensure_running fills it for the server it spawns (accel_harness/forked_fork_server.py checks its shape)
+    "_forkserver": "multiprocessing.forkserver's one ForkServer instance has no public accessor",
+    "_lock": "the ForkServer's lock, held while its record changes, as ensure_running holds it",
+    "_forkserver_pid": "the ForkServer's record of its server process, which rank starts read",
+    "_forkserver_address": "the ForkServer's record of the socket rank starts connect to",
+    "_forkserver_alive_fd": "the ForkServer's record of the pipe whose end-of-file stops the server",
     "_run_exitfuncs": "atexit has no public way to run the exit handlers before os._exit",
     "_replace": "namedtuple's documented method",
     "_actions": "argparse has no public list of a parser's actions",
