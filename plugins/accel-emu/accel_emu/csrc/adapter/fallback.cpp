@@ -56,10 +56,13 @@ struct DeviceScan {
 // operators that resize their arguments by name.
 enum class FallbackPath : uint8_t { kUnknown, kDirect, kCopying };
 
+// What the fallback needs to know about an operator, worked out from its schema on first use.
 struct PathEntry {
   FallbackPath path = FallbackPath::kUnknown;
   std::string name;
-  uint64_t calls = 0;
+  bool index_op = false;               // its index tensors may stay on the host
+  std::vector<size_t> generator_args;  // the arguments that take a generator
+  std::atomic<uint64_t> calls{0};
 };
 
 struct PathCache {
@@ -81,18 +84,30 @@ FallbackPath choose_path(const c10::FunctionSchema& schema) {
   return FallbackPath::kDirect;
 }
 
-// The path for `op`; also counts the call (fallback_calls() reports the counts).
-FallbackPath path_for(const c10::OperatorHandle& op) {
+// The entry of `op`, made on its first call; also counts the call (fallback_calls() reports the
+// counts). Entries never move or go, so each thread remembers the ones it used and looks them up
+// without the lock afterwards: the fallback runs for nearly every operator on emu.
+PathEntry& entry_for(const c10::OperatorHandle& op) {
   const auto& schema = op.schema();
-  auto& cache = path_cache();
-  std::lock_guard<std::mutex> lock(cache.mutex);
-  auto& entry = cache.entries[&schema];
-  if (entry.path == FallbackPath::kUnknown) {
-    entry.path = choose_path(schema);
-    entry.name = c10::toString(schema.operator_name());
+  thread_local std::unordered_map<const void*, PathEntry*> known;
+  auto hit = known.find(&schema);
+  PathEntry* entry = hit != known.end() ? hit->second : nullptr;
+  if (entry == nullptr) {
+    auto& cache = path_cache();
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    entry = &cache.entries[&schema];
+    if (entry->path == FallbackPath::kUnknown) {
+      entry->name = c10::toString(schema.operator_name());
+      entry->index_op = is_index_op(schema.operator_name());
+      for (size_t i = 0; i < schema.arguments().size(); ++i) {
+        if (is_generator_type(schema.arguments()[i].type())) entry->generator_args.push_back(i);
+      }
+      entry->path = choose_path(schema);
+    }
+    known.emplace(&schema, entry);
   }
-  ++entry.calls;
-  return entry.path;
+  entry->calls.fetch_add(1, std::memory_order_relaxed);
+  return *entry;
 }
 
 void keep_device_memory(void*) {}  // the device storage owns the bytes
@@ -259,7 +274,8 @@ void emu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const auto num_args = schema.arguments().size();
   auto args = torch::jit::last(*stack, num_args);
-  const bool index_op = is_index_op(schema.operator_name());
+  const PathEntry& entry = entry_for(op);
+  const bool index_op = entry.index_op;
 
   DeviceScan scan;
   std::optional<c10::DeviceIndex> requested;  // a factory's device=emu:N
@@ -286,8 +302,7 @@ void emu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   c10::DeviceGuard guard(c10::Device(kEmu, device));
 
   // random operators draw from the device's generator, not the host's
-  for (size_t i = 0; i < num_args; ++i) {
-    if (!is_generator_type(schema.arguments()[i].type())) continue;
+  for (size_t i : entry.generator_args) {
     auto& slot = (*stack)[stack->size() - num_args + i];
     if (slot.isNone()) {
       slot = c10::IValue(host_generator_of(default_generator(device)));
@@ -298,7 +313,7 @@ void emu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   wait_current_stream(device);
   const bool traced = activity_tracing();
   const int64_t started = traced ? activity_clock() : 0;
-  if (path_for(op) == FallbackPath::kDirect) {
+  if (entry.path == FallbackPath::kDirect) {
     direct_fallback(op, stack, device);
   } else {
     at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
@@ -365,7 +380,8 @@ std::vector<FallbackCount> fallback_calls() {
   std::vector<FallbackCount> out;
   out.reserve(cache.entries.size());
   for (const auto& item : cache.entries) {
-    out.push_back({item.second.name, item.second.path == FallbackPath::kDirect, item.second.calls});
+    out.push_back({item.second.name, item.second.path == FallbackPath::kDirect,
+                   item.second.calls.load(std::memory_order_relaxed)});
   }
   return out;
 }
@@ -427,7 +443,7 @@ void reset_fallback_calls() {
   results_copied.store(0, std::memory_order_relaxed);
   auto& cache = path_cache();
   std::lock_guard<std::mutex> lock(cache.mutex);
-  for (auto& item : cache.entries) item.second.calls = 0;
+  for (auto& item : cache.entries) item.second.calls.store(0, std::memory_order_relaxed);
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {

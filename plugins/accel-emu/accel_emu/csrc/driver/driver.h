@@ -13,6 +13,7 @@
 #include <c10/core/Stream.h>
 #include <ATen/core/Generator.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -97,6 +98,8 @@ class StreamQueue {
 
  private:
   void run();
+  // mutex_ held: nothing queued, running, unreleased or failed is left, so synchronize() may return at once
+  void mark_clean_if_idle();
   c10::DeviceIndex device_;
   c10::StreamId id_;
   std::mutex mutex_;
@@ -109,6 +112,9 @@ class StreamQueue {
   size_t running_ = 0;  // a task is running: the worker's, or one run_now_if_idle() runs
   uint64_t submitted_ = 0;  // tasks queued or run by their caller, ever
   uint64_t finished_ = 0;   // of those, the ones that ran
+  // set when a task is queued or run by its caller, cleared (mutex_ held) once none is left, nor a
+  // finished task to release or an error to raise: synchronize() reads it without the lock
+  std::atomic<bool> dirty_{false};
   bool stop_ = false;
   std::thread worker_;
   bool started_ = false;

@@ -71,6 +71,7 @@ void StreamQueue::enqueue(std::function<void()> task) {
   cv_.wait(lock, [this] { return tasks_.size() < kMaxQueuedTasks || stop_; });
   tasks_.push_back(std::move(task));
   ++submitted_;
+  dirty_.store(true, std::memory_order_release);
   cv_.notify_all();
 }
 
@@ -105,6 +106,7 @@ bool StreamQueue::run_now_if_idle(const std::function<void()>& task) {
     if (!tasks_.empty() || running_ != 0 || error_) return false;
     running_ = 1;
     ++submitted_;
+    dirty_.store(true, std::memory_order_release);  // another thread's synchronize waits for this task
   }
   struct Done {
     StreamQueue* queue;
@@ -112,6 +114,7 @@ bool StreamQueue::run_now_if_idle(const std::function<void()>& task) {
       std::lock_guard<std::mutex> lock(queue->mutex_);
       queue->running_ = 0;
       ++queue->finished_;
+      queue->mark_clean_if_idle();
       queue->cv_.notify_all();
     }
   } done{this};
@@ -120,6 +123,10 @@ bool StreamQueue::run_now_if_idle(const std::function<void()>& task) {
 }
 
 void StreamQueue::synchronize() {
+  // Nothing was queued since the last synchronize took the finished tasks away: every operator waits
+  // for its stream, almost always an idle one, and returns here without a lock. `finished_` is
+  // stored after a task ran (release), so the task's writes are visible to a caller that sees it.
+  if (!dirty_.load(std::memory_order_acquire)) return;
   std::vector<std::function<void()>> done;
   std::unique_lock<std::mutex> lock(mutex_);
   const uint64_t target = submitted_;
@@ -128,8 +135,14 @@ void StreamQueue::synchronize() {
   if (error_) {
     auto e = error_;
     error_ = nullptr;
+    mark_clean_if_idle();
     std::rethrow_exception(e);
   }
+  mark_clean_if_idle();
+}
+
+void StreamQueue::mark_clean_if_idle() {
+  if (tasks_.empty() && running_ == 0 && retired_.empty() && !error_) dirty_.store(false, std::memory_order_release);
 }
 
 bool StreamQueue::query() {
@@ -145,18 +158,33 @@ void StreamQueue::reset_after_fork() {
   retired_.clear();
   running_ = 0;
   submitted_ = finished_ = 0;
+  dirty_.store(false, std::memory_order_relaxed);
   started_ = false;
   stop_ = false;
 }
 
 StreamQueue& stream_queue(c10::DeviceIndex device, c10::StreamId id) {
+  // Queues never move or go (a fork resets them in place), so each thread remembers the ones it has
+  // looked up: every operator waits for its stream, and that lookup then takes no lock.
+  thread_local std::vector<std::vector<StreamQueue*>> known;
+  if (device >= 0 && static_cast<size_t>(device) < known.size() && id >= 0 &&
+      static_cast<size_t>(id) < known[device].size() && known[device][id] != nullptr) {
+    return *known[device][id];
+  }
   check_device(device);
-  std::lock_guard<std::mutex> lock(g_streams->mutex);
-  prepare_device_streams(device);
-  auto& list = g_streams->per_device[device];
-  TORCH_CHECK(id >= 0 && static_cast<size_t>(id) < list.size(), "emu: unknown stream id ", id, " on emu:",
-              static_cast<int>(device));
-  return *list[id];
+  StreamQueue* queue = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_streams->mutex);
+    prepare_device_streams(device);
+    auto& list = g_streams->per_device[device];
+    TORCH_CHECK(id >= 0 && static_cast<size_t>(id) < list.size(), "emu: unknown stream id ", id, " on emu:",
+                static_cast<int>(device));
+    queue = list[id];
+  }
+  if (known.size() <= static_cast<size_t>(device)) known.resize(device + 1);
+  if (known[device].size() <= static_cast<size_t>(id)) known[device].resize(id + 1, nullptr);
+  known[device][id] = queue;
+  return *queue;
 }
 
 c10::Stream current_stream(c10::DeviceIndex device) {
