@@ -106,6 +106,9 @@ class HarnessContext:
         of :attr:`selected` waits for the thread and raises what the resolution raised."""
         import threading
 
+        if self._selection is not None or self._selecting is not None:
+            return
+
         def resolve() -> None:
             try:
                 self._selection = self._resolve_selection()
@@ -119,6 +122,8 @@ class HarnessContext:
         """Whether a resolution :meth:`select_in_background` started has not been waited for yet."""
         return self._selecting is not None
 
+    #: xdist's controller: start :meth:`select_in_background` once the workers have been started
+    select_once_workers_start = False
     _selection: list[str] | None = None
     _selecting: Any = None  # the thread select_in_background started, until ``selected`` joins it
 

@@ -87,12 +87,12 @@ def pytest_configure(config: pytest.Config) -> None:
     if ctx.explicitly_requested():
         # resolving it stops the session on unknown or unavailable requested backends: now, or in xdist's
         # controller once its workers are starting (``pytest_collection`` below)
-        _select_now_or_in_background(ctx, controller)
+        _select_now_or_after_the_workers_start(ctx, controller)
     elif controller and any(n != HOST_BACKEND for n in ctx.markexpr_backends()):
         # the xdist controller collects nothing, so ``-m xpu`` is checked here (workers cannot stop a
         # session cleanly); cpu is always available and needs no check (nor torch)
         ctx.markexpr_counts = True
-        _select_now_or_in_background(ctx, controller)
+        _select_now_or_after_the_workers_start(ctx, controller)
     from .reporting import ResultReporter
 
     reporter = ResultReporter(ctx)
@@ -117,13 +117,25 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(reporter, "accel-result-reporter")
 
 
-def _select_now_or_in_background(ctx: HarnessContext, controller: bool) -> None:
+def _select_now_or_after_the_workers_start(ctx: HarnessContext, controller: bool) -> None:
     """Resolve the session's backends now; xdist's controller, which runs no test, resolves them on a thread
-    while its workers start (a second of torch's import saved) and waits for the verdict at collection."""
+    once it has started its workers (``pytest_sessionstart`` below), so neither torch's import nor the
+    thread's hold on the interpreter delays them, and waits for the verdict at collection."""
     if controller and ctx.profile is None:  # a profile's session probes the backend at configure
-        ctx.select_in_background()
+        ctx.select_once_workers_start = True
     else:
         _ = ctx.selected
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_sessionstart(session: pytest.Session) -> Any:
+    """After every other start-up (xdist's controller starts its workers there), the controller's deferred
+    backend check begins on its thread."""
+    result = yield
+    ctx = session.config.stash.get(_STASH_CONTEXT, None)
+    if ctx is not None and ctx.select_once_workers_start:
+        ctx.select_in_background()
+    return result
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -108,6 +108,8 @@ def test_a_selection_resolved_in_the_background_is_the_one_resolved_at_once(pyte
     assert ctx.selection_pending()
     assert ctx.selected == direct == ["cpu"]
     assert not ctx.selection_pending()
+    ctx.select_in_background()
+    assert not ctx.selection_pending(), "a resolved selection is not resolved again"
     bad = HarnessContext(pytester.parseconfig("--backend", "bogus"))
     bad.select_in_background()
     for _ in range(2):
