@@ -141,10 +141,13 @@ def pytest_sessionstart(session: pytest.Session) -> Any:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection(session: pytest.Session) -> None:
     """xdist's controller, whose workers are starting by now, stops the session here when its backend
-    check failed (``pytest.UsageError``); its workers are then shut down with the session."""
+    check failed (``pytest.UsageError``); its workers are then shut down with the session. Otherwise what
+    the check imported (torch) is frozen out of the controller's garbage collections, the interpreter's
+    last ones at exit among them (with torch, the larger part of half a second)."""
     ctx = session.config.stash.get(_STASH_CONTEXT, None)
     if ctx is not None and ctx.selection_pending():
         _ = ctx.selected
+        freeze_collected_session()
 
 
 def _start_profile_session(ctx: HarnessContext, reporter: Any) -> None:

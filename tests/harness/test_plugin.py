@@ -96,6 +96,24 @@ def test_an_xdist_controller_stops_the_session_on_a_bad_backend_once_its_workers
         assert not any("Traceback" in line or "INTERNALERROR" in line for line in result.stderr.lines)
 
 
+def test_an_xdist_controller_freezes_what_its_backend_check_imported(pytester):
+    """The controller imports torch for its check and keeps it until it exits: frozen out of its garbage
+    collections, the interpreter's last ones at exit included, which otherwise traverse all of torch."""
+    pytester.makepyfile(test_suite=SUITE)
+    pytester.makeconftest(textwrap.dedent("""
+        import gc, os
+
+        def pytest_unconfigure(config):
+            if not hasattr(config, "workerinput"):  # xdist's controller
+                with open(os.path.join(str(config.rootpath), "controller.txt"), "w") as fh:
+                    fh.write(f"{gc.get_freeze_count()} {'torch' in __import__('sys').modules}")
+    """))
+    result = _run(pytester, "-n", "1", "--backend", "cpu", "-k", "test_on_backend")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()[-3000:]
+    frozen, torch_imported = (pytester.path / "controller.txt").read_text().split()
+    assert torch_imported == "True" and int(frozen) > 100_000, (frozen, torch_imported)
+
+
 def test_a_selection_resolved_in_the_background_is_the_one_resolved_at_once(pytester):
     """``select_in_background`` then ``selected`` gives what ``selected`` alone gives, and a failed
     resolution raises its usage error at every use, as a direct one does."""
