@@ -1,14 +1,17 @@
 """Times how long a pool of emu ranks takes to be ready and to finish its first test, by start method.
 
 A rank's first test pays for what the rank has not imported yet: every torch optimizer imports
-``torch._dynamo`` (about eight hundred modules) when it is built. Three ways to start the ranks, each
+``torch._dynamo`` (about eight hundred modules) when it is built. Four ways to start the ranks, each
 sample a fresh interpreter that starts the pool twice (the first start includes the fork server's):
 
 - ``spawn``: a fresh interpreter per rank;
 - ``forkserver-torch``: forked from a fork server that imported torch only (the harness before it
   preloaded more);
 - ``forkserver``: forked from a fork server that imported the harness's list
-  (``accel_harness.pool_preload``).
+  (``accel_harness.pool_preload``);
+- ``forked-server``: forked from a fork server that is itself a fork of the calling process, which has
+  imported the harness's list beforehand, untimed, as a test session's collection has
+  (``accel_harness.forked_fork_server``: what a session that has not used the device gets).
 
 The first test builds a model and an AdamW optimizer on the rank's device and takes one step. Samples
 alternate between the methods so drift on a shared machine hits all alike; medians are printed.
@@ -41,13 +44,22 @@ def first_test(rank, device):
 
 def main():
     method = {method!r}
+    forked = method == "forked-server"
     if method == "forkserver-torch":
         distributed.fork_server_modules = lambda: ["torch"]
+    if method != "spawn":
         method = "forkserver"
+    if forked:  # a session has imported these by the end of its collection, untimed here as there
+        import importlib
+        for name in distributed.fork_server_modules():
+            importlib.import_module(name)
     task = Task("_emu_rank_start_child", __file__, "first_test", pickle.dumps({{"rank": None, "device": None}}))
     times = []
-    for _ in range(2):
+    for index in range(2):
         start = time.perf_counter()
+        if forked and index == 0:  # as the harness starts it in a session that has not used the device
+            from accel_harness.pool_preload import start_fork_server
+            assert start_fork_server(fork_this_process=True), "the server was not forked from this process"
         pool = RankPool("emu", {world}, method, timeout=600, start_timeout=600)
         pool.start()
         ready = time.perf_counter() - start
@@ -61,7 +73,7 @@ if __name__ == "__main__":
     main()
 """
 
-METHODS = ("spawn", "forkserver-torch", "forkserver")
+METHODS = ("spawn", "forkserver-torch", "forkserver", "forked-server")
 
 
 def sample(world: int, method: str) -> list[list[float]]:
