@@ -88,12 +88,11 @@ def test_an_xdist_controller_stops_the_session_on_a_bad_backend_once_its_workers
     """xdist's controller checks the requested backend on a thread while its workers start: the verdict is
     still the one usage error that names the problem, with no internal error from the started workers."""
     pytester.makepyfile(test_suite=SUITE)
-    for args, expected in ((("--backend", "bogus"), "*unknown backend 'bogus'*known backends*cpu*"),
-                           (("-m", "xpu"), "*requested backend(s) not available*")):
-        result = _run(pytester, "-n", "1", *args)
-        assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
-        pytest.LineMatcher(result.stdout.lines + result.stderr.lines).fnmatch_lines([expected])
-        assert not any("Traceback" in line or "INTERNALERROR" in line for line in result.stderr.lines)
+    # an unavailable backend (probed on the thread); an unknown name fails the same resolution, in-process below
+    result = _run(pytester, "-n", "1", "-m", "xpu")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
+    pytest.LineMatcher(result.stdout.lines + result.stderr.lines).fnmatch_lines(["*requested backend(s) not available*"])
+    assert not any("Traceback" in line or "INTERNALERROR" in line for line in result.stderr.lines)
 
 
 def test_an_xdist_controller_freezes_what_its_backend_check_imported(pytester):
