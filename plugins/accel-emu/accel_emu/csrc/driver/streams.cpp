@@ -124,8 +124,9 @@ bool StreamQueue::run_now_if_idle(const std::function<void()>& task) {
 
 void StreamQueue::synchronize() {
   // Nothing was queued since the last synchronize took the finished tasks away: every operator waits
-  // for its stream, almost always an idle one, and returns here without a lock. `finished_` is
-  // stored after a task ran (release), so the task's writes are visible to a caller that sees it.
+  // for its stream, almost always an idle one, and returns here without a lock. The flag is cleared
+  // (release) under the lock after the tasks finished, so a caller that reads it clear (acquire) sees
+  // their writes.
   if (!dirty_.load(std::memory_order_acquire)) return;
   std::vector<std::function<void()>> done;
   std::unique_lock<std::mutex> lock(mutex_);
